@@ -1,0 +1,95 @@
+/* SnapshotReceiver.Batch streaming: a writer that packs SnapshotElements into batches up to the
+ * message limit (measuring each encoded element), splitting stack traces and block contents that
+ * would not fit into several elements with the same key / address; and a reader that decodes a
+ * Batch body element by element without building it in memory. */
+#ifndef HEAPDUMP_FIDL_BATCH_H
+#define HEAPDUMP_FIDL_BATCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "heapdump/fidl/message.h"
+#include "heapdump/fidl/status.h"
+#include "heapdump_client.pb.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A Batch body is the concatenation of its encoded elements, so it may use the whole body. */
+#define HD_BATCH_CAPACITY HD_MAX_BODY_BYTES
+
+/* Sends one batch body (size 0 = the empty batch) and waits for its acknowledgement. */
+typedef hd_status (*hd_batch_send_fn)(void *ctx, const uint8_t *body, size_t size);
+
+typedef struct hd_batch_writer {
+  hd_batch_send_fn send;
+  void *ctx;
+  size_t used;           /* bytes of buf holding encoded elements */
+  size_t element_count;  /* elements in buf */
+  uint64_t batches_sent; /* including empty ones */
+  uint8_t buf[HD_BATCH_CAPACITY];
+} hd_batch_writer;
+
+void hd_batch_writer_init(hd_batch_writer *w, hd_batch_send_fn send, void *ctx);
+
+/* Appends an element whose size is bounded by the IDL (allocation, thread info, executable
+ * region, snapshot header), flushing first if it would not fit. */
+HD_MUST_CHECK hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_SnapshotElement *e);
+/* Appends a stack trace, split into several elements with the same key if needed. */
+HD_MUST_CHECK hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key,
+                                                 const uint64_t *addresses, size_t count);
+/* Appends a block's contents, split into several elements with the same address if needed. */
+HD_MUST_CHECK hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address,
+                                                    const uint8_t *bytes, size_t size);
+/* Sends the pending elements, if any. */
+HD_MUST_CHECK hd_status hd_batch_flush(hd_batch_writer *w);
+/* Sends the pending elements, if any, then an empty batch. */
+HD_MUST_CHECK hd_status hd_batch_end(hd_batch_writer *w);
+
+/* A sender for hd_batch_writer that calls SnapshotReceiver.Batch on a channel. */
+typedef struct hd_batch_channel {
+  int channel;
+  hd_message *scratch;
+} hd_batch_channel;
+HD_MUST_CHECK hd_status hd_batch_send_on_channel(void *hd_batch_channel_ctx, const uint8_t *body,
+                                                 size_t size);
+
+/* One decoded element. Stack trace addresses and block bytes live in the reader's buffers and
+ * are valid only during the callback. */
+typedef struct hd_element {
+  const heapdump_client_SnapshotElement *element; /* which_element 0: unknown variant */
+  const uint64_t *addresses;                      /* stack_trace only */
+  size_t address_count;
+  const uint8_t *contents; /* block_contents only */
+  size_t contents_size;
+} hd_element;
+
+typedef hd_status (*hd_element_fn)(void *ctx, const hd_element *e);
+
+/* Upper bounds that follow from the body limit: a varint is at least one byte. */
+#define HD_READER_MAX_ADDRESSES HD_BATCH_CAPACITY
+#define HD_READER_MAX_CONTENTS HD_BATCH_CAPACITY
+
+typedef struct hd_batch_reader {
+  hd_element_fn on_element;
+  void *ctx;
+  hd_status status;     /* first error from on_element or a bound */
+  size_t element_count; /* elements in the last decoded batch */
+  size_t address_count;
+  size_t contents_size;
+  uint64_t addresses[HD_READER_MAX_ADDRESSES];
+  uint8_t contents[HD_READER_MAX_CONTENTS];
+} hd_batch_reader;
+
+void hd_batch_reader_init(hd_batch_reader *r, hd_element_fn on_element, void *ctx);
+/* Installs the decode callbacks into a Batch request (use as a *_prepare hook's body). */
+void hd_batch_reader_prepare(hd_batch_reader *r, heapdump_client_SnapshotReceiverBatchRequest *req);
+/* Decodes a Batch request body from a received message, calling on_element per element. */
+HD_MUST_CHECK hd_status hd_batch_reader_decode(hd_batch_reader *r, hd_message *msg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

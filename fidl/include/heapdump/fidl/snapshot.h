@@ -1,0 +1,96 @@
+/* The receiver side of a snapshot stream: a reassembler that accepts elements in any order,
+ * concatenates chunked stack traces and block contents, and checks the result (duplicates,
+ * reassembled sizes, dangling references). The result is an in-memory model of each snapshot.
+ * Unlike the rest of fidl/, this allocates: it runs in clients (tools, tests), never in a
+ * profiled process. */
+#ifndef HEAPDUMP_FIDL_SNAPSHOT_H
+#define HEAPDUMP_FIDL_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "heapdump/fidl/batch.h"
+#include "heapdump/fidl/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hd_u64_map {
+  uint64_t *keys;
+  size_t *slots; /* index + 1; 0 = empty */
+  size_t capacity;
+  size_t count;
+} hd_u64_map;
+
+typedef struct hd_allocation {
+  uint64_t address, size, stack_trace_key, thread_info_key, count;
+  int64_t timestamp;
+} hd_allocation;
+
+typedef struct hd_stack_trace {
+  uint64_t key;
+  uint64_t *addresses; /* leaf first */
+  size_t count;
+} hd_stack_trace;
+
+typedef struct hd_thread_info {
+  uint64_t key, koid;
+  char name[33];
+} hd_thread_info;
+
+typedef struct hd_region {
+  uint64_t address, size, file_offset, vaddr;
+  uint8_t build_id[32];
+  size_t build_id_size;
+  char *name;
+} hd_region;
+
+typedef struct hd_block {
+  uint64_t address;
+  uint8_t *bytes;
+  size_t size;
+} hd_block;
+
+typedef struct hd_snapshot {
+  bool has_header;
+  char process_name[33];
+  uint64_t pid;
+  hd_allocation *allocations;
+  size_t allocation_count, allocation_capacity;
+  hd_stack_trace *stack_traces;
+  size_t stack_trace_count, stack_trace_capacity;
+  hd_thread_info *threads;
+  size_t thread_count, thread_capacity;
+  hd_region *regions;
+  size_t region_count, region_capacity;
+  hd_block *blocks;
+  size_t block_count, block_capacity;
+  hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
+} hd_snapshot;
+
+typedef struct hd_reassembler {
+  hd_snapshot **snapshots; /* one per SnapshotHeader, or a single one without headers */
+  size_t snapshot_count, snapshot_capacity;
+  size_t unknown_elements; /* variants this version does not know (skipped) */
+  char error[160];         /* what went wrong, for messages */
+} hd_reassembler;
+
+void hd_reassembler_init(hd_reassembler *r);
+void hd_reassembler_destroy(hd_reassembler *r);
+/* Adds one element (an hd_element_fn: pass the reassembler as ctx). */
+HD_MUST_CHECK hd_status hd_reassembler_add(void *reassembler, const hd_element *e);
+/* Checks every snapshot: each block's reassembled size equals its allocation's size and each
+ * allocation's stack trace and thread exist. */
+HD_MUST_CHECK hd_status hd_reassembler_finish(hd_reassembler *r);
+
+const hd_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address);
+const hd_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
+const hd_thread_info *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
+const hd_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,314 @@
+/* Reassembly of snapshot streams into in-memory snapshots, with the receiver-side checks. */
+#include "heapdump/fidl/snapshot.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a u64 -> index map (open addressing, linear probing) ---- */
+
+static size_t hash_u64(uint64_t key) {
+  key ^= key >> 33;
+  key *= UINT64_C(0xff51afd7ed558ccd);
+  key ^= key >> 33;
+  return (size_t)key;
+}
+
+static bool map_find(const hd_u64_map *m, uint64_t key, size_t *index) {
+  if (m->capacity == 0) return false;
+  for (size_t i = hash_u64(key) & (m->capacity - 1);; i = (i + 1) & (m->capacity - 1)) {
+    if (m->slots[i] == 0) return false;
+    if (m->keys[i] == key) {
+      *index = m->slots[i] - 1;
+      return true;
+    }
+  }
+}
+
+static bool map_put_unchecked(hd_u64_map *m, uint64_t key, size_t index) {
+  for (size_t i = hash_u64(key) & (m->capacity - 1);; i = (i + 1) & (m->capacity - 1)) {
+    if (m->slots[i] == 0) {
+      m->keys[i] = key;
+      m->slots[i] = index + 1;
+      m->count++;
+      return true;
+    }
+  }
+}
+
+/* Inserts a key known to be absent. */
+static bool map_put(hd_u64_map *m, uint64_t key, size_t index) {
+  if ((m->count + 1) * 2 > m->capacity) {
+    size_t capacity = m->capacity ? m->capacity * 2 : 64;
+    hd_u64_map bigger = {calloc(capacity, sizeof(uint64_t)), calloc(capacity, sizeof(size_t)),
+                         capacity, 0};
+    if (bigger.keys == NULL || bigger.slots == NULL) {
+      free(bigger.keys);
+      free(bigger.slots);
+      return false;
+    }
+    for (size_t i = 0; i < m->capacity; i++) {
+      if (m->slots[i] != 0) map_put_unchecked(&bigger, m->keys[i], m->slots[i] - 1);
+    }
+    free(m->keys);
+    free(m->slots);
+    *m = bigger;
+  }
+  return map_put_unchecked(m, key, index);
+}
+
+static void map_free(hd_u64_map *m) {
+  free(m->keys);
+  free(m->slots);
+  memset(m, 0, sizeof *m);
+}
+
+/* Makes room for one more element in a growable array. */
+static bool reserve_one(void **items, size_t count, size_t *capacity, size_t item_size) {
+  if (count < *capacity) return true;
+  size_t new_capacity = *capacity ? *capacity * 2 : 16;
+  void *bigger = realloc(*items, new_capacity * item_size);
+  if (bigger == NULL) return false;
+  *items = bigger;
+  *capacity = new_capacity;
+  return true;
+}
+
+#define RESERVE(s, field, count, capacity) \
+  reserve_one((void **)&(s)->field, (s)->count, &(s)->capacity, sizeof *(s)->field)
+
+/* ---- reassembler ---- */
+
+static hd_status fail(hd_reassembler *r, hd_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->error, sizeof r->error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void hd_reassembler_init(hd_reassembler *r) { memset(r, 0, sizeof *r); }
+
+static void snapshot_free(hd_snapshot *s) {
+  free(s->allocations);
+  for (size_t i = 0; i < s->stack_trace_count; i++) free(s->stack_traces[i].addresses);
+  free(s->stack_traces);
+  free(s->threads);
+  for (size_t i = 0; i < s->region_count; i++) free(s->regions[i].name);
+  free(s->regions);
+  for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
+  free(s->blocks);
+  map_free(&s->allocation_index);
+  map_free(&s->stack_trace_index);
+  map_free(&s->thread_index);
+  map_free(&s->region_index);
+  map_free(&s->block_index);
+  free(s);
+}
+
+void hd_reassembler_destroy(hd_reassembler *r) {
+  for (size_t i = 0; i < r->snapshot_count; i++) snapshot_free(r->snapshots[i]);
+  free(r->snapshots);
+  memset(r, 0, sizeof *r);
+}
+
+static hd_snapshot *new_snapshot(hd_reassembler *r) {
+  if (!RESERVE(r, snapshots, snapshot_count, snapshot_capacity)) return NULL;
+  hd_snapshot *s = calloc(1, sizeof *s);
+  if (s != NULL) r->snapshots[r->snapshot_count++] = s;
+  return s;
+}
+
+static hd_snapshot *current(hd_reassembler *r) {
+  return r->snapshot_count ? r->snapshots[r->snapshot_count - 1] : new_snapshot(r);
+}
+
+static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
+                                const heapdump_client_Allocation *a) {
+  size_t unused;
+  if (!a->has_address) return fail(r, HD_ERR_REASSEMBLY, "allocation without an address");
+  if (map_find(&s->allocation_index, a->address, &unused)) {
+    return fail(r, HD_ERR_REASSEMBLY, "duplicate allocation at 0x%llx",
+                (unsigned long long)a->address);
+  }
+  if (!RESERVE(s, allocations, allocation_count, allocation_capacity)) return HD_ERR_NO_MEMORY;
+  hd_allocation *out = &s->allocations[s->allocation_count];
+  out->address = a->address;
+  out->size = a->size;
+  out->stack_trace_key = a->stack_trace_key;
+  out->thread_info_key = a->thread_info_key;
+  out->timestamp = a->timestamp;
+  out->count = a->has_count ? a->count : 1;
+  if (!map_put(&s->allocation_index, a->address, s->allocation_count)) return HD_ERR_NO_MEMORY;
+  s->allocation_count++;
+  return HD_OK;
+}
+
+static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
+                                 const uint64_t *addresses, size_t count) {
+  size_t index;
+  if (!map_find(&s->stack_trace_index, key, &index)) {
+    if (!RESERVE(s, stack_traces, stack_trace_count, stack_trace_capacity)) return HD_ERR_NO_MEMORY;
+    index = s->stack_trace_count;
+    s->stack_traces[index] = (hd_stack_trace){.key = key};
+    if (!map_put(&s->stack_trace_index, key, index)) return HD_ERR_NO_MEMORY;
+    s->stack_trace_count++;
+  }
+  hd_stack_trace *t = &s->stack_traces[index];
+  if (count == 0) return HD_OK;
+  if (t->count + count > (size_t)1 << 24) {
+    return fail(r, HD_ERR_REASSEMBLY, "stack trace %llu too long", (unsigned long long)key);
+  }
+  uint64_t *grown = realloc(t->addresses, (t->count + count) * sizeof *grown);
+  if (grown == NULL) return HD_ERR_NO_MEMORY;
+  memcpy(grown + t->count, addresses, count * sizeof *grown);
+  t->addresses = grown;
+  t->count += count;
+  return HD_OK;
+}
+
+static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
+                           const uint8_t *bytes, size_t size) {
+  size_t index;
+  if (!map_find(&s->block_index, address, &index)) {
+    if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
+    index = s->block_count;
+    s->blocks[index] = (hd_block){.address = address};
+    if (!map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
+    s->block_count++;
+  }
+  hd_block *b = &s->blocks[index];
+  if (size == 0) return HD_OK;
+  /* Allocations may arrive after contents, so the size is checked at the end; this only stops
+   * a stream from growing a block without bound. */
+  if (b->size + size > ((size_t)1 << 40)) return fail(r, HD_ERR_REASSEMBLY, "block too large");
+  uint8_t *grown = realloc(b->bytes, b->size + size);
+  if (grown == NULL) return HD_ERR_NO_MEMORY;
+  memcpy(grown + b->size, bytes, size);
+  b->bytes = grown;
+  b->size += size;
+  return HD_OK;
+}
+
+hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
+  hd_reassembler *r = reassembler;
+  const heapdump_client_SnapshotElement *el = e->element;
+  size_t unused;
+  if (el->which_element == heapdump_client_SnapshotElement_snapshot_header_tag) {
+    hd_snapshot *s = new_snapshot(r);
+    if (s == NULL) return HD_ERR_NO_MEMORY;
+    s->has_header = true;
+    s->pid = el->element.snapshot_header.process_koid;
+    snprintf(s->process_name, sizeof s->process_name, "%s", el->element.snapshot_header.process_name);
+    return HD_OK;
+  }
+  hd_snapshot *s = current(r);
+  if (s == NULL) return HD_ERR_NO_MEMORY;
+  switch (el->which_element) {
+    case heapdump_client_SnapshotElement_allocation_tag:
+      return add_allocation(r, s, &el->element.allocation);
+    case heapdump_client_SnapshotElement_stack_trace_tag:
+      if (!el->element.stack_trace.has_stack_trace_key) {
+        return fail(r, HD_ERR_REASSEMBLY, "stack trace without a key");
+      }
+      return add_stack_trace(r, s, el->element.stack_trace.stack_trace_key, e->addresses,
+                             e->address_count);
+    case heapdump_client_SnapshotElement_block_contents_tag:
+      if (!el->element.block_contents.has_address) {
+        return fail(r, HD_ERR_REASSEMBLY, "block contents without an address");
+      }
+      return add_block(r, s, el->element.block_contents.address, e->contents, e->contents_size);
+    case heapdump_client_SnapshotElement_thread_info_tag: {
+      const heapdump_client_ThreadInfo *t = &el->element.thread_info;
+      if (map_find(&s->thread_index, t->thread_info_key, &unused)) {
+        return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
+                    (unsigned long long)t->thread_info_key);
+      }
+      if (!RESERVE(s, threads, thread_count, thread_capacity)) return HD_ERR_NO_MEMORY;
+      hd_thread_info *out = &s->threads[s->thread_count];
+      out->key = t->thread_info_key;
+      out->koid = t->koid;
+      snprintf(out->name, sizeof out->name, "%s", t->name);
+      if (!map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
+      s->thread_count++;
+      return HD_OK;
+    }
+    case heapdump_client_SnapshotElement_executable_region_tag: {
+      const heapdump_client_ExecutableRegion *g = &el->element.executable_region;
+      if (map_find(&s->region_index, g->address, &unused)) {
+        return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
+                    (unsigned long long)g->address);
+      }
+      if (!RESERVE(s, regions, region_count, region_capacity)) return HD_ERR_NO_MEMORY;
+      hd_region *out = &s->regions[s->region_count];
+      memset(out, 0, sizeof *out);
+      out->address = g->address;
+      out->size = g->size;
+      out->file_offset = g->file_offset;
+      out->vaddr = g->vaddr;
+      if (g->has_build_id) {
+        out->build_id_size = g->build_id.value.size;
+        memcpy(out->build_id, g->build_id.value.bytes, out->build_id_size);
+      }
+      out->name = strdup(g->name);
+      if (out->name == NULL) return HD_ERR_NO_MEMORY;
+      if (!map_put(&s->region_index, g->address, s->region_count)) {
+        free(out->name);
+        return HD_ERR_NO_MEMORY;
+      }
+      s->region_count++;
+      return HD_OK;
+    }
+    default:
+      r->unknown_elements++; /* a flexible union: newer senders may add variants */
+      return HD_OK;
+  }
+}
+
+hd_status hd_reassembler_finish(hd_reassembler *r) {
+  for (size_t k = 0; k < r->snapshot_count; k++) {
+    const hd_snapshot *s = r->snapshots[k];
+    for (size_t i = 0; i < s->block_count; i++) {
+      const hd_block *b = &s->blocks[i];
+      const hd_allocation *a = hd_snapshot_find_allocation(s, b->address);
+      if (a == NULL) {
+        return fail(r, HD_ERR_REASSEMBLY, "contents for unknown block 0x%llx",
+                    (unsigned long long)b->address);
+      }
+      if (a->size != b->size) {
+        return fail(r, HD_ERR_REASSEMBLY, "block 0x%llx: %zu bytes of contents for size %llu",
+                    (unsigned long long)b->address, b->size, (unsigned long long)a->size);
+      }
+    }
+    for (size_t i = 0; i < s->allocation_count; i++) {
+      const hd_allocation *a = &s->allocations[i];
+      if (hd_snapshot_find_stack_trace(s, a->stack_trace_key) == NULL) {
+        return fail(r, HD_ERR_REASSEMBLY, "allocation 0x%llx: unknown stack trace %llu",
+                    (unsigned long long)a->address, (unsigned long long)a->stack_trace_key);
+      }
+      if (hd_snapshot_find_thread(s, a->thread_info_key) == NULL) {
+        return fail(r, HD_ERR_REASSEMBLY, "allocation 0x%llx: unknown thread %llu",
+                    (unsigned long long)a->address, (unsigned long long)a->thread_info_key);
+      }
+    }
+  }
+  return HD_OK;
+}
+
+const hd_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address) {
+  size_t i;
+  return map_find(&s->allocation_index, address, &i) ? &s->allocations[i] : NULL;
+}
+const hd_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key) {
+  size_t i;
+  return map_find(&s->stack_trace_index, key, &i) ? &s->stack_traces[i] : NULL;
+}
+const hd_thread_info *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key) {
+  size_t i;
+  return map_find(&s->thread_index, key, &i) ? &s->threads[i] : NULL;
+}
+const hd_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
+  size_t i;
+  return map_find(&s->block_index, address, &i) ? &s->blocks[i] : NULL;
+}

@@ -1,0 +1,757 @@
+// Tests of the fidl/ layer over real sockets: framing, handles, bindings, batching, reassembly and
+// every malformed-input path.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+extern "C" {
+#include <pb_encode.h>
+
+#include "heapdump/fidl/batch.h"
+#include "heapdump/fidl/channel.h"
+#include "heapdump/fidl/message.h"
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump_client.bindings.h"
+#include "heapdump_process.bindings.h"
+}
+
+namespace {
+
+int CountOpenFds() {
+  int count = 0;
+  DIR *dir = opendir("/proc/self/fd");
+  while (dirent *entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') count++;
+  }
+  closedir(dir);
+  return count;
+}
+
+struct Pair {
+  int a = -1, b = -1;
+  Pair() {
+    int ends[2];
+    EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+    a = ends[0];
+    b = ends[1];
+  }
+  ~Pair() {
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+  }
+};
+
+std::unique_ptr<hd_message> NewMessage() {
+  auto msg = std::make_unique<hd_message>();
+  hd_message_init(msg.get());
+  return msg;
+}
+
+// Writes a raw datagram (header + body) on a channel, bypassing the encoder.
+void SendRaw(int fd, const std::vector<uint8_t> &bytes, const std::vector<int> &fds = {}) {
+  ASSERT_EQ(hd_channel_send(fd, bytes.data(), bytes.size(), fds.data(), fds.size()), HD_OK);
+}
+
+std::vector<uint8_t> Header(uint32_t txid, uint64_t ordinal, uint8_t flags = 0,
+                            uint8_t magic = HD_WIRE_MAGIC) {
+  std::vector<uint8_t> h(16, 0);
+  for (int i = 0; i < 4; i++) h[i] = static_cast<uint8_t>(txid >> (8 * i));
+  h[4] = flags;
+  h[7] = magic;
+  for (int i = 0; i < 8; i++) h[8 + i] = static_cast<uint8_t>(ordinal >> (8 * i));
+  return h;
+}
+
+int MakeMemfd(const std::string &contents) {
+  int fd = memfd_create("hd-test", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, contents.data(), contents.size()), static_cast<ssize_t>(contents.size()));
+  return fd;
+}
+
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[256];
+  lseek(fd, 0, SEEK_SET);
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, n);
+  return out;
+}
+
+// ---- a receiver that records what a Collector server was asked -------------------------------
+
+struct CollectorCalls {
+  int take_live_snapshot = 0;
+  bool with_contents = false;
+  std::string by_name;
+  int receiver_fd = -1;
+};
+
+hd_status OnTakeLiveSnapshot(void *ctx, hd_message *msg,
+                             heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
+  auto *calls = static_cast<CollectorCalls *>(ctx);
+  calls->take_live_snapshot++;
+  calls->with_contents = req->has_with_contents && req->with_contents;
+  if (req->has_process_selector &&
+      req->process_selector.which_selector == heapdump_client_ProcessSelector_by_name_tag) {
+    calls->by_name = req->process_selector.selector.by_name;
+  }
+  calls->receiver_fd = hd_message_take_fd(msg, &req->receiver);
+  return HD_OK;
+}
+
+const hd_collector_server kCollector = {
+    .take_live_snapshot_prepare = nullptr,
+    .take_live_snapshot = OnTakeLiveSnapshot,
+    .list_stored_snapshots_prepare = nullptr,
+    .list_stored_snapshots = nullptr,
+    .download_stored_snapshot_prepare = nullptr,
+    .download_stored_snapshot = nullptr,
+};
+
+TEST(Channel, OneWayCallCarriesTheReceiverEnd) {
+  Pair pair;
+  Pair receiver;
+  auto msg = NewMessage();
+  heapdump_client_CollectorTakeLiveSnapshotRequest req =
+      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+  req.has_process_selector = true;
+  req.process_selector.which_selector = heapdump_client_ProcessSelector_by_name_tag;
+  strcpy(req.process_selector.selector.by_name, "demo");
+  req.has_receiver = true;
+  req.receiver.has_index = true;
+  req.receiver.index = 0;
+  req.has_with_contents = true;
+  req.with_contents = true;
+  int fds[] = {receiver.b};
+  ASSERT_EQ(hd_collector_take_live_snapshot(pair.a, msg.get(), &req, fds, 1), HD_OK);
+
+  auto in = NewMessage();
+  ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+  EXPECT_EQ(in->txid, 0u);
+  EXPECT_EQ(in->ordinal, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  CollectorCalls calls;
+  ASSERT_EQ(hd_collector_dispatch(&kCollector, &calls, in.get()), HD_OK);
+  EXPECT_EQ(calls.take_live_snapshot, 1);
+  EXPECT_TRUE(calls.with_contents);
+  EXPECT_EQ(calls.by_name, "demo");
+  ASSERT_GE(calls.receiver_fd, 0);
+  // The received end really is the peer of receiver.a.
+  const char ping[] = "ping";
+  ASSERT_EQ(hd_channel_send(receiver.a, ping, sizeof ping, nullptr, 0), HD_OK);
+  char got[8] = {};
+  size_t size = 0, nfds = 0;
+  int none[1];
+  ASSERT_EQ(hd_channel_recv(calls.receiver_fd, got, sizeof got, &size, none, 1, &nfds), HD_OK);
+  EXPECT_STREQ(got, "ping");
+  close(calls.receiver_fd);
+}
+
+TEST(Channel, MemfdTravelsWithItsContents) {
+  Pair pair;
+  int memfd = MakeMemfd("table bytes");
+  auto msg = NewMessage();
+  heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
+  req.has_name = true;
+  strcpy(req.name, "after-load");
+  req.has_allocations_snapshot = true;
+  req.allocations_snapshot.has_index = true;
+  req.allocations_snapshot.index = 0;
+
+  // A server thread answers the two-way call with an id.
+  std::thread server([&] {
+    auto in = NewMessage();
+    ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+    struct Ctx {
+      std::string name, contents;
+      int b;
+    } ctx{"", "", pair.b};
+    hd_snapshot_sink_server sink = {};
+    sink.store_named_snapshot = [](void *c, hd_message *m,
+                                   heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *r) {
+      auto *ctx = static_cast<Ctx *>(c);
+      ctx->name = r->name;
+      int fd = hd_message_take_fd(m, &r->allocations_snapshot);
+      ctx->contents = ReadAll(fd);
+      close(fd);
+      heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+          heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+      resp.has_snapshot_id = true;
+      resp.snapshot_id = 42;
+      uint32_t txid = m->txid;
+      return hd_snapshot_sink_store_named_snapshot_reply(ctx->b, m, txid, &resp);
+    };
+    ASSERT_EQ(hd_snapshot_sink_dispatch(&sink, &ctx, in.get()), HD_OK);
+    EXPECT_EQ(ctx.name, "after-load");
+    EXPECT_EQ(ctx.contents, "table bytes");
+  });
+  heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+  int fds[] = {memfd};
+  ASSERT_EQ(hd_snapshot_sink_store_named_snapshot(pair.a, msg.get(), &req, fds, 1, &resp), HD_OK);
+  server.join();
+  EXPECT_TRUE(resp.has_snapshot_id);
+  EXPECT_EQ(resp.snapshot_id, 42u);
+  EXPECT_FALSE(resp.has_error);
+  close(memfd);
+}
+
+TEST(Channel, EncoderRefusesHandlesThatDoNotMatchTheFds) {
+  auto msg = NewMessage();
+  heapdump_client_CollectorDownloadStoredSnapshotRequest req =
+      heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
+  req.has_snapshot_id = true;
+  req.snapshot_id = 7;
+  // Handle field absent.
+  EXPECT_EQ(hd_message_encode(msg.get(), 0, 0, HD_ORDINAL_COLLECTOR_DOWNLOAD_STORED_SNAPSHOT,
+                              &heapdump_client_CollectorDownloadStoredSnapshotRequest_msg, &req, 0),
+            HD_ERR_INVALID_ARGS);
+  req.has_receiver = true;
+  req.receiver.has_index = true;
+  req.receiver.index = 1;  // out of range for one fd
+  EXPECT_EQ(hd_message_encode(msg.get(), 0, 0, HD_ORDINAL_COLLECTOR_DOWNLOAD_STORED_SNAPSHOT,
+                              &heapdump_client_CollectorDownloadStoredSnapshotRequest_msg, &req, 1),
+            HD_ERR_INVALID_ARGS);
+  req.receiver.index = 0;
+  EXPECT_EQ(hd_message_encode(msg.get(), 0, 0, HD_ORDINAL_COLLECTOR_DOWNLOAD_STORED_SNAPSHOT,
+                              &heapdump_client_CollectorDownloadStoredSnapshotRequest_msg, &req, 2),
+            HD_ERR_INVALID_ARGS);  // an fd no handle refers to
+  EXPECT_EQ(hd_message_encode(msg.get(), 0, 0, HD_ORDINAL_COLLECTOR_DOWNLOAD_STORED_SNAPSHOT,
+                              &heapdump_client_CollectorDownloadStoredSnapshotRequest_msg, &req, 1),
+            HD_OK);
+}
+
+// ---- malformed input: each case gives its defined error and leaks no descriptor ---------------
+
+class Malformed : public ::testing::Test {
+ protected:
+  Pair pair;
+  std::unique_ptr<hd_message> in = NewMessage();
+  int fds_before = 0;
+  void SetUp() override { fds_before = CountOpenFds(); }
+  hd_status DispatchNext() {
+    hd_status status = hd_message_recv(pair.b, in.get());
+    if (status != HD_OK) return status;
+    CollectorCalls calls;
+    status = hd_collector_dispatch(&kCollector, &calls, in.get());
+    if (calls.receiver_fd >= 0) close(calls.receiver_fd);
+    return status;
+  }
+  void ExpectNoLeak() { EXPECT_EQ(CountOpenFds(), fds_before); }
+};
+
+TEST_F(Malformed, TruncatedHeader) {
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.resize(15);
+  int extra = MakeMemfd("x");
+  SendRaw(pair.a, bytes, {extra});
+  close(extra);
+  EXPECT_EQ(DispatchNext(), HD_ERR_TRUNCATED_HEADER);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, BadMagicAndReservedFlags) {
+  SendRaw(pair.a, Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT, 0, 0x7f));
+  EXPECT_EQ(DispatchNext(), HD_ERR_BAD_MAGIC);
+  SendRaw(pair.a, Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT, 0x80));
+  EXPECT_EQ(DispatchNext(), HD_ERR_DECODE);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, UnknownOrdinal) {
+  SendRaw(pair.a, Header(0, 0xdead));
+  EXPECT_EQ(DispatchNext(), HD_ERR_UNKNOWN_ORDINAL);
+  // Known to another protocol is still unknown to this one.
+  SendRaw(pair.a, Header(1, HD_ORDINAL_REGISTRY_REGISTER));
+  EXPECT_EQ(DispatchNext(), HD_ERR_UNKNOWN_ORDINAL);
+  hd_message_close_fds(in.get());
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, OversizedMessage) {
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.resize(HD_MAX_MESSAGE_BYTES + 100, 0);
+  int extra = MakeMemfd("x");
+  // hd_channel_send refuses to send it, so write it with the raw socket call.
+  iovec iov = {bytes.data(), bytes.size()};
+  char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr mh = {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  cmsghdr *cmsg = CMSG_FIRSTHDR(&mh);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cmsg), &extra, sizeof extra);
+  ASSERT_EQ(sendmsg(pair.a, &mh, 0), static_cast<ssize_t>(bytes.size()));
+  close(extra);
+  EXPECT_EQ(DispatchNext(), HD_ERR_TOO_LARGE);
+  EXPECT_EQ(hd_channel_send(pair.a, bytes.data(), bytes.size(), nullptr, 0), HD_ERR_INVALID_ARGS);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, TooManyFds) {
+  std::vector<int> many;
+  for (unsigned i = 0; i < HD_MAX_MESSAGE_FDS + 3; i++) many.push_back(MakeMemfd("x"));
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  iovec iov = {bytes.data(), bytes.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * many.size()));
+  msghdr mh = {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control.data();
+  mh.msg_controllen = control.size();
+  cmsghdr *cmsg = CMSG_FIRSTHDR(&mh);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * many.size());
+  memcpy(CMSG_DATA(cmsg), many.data(), sizeof(int) * many.size());
+  ASSERT_EQ(sendmsg(pair.a, &mh, 0), static_cast<ssize_t>(bytes.size()));
+  for (int fd : many) close(fd);
+  EXPECT_EQ(DispatchNext(), HD_ERR_TOO_MANY_FDS);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, MalformedVarint) {
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  // with_contents (field 3, varint) with eleven continuation bytes.
+  bytes.push_back(0x18);
+  for (int i = 0; i < 11; i++) bytes.push_back(0xff);
+  SendRaw(pair.a, bytes);
+  EXPECT_EQ(DispatchNext(), HD_ERR_DECODE);
+  // A varint cut off by the end of the message.
+  bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.push_back(0x18);
+  bytes.push_back(0x80);
+  SendRaw(pair.a, bytes);
+  EXPECT_EQ(DispatchNext(), HD_ERR_DECODE);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, WrongFieldType) {
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  // receiver (field 2) sent as a varint instead of a submessage.
+  bytes.push_back(0x10);
+  bytes.push_back(0x00);
+  int extra = MakeMemfd("x");
+  SendRaw(pair.a, bytes, {extra});
+  close(extra);
+  EXPECT_EQ(DispatchNext(), HD_ERR_DECODE);
+  // A string longer than its bound.
+  bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  std::vector<uint8_t> selector = {0x0a, 40};
+  selector.resize(42, 'a');
+  bytes.push_back(0x0a);
+  bytes.push_back(static_cast<uint8_t>(selector.size()));
+  bytes.insert(bytes.end(), selector.begin(), selector.end());
+  SendRaw(pair.a, bytes);
+  EXPECT_EQ(DispatchNext(), HD_ERR_DECODE);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, MissingRequiredFd) {
+  // A receiver handle refers to descriptor 0, but no descriptor came.
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.insert(bytes.end(), {0x12, 0x02, 0x08, 0x00});
+  SendRaw(pair.a, bytes);
+  EXPECT_EQ(DispatchNext(), HD_ERR_MISSING_FD);
+  // No receiver handle at all.
+  SendRaw(pair.a, Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT));
+  EXPECT_EQ(DispatchNext(), HD_ERR_MISSING_FD);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, ExtraFdsAreClosed) {
+  std::vector<uint8_t> bytes = Header(0, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.insert(bytes.end(), {0x12, 0x02, 0x08, 0x00});
+  int a = MakeMemfd("a"), b = MakeMemfd("b"), c = MakeMemfd("c");
+  SendRaw(pair.a, bytes, {a, b, c});
+  close(a);
+  close(b);
+  close(c);
+  EXPECT_EQ(DispatchNext(), HD_ERR_UNEXPECTED_FD);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, OneWayWithTxidAndResponseFlag) {
+  std::vector<uint8_t> bytes = Header(9, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
+  bytes.insert(bytes.end(), {0x12, 0x02, 0x08, 0x00});
+  int a = MakeMemfd("a");
+  SendRaw(pair.a, bytes, {a});
+  EXPECT_EQ(DispatchNext(), HD_ERR_UNEXPECTED_MESSAGE);
+  bytes[0] = 0;
+  bytes[4] = HD_FLAG_RESPONSE;
+  SendRaw(pair.a, bytes, {a});
+  close(a);
+  EXPECT_EQ(DispatchNext(), HD_ERR_UNEXPECTED_MESSAGE);
+  ExpectNoLeak();
+}
+
+TEST_F(Malformed, PeerClosed) {
+  close(pair.a);
+  pair.a = -1;
+  EXPECT_EQ(DispatchNext(), HD_ERR_PEER_CLOSED);
+}
+
+TEST_F(Malformed, ReplyWithWrongTxidIsRefused) {
+  std::thread server([&] {
+    auto msg = NewMessage();
+    ASSERT_EQ(hd_message_recv(pair.b, msg.get()), HD_OK);
+    heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+    ASSERT_EQ(hd_snapshot_receiver_report_error_reply(pair.b, msg.get(), msg->txid + 1, &empty),
+              HD_OK);
+  });
+  auto msg = NewMessage();
+  heapdump_client_SnapshotReceiverReportErrorRequest req =
+      heapdump_client_SnapshotReceiverReportErrorRequest_init_zero;
+  req.has_error = true;
+  req.error = heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED;
+  heapdump_client_Empty resp = heapdump_client_Empty_init_zero;
+  EXPECT_EQ(hd_snapshot_receiver_report_error(pair.a, msg.get(), &req, nullptr, 0, &resp),
+            HD_ERR_UNEXPECTED_MESSAGE);
+  server.join();
+}
+
+// ---- batches ---------------------------------------------------------------------------------
+
+// Collects the batch bodies a writer sends, each wrapped as a real message, and decodes them.
+struct Capture {
+  std::vector<std::vector<uint8_t>> bodies;
+  static hd_status Send(void *ctx, const uint8_t *body, size_t size) {
+    static_cast<Capture *>(ctx)->bodies.emplace_back(body, body + size);
+    return HD_OK;
+  }
+};
+
+std::unique_ptr<hd_batch_writer> NewWriter(Capture *capture) {
+  auto w = std::make_unique<hd_batch_writer>();
+  hd_batch_writer_init(w.get(), Capture::Send, capture);
+  return w;
+}
+
+// Sends every captured body over a real channel through the generated Batch call and decodes it
+// on the other side into a reassembler. Returns the largest message seen.
+size_t Deliver(const Capture &capture, hd_reassembler *out, hd_status *final_status = nullptr) {
+  Pair pair;
+  size_t largest = 0;
+  hd_status result = HD_OK;
+  std::thread receiver([&] {
+    auto in = NewMessage();
+    auto reader = std::make_unique<hd_batch_reader>();
+    hd_batch_reader_init(reader.get(), hd_reassembler_add, out);
+    for (size_t i = 0; i < capture.bodies.size(); i++) {
+      ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+      largest = std::max(largest, in->size);
+      ASSERT_EQ(in->ordinal, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
+      uint32_t txid = in->txid;
+      hd_status status = hd_batch_reader_decode(reader.get(), in.get());
+      if (status != HD_OK) result = status;
+      heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
+      ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), txid, &ack), HD_OK);
+    }
+  });
+  auto scratch = NewMessage();
+  hd_batch_channel ch = {pair.a, scratch.get()};
+  for (const auto &body : capture.bodies) {
+    EXPECT_EQ(hd_batch_send_on_channel(&ch, body.data(), body.size()), HD_OK);
+  }
+  receiver.join();
+  if (final_status) *final_status = result;
+  return largest;
+}
+
+heapdump_client_SnapshotElement Element(pb_size_t which) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = which;
+  return e;
+}
+
+TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  auto header = Element(heapdump_client_SnapshotElement_snapshot_header_tag);
+  header.element.snapshot_header = {true, "proc-name", true, 4321};
+  ASSERT_EQ(hd_batch_add(w.get(), &header), HD_OK);
+  auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
+  alloc.element.allocation = {true, 0x1000, true, 24, true, 7, true, -5, true, 3, true, 2};
+  ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
+  auto thread = Element(heapdump_client_SnapshotElement_thread_info_tag);
+  thread.element.thread_info = {true, 3, true, 999, true, "worker"};
+  ASSERT_EQ(hd_batch_add(w.get(), &thread), HD_OK);
+  auto region = Element(heapdump_client_SnapshotElement_executable_region_tag);
+  auto &r = region.element.executable_region;
+  r.has_address = r.has_size = r.has_file_offset = r.has_build_id = r.has_vaddr = r.has_name = true;
+  r.address = 0x400000;
+  r.size = 0x2000;
+  r.file_offset = 0x1000;
+  r.vaddr = 0x1000;
+  r.build_id.value.size = 20;
+  for (int i = 0; i < 20; i++) r.build_id.value.bytes[i] = static_cast<uint8_t>(i * 7);
+  strcpy(r.name, "/usr/bin/demo");
+  ASSERT_EQ(hd_batch_add(w.get(), &region), HD_OK);
+  const uint64_t addrs[] = {0x400100, UINT64_MAX, 0};
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 7, addrs, 3), HD_OK);
+  const uint8_t bytes[24] = {1, 2, 3, 0, 5};
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  ASSERT_EQ(capture.bodies.size(), 2u);  // everything fits in one batch, then the empty one
+  EXPECT_TRUE(capture.bodies[1].empty());
+
+  hd_reassembler ra;
+  hd_reassembler_init(&ra);
+  Deliver(capture, &ra);
+  ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+  ASSERT_EQ(ra.snapshot_count, 1u);
+  const hd_snapshot *s = ra.snapshots[0];
+  EXPECT_TRUE(s->has_header);
+  EXPECT_STREQ(s->process_name, "proc-name");
+  EXPECT_EQ(s->pid, 4321u);
+  const hd_allocation *a = hd_snapshot_find_allocation(s, 0x1000);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 24u);
+  EXPECT_EQ(a->stack_trace_key, 7u);
+  EXPECT_EQ(a->timestamp, -5);
+  EXPECT_EQ(a->thread_info_key, 3u);
+  EXPECT_EQ(a->count, 2u);
+  const hd_thread_info *t = hd_snapshot_find_thread(s, 3);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->koid, 999u);
+  EXPECT_STREQ(t->name, "worker");
+  ASSERT_EQ(s->region_count, 1u);
+  EXPECT_EQ(s->regions[0].address, 0x400000u);
+  EXPECT_EQ(s->regions[0].size, 0x2000u);
+  EXPECT_EQ(s->regions[0].file_offset, 0x1000u);
+  EXPECT_EQ(s->regions[0].vaddr, 0x1000u);
+  ASSERT_EQ(s->regions[0].build_id_size, 20u);
+  EXPECT_EQ(s->regions[0].build_id[19], 19 * 7);
+  EXPECT_STREQ(s->regions[0].name, "/usr/bin/demo");
+  const hd_stack_trace *st = hd_snapshot_find_stack_trace(s, 7);
+  ASSERT_NE(st, nullptr);
+  ASSERT_EQ(st->count, 3u);
+  EXPECT_EQ(st->addresses[1], UINT64_MAX);
+  EXPECT_EQ(st->addresses[2], 0u);
+  const hd_block *b = hd_snapshot_find_block(s, 0x1000);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(b->size, 24u);
+  EXPECT_EQ(memcmp(b->bytes, bytes, 24), 0);
+  hd_reassembler_destroy(&ra);
+}
+
+TEST(Batch, EveryElementRoundTripsWithFieldsAbsent) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  for (pb_size_t which : {heapdump_client_SnapshotElement_snapshot_header_tag,
+                          heapdump_client_SnapshotElement_thread_info_tag,
+                          heapdump_client_SnapshotElement_executable_region_tag}) {
+    auto e = Element(which);
+    ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+  }
+  auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
+  alloc.element.allocation.has_address = true;  // the one field a receiver needs
+  ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 0, nullptr, 0), HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  hd_reassembler ra;
+  hd_reassembler_init(&ra);
+  Deliver(capture, &ra);
+  ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+  const hd_snapshot *s = ra.snapshots[0];
+  EXPECT_TRUE(s->has_header);
+  EXPECT_STREQ(s->process_name, "");
+  const hd_allocation *a = hd_snapshot_find_allocation(s, 0);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->size, 0u);
+  EXPECT_EQ(a->count, 1u);  // absent count means one block
+  ASSERT_NE(hd_snapshot_find_stack_trace(s, 0), nullptr);
+  EXPECT_EQ(hd_snapshot_find_stack_trace(s, 0)->count, 0u);
+  ASSERT_EQ(s->region_count, 1u);
+  EXPECT_EQ(s->regions[0].build_id_size, 0u);
+  hd_reassembler_destroy(&ra);
+
+  // The element with nothing set encodes to a zero-length variant, and still decodes as one.
+  auto empty = Element(heapdump_client_SnapshotElement_allocation_tag);
+  size_t size = 0;
+  ASSERT_TRUE(pb_get_encoded_size(&size, heapdump_client_SnapshotElement_fields, &empty));
+  EXPECT_EQ(size, 2u);
+}
+
+TEST(Batch, RandomMixesNeverExceedTheMessageLimit) {
+  std::mt19937_64 rng(12345);
+  for (int round = 0; round < 6; round++) {
+    Capture capture;
+    auto w = NewWriter(&capture);
+    std::vector<uint64_t> addrs;
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < 3000; i++) {
+      switch (rng() % 5) {
+        case 0: {
+          auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
+          e.element.allocation = {true, rng(), true, rng(), true, rng() % 100, true,
+                                  static_cast<int64_t>(rng()), true, rng() % 7, rng() % 2 == 0, 1};
+          ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+          break;
+        }
+        case 1: {
+          addrs.resize(rng() % 9000);
+          for (auto &a : addrs) a = rng() >> (rng() % 64);
+          ASSERT_EQ(hd_batch_add_stack_trace(w.get(), rng() % 100, addrs.data(), addrs.size()),
+                    HD_OK);
+          break;
+        }
+        case 2: {
+          bytes.resize(rng() % 70000);
+          ASSERT_EQ(hd_batch_add_block_contents(w.get(), rng(), bytes.data(), bytes.size()), HD_OK);
+          break;
+        }
+        case 3: {
+          auto e = Element(heapdump_client_SnapshotElement_executable_region_tag);
+          auto &r = e.element.executable_region;
+          r.has_name = true;
+          memset(r.name, 'n', rng() % 4096);
+          r.has_build_id = true;
+          r.build_id.value.size = 32;
+          ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+          break;
+        }
+        default: {
+          auto e = Element(heapdump_client_SnapshotElement_thread_info_tag);
+          e.element.thread_info = {true, rng(), true, rng(), true, "t"};
+          memset(e.element.thread_info.name, 'x', rng() % 32);
+          ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+        }
+      }
+    }
+    ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+    size_t fullest = 0;
+    for (const auto &body : capture.bodies) {
+      ASSERT_LE(body.size() + HD_HEADER_BYTES, HD_MAX_MESSAGE_BYTES);
+      fullest = std::max(fullest, body.size());
+    }
+    // Batches are filled, not cut at a fixed count: most of them come close to the limit.
+    EXPECT_GT(fullest, HD_BATCH_CAPACITY - 5000);
+  }
+}
+
+TEST(Batch, StackTraceFourTimesTheMessageSizeIsChunkedAndReassembled) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  // 10-byte varints: 4 x 65,536 bytes of addresses.
+  std::vector<uint64_t> addrs(4 * HD_MAX_MESSAGE_BYTES / 10);
+  for (size_t i = 0; i < addrs.size(); i++) addrs[i] = UINT64_MAX - i;
+  auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
+  alloc.element.allocation = {true, 0x10, true, 1, true, 99, false, 0, true, 1, false, 0};
+  auto thread = Element(heapdump_client_SnapshotElement_thread_info_tag);
+  thread.element.thread_info = {true, 1, true, 1, true, "main"};
+  ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
+  ASSERT_EQ(hd_batch_add(w.get(), &thread), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 99, addrs.data(), addrs.size()), HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  EXPECT_GE(capture.bodies.size(), 5u);
+  hd_reassembler ra;
+  hd_reassembler_init(&ra);
+  size_t largest = Deliver(capture, &ra);
+  EXPECT_LE(largest, HD_MAX_MESSAGE_BYTES);
+  ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+  const hd_stack_trace *st = hd_snapshot_find_stack_trace(ra.snapshots[0], 99);
+  ASSERT_NE(st, nullptr);
+  ASSERT_EQ(st->count, addrs.size());
+  EXPECT_EQ(0, memcmp(st->addresses, addrs.data(), addrs.size() * sizeof(uint64_t)));
+  hd_reassembler_destroy(&ra);
+}
+
+TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  std::vector<uint8_t> block(600 * 1024);
+  std::mt19937 rng(7);
+  for (auto &b : block) b = static_cast<uint8_t>(rng());
+  auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
+  alloc.element.allocation = {true, 0xabc0, true, block.size(), true, 1, false, 0, true, 1,
+                              false, 0};
+  auto thread = Element(heapdump_client_SnapshotElement_thread_info_tag);
+  thread.element.thread_info = {true, 1, true, 1, true, "main"};
+  ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
+  ASSERT_EQ(hd_batch_add(w.get(), &thread), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0), HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0xabc0, block.data(), block.size()), HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  EXPECT_GE(capture.bodies.size(), 11u);
+  hd_reassembler ra;
+  hd_reassembler_init(&ra);
+  Deliver(capture, &ra);
+  ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+  const hd_block *b = hd_snapshot_find_block(ra.snapshots[0], 0xabc0);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(b->size, block.size());
+  EXPECT_EQ(0, memcmp(b->bytes, block.data(), block.size()));
+  hd_reassembler_destroy(&ra);
+}
+
+TEST(Reassembler, RejectsInconsistentStreams) {
+  struct Case {
+    const char *what;
+    std::function<void(hd_batch_writer *)> fill;
+  };
+  auto alloc = [](hd_batch_writer *w, uint64_t address, uint64_t size) {
+    auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
+    e.element.allocation = {true, address, true, size, true, 1, false, 0, true, 1, false, 0};
+    ASSERT_EQ(hd_batch_add(w, &e), HD_OK);
+  };
+  auto refs = [](hd_batch_writer *w) {
+    auto t = Element(heapdump_client_SnapshotElement_thread_info_tag);
+    t.element.thread_info = {true, 1, true, 1, true, "main"};
+    ASSERT_EQ(hd_batch_add(w, &t), HD_OK);
+    ASSERT_EQ(hd_batch_add_stack_trace(w, 1, nullptr, 0), HD_OK);
+  };
+  const uint8_t bytes[16] = {};
+  std::vector<Case> cases = {
+      {"contents shorter than the block",
+       [&](hd_batch_writer *w) {
+         alloc(w, 0x10, 16);
+         refs(w);
+         ASSERT_EQ(hd_batch_add_block_contents(w, 0x10, bytes, 8), HD_OK);
+       }},
+      {"contents for an unknown block",
+       [&](hd_batch_writer *w) {
+         refs(w);
+         ASSERT_EQ(hd_batch_add_block_contents(w, 0x10, bytes, 8), HD_OK);
+       }},
+      {"duplicate address",
+       [&](hd_batch_writer *w) {
+         alloc(w, 0x10, 16);
+         alloc(w, 0x10, 16);
+         refs(w);
+       }},
+      {"dangling stack trace", [&](hd_batch_writer *w) { alloc(w, 0x10, 16); }},
+  };
+  for (const auto &c : cases) {
+    Capture capture;
+    auto w = NewWriter(&capture);
+    c.fill(w.get());
+    ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+    hd_reassembler ra;
+    hd_reassembler_init(&ra);
+    hd_status delivered = HD_OK;
+    Deliver(capture, &ra, &delivered);
+    hd_status status = delivered != HD_OK ? delivered : hd_reassembler_finish(&ra);
+    EXPECT_EQ(status, HD_ERR_REASSEMBLY) << c.what;
+    EXPECT_STRNE(ra.error, "") << c.what;
+    hd_reassembler_destroy(&ra);
+  }
+}
+
+}  // namespace
