@@ -133,7 +133,7 @@ static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
                 (unsigned long long)a->address);
   }
   if (!RESERVE(s, allocations, allocation_count, allocation_capacity)) return HD_ERR_NO_MEMORY;
-  hd_allocation *out = &s->allocations[s->allocation_count];
+  hd_snapshot_allocation *out = &s->allocations[s->allocation_count];
   out->address = a->address;
   out->size = a->size;
   out->stack_trace_key = a->stack_trace_key;
@@ -151,11 +151,11 @@ static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key
   if (!map_find(&s->stack_trace_index, key, &index)) {
     if (!RESERVE(s, stack_traces, stack_trace_count, stack_trace_capacity)) return HD_ERR_NO_MEMORY;
     index = s->stack_trace_count;
-    s->stack_traces[index] = (hd_stack_trace){.key = key};
+    s->stack_traces[index] = (hd_snapshot_stack_trace){.key = key};
     if (!map_put(&s->stack_trace_index, key, index)) return HD_ERR_NO_MEMORY;
     s->stack_trace_count++;
   }
-  hd_stack_trace *t = &s->stack_traces[index];
+  hd_snapshot_stack_trace *t = &s->stack_traces[index];
   if (count == 0) return HD_OK;
   if (t->count + count > (size_t)1 << 24) {
     return fail(r, HD_ERR_REASSEMBLY, "stack trace %llu too long", (unsigned long long)key);
@@ -174,11 +174,11 @@ static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
   if (!map_find(&s->block_index, address, &index)) {
     if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
     index = s->block_count;
-    s->blocks[index] = (hd_block){.address = address};
+    s->blocks[index] = (hd_snapshot_block){.address = address};
     if (!map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
     s->block_count++;
   }
-  hd_block *b = &s->blocks[index];
+  hd_snapshot_block *b = &s->blocks[index];
   if (size == 0) return HD_OK;
   /* Allocations may arrive after contents, so the size is checked at the end; this only stops
    * a stream from growing a block without bound. */
@@ -226,7 +226,7 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
                     (unsigned long long)t->thread_info_key);
       }
       if (!RESERVE(s, threads, thread_count, thread_capacity)) return HD_ERR_NO_MEMORY;
-      hd_thread_info *out = &s->threads[s->thread_count];
+      hd_snapshot_thread *out = &s->threads[s->thread_count];
       out->key = t->thread_info_key;
       out->koid = t->koid;
       snprintf(out->name, sizeof out->name, "%s", t->name);
@@ -241,7 +241,7 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
                     (unsigned long long)g->address);
       }
       if (!RESERVE(s, regions, region_count, region_capacity)) return HD_ERR_NO_MEMORY;
-      hd_region *out = &s->regions[s->region_count];
+      hd_snapshot_region *out = &s->regions[s->region_count];
       memset(out, 0, sizeof *out);
       out->address = g->address;
       out->size = g->size;
@@ -270,8 +270,8 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
   for (size_t k = 0; k < r->snapshot_count; k++) {
     const hd_snapshot *s = r->snapshots[k];
     for (size_t i = 0; i < s->block_count; i++) {
-      const hd_block *b = &s->blocks[i];
-      const hd_allocation *a = hd_snapshot_find_allocation(s, b->address);
+      const hd_snapshot_block *b = &s->blocks[i];
+      const hd_snapshot_allocation *a = hd_snapshot_find_allocation(s, b->address);
       if (a == NULL) {
         return fail(r, HD_ERR_REASSEMBLY, "contents for unknown block 0x%llx",
                     (unsigned long long)b->address);
@@ -282,7 +282,7 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
       }
     }
     for (size_t i = 0; i < s->allocation_count; i++) {
-      const hd_allocation *a = &s->allocations[i];
+      const hd_snapshot_allocation *a = &s->allocations[i];
       if (hd_snapshot_find_stack_trace(s, a->stack_trace_key) == NULL) {
         return fail(r, HD_ERR_REASSEMBLY, "allocation 0x%llx: unknown stack trace %llu",
                     (unsigned long long)a->address, (unsigned long long)a->stack_trace_key);
@@ -296,19 +296,19 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
   return HD_OK;
 }
 
-const hd_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address) {
+const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address) {
   size_t i;
   return map_find(&s->allocation_index, address, &i) ? &s->allocations[i] : NULL;
 }
-const hd_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key) {
+const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key) {
   size_t i;
   return map_find(&s->stack_trace_index, key, &i) ? &s->stack_traces[i] : NULL;
 }
-const hd_thread_info *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key) {
+const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key) {
   size_t i;
   return map_find(&s->thread_index, key, &i) ? &s->threads[i] : NULL;
 }
-const hd_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
+const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
   size_t i;
   return map_find(&s->block_index, address, &i) ? &s->blocks[i] : NULL;
 }

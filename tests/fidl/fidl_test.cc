@@ -520,14 +520,14 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_TRUE(s->has_header);
   EXPECT_STREQ(s->process_name, "proc-name");
   EXPECT_EQ(s->pid, 4321u);
-  const hd_allocation *a = hd_snapshot_find_allocation(s, 0x1000);
+  const hd_snapshot_allocation *a = hd_snapshot_find_allocation(s, 0x1000);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->size, 24u);
   EXPECT_EQ(a->stack_trace_key, 7u);
   EXPECT_EQ(a->timestamp, -5);
   EXPECT_EQ(a->thread_info_key, 3u);
   EXPECT_EQ(a->count, 2u);
-  const hd_thread_info *t = hd_snapshot_find_thread(s, 3);
+  const hd_snapshot_thread *t = hd_snapshot_find_thread(s, 3);
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->koid, 999u);
   EXPECT_STREQ(t->name, "worker");
@@ -539,12 +539,12 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_EQ(s->regions[0].build_id_size, 20u);
   EXPECT_EQ(s->regions[0].build_id[19], 19 * 7);
   EXPECT_STREQ(s->regions[0].name, "/usr/bin/demo");
-  const hd_stack_trace *st = hd_snapshot_find_stack_trace(s, 7);
+  const hd_snapshot_stack_trace *st = hd_snapshot_find_stack_trace(s, 7);
   ASSERT_NE(st, nullptr);
   ASSERT_EQ(st->count, 3u);
   EXPECT_EQ(st->addresses[1], UINT64_MAX);
   EXPECT_EQ(st->addresses[2], 0u);
-  const hd_block *b = hd_snapshot_find_block(s, 0x1000);
+  const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);
   EXPECT_EQ(memcmp(b->bytes, bytes, 24), 0);
@@ -572,7 +572,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsAbsent) {
   const hd_snapshot *s = ra.snapshots[0];
   EXPECT_TRUE(s->has_header);
   EXPECT_STREQ(s->process_name, "");
-  const hd_allocation *a = hd_snapshot_find_allocation(s, 0);
+  const hd_snapshot_allocation *a = hd_snapshot_find_allocation(s, 0);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->size, 0u);
   EXPECT_EQ(a->count, 1u);  // absent count means one block
@@ -666,7 +666,7 @@ TEST(Batch, StackTraceFourTimesTheMessageSizeIsChunkedAndReassembled) {
   size_t largest = Deliver(capture, &ra);
   EXPECT_LE(largest, HD_MAX_MESSAGE_BYTES);
   ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
-  const hd_stack_trace *st = hd_snapshot_find_stack_trace(ra.snapshots[0], 99);
+  const hd_snapshot_stack_trace *st = hd_snapshot_find_stack_trace(ra.snapshots[0], 99);
   ASSERT_NE(st, nullptr);
   ASSERT_EQ(st->count, addrs.size());
   EXPECT_EQ(0, memcmp(st->addresses, addrs.data(), addrs.size() * sizeof(uint64_t)));
@@ -694,7 +694,7 @@ TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
   hd_reassembler_init(&ra);
   Deliver(capture, &ra);
   ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
-  const hd_block *b = hd_snapshot_find_block(ra.snapshots[0], 0xabc0);
+  const hd_snapshot_block *b = hd_snapshot_find_block(ra.snapshots[0], 0xabc0);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, block.size());
   EXPECT_EQ(0, memcmp(b->bytes, block.data(), block.size()));

@@ -24,48 +24,48 @@ typedef struct hd_u64_map {
   size_t count;
 } hd_u64_map;
 
-typedef struct hd_allocation {
+typedef struct hd_snapshot_allocation {
   uint64_t address, size, stack_trace_key, thread_info_key, count;
   int64_t timestamp;
-} hd_allocation;
+} hd_snapshot_allocation;
 
-typedef struct hd_stack_trace {
+typedef struct hd_snapshot_stack_trace {
   uint64_t key;
   uint64_t *addresses; /* leaf first */
   size_t count;
-} hd_stack_trace;
+} hd_snapshot_stack_trace;
 
-typedef struct hd_thread_info {
+typedef struct hd_snapshot_thread {
   uint64_t key, koid;
   char name[33];
-} hd_thread_info;
+} hd_snapshot_thread;
 
-typedef struct hd_region {
+typedef struct hd_snapshot_region {
   uint64_t address, size, file_offset, vaddr;
   uint8_t build_id[32];
   size_t build_id_size;
   char *name;
-} hd_region;
+} hd_snapshot_region;
 
-typedef struct hd_block {
+typedef struct hd_snapshot_block {
   uint64_t address;
   uint8_t *bytes;
   size_t size;
-} hd_block;
+} hd_snapshot_block;
 
 typedef struct hd_snapshot {
   bool has_header;
   char process_name[33];
   uint64_t pid;
-  hd_allocation *allocations;
+  hd_snapshot_allocation *allocations;
   size_t allocation_count, allocation_capacity;
-  hd_stack_trace *stack_traces;
+  hd_snapshot_stack_trace *stack_traces;
   size_t stack_trace_count, stack_trace_capacity;
-  hd_thread_info *threads;
+  hd_snapshot_thread *threads;
   size_t thread_count, thread_capacity;
-  hd_region *regions;
+  hd_snapshot_region *regions;
   size_t region_count, region_capacity;
-  hd_block *blocks;
+  hd_snapshot_block *blocks;
   size_t block_count, block_capacity;
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
 } hd_snapshot;
@@ -85,10 +85,10 @@ HD_MUST_CHECK hd_status hd_reassembler_add(void *reassembler, const hd_element *
  * allocation's stack trace and thread exist. */
 HD_MUST_CHECK hd_status hd_reassembler_finish(hd_reassembler *r);
 
-const hd_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address);
-const hd_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
-const hd_thread_info *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
-const hd_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
+const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address);
+const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
+const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
+const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
 
 #ifdef __cplusplus
 }
