@@ -145,17 +145,23 @@ static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
   return HD_OK;
 }
 
-static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
-                                 const uint64_t *addresses, size_t count) {
+/* The trace with this key, created empty on first mention. */
+static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
   size_t index;
   if (!map_find(&s->stack_trace_index, key, &index)) {
-    if (!RESERVE(s, stack_traces, stack_trace_count, stack_trace_capacity)) return HD_ERR_NO_MEMORY;
+    if (!RESERVE(s, stack_traces, stack_trace_count, stack_trace_capacity)) return NULL;
     index = s->stack_trace_count;
     s->stack_traces[index] = (hd_snapshot_stack_trace){.key = key};
-    if (!map_put(&s->stack_trace_index, key, index)) return HD_ERR_NO_MEMORY;
+    if (!map_put(&s->stack_trace_index, key, index)) return NULL;
     s->stack_trace_count++;
   }
-  hd_snapshot_stack_trace *t = &s->stack_traces[index];
+  return &s->stack_traces[index];
+}
+
+static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
+                                 const uint64_t *addresses, size_t count) {
+  hd_snapshot_stack_trace *t = stack_trace_slot(s, key);
+  if (t == NULL) return HD_ERR_NO_MEMORY;
   if (count == 0) return HD_OK;
   if (t->count + count > (size_t)1 << 24) {
     return fail(r, HD_ERR_REASSEMBLY, "stack trace %llu too long", (unsigned long long)key);
@@ -260,6 +266,24 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       s->region_count++;
       return HD_OK;
     }
+    case heapdump_client_SnapshotElement_stack_trace_counters_tag: {
+      const heapdump_client_StackTraceCounters *c = &el->element.stack_trace_counters;
+      hd_snapshot_stack_trace *t = stack_trace_slot(s, c->stack_trace_key);
+      if (t == NULL) return HD_ERR_NO_MEMORY;
+      if (t->has_counters) {
+        return fail(r, HD_ERR_REASSEMBLY, "duplicate counters for stack trace %llu",
+                    (unsigned long long)c->stack_trace_key);
+      }
+      t->has_counters = true;
+      t->allocated_blocks = c->allocated_blocks;
+      t->allocated_bytes = c->allocated_bytes;
+      return HD_OK;
+    }
+    case heapdump_client_SnapshotElement_process_stats_tag:
+      if (s->has_stats) return fail(r, HD_ERR_REASSEMBLY, "duplicate process stats");
+      s->has_stats = true;
+      s->stats = el->element.process_stats;
+      return HD_OK;
     default:
       r->unknown_elements++; /* a flexible union: newer senders may add variants */
       return HD_OK;

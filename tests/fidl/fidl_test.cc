@@ -507,6 +507,13 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 7, addrs, 3), HD_OK);
   const uint8_t bytes[24] = {1, 2, 3, 0, 5};
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
+  auto counters = Element(heapdump_client_SnapshotElement_stack_trace_counters_tag);
+  counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000};
+  ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
+  auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
+  stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1, true, 2,
+                                 true, 30, true, 4, true, 5, true, 6};
+  ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   ASSERT_EQ(capture.bodies.size(), 2u);  // everything fits in one batch, then the empty one
   EXPECT_TRUE(capture.bodies[1].empty());
@@ -544,6 +551,12 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_EQ(st->count, 3u);
   EXPECT_EQ(st->addresses[1], UINT64_MAX);
   EXPECT_EQ(st->addresses[2], 0u);
+  EXPECT_TRUE(st->has_counters);
+  EXPECT_EQ(st->allocated_blocks, 1000u);
+  EXPECT_EQ(st->allocated_bytes, 24000u);
+  ASSERT_TRUE(s->has_stats);
+  EXPECT_EQ(s->stats.peak_live_bytes, 30u);
+  EXPECT_EQ(s->stats.dropped_resources, 6u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);
@@ -556,7 +569,9 @@ TEST(Batch, EveryElementRoundTripsWithFieldsAbsent) {
   auto w = NewWriter(&capture);
   for (pb_size_t which : {heapdump_client_SnapshotElement_snapshot_header_tag,
                           heapdump_client_SnapshotElement_thread_info_tag,
-                          heapdump_client_SnapshotElement_executable_region_tag}) {
+                          heapdump_client_SnapshotElement_executable_region_tag,
+                          heapdump_client_SnapshotElement_stack_trace_counters_tag,
+                          heapdump_client_SnapshotElement_process_stats_tag}) {
     auto e = Element(which);
     ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
   }
@@ -580,6 +595,10 @@ TEST(Batch, EveryElementRoundTripsWithFieldsAbsent) {
   EXPECT_EQ(hd_snapshot_find_stack_trace(s, 0)->count, 0u);
   ASSERT_EQ(s->region_count, 1u);
   EXPECT_EQ(s->regions[0].build_id_size, 0u);
+  EXPECT_TRUE(s->has_stats);
+  EXPECT_FALSE(s->stats.has_live_bytes);
+  EXPECT_TRUE(hd_snapshot_find_stack_trace(s, 0)->has_counters);
+  EXPECT_FALSE(ra.unknown_elements);
   hd_reassembler_destroy(&ra);
 
   // The element with nothing set encodes to a zero-length variant, and still decodes as one.
@@ -698,6 +717,25 @@ TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, block.size());
   EXPECT_EQ(0, memcmp(b->bytes, block.data(), block.size()));
+  hd_reassembler_destroy(&ra);
+}
+
+TEST(Reassembler, SkipsUnknownVariantsOfTheFlexibleUnion) {
+  // One element of a variant from a newer sender (field 15, an empty message), then a thread.
+  std::vector<uint8_t> body = {0x0a, 0x02, 0x7a, 0x00,
+                               0x0a, 0x06, 0x2a, 0x04, 0x08, 0x01, 0x10, 0x02};
+  auto msg = NewMessage();
+  msg->size = HD_HEADER_BYTES + body.size();
+  memcpy(msg->bytes + HD_HEADER_BYTES, body.data(), body.size());
+  hd_reassembler ra;
+  hd_reassembler_init(&ra);
+  auto reader = std::make_unique<hd_batch_reader>();
+  hd_batch_reader_init(reader.get(), hd_reassembler_add, &ra);
+  ASSERT_EQ(hd_batch_reader_decode(reader.get(), msg.get()), HD_OK);
+  EXPECT_EQ(reader->element_count, 2u);
+  EXPECT_EQ(ra.unknown_elements, 1u);
+  ASSERT_NE(hd_snapshot_find_thread(ra.snapshots[0], 1), nullptr);
+  EXPECT_EQ(hd_snapshot_find_thread(ra.snapshots[0], 1)->koid, 2u);
   hd_reassembler_destroy(&ra);
 }
 

@@ -33,6 +33,8 @@ typedef struct hd_snapshot_stack_trace {
   uint64_t key;
   uint64_t *addresses; /* leaf first */
   size_t count;
+  bool has_counters; /* StackTraceCounters seen */
+  uint64_t allocated_blocks, allocated_bytes;
 } hd_snapshot_stack_trace;
 
 typedef struct hd_snapshot_thread {
@@ -55,6 +57,8 @@ typedef struct hd_snapshot_block {
 
 typedef struct hd_snapshot {
   bool has_header;
+  bool has_stats;
+  heapdump_client_ProcessStats stats;
   char process_name[33];
   uint64_t pid;
   hd_snapshot_allocation *allocations;
