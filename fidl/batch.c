@@ -38,6 +38,14 @@ hd_status hd_batch_flush(hd_batch_writer *w) {
   return status;
 }
 
+hd_status hd_batch_forward(hd_batch_writer *w, const uint8_t *body, size_t size) {
+  if (size > HD_BATCH_CAPACITY) return HD_ERR_INVALID_ARGS;
+  hd_status status = hd_batch_flush(w);
+  if (status != HD_OK || size == 0) return status;
+  w->batches_sent++;
+  return w->send(w->ctx, body, size);
+}
+
 hd_status hd_batch_end(hd_batch_writer *w) {
   hd_status status = hd_batch_flush(w);
   if (status != HD_OK) return status;

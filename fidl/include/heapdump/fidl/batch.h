@@ -43,6 +43,9 @@ HD_MUST_CHECK hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t ke
 /* Appends a block's contents, split into several elements with the same address if needed. */
 HD_MUST_CHECK hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address,
                                                     const uint8_t *bytes, size_t size);
+/* Sends the pending elements, if any, then body as one batch: a batch body produced earlier by a
+ * writer (e.g. stored on disk). HD_ERR_INVALID_ARGS if it is over HD_BATCH_CAPACITY. */
+HD_MUST_CHECK hd_status hd_batch_forward(hd_batch_writer *w, const uint8_t *body, size_t size);
 /* Sends the pending elements, if any. */
 HD_MUST_CHECK hd_status hd_batch_flush(hd_batch_writer *w);
 /* Sends the pending elements, if any, then an empty batch. */

@@ -1,0 +1,41 @@
+/* The heapdump collector as a library: what heapdump-collector runs as a daemon, and what
+ * `heapdump run` embeds when no daemon answers.
+ *
+ * Usage: hd_collector_create() binds the socket and loads stored snapshots; hd_collector_run()
+ * serves until hd_collector_stop() (async-signal-safe) is called from a signal handler or another
+ * thread; hd_collector_destroy() frees everything. Functions return 0 or a negative errno value. */
+#ifndef HEAPDUMP_COLLECTOR_H
+#define HEAPDUMP_COLLECTOR_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hd_collector hd_collector;
+
+enum hd_log_level { HD_LOG_ERROR = 0, HD_LOG_WARN = 1, HD_LOG_INFO = 2, HD_LOG_DEBUG = 3 };
+
+typedef struct hd_collector_options {
+  const char *socket_path;     /* NULL: hd_default_socket_path() */
+  const char *storage_dir;     /* NULL: $XDG_STATE_HOME/heapdump, else ~/.local/state/heapdump */
+  uint32_t max_stored;         /* stored snapshots kept; 0 = no limit */
+  uint64_t max_storage_bytes;  /* bytes of stored snapshots kept; 0 = no limit */
+  int log_level;               /* enum hd_log_level; messages go to stderr */
+} hd_collector_options;
+
+/* The socket path clients and instrumented processes use: $HEAPDUMP_SOCKET, else
+ * $XDG_RUNTIME_DIR/heapdump/collector.sock, else /tmp/heapdump-$UID/collector.sock. Writes at most
+ * size bytes; returns 0 or -ENAMETOOLONG. */
+int hd_default_socket_path(char *out, unsigned long size);
+
+int hd_collector_create(const hd_collector_options *options, hd_collector **out);
+int hd_collector_run(hd_collector *c);
+void hd_collector_stop(hd_collector *c);
+void hd_collector_destroy(hd_collector *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,418 @@
+/* Stored snapshots: one file per snapshot under the storage directory, written atomically
+ * (temporary file, fsync, rename, fsync of the directory), listed and streamed back on request.
+ *
+ * File layout (little-endian): "HDSNAP01", u32 uid, u32 metadata length, a StoredSnapshot
+ * message, then the snapshot's batches as they are sent on the wire: u32 length, Batch body.
+ * Snapshot ids come from the `next-id` file, advanced before an id is used, so an id is never
+ * reused, across restarts and evictions alike. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pb_decode.h>
+#include <pb_encode.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "collector_internal.h"
+#include "heapdump_client.bindings.h"
+
+static const char kMagic[8] = {'H', 'D', 'S', 'N', 'A', 'P', '0', '1'};
+
+static int mkdirs(const char *path) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -errno;
+    *p = '/';
+  }
+  if (mkdir(buf, 0700) != 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+static bool write_all(int fd, const void *data, size_t size) {
+  const uint8_t *p = data;
+  while (size > 0) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= (size_t)n;
+  }
+  return true;
+}
+
+static bool read_all(int fd, void *data, size_t size) {
+  uint8_t *p = data;
+  while (size > 0) {
+    ssize_t n = read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= (size_t)n;
+  }
+  return true;
+}
+
+static void fsync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+static void snapshot_path(hd_collector *c, uint32_t id, char *out, size_t size) {
+  snprintf(out, size, "%s/snapshot-%u.hdsnap", c->storage_dir, id);
+}
+
+/* Persists next_id + 1 before id next_id is handed out. Called with c->lock held. */
+static int take_id(hd_collector *c, uint32_t *id) {
+  char tmp[4200], path[4200];
+  snprintf(tmp, sizeof tmp, "%s/next-id.tmp", c->storage_dir);
+  snprintf(path, sizeof path, "%s/next-id", c->storage_dir);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -errno;
+  char text[16];
+  int len = snprintf(text, sizeof text, "%u\n", c->next_id + 1);
+  bool ok = write_all(fd, text, (size_t)len) && fsync(fd) == 0;
+  close(fd);
+  if (!ok || rename(tmp, path) != 0) return -EIO;
+  fsync_dir(c->storage_dir);
+  *id = c->next_id++;
+  return 0;
+}
+
+/* Reads and checks a snapshot file's header and record structure. */
+static int load_info(const char *path, hd_stored_snapshot_info *info) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int rc = -EINVAL;
+  char magic[8];
+  uint32_t uid, meta_len;
+  uint8_t meta[512];
+  struct stat st;
+  if (fstat(fd, &st) == 0 && read_all(fd, magic, 8) && memcmp(magic, kMagic, 8) == 0 &&
+      read_all(fd, &uid, 4) && read_all(fd, &meta_len, 4) && meta_len <= sizeof meta &&
+      read_all(fd, meta, meta_len)) {
+    heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
+    pb_istream_t in = pb_istream_from_buffer(meta, meta_len);
+    off_t offset = 16 + (off_t)meta_len;
+    if (pb_decode(&in, heapdump_client_StoredSnapshot_fields, &s) && s.has_snapshot_id) {
+      /* Walk the records: each length must fit a batch and the file must end on a record. */
+      rc = 0;
+      while (offset < st.st_size) {
+        uint32_t len;
+        if (pread(fd, &len, 4, offset) != 4 || len > HD_BATCH_CAPACITY ||
+            offset + 4 + (off_t)len > st.st_size) {
+          rc = -EINVAL;
+          break;
+        }
+        offset += 4 + (off_t)len;
+      }
+      if (rc == 0) {
+        memset(info, 0, sizeof *info);
+        info->id = s.snapshot_id;
+        snprintf(info->name, sizeof info->name, "%s", s.snapshot_name);
+        snprintf(info->process_name, sizeof info->process_name, "%s", s.process_name);
+        info->pid = s.process_koid;
+        info->uid = uid;
+        info->bytes = (uint64_t)st.st_size;
+      }
+    }
+  }
+  close(fd);
+  return rc;
+}
+
+static int compare_ids(const void *a, const void *b) {
+  uint32_t x = ((const hd_stored_snapshot_info *)a)->id, y = ((const hd_stored_snapshot_info *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+static bool append_info(hd_collector *c, const hd_stored_snapshot_info *info) {
+  if (c->stored_count == c->stored_capacity) {
+    size_t capacity = c->stored_capacity ? c->stored_capacity * 2 : 16;
+    void *grown = realloc(c->stored, capacity * sizeof *c->stored);
+    if (grown == NULL) return false;
+    c->stored = grown;
+    c->stored_capacity = capacity;
+  }
+  c->stored[c->stored_count++] = *info;
+  return true;
+}
+
+int hd_storage_open(hd_collector *c, const char *dir) {
+  int n;
+  if (dir != NULL) {
+    n = snprintf(c->storage_dir, sizeof c->storage_dir, "%s", dir);
+  } else if (getenv("XDG_STATE_HOME") != NULL && getenv("XDG_STATE_HOME")[0] == '/') {
+    n = snprintf(c->storage_dir, sizeof c->storage_dir, "%s/heapdump", getenv("XDG_STATE_HOME"));
+  } else if (getenv("HOME") != NULL) {
+    n = snprintf(c->storage_dir, sizeof c->storage_dir, "%s/.local/state/heapdump", getenv("HOME"));
+  } else {
+    return -ENOENT;
+  }
+  if (n < 0 || (size_t)n >= sizeof c->storage_dir - 64) return -ENAMETOOLONG;
+  int rc = mkdirs(c->storage_dir);
+  if (rc != 0) {
+    hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir, strerror(-rc));
+    return rc;
+  }
+  c->next_id = 1;
+  char path[sizeof c->storage_dir + 300];
+  snprintf(path, sizeof path, "%s/next-id", c->storage_dir);
+  FILE *f = fopen(path, "re");
+  if (f != NULL) {
+    unsigned value;
+    if (fscanf(f, "%u", &value) == 1 && value > 0) c->next_id = value;
+    fclose(f);
+  }
+  DIR *d = opendir(c->storage_dir);
+  if (d == NULL) return -errno;
+  struct dirent *entry;
+  while ((entry = readdir(d)) != NULL) {
+    unsigned id;
+    char tail[16];
+    if (strncmp(entry->d_name, ".tmp-", 5) == 0) {
+      /* A store interrupted by a crash: never renamed, so never listed. */
+      snprintf(path, sizeof path, "%s/%s", c->storage_dir, entry->d_name);
+      unlink(path);
+      continue;
+    }
+    if (sscanf(entry->d_name, "snapshot-%u.%15s", &id, tail) != 2 || strcmp(tail, "hdsnap") != 0) {
+      continue;
+    }
+    snprintf(path, sizeof path, "%s/%s", c->storage_dir, entry->d_name);
+    hd_stored_snapshot_info info;
+    if (load_info(path, &info) != 0 || info.id != id) {
+      hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s", path);
+      continue;
+    }
+    if (!append_info(c, &info)) break;
+    if (info.id >= c->next_id) c->next_id = info.id + 1;
+  }
+  closedir(d);
+  qsort(c->stored, c->stored_count, sizeof *c->stored, compare_ids);
+  if (c->stored_count > 0) hd_log(c, HD_LOG_INFO, "loaded %zu stored snapshots", c->stored_count);
+  return 0;
+}
+
+void hd_storage_close(hd_collector *c) {
+  free(c->stored);
+  c->stored = NULL;
+  c->stored_count = c->stored_capacity = 0;
+}
+
+/* Evicts the oldest snapshots over the limits. Called with c->lock held. */
+static void enforce_retention(hd_collector *c) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < c->stored_count; i++) total += c->stored[i].bytes;
+  while (c->stored_count > 1 &&
+         ((c->max_stored != 0 && c->stored_count > c->max_stored) ||
+          (c->max_storage_bytes != 0 && total > c->max_storage_bytes))) {
+    hd_stored_snapshot_info oldest = c->stored[0];
+    char path[4200];
+    snapshot_path(c, oldest.id, path, sizeof path);
+    unlink(path);
+    total -= oldest.bytes;
+    memmove(c->stored, c->stored + 1, (c->stored_count - 1) * sizeof *c->stored);
+    c->stored_count--;
+    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu]) to stay within limits",
+           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid);
+  }
+}
+
+typedef struct file_sink {
+  int fd;
+  bool ok;
+} file_sink;
+
+static hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
+  file_sink *sink = ctx;
+  uint32_t len = (uint32_t)size;
+  if (size == 0) return HD_OK; /* the end of the stream is implied by the end of the file */
+  sink->ok = sink->ok && write_all(sink->fd, &len, 4) && write_all(sink->fd, body, size);
+  return sink->ok ? HD_OK : HD_ERR_IO;
+}
+
+/* Stores a snapshot of p: from the frozen allocations copy `memfd`, or (memfd < 0) from p's
+ * live table as it is now. */
+static int store(hd_collector *c, hd_process *p, const char *name, int memfd, uint32_t *out_id) {
+  hd_alloc_reader *frozen = NULL;
+  if (memfd >= 0) {
+    hd_read_status rs = hd_alloc_reader_open(memfd, &frozen);
+    if (rs != HD_READ_OK) {
+      hd_log(c, HD_LOG_WARN, "%s[%u]: refused snapshot table: %s", p->name, (unsigned)p->pid,
+             hd_read_status_str(rs));
+      return -EINVAL;
+    }
+  }
+  pthread_mutex_lock(&c->lock);
+  uint32_t id = 0;
+  int rc = take_id(c, &id);
+  pthread_mutex_unlock(&c->lock);
+  if (rc != 0) {
+    hd_alloc_reader_close(frozen);
+    hd_log(c, HD_LOG_ERROR, "cannot allocate a snapshot id in %s", c->storage_dir);
+    return -EIO;
+  }
+  char tmp[4200], path[4200];
+  snprintf(tmp, sizeof tmp, "%s/.tmp-%u", c->storage_dir, id);
+  snapshot_path(c, id, path, sizeof path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    hd_alloc_reader_close(frozen);
+    return -EIO;
+  }
+  heapdump_client_StoredSnapshot meta = heapdump_client_StoredSnapshot_init_zero;
+  meta.has_snapshot_id = meta.has_snapshot_name = meta.has_process_koid = meta.has_process_name = true;
+  meta.snapshot_id = id;
+  snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
+  meta.process_koid = (uint64_t)p->pid;
+  snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
+  uint8_t meta_buf[256];
+  pb_ostream_t out = pb_ostream_from_buffer(meta_buf, sizeof meta_buf);
+  bool ok = pb_encode(&out, heapdump_client_StoredSnapshot_fields, &meta);
+  uint32_t uid = (uint32_t)p->uid, meta_len = (uint32_t)out.bytes_written;
+  ok = ok && write_all(fd, kMagic, 8) && write_all(fd, &uid, 4) && write_all(fd, &meta_len, 4) &&
+       write_all(fd, meta_buf, meta_len);
+  hd_batch_writer *w = malloc(sizeof *w);
+  file_sink sink = {fd, ok};
+  if (w == NULL) {
+    sink.ok = false;
+  } else {
+    hd_batch_writer_init(w, append_batch, &sink);
+    rc = hd_produce_snapshot(c, p, frozen, false, w);
+    if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
+  }
+  free(w);
+  hd_alloc_reader_close(frozen);
+  ok = sink.ok && rc == 0 && fsync(fd) == 0;
+  close(fd);
+  hd_stored_snapshot_info info;
+  if (!ok || rename(tmp, path) != 0 || load_info(path, &info) != 0) {
+    unlink(tmp);
+    hd_log(c, HD_LOG_ERROR, "could not store snapshot \"%s\" of %s[%u]", name, p->name,
+           (unsigned)p->pid);
+    return rc == -EIO || rc == -EINVAL ? -EINVAL : -EIO;
+  }
+  fsync_dir(c->storage_dir);
+  pthread_mutex_lock(&c->lock);
+  append_info(c, &info);
+  enforce_retention(c);
+  pthread_mutex_unlock(&c->lock);
+  hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u]", id, name, p->name, (unsigned)p->pid);
+  *out_id = id;
+  return 0;
+}
+
+int hd_store_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                            uint32_t *id) {
+  return store(c, p, name, memfd, id);
+}
+
+void hd_store_exit_snapshot(hd_collector *c, hd_process *p) {
+  uint32_t id;
+  if (store(c, p, "exit", -1, &id) != 0) {
+    hd_log(c, HD_LOG_WARN, "no exit snapshot for %s[%u]", p->name, (unsigned)p->pid);
+  }
+}
+
+static bool matches(const hd_stored_snapshot_info *s, uid_t uid,
+                    const heapdump_client_ProcessSelector *selector) {
+  if (uid != 0 && s->uid != uid) return false;
+  if (selector == NULL) return true;
+  if (selector->which_selector == heapdump_client_ProcessSelector_by_name_tag) {
+    return strcmp(s->process_name, selector->selector.by_name) == 0;
+  }
+  return s->pid == selector->selector.by_koid;
+}
+
+int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
+                    hd_stored_list *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&c->lock);
+  out->items = malloc((c->stored_count + 1) * sizeof *out->items);
+  if (out->items != NULL) {
+    for (size_t i = 0; i < c->stored_count; i++) {
+      if (matches(&c->stored[i], uid, selector)) out->items[out->count++] = c->stored[i];
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  return out->items != NULL ? 0 : -ENOMEM;
+}
+
+typedef struct page {
+  hd_stored_list *listing;
+  size_t end;
+} page;
+
+static bool encode_page(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
+  const page *pg = *arg;
+  for (size_t i = pg->listing->next; i < pg->end; i++) {
+    const hd_stored_snapshot_info *s = &pg->listing->items[i];
+    heapdump_client_StoredSnapshot m = {true, s->id, true, "", true, s->pid, true, ""};
+    snprintf(m.snapshot_name, sizeof m.snapshot_name, "%s", s->name);
+    snprintf(m.process_name, sizeof m.process_name, "%s", s->process_name);
+    if (!pb_encode_tag_for_field(stream, field) ||
+        !pb_encode_submessage(stream, heapdump_client_StoredSnapshot_fields, &m)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing) {
+  /* As many entries as fit: each costs at most its bounded encoded size plus tag and length. */
+  const size_t per_item = heapdump_client_StoredSnapshot_size + 3;
+  size_t room = (HD_MAX_BODY_BYTES - 8) / per_item;
+  page pg = {listing, listing->next + room < listing->count ? listing->next + room : listing->count};
+  heapdump_client_StoredSnapshotIteratorGetNextResult result =
+      heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
+  result.which_result = heapdump_client_StoredSnapshotIteratorGetNextResult_response_tag;
+  result.result.response.batch.funcs.encode = encode_page;
+  result.result.response.batch.arg = &pg;
+  uint32_t txid = msg->txid;
+  hd_status status = hd_stored_snapshot_iterator_get_next_reply(fd, msg, txid, &result);
+  if (status == HD_OK) listing->next = pg.end;
+  return status;
+}
+
+int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *w) {
+  bool visible = false;
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->stored_count; i++) {
+    if (c->stored[i].id == id) visible = uid == 0 || c->stored[i].uid == uid;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (!visible) return -ENOENT;
+  char path[4200];
+  snapshot_path(c, id, path, sizeof path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -ENOENT; /* evicted meanwhile */
+  uint8_t *body = malloc(HD_BATCH_CAPACITY);
+  uint32_t header[2];
+  char magic[8];
+  int rc = 0;
+  if (body == NULL || !read_all(fd, magic, 8) || memcmp(magic, kMagic, 8) != 0 ||
+      !read_all(fd, header, 8) || header[1] > HD_BATCH_CAPACITY || !read_all(fd, body, header[1])) {
+    rc = -EIO;
+  }
+  uint32_t len;
+  while (rc == 0 && read_all(fd, &len, 4)) {
+    if (len > HD_BATCH_CAPACITY || !read_all(fd, body, len)) {
+      rc = -EIO;
+      break;
+    }
+    if (hd_batch_forward(w, body, len) != HD_OK) rc = -EPIPE;
+  }
+  free(body);
+  close(fd);
+  return rc;
+}

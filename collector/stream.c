@@ -1,0 +1,283 @@
+/* Snapshot streams: each runs on a thread of its own, reads the process tables (or a stored
+ * snapshot) and sends batches, waiting for each acknowledgement before the next. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "collector_internal.h"
+#include "heapdump_client.bindings.h"
+
+/* A client that does not acknowledge a batch for this long is dropped. */
+#define ACK_TIMEOUT_SECONDS 60
+/* Blocks larger than this are sent without contents. */
+#define MAX_CONTENTS_BLOCK (256u << 20)
+
+/* ---- a small set of u32 keys, in first-seen order ---- */
+
+typedef struct key_set {
+  uint32_t *slots; /* key + 1; 0 = empty */
+  size_t capacity;
+  uint32_t *order;
+  size_t count;
+} key_set;
+
+static bool key_set_add(key_set *s, uint32_t key) {
+  if ((s->count + 1) * 2 > s->capacity) {
+    size_t capacity = s->capacity ? s->capacity * 2 : 256;
+    uint32_t *slots = calloc(capacity, sizeof *slots);
+    uint32_t *order = realloc(s->order, capacity * sizeof *order);
+    if (slots == NULL || order == NULL) {
+      free(slots);
+      if (order != NULL) s->order = order;
+      return false;
+    }
+    s->order = order;
+    for (size_t i = 0; i < s->count; i++) {
+      size_t j = (s->order[i] * 2654435761u) & (capacity - 1);
+      while (slots[j] != 0) j = (j + 1) & (capacity - 1);
+      slots[j] = s->order[i] + 1;
+    }
+    free(s->slots);
+    s->slots = slots;
+    s->capacity = capacity;
+  }
+  size_t j = (key * 2654435761u) & (s->capacity - 1);
+  while (s->slots[j] != 0) {
+    if (s->slots[j] == key + 1) return true;
+    j = (j + 1) & (s->capacity - 1);
+  }
+  s->slots[j] = key + 1;
+  s->order[s->count++] = key;
+  return true;
+}
+
+static void key_set_free(key_set *s) {
+  free(s->slots);
+  free(s->order);
+}
+
+/* ---- producing elements ---- */
+
+static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
+  hd_table_stats st;
+  if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK;
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
+  e.element.process_stats = (heapdump_client_ProcessStats){
+      true, st.blocks_allocated, true, st.bytes_allocated, true, st.blocks_freed,
+      true, st.bytes_freed, true, st.live_blocks, true, st.live_bytes,
+      true, st.peak_live_bytes, true, st.dropped_allocations, true, st.dropped_stack_traces,
+      true, st.dropped_resources};
+  return hd_batch_add(w, &e);
+}
+
+static hd_status add_contents(hd_process *p, const hd_live_block *b, hd_batch_writer *w) {
+  if (b->size == 0 || b->size > MAX_CONTENTS_BLOCK) return HD_OK;
+  uint8_t *buf = malloc(b->size);
+  if (buf == NULL) return HD_OK;
+  struct iovec local = {buf, b->size};
+  struct iovec remote = {(void *)(uintptr_t)b->address, b->size};
+  ssize_t n = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
+  hd_status status = HD_OK;
+  /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
+  if (n == (ssize_t)b->size) status = hd_batch_add_block_contents(w, b->address, buf, b->size);
+  free(buf);
+  return status;
+}
+
+int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+                        bool with_contents, hd_batch_writer *w) {
+  hd_live_block *blocks = NULL;
+  size_t count = 0;
+  pthread_mutex_lock(&p->read_lock);
+  hd_read_status rs = hd_alloc_reader_snapshot(snapshot_alloc ? snapshot_alloc : p->alloc, &blocks,
+                                               &count);
+  if (rs != HD_READ_OK) {
+    pthread_mutex_unlock(&p->read_lock);
+    hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
+           hd_read_status_str(rs));
+    return -EIO;
+  }
+  key_set stacks = {0}, threads = {0};
+  hd_status status = HD_OK;
+  int rc = 0;
+  for (size_t i = 0; i < count && status == HD_OK; i++) {
+    const hd_live_block *b = &blocks[i];
+    if (!key_set_add(&stacks, b->stack_key) || !key_set_add(&threads, b->thread_key)) {
+      rc = -ENOMEM;
+      break;
+    }
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_allocation_tag;
+    e.element.allocation = (heapdump_client_Allocation){
+        true, b->address, true, b->size, true, b->stack_key, true, (int64_t)b->timestamp,
+        true, b->thread_key, false, 0};
+    status = hd_batch_add(w, &e);
+  }
+  for (size_t i = 0; i < threads.count && status == HD_OK && rc == 0; i++) {
+    hd_thread_info t;
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
+    e.element.thread_info.has_thread_info_key = true;
+    e.element.thread_info.thread_info_key = threads.order[i];
+    e.element.thread_info.has_name = true;
+    /* Key 0 (or an unreadable record) still gets an entry, so every reference resolves. */
+    if (threads.order[i] != 0 && hd_res_reader_thread(p->res, threads.order[i], &t) == HD_READ_OK) {
+      e.element.thread_info.has_koid = true;
+      e.element.thread_info.koid = t.tid;
+      snprintf(e.element.thread_info.name, sizeof e.element.thread_info.name, "%s", t.name);
+    } else {
+      strcpy(e.element.thread_info.name, "(unknown)");
+    }
+    status = hd_batch_add(w, &e);
+  }
+  uint64_t frames[HD_MAX_FRAMES];
+  for (size_t i = 0; i < stacks.count && status == HD_OK && rc == 0; i++) {
+    size_t n = 0;
+    uint64_t blocks_allocated = 0, bytes_allocated = 0;
+    bool known = stacks.order[i] != 0 &&
+                 hd_res_reader_stack(p->res, stacks.order[i], frames, HD_MAX_FRAMES, &n,
+                                     &blocks_allocated, &bytes_allocated) == HD_READ_OK;
+    status = hd_batch_add_stack_trace(w, stacks.order[i], frames, known ? n : 0);
+    if (status == HD_OK && known) {
+      heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+      e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
+      e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
+          true, stacks.order[i], true, blocks_allocated, true, bytes_allocated};
+      status = hd_batch_add(w, &e);
+    }
+  }
+  uint64_t cursor = 0;
+  hd_res_entry *entry = malloc(sizeof *entry);
+  while (entry != NULL && status == HD_OK && rc == 0 &&
+         (rs = hd_res_reader_next(p->res, &cursor, entry)) == HD_READ_OK) {
+    if (entry->type != HD_ENTRY_REGION) continue;
+    const hd_region *g = &entry->u.region;
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
+    heapdump_client_ExecutableRegion *r = &e.element.executable_region;
+    r->has_address = r->has_size = r->has_file_offset = r->has_vaddr = r->has_name = true;
+    r->address = g->address;
+    r->size = g->size;
+    r->file_offset = g->file_offset;
+    r->vaddr = g->vaddr;
+    r->has_build_id = g->build_id_len > 0;
+    r->build_id.value.size = (pb_size_t)g->build_id_len;
+    memcpy(r->build_id.value.bytes, g->build_id, g->build_id_len);
+    snprintf(r->name, sizeof r->name, "%s", g->name);
+    status = hd_batch_add(w, &e);
+  }
+  free(entry);
+  if (status == HD_OK && rc == 0) status = add_stats(p, w);
+  pthread_mutex_unlock(&p->read_lock);
+  for (size_t i = 0; with_contents && i < count && status == HD_OK && rc == 0; i++) {
+    status = add_contents(p, &blocks[i], w);
+  }
+  free(blocks);
+  key_set_free(&stacks);
+  key_set_free(&threads);
+  if (rc == 0 && status != HD_OK) rc = -EPIPE;
+  return rc;
+}
+
+/* ---- stream threads ---- */
+
+static void report_error(int fd, heapdump_client_CollectorError error) {
+  hd_message *msg = malloc(sizeof *msg);
+  if (msg == NULL) return;
+  heapdump_client_SnapshotReceiverReportErrorRequest req =
+      heapdump_client_SnapshotReceiverReportErrorRequest_init_zero;
+  req.has_error = true;
+  req.error = error;
+  heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
+  hd_status status = hd_snapshot_receiver_report_error(fd, msg, &req, NULL, 0, &ack);
+  (void)status; /* the client may be gone; nothing else to tell it */
+  free(msg);
+}
+
+static void *run_stream(void *arg) {
+  hd_stream_job *job = arg;
+  hd_collector *c = job->c;
+  struct timeval timeout = {ACK_TIMEOUT_SECONDS, 0};
+  setsockopt(job->receiver, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt(job->receiver, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  hd_message *scratch = malloc(sizeof *scratch);
+  hd_batch_writer *w = malloc(sizeof *w);
+  hd_batch_channel channel = {job->receiver, scratch};
+  if (scratch == NULL || w == NULL) {
+    report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+  } else if (job->stored) {
+    hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
+    int rc = hd_storage_stream(c, job->stored_id, job->peer_uid, w);
+    if (rc == -ENOENT) {
+      report_error(job->receiver, heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND);
+    } else if (rc == 0) {
+      if (hd_batch_end(w) != HD_OK) rc = -EPIPE;
+    }
+    if (rc != 0 && rc != -ENOENT) hd_log(c, HD_LOG_WARN, "download of %u ended early", job->stored_id);
+  } else if (job->error != heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
+    report_error(job->receiver, job->error);
+  } else {
+    hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
+    int rc = 0;
+    for (size_t i = 0; i < job->process_count && rc == 0; i++) {
+      hd_process *p = job->processes[i];
+      if (job->multi_process) {
+        heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+        e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
+        e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
+        snprintf(e.element.snapshot_header.process_name, sizeof e.element.snapshot_header.process_name,
+                 "%s", p->name);
+        e.element.snapshot_header.process_koid = (uint64_t)p->pid;
+        if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
+      }
+      if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w);
+      if (rc == -EIO || rc == -ENOMEM) {
+        report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+      } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {
+        rc = -EPIPE;
+      }
+    }
+    if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EPIPE;
+    if (rc == -EPIPE) hd_log(c, HD_LOG_INFO, "client went away during a snapshot");
+  }
+  for (size_t i = 0; i < job->process_count; i++) hd_process_release(job->processes[i]);
+  close(job->receiver);
+  free(scratch);
+  free(w);
+  free(job);
+  pthread_mutex_lock(&c->lock);
+  if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+void hd_start_stream(hd_stream_job *job) {
+  hd_collector *c = job->c;
+  pthread_mutex_lock(&c->lock);
+  c->active_streams++;
+  pthread_mutex_unlock(&c->lock);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t thread;
+  if (pthread_create(&thread, &attr, run_stream, job) != 0) {
+    hd_log(c, HD_LOG_ERROR, "cannot start a stream thread");
+    job->error = heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED;
+    job->stored = false;
+    run_stream(job); /* reports the error and cleans up on this thread */
+  }
+  pthread_attr_destroy(&attr);
+}
+
+void hd_wait_streams(hd_collector *c) {
+  pthread_mutex_lock(&c->lock);
+  while (c->active_streams > 0) pthread_cond_wait(&c->streams_done, &c->lock);
+  pthread_mutex_unlock(&c->lock);
+}
