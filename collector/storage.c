@@ -198,7 +198,7 @@ int hd_storage_open(hd_collector *c, const char *dir) {
     if (info.id >= c->next_id) c->next_id = info.id + 1;
   }
   closedir(d);
-  qsort(c->stored, c->stored_count, sizeof *c->stored, compare_ids);
+  if (c->stored_count > 1) qsort(c->stored, c->stored_count, sizeof *c->stored, compare_ids);
   if (c->stored_count > 0) hd_log(c, HD_LOG_INFO, "loaded %zu stored snapshots", c->stored_count);
   return 0;
 }

@@ -119,9 +119,10 @@ def main():
     proc = subprocess.Popen([collector, "--foreground", "--socket", path, "--storage",
                              os.path.join(tmp, "state"), "--log-level", "debug"])
     try:
-        for _ in range(200):
+        for _ in range(400):
             if os.path.exists(path):
                 break
+            assert proc.poll() is None, "collector exited with %s" % proc.returncode
             time.sleep(0.05)
         assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
 

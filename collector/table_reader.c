@@ -1,0 +1,443 @@
+/* Hostile-memory reader of the heapdump tables: copy with relaxed atomic loads, validate,
+ * then use. Implements the reader half of the protocol in shm_layout.h (steps R1-R3). */
+#define _GNU_SOURCE
+#include "table_reader.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "heapdump/internal/shm_layout.h"
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+enum { kMaxSlotAttempts = 20000, kMaxRestarts = 64 };
+
+const char *hd_read_status_str(hd_read_status s) {
+  switch (s) {
+    case HD_READ_OK: return "ok";
+    case HD_READ_END: return "end";
+    case HD_READ_ERR_ARG: return "invalid argument";
+    case HD_READ_ERR_SYSTEM: return "system error";
+    case HD_READ_ERR_BAD_MAGIC: return "bad magic";
+    case HD_READ_ERR_BAD_VERSION: return "unsupported layout version";
+    case HD_READ_ERR_BAD_SIZE: return "header does not fit the memfd";
+    case HD_READ_ERR_NOT_SEALED: return "memfd not sealed against shrinking";
+    case HD_READ_ERR_CORRUPT: return "live snapshot failed: corrupt table";
+    case HD_READ_ERR_BUSY: return "live snapshot failed: table kept changing";
+    case HD_READ_ERR_NOT_FOUND: return "no such record";
+    case HD_READ_ERR_NO_SPACE: return "buffer too small";
+    case HD_READ_ERR_NO_MEMORY: return "out of memory";
+  }
+  return "unknown status";
+}
+
+static hd_read_status map_fd(int fd, const uint8_t **base, uint64_t *size) {
+  if (fd < 0) return HD_READ_ERR_ARG;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return HD_READ_ERR_SYSTEM;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) return HD_READ_ERR_NOT_SEALED;
+  if (st.st_size < 4096) return HD_READ_ERR_BAD_SIZE;
+  void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return HD_READ_ERR_SYSTEM;
+  *base = m;
+  *size = (uint64_t)st.st_size;
+  return HD_READ_OK;
+}
+
+/* Copy of a shared range with relaxed 8-byte loads (the writer may be storing meanwhile). */
+static void copy_words(void *dst, const void *src, size_t bytes) {
+  const uint64_t *s = src;
+  uint64_t *d = dst;
+  for (size_t i = 0; i < bytes / 8; i++) d[i] = LOAD(&s[i]);
+}
+
+/* ------------------------------------------------------------------ allocations */
+
+struct hd_alloc_reader {
+  const uint8_t *base;
+  uint64_t size;
+  hd_alloc_header h; /* validated private copy of the immutable fields */
+};
+
+static bool range_ok(uint64_t off, uint64_t len, uint64_t size) {
+  return off <= size && len <= size - off;
+}
+
+hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
+  if (!out) return HD_READ_ERR_ARG;
+  *out = NULL;
+  const uint8_t *base;
+  uint64_t size;
+  hd_read_status st = map_fd(fd, &base, &size);
+  if (st != HD_READ_OK) return st;
+  hd_alloc_header h = {0};
+  copy_words(&h, base, sizeof(h));
+  st = HD_READ_OK;
+  if (h.magic != HD_ALLOC_MAGIC) st = HD_READ_ERR_BAD_MAGIC;
+  else if (h.version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
+  else if (h.header_size != sizeof(h) || h.node_size != sizeof(hd_alloc_node) ||
+           h.seq_slots != HD_SEQ_SLOTS || h.total_size != size || h.max_bucket_log2 > 31 ||
+           h.max_bucket_log2 < HD_MIN_BUCKET_LOG2 || h.node_capacity >= UINT32_MAX ||
+           h.seq_offset < sizeof(h) || (h.seq_offset | h.buckets_offset | h.nodes_offset) % 8 ||
+           !range_ok(h.seq_offset, (uint64_t)HD_SEQ_SLOTS * 4, size) ||
+           h.buckets_offset < h.seq_offset + (uint64_t)HD_SEQ_SLOTS * 4 ||
+           !range_ok(h.buckets_offset, (uint64_t)4 << h.max_bucket_log2, size) ||
+           h.nodes_offset < h.buckets_offset + ((uint64_t)4 << h.max_bucket_log2) ||
+           !range_ok(h.nodes_offset, (uint64_t)h.node_capacity * sizeof(hd_alloc_node), size))
+    st = HD_READ_ERR_BAD_SIZE;
+  hd_alloc_reader *r = st == HD_READ_OK ? calloc(1, sizeof(*r)) : NULL;
+  if (st == HD_READ_OK && !r) st = HD_READ_ERR_NO_MEMORY;
+  if (st != HD_READ_OK) {
+    munmap((void *)base, size);
+    return st;
+  }
+  r->base = base;
+  r->size = size;
+  r->h = h;
+  *out = r;
+  return HD_READ_OK;
+}
+
+void hd_alloc_reader_close(hd_alloc_reader *r) {
+  if (!r) return;
+  munmap((void *)r->base, r->size);
+  free(r);
+}
+
+hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) {
+  if (!r || !out) return HD_READ_ERR_ARG;
+  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
+  out->pid = LOAD(&h->pid);
+  out->flags = LOAD(&h->flags);
+  out->node_capacity = r->h.node_capacity;
+  out->node_high_water = LOAD(&h->node_high_water);
+  out->bucket_log2 = LOAD(&h->bucket_log2);
+  out->total_size = r->size;
+  return HD_READ_OK;
+}
+
+static int cmp_block(const void *a, const void *b) {
+  uint64_t x = ((const hd_live_block *)a)->address, y = ((const hd_live_block *)b)->address;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct {
+  hd_live_block *v;
+  size_t n, cap;
+} block_vec;
+
+static bool push(block_vec *bv, const hd_live_block *b) {
+  if (bv->n == bv->cap) {
+    size_t cap = bv->cap ? bv->cap * 2 : 1024;
+    hd_live_block *v = realloc(bv->v, cap * sizeof(*v));
+    if (!v) return false;
+    bv->v = v;
+    bv->cap = cap;
+  }
+  bv->v[bv->n++] = *b;
+  return true;
+}
+
+static void backoff(unsigned attempt) {
+  if (attempt > 16) sched_yield();
+  else __builtin_ia32_pause();
+}
+
+hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
+                                        size_t *count) {
+  if (!r || !blocks || !count) return HD_READ_ERR_ARG;
+  *blocks = NULL;
+  *count = 0;
+  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
+  const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset);
+  const uint32_t *buckets = (const uint32_t *)(r->base + r->h.buckets_offset);
+  const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
+  const uint64_t capacity = r->h.node_capacity;
+  block_vec bv = {0};
+  hd_read_status st = HD_READ_ERR_BUSY;
+  for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
+    bv.n = 0;
+    uint32_t rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
+    uint32_t log2 = LOAD(&h->bucket_log2);
+    if (rs1 & 1) {
+      backoff(restart + 17);
+      continue;
+    }
+    if (log2 < HD_MIN_BUCKET_LOG2 || log2 > r->h.max_bucket_log2) {
+      st = HD_READ_ERR_CORRUPT;
+      goto out;
+    }
+    const uint64_t nb = (uint64_t)1 << log2;
+    const uint64_t slots = nb < HD_SEQ_SLOTS ? nb : HD_SEQ_SLOTS;
+    bool resized = false;
+    for (uint64_t slot = 0; slot < slots && !resized; slot++) {
+      unsigned attempt = 0;
+      for (;; attempt++) {
+        if (attempt >= kMaxSlotAttempts) {
+          st = HD_READ_ERR_BUSY;
+          goto out;
+        }
+        uint32_t s1 = __atomic_load_n(&seq[slot], __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
+        if (s1 & 1) {
+          backoff(attempt);
+          continue;
+        }
+        size_t mark = bv.n;
+        bool bad = false;
+        uint64_t steps = 0;
+        if (LOAD(&h->bucket_log2) != log2) resized = true;
+        for (uint64_t b = slot; b < nb && !bad && !resized; b += HD_SEQ_SLOTS) {
+          for (uint32_t link = LOAD(&buckets[b]); link != HD_LINK_NONE;) {
+            /* Out-of-range link, or more steps than nodes exist: a cycle. */
+            if (link > capacity || ++steps > capacity || mark + steps > capacity) {
+              bad = true;
+              break;
+            }
+            const hd_alloc_node *n = &nodes[link - 1];
+            hd_live_block blk = {
+                .address = LOAD(&n->address),
+                .size = LOAD(&n->size),
+                .timestamp = LOAD(&n->timestamp),
+                .thread_key = LOAD(&n->thread_key),
+                .stack_key = LOAD(&n->stack_key),
+                .flags = LOAD(&n->flags),
+            };
+            if ((hd_alloc_hash(blk.address) & (nb - 1)) != b) {
+              bad = true; /* node in the wrong bucket */
+              break;
+            }
+            if (!push(&bv, &blk)) {
+              st = HD_READ_ERR_NO_MEMORY;
+              goto out;
+            }
+            link = LOAD(&n->next);
+          }
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
+        uint32_t s2 = LOAD(&seq[slot]);
+        if (resized) break;
+        if (s1 == s2) {
+          if (bad) {
+            st = HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
+            goto out;
+          }
+          break;
+        }
+        bv.n = mark; /* a writer changed the slot: retry it */
+        backoff(attempt);
+      }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (resized || LOAD(&h->resize_seq) != rs1 || LOAD(&h->bucket_log2) != log2) continue;
+    if (bv.n > 1) qsort(bv.v, bv.n, sizeof(*bv.v), cmp_block);
+    for (size_t i = 1; i < bv.n; i++) {
+      if (bv.v[i].address == bv.v[i - 1].address) {
+        st = HD_READ_ERR_CORRUPT;
+        goto out;
+      }
+    }
+    *blocks = bv.v;
+    *count = bv.n;
+    return HD_READ_OK;
+  }
+out:
+  free(bv.v);
+  return st;
+}
+
+/* ------------------------------------------------------------------ resources */
+
+struct hd_res_reader {
+  const uint8_t *base;
+  uint64_t size;
+  uint64_t records_offset;
+  uint32_t pid;
+};
+
+hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
+  if (!out) return HD_READ_ERR_ARG;
+  *out = NULL;
+  const uint8_t *base;
+  uint64_t size;
+  hd_read_status st = map_fd(fd, &base, &size);
+  if (st != HD_READ_OK) return st;
+  hd_res_header h = {0};
+  copy_words(&h, base, sizeof(h));
+  if (h.magic != HD_RES_MAGIC) st = HD_READ_ERR_BAD_MAGIC;
+  else if (h.version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
+  else if (h.header_size != sizeof(h) || h.total_size != size || size > UINT32_MAX ||
+           h.records_offset < sizeof(h) || h.records_offset % 8 || h.records_offset > size)
+    st = HD_READ_ERR_BAD_SIZE;
+  hd_res_reader *r = st == HD_READ_OK ? calloc(1, sizeof(*r)) : NULL;
+  if (st == HD_READ_OK && !r) st = HD_READ_ERR_NO_MEMORY;
+  if (st != HD_READ_OK) {
+    munmap((void *)base, size);
+    return st;
+  }
+  r->base = base;
+  r->size = size;
+  r->records_offset = h.records_offset;
+  r->pid = h.pid;
+  *out = r;
+  return HD_READ_OK;
+}
+
+void hd_res_reader_close(hd_res_reader *r) {
+  if (!r) return;
+  munmap((void *)r->base, r->size);
+  free(r);
+}
+
+uint32_t hd_res_reader_pid(const hd_res_reader *r) { return r ? r->pid : 0; }
+
+hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
+  if (!r || !out) return HD_READ_ERR_ARG;
+  const hd_stats_block *s = &((const hd_res_header *)r->base)->stats;
+  memset(out, 0, sizeof(*out));
+  out->blocks_freed = LOAD(&s->blocks_freed); /* freed first: live never negative */
+  out->bytes_freed = LOAD(&s->bytes_freed);
+  out->blocks_allocated = LOAD(&s->blocks_allocated);
+  out->bytes_allocated = LOAD(&s->bytes_allocated);
+  out->peak_live_bytes = LOAD(&s->peak_live_bytes);
+  out->dropped_allocations = LOAD(&s->dropped_allocations);
+  out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
+  out->dropped_resources = LOAD(&s->dropped_resources);
+  out->live_blocks = out->blocks_allocated >= out->blocks_freed
+                         ? out->blocks_allocated - out->blocks_freed : 0;
+  out->live_bytes = out->bytes_allocated >= out->bytes_freed
+                        ? out->bytes_allocated - out->bytes_freed : 0;
+  return HD_READ_OK;
+}
+
+static uint64_t published_end(const hd_res_reader *r) {
+  /* Acquire pairs with the writer's release store of `used`. */
+  uint64_t used = __atomic_load_n(&((const hd_res_header *)r->base)->used, __ATOMIC_ACQUIRE);
+  return used > r->size ? r->size : used;
+}
+
+/* Validates the record header at off and copies `want` bytes of it into dst. */
+static hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
+                                hd_rec_header *hdr) {
+  if (off < r->records_offset || off % 8 || off + sizeof(*hdr) > end) return HD_READ_ERR_NOT_FOUND;
+  copy_words(hdr, r->base + off, sizeof(*hdr));
+  if (hdr->size < sizeof(*hdr) || hdr->size % 8 || hdr->size > end - off) return HD_READ_ERR_CORRUPT;
+  return HD_READ_OK;
+}
+
+hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
+                                   size_t *count, uint64_t *alloc_blocks,
+                                   uint64_t *alloc_bytes) {
+  if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
+  *count = 0;
+  uint64_t end = published_end(r);
+  hd_rec_header hdr = {0};
+  hd_read_status st = record_at(r, key, end, &hdr);
+  if (st != HD_READ_OK) return st == HD_READ_ERR_CORRUPT ? HD_READ_ERR_NOT_FOUND : st;
+  if (hdr.type != HD_REC_STACK || hdr.size < sizeof(hd_rec_stack)) return HD_READ_ERR_NOT_FOUND;
+  hd_rec_stack rec = {0};
+  copy_words(&rec, r->base + key, sizeof(rec));
+  if (rec.frame_count > HD_MAX_FRAMES || rec.encoded_len > hdr.size - sizeof(rec))
+    return HD_READ_ERR_CORRUPT;
+  uint8_t enc[HD_MAX_FRAMES * 10 + 8] = {0};
+  if (rec.encoded_len > sizeof(enc)) return HD_READ_ERR_CORRUPT;
+  copy_words(enc, r->base + key + sizeof(rec), (rec.encoded_len + 7) & ~7u);
+  size_t pos = 0;
+  uint64_t prev = 0;
+  for (unsigned i = 0; i < rec.frame_count; i++) {
+    uint64_t z = 0;
+    unsigned shift = 0;
+    for (;;) {
+      if (pos >= rec.encoded_len || shift > 63) return HD_READ_ERR_CORRUPT;
+      uint8_t byte = enc[pos++];
+      z |= (uint64_t)(byte & 0x7f) << shift;
+      shift += 7;
+      if (!(byte & 0x80)) break;
+    }
+    uint64_t delta = (z >> 1) ^ (0 - (z & 1));
+    prev += delta;
+    if (i < max) frames[i] = prev;
+  }
+  if (pos != rec.encoded_len) return HD_READ_ERR_CORRUPT;
+  const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
+  if (alloc_blocks) *alloc_blocks = LOAD(&live->alloc_blocks);
+  if (alloc_bytes) *alloc_bytes = LOAD(&live->alloc_bytes);
+  *count = rec.frame_count;
+  return rec.frame_count > max ? HD_READ_ERR_NO_SPACE : HD_READ_OK;
+}
+
+static void thread_from(const hd_res_reader *r, uint64_t off, hd_thread_info *out) {
+  hd_rec_thread rec = {0};
+  copy_words(&rec, r->base + off, sizeof(rec));
+  out->key = (uint32_t)off;
+  out->tid = rec.tid;
+  out->timestamp = rec.timestamp;
+  memcpy(out->name, rec.name, sizeof(out->name));
+  out->name[sizeof(out->name) - 1] = 0;
+}
+
+hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key, hd_thread_info *out) {
+  if (!r || !out) return HD_READ_ERR_ARG;
+  hd_rec_header hdr = {0};
+  hd_read_status st = record_at(r, key, published_end(r), &hdr);
+  if (st != HD_READ_OK) return HD_READ_ERR_NOT_FOUND;
+  if (hdr.type != HD_REC_THREAD || hdr.size < sizeof(hd_rec_thread)) return HD_READ_ERR_NOT_FOUND;
+  thread_from(r, key, out);
+  return HD_READ_OK;
+}
+
+hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor, hd_res_entry *out) {
+  if (!r || !cursor || !out) return HD_READ_ERR_ARG;
+  uint64_t end = published_end(r);
+  for (;;) {
+    uint64_t off = *cursor ? *cursor : r->records_offset;
+    if (off >= end) return HD_READ_END;
+    hd_rec_header hdr = {0};
+    hd_read_status st = record_at(r, off, end, &hdr);
+    if (st != HD_READ_OK) return HD_READ_ERR_CORRUPT;
+    *cursor = off + hdr.size; /* size >= 8: strictly increasing, so the walk terminates */
+    memset(out, 0, sizeof(*out));
+    out->key = (uint32_t)off;
+    switch (hdr.type) {
+      case HD_REC_STACK:
+        if (hdr.size < sizeof(hd_rec_stack)) return HD_READ_ERR_CORRUPT;
+        out->type = HD_ENTRY_STACK;
+        return HD_READ_OK;
+      case HD_REC_THREAD:
+        if (hdr.size < sizeof(hd_rec_thread)) return HD_READ_ERR_CORRUPT;
+        out->type = HD_ENTRY_THREAD;
+        thread_from(r, off, &out->u.thread);
+        return HD_READ_OK;
+      case HD_REC_REGION: {
+        if (hdr.size < sizeof(hd_rec_region)) return HD_READ_ERR_CORRUPT;
+        hd_rec_region rec = {0};
+        copy_words(&rec, r->base + off, sizeof(rec));
+        if (rec.build_id_len > HD_MAX_BUILD_ID || rec.name_len >= HD_REGION_NAME_MAX ||
+            rec.name_len > hdr.size - sizeof(rec))
+          return HD_READ_ERR_CORRUPT;
+        hd_region *g = &out->u.region;
+        out->type = HD_ENTRY_REGION;
+        g->key = (uint32_t)off;
+        g->address = rec.address;
+        g->size = rec.size;
+        g->file_offset = rec.file_offset;
+        g->vaddr = rec.vaddr;
+        memcpy(g->build_id, rec.build_id, rec.build_id_len);
+        g->build_id_len = rec.build_id_len;
+        char tmp[HD_REGION_NAME_MAX + 8] = {0};
+        copy_words(tmp, r->base + off + sizeof(rec), (rec.name_len + 7u) & ~7u);
+        memcpy(g->name, tmp, rec.name_len);
+        g->name[rec.name_len] = 0;
+        return HD_READ_OK;
+      }
+      default:
+        continue; /* unknown record kinds of newer writers are skipped */
+    }
+  }
+}

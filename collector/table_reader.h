@@ -1,0 +1,127 @@
+/* Reader of the heapdump shared-memory tables (layout: heapdump/internal/shm_layout.h), used by
+ * the collector and by tests. Runs outside the profiled process and treats the tables as
+ * hostile: everything is copied, then bounds-checked; corruption yields HD_READ_ERR_CORRUPT,
+ * never a crash or an unbounded loop.
+ *
+ * Error convention: every fallible function returns hd_read_status; HD_READ_OK (0) is success,
+ * HD_READ_END (1) ends an iteration, negative values are errors. Such functions are
+ * warn_unused_result. Readers are not thread-safe; use one per thread. */
+#ifndef HEAPDUMP_COLLECTOR_TABLE_READER_H
+#define HEAPDUMP_COLLECTOR_TABLE_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HD_READ_WUR __attribute__((warn_unused_result))
+
+typedef enum hd_read_status {
+  HD_READ_OK = 0,
+  HD_READ_END = 1,               /* iteration finished */
+  HD_READ_ERR_ARG = -1,          /* NULL pointer or invalid argument */
+  HD_READ_ERR_SYSTEM = -2,       /* fstat/mmap/fcntl failed; errno is set */
+  HD_READ_ERR_BAD_MAGIC = -3,    /* not a heapdump table of the expected kind */
+  HD_READ_ERR_BAD_VERSION = -4,  /* layout version this reader does not know */
+  HD_READ_ERR_BAD_SIZE = -5,     /* header sizes/offsets do not fit the memfd */
+  HD_READ_ERR_NOT_SEALED = -6,   /* memfd lacks F_SEAL_SHRINK: could shrink under us */
+  HD_READ_ERR_CORRUPT = -7,      /* LIVE_SNAPSHOT_FAILED: inconsistent contents */
+  HD_READ_ERR_BUSY = -8,         /* LIVE_SNAPSHOT_FAILED: writers kept a slot changing/locked */
+  HD_READ_ERR_NOT_FOUND = -9,    /* key does not name a record of that kind */
+  HD_READ_ERR_NO_SPACE = -10,    /* caller's buffer too small (partial result returned) */
+  HD_READ_ERR_NO_MEMORY = -11,
+} hd_read_status;
+
+/* Static string naming a status. */
+const char *hd_read_status_str(hd_read_status s);
+
+/* ---- allocations table ---- */
+typedef struct hd_alloc_reader hd_alloc_reader;
+
+typedef struct hd_live_block {
+  uint64_t address;
+  uint64_t size;        /* requested size */
+  uint64_t timestamp;   /* CLOCK_MONOTONIC ns */
+  uint32_t thread_key;  /* resources key, 0 = unknown */
+  uint32_t stack_key;   /* resources key, 0 = unknown (trace dropped) */
+  uint32_t flags;       /* low 8 bits: log2 of requested alignment */
+  uint32_t reserved;
+} hd_live_block;
+
+typedef struct hd_alloc_table_info {
+  uint32_t pid;
+  uint32_t flags;           /* HD_ALLOC_FLAG_SNAPSHOT for a frozen copy */
+  uint32_t node_capacity;
+  uint32_t node_high_water;
+  uint32_t bucket_log2;
+  uint64_t total_size;
+} hd_alloc_table_info;
+
+/* Maps fd read-only (the fd is not kept; close it when you like) and validates the header. */
+hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) HD_READ_WUR;
+void hd_alloc_reader_close(hd_alloc_reader *r);
+hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) HD_READ_WUR;
+/* Consistent copy of the live set without stopping the writer (see the layout header):
+ * every block live during the whole call appears exactly once, no block freed before the call
+ * appears. *blocks (sorted by address) is malloc'd; free() it. On error *blocks is NULL. */
+hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
+                                        size_t *count) HD_READ_WUR;
+
+/* ---- resources table ---- */
+typedef struct hd_res_reader hd_res_reader;
+
+typedef struct hd_table_stats {
+  uint64_t blocks_allocated, bytes_allocated, blocks_freed, bytes_freed;
+  uint64_t live_blocks, live_bytes, peak_live_bytes;
+  uint64_t dropped_allocations, dropped_stack_traces, dropped_resources;
+} hd_table_stats;
+
+typedef struct hd_thread_info {
+  uint32_t key;
+  uint32_t tid;
+  uint64_t timestamp;
+  char name[16];  /* always NUL-terminated */
+} hd_thread_info;
+
+typedef struct hd_region {
+  uint32_t key;
+  uint64_t address, size, file_offset, vaddr;
+  uint8_t build_id[32];
+  uint32_t build_id_len;
+  char name[4096];  /* always NUL-terminated */
+} hd_region;
+
+enum { HD_ENTRY_STACK = 1, HD_ENTRY_THREAD = 2, HD_ENTRY_REGION = 3 };
+typedef struct hd_res_entry {
+  int type;      /* HD_ENTRY_* */
+  uint32_t key;  /* for HD_ENTRY_STACK, pass to hd_res_reader_stack */
+  union {
+    hd_thread_info thread;
+    hd_region region;
+  } u;
+} hd_res_entry;
+
+hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) HD_READ_WUR;
+void hd_res_reader_close(hd_res_reader *r);
+uint32_t hd_res_reader_pid(const hd_res_reader *r);
+/* Statistics (each counter read atomically; together approximate). */
+hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_READ_WUR;
+/* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
+ * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
+ * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. */
+hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
+                                   size_t *count, uint64_t *alloc_blocks,
+                                   uint64_t *alloc_bytes) HD_READ_WUR;
+hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
+                                    hd_thread_info *out) HD_READ_WUR;
+/* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */
+hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor,
+                                  hd_res_entry *out) HD_READ_WUR;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEAPDUMP_COLLECTOR_TABLE_READER_H */

@@ -1,0 +1,88 @@
+/* heapdump application API: lets a program running under libheapdump.so query its heap
+ * statistics and store named snapshots of its live allocations in the collector.
+ *
+ * ERRORS. Every function returns HEAPDUMP_OK (0) or one of the negative HEAPDUMP_ERROR_*
+ * codes below, and is declared warn_unused_result.
+ *
+ * OPTIONAL LINKING (weak-symbol pattern). A program that must also run without the library
+ * defines HEAPDUMP_WEAK_API before including this header and does not link libheapdump.so:
+ *
+ *     #define HEAPDUMP_WEAK_API
+ *     #include <heapdump/heapdump.h>
+ *     ...
+ *     if (heapdump_available()) (void)heapdump_take_named_snapshot("after-load");
+ *
+ * The functions are then weak references: NULL unless libheapdump.so was preloaded (or linked),
+ * in which case they resolve to the library's definitions. heapdump_available() is only
+ * defined in this mode.
+ *
+ * THREADS. All functions are thread-safe and may be called from any thread, including from
+ * static constructors and destructors; they are not async-signal-safe. */
+#ifndef HEAPDUMP_HEAPDUMP_H
+#define HEAPDUMP_HEAPDUMP_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HEAPDUMP_OK 0
+/* An argument is NULL or out of range. */
+#define HEAPDUMP_ERROR_INVALID_ARGUMENT (-1)
+/* The library is loaded but not recording (its shared memory could not be set up, or a forked
+ * child could not copy its parent's tables). */
+#define HEAPDUMP_ERROR_NOT_RECORDING (-2)
+/* No collector is connected to receive the snapshot. The snapshot was taken and discarded.
+ * (This version has no collector connection yet, so heapdump_take_named_snapshot always ends
+ * with this code when recording.) */
+#define HEAPDUMP_ERROR_NO_COLLECTOR (-3)
+/* Memory or file descriptors for the snapshot copy could not be obtained. */
+#define HEAPDUMP_ERROR_NO_MEMORY (-4)
+
+/* Longest snapshot name accepted, in bytes, without the terminating NUL. */
+#define HEAPDUMP_SNAPSHOT_NAME_MAX 255
+
+/* Process-wide counters since the start of recording. Counters cover recorded blocks only:
+ * allocations made while the tables were full are counted in dropped_allocations instead. */
+struct heapdump_stats {
+  uint64_t blocks_allocated;
+  uint64_t bytes_allocated;     /* requested bytes */
+  uint64_t blocks_freed;
+  uint64_t bytes_freed;
+  uint64_t live_blocks;         /* blocks_allocated - blocks_freed */
+  uint64_t live_bytes;          /* bytes_allocated - bytes_freed */
+  uint64_t peak_live_bytes;     /* highest live_bytes seen */
+  uint64_t dropped_allocations; /* not recorded: allocations table full (HEAPDUMP_MAX_MEMORY) */
+};
+
+#if defined(HEAPDUMP_WEAK_API)
+#define HEAPDUMP_DECL __attribute__((weak, warn_unused_result))
+#else
+#define HEAPDUMP_DECL __attribute__((warn_unused_result))
+#endif
+
+/* Fills *out with the current counters. Each counter is read atomically; they are not a
+ * consistent set at one instant while other threads allocate.
+ * Returns HEAPDUMP_OK; HEAPDUMP_ERROR_INVALID_ARGUMENT if out is NULL;
+ * HEAPDUMP_ERROR_NOT_RECORDING (and *out zeroed) if the library is not recording. */
+HEAPDUMP_DECL int heapdump_get_stats(struct heapdump_stats *out);
+
+/* Takes a snapshot of exactly the live allocations at the call (other threads' allocations
+ * wait while it is copied) and stores it in the collector under `name`, a NUL-terminated
+ * string of 1 to HEAPDUMP_SNAPSHOT_NAME_MAX bytes (names need not be unique).
+ * Returns HEAPDUMP_OK when the collector has it; HEAPDUMP_ERROR_INVALID_ARGUMENT for a bad
+ * name; HEAPDUMP_ERROR_NOT_RECORDING; HEAPDUMP_ERROR_NO_MEMORY; HEAPDUMP_ERROR_NO_COLLECTOR
+ * if no collector is connected (always, in this version). */
+HEAPDUMP_DECL int heapdump_take_named_snapshot(const char *name);
+
+#if defined(HEAPDUMP_WEAK_API)
+/* Nonzero if libheapdump.so is present in the process. */
+static inline int heapdump_available(void) { return heapdump_get_stats != 0; }
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEAPDUMP_HEAPDUMP_H */

@@ -1,0 +1,232 @@
+/* Shared-memory layout of the two heapdump tables: the single contract between the writer
+ * (libheapdump.so, inside the profiled process) and every reader (collector/table_reader.c).
+ *
+ * TWO MEMFDS PER PROCESS, each starting with a header at offset 0 that carries a magic, a layout
+ * version and its own size. Every field is fixed-width little-endian (x86-64/aarch64 only), every
+ * struct size and field offset is pinned below with _Static_assert, and all shared fields are
+ * accessed with __atomic builtins on plain integers (so this header is valid C11 and C++17).
+ * memfds are created with MFD_ALLOW_SEALING, sized once to their cap (sparse: a page is committed
+ * when first written) and sealed F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL, so a reader's mapping can
+ * never lose pages. Snapshot copies are additionally sealed F_SEAL_WRITE.
+ *
+ *   allocations table                         resources table
+ *   +--------------------------+ 0            +------------------------+ 0
+ *   | hd_alloc_header          |              | hd_res_header (stats)  |
+ *   +--------------------------+ seq_offset   +------------------------+ records_offset
+ *   | u32 slot_seq[65536]      |              | record | record | ...   | append-only log,
+ *   +--------------------------+ buckets_off  |   ...                  | 8-byte aligned records;
+ *   | u32 bucket[max_buckets]  | (first       |                        | key = byte offset
+ *   |   only 2^bucket_log2 used|  2^log2 used)+------------------------+ used (published)
+ *   +--------------------------+ nodes_offset |   (unwritten, sparse)  |
+ *   | hd_alloc_node[capacity]  |              +------------------------+ total_size
+ *   +--------------------------+ total_size
+ *
+ * ALLOCATIONS TABLE: a chained hash of live blocks. bucket = hd_alloc_hash(address) &
+ * (2^bucket_log2 - 1). A link (bucket head or node.next) holds node index + 1; HD_LINK_NONE (0)
+ * ends a chain, so never-written (zero) pages are empty buckets. Each bucket belongs to one sequence slot: slot = bucket & (HD_SEQ_SLOTS - 1). The slot's
+ * u32 counter is both the writers' spinlock and the readers' seqlock:
+ *   writer (any change to a chain of a bucket of slot s: insert, erase, in-place replace):
+ *     W1  CAS slot_seq[s] even -> odd            (__ATOMIC_ACQUIRE: lock between writers)
+ *         __atomic_thread_fence(__ATOMIC_RELEASE) (odd value ordered before the data stores)
+ *     W2  relaxed stores to nodes / bucket heads (a new node is filled before it is linked)
+ *     W3  store slot_seq[s] = odd + 1            (__ATOMIC_RELEASE: unlock, publishes W2)
+ *   reader (per slot):
+ *     R1  s1 = load slot_seq[s]                  (__ATOMIC_ACQUIRE, pairs with W3); odd: retry
+ *     R2  relaxed loads: read bucket_log2; copy every chain of the slot into private memory,
+ *         bounded by node_capacity steps and index range checks
+ *     R3  __atomic_thread_fence(__ATOMIC_ACQUIRE) then s2 = load slot_seq[s] (__ATOMIC_RELAXED);
+ *         s1 != s2: discard the copy, retry (bounded; give up with a "busy" error)
+ *   Growth of the bucket array (doubling when live > 2 * buckets) is done by a writer holding
+ *   every slot lock: resize_seq goes odd (relaxed store + release fence), each chain i is split
+ *   into i and i + 2^old_log2 in place, bucket_log2 is incremented, resize_seq goes even
+ *   (__ATOMIC_RELEASE). A reader loads resize_seq (__ATOMIC_ACQUIRE) before its first slot and
+ *   (after an acquire fence) again after its last slot, and restarts if it changed or was odd.
+ *   Node storage: nodes [0, node_high_water) have been handed out; node_high_water grows with
+ *   __atomic_fetch_add (relaxed: a node's contents are only published through W3). Free nodes are
+ *   listed in the writer's private memory; only this table's links are shared.
+ *
+ * SNAPSHOT CONSISTENCY (what the collector relies on, with a read-only mapping and no pause):
+ * each slot's copy is exactly the state of its buckets at one instant inside the snapshot, and a
+ * block's address selects one bucket for a given bucket_log2 (which is constant across a valid
+ * snapshot). Hence a block live during the whole snapshot is in its bucket at that instant and is
+ * copied exactly once; a block freed before the snapshot began is in no bucket by then. Writers
+ * never wait for readers; a reader retries a slot only when a writer changed it meanwhile.
+ * A realloc that stays in place rewrites its node inside one W1..W3 section, so it is never seen
+ * absent or twice; a moving realloc is a new block plus the free of the old one.
+ *
+ * RESOURCES TABLE: append-only records, never modified after publication except the two atomic
+ * counters of a stack-trace record and the header statistics. Writers (serialised by a private
+ * mutex) write a record at offset `used`, then store `used` += record size (__ATOMIC_RELEASE).
+ * Readers load `used` (__ATOMIC_ACQUIRE) and may then read any record below it. A key (stack
+ * trace, thread info) is the byte offset of its record; 0 means "none". Counters and statistics
+ * are updated with relaxed atomic adds and read with relaxed loads; they are monotonic but not
+ * mutually consistent at any instant.
+ *
+ * STACK TRACE ENCODING: frame i (return addresses, innermost first) is stored as
+ * zigzag(frame[i] - frame[i-1]) (frame[-1] = 0, two's-complement 64-bit difference) in LEB128
+ * varint form (7 bits per byte, high bit = more).
+ *
+ * Every reader must treat all of this memory as hostile: copy, then bounds-check every offset,
+ * length, index and chain length before use.
+ */
+#ifndef HEAPDUMP_INTERNAL_SHM_LAYOUT_H
+#define HEAPDUMP_INTERNAL_SHM_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#define HD_STATIC_ASSERT static_assert
+#else
+#define HD_STATIC_ASSERT _Static_assert
+#endif
+
+#define HD_LAYOUT_VERSION 1u
+#define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
+#define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
+
+#define HD_LINK_NONE 0u               /* empty bucket / end of chain; links are index + 1 */
+#define HD_SEQ_SLOTS 65536u           /* sequence slots (power of two) */
+#define HD_MIN_BUCKET_LOG2 12u        /* initial bucket count 4096 */
+#define HD_MAX_FRAMES 64u             /* hard cap of frames per trace */
+#define HD_MAX_BUILD_ID 32u
+#define HD_THREAD_NAME_MAX 16u        /* Linux comm length incl. NUL */
+#define HD_REGION_NAME_MAX 4096u
+
+/* hd_alloc_header.flags */
+#define HD_ALLOC_FLAG_SNAPSHOT 1u /* a frozen copy (sealed F_SEAL_WRITE), not a live table */
+
+/* Address hash: drop the always-zero low bits, multiply by 2^64/phi and fold the high half in so
+ * the low bits used for the bucket depend on every address bit (Fuchsia used (addr>>4)%buckets). */
+static inline uint64_t hd_alloc_hash(uint64_t address) {
+  uint64_t h = (address >> 4) * UINT64_C(0x9E3779B97F4A7C15);
+  return h ^ (h >> 29);
+}
+
+typedef struct hd_alloc_header {
+  uint64_t magic;            /* HD_ALLOC_MAGIC */
+  uint32_t version;          /* HD_LAYOUT_VERSION */
+  uint32_t header_size;      /* sizeof(hd_alloc_header) */
+  uint64_t total_size;       /* memfd size; every offset below is < total_size */
+  uint32_t node_size;        /* sizeof(hd_alloc_node) */
+  uint32_t flags;            /* HD_ALLOC_FLAG_* */
+  uint32_t seq_slots;        /* HD_SEQ_SLOTS */
+  uint32_t max_bucket_log2;  /* bucket array capacity is 2^max_bucket_log2 */
+  uint32_t bucket_log2;      /* atomic; current bucket count is 2^bucket_log2 (>= HD_MIN_BUCKET_LOG2) */
+  uint32_t resize_seq;       /* atomic; odd while the bucket array is being doubled */
+  uint32_t node_capacity;    /* nodes that fit; indices are < node_capacity < 2^32 - 1 */
+  uint32_t node_high_water;  /* atomic; nodes ever handed out */
+  uint64_t seq_offset;       /* u32[seq_slots] */
+  uint64_t buckets_offset;   /* u32[2^max_bucket_log2] */
+  uint64_t nodes_offset;     /* hd_alloc_node[node_capacity] */
+  uint64_t live_blocks;      /* atomic, informational (relaxed) */
+  uint32_t pid;              /* process that wrote the table */
+  uint32_t reserved0;
+  uint64_t reserved[6];
+} hd_alloc_header;
+
+typedef struct hd_alloc_node {
+  uint32_t next;        /* link (index + 1) of the next node in the chain, 0 at the end */
+  uint32_t thread_key;  /* resources-table offset of a HD_REC_THREAD record, 0 if none */
+  uint32_t stack_key;   /* resources-table offset of a HD_REC_STACK record, 0 if none */
+  uint32_t flags;       /* low 8 bits: log2 of the requested alignment (0 = default) */
+  uint64_t address;
+  uint64_t size;        /* requested size in bytes */
+  uint64_t timestamp;   /* CLOCK_MONOTONIC nanoseconds at allocation */
+} hd_alloc_node;
+
+#define HD_NODE_ALIGN_MASK 0xffu
+
+HD_STATIC_ASSERT(sizeof(hd_alloc_header) == 144, "hd_alloc_header size");
+HD_STATIC_ASSERT(offsetof(hd_alloc_header, bucket_log2) == 40, "bucket_log2 offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_header, seq_offset) == 56, "seq_offset offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_header, live_blocks) == 80, "live_blocks offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_header, pid) == 88, "pid offset");
+HD_STATIC_ASSERT(sizeof(hd_alloc_node) == 40, "hd_alloc_node size");
+HD_STATIC_ASSERT(offsetof(hd_alloc_node, address) == 16, "address offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_node, size) == 24, "size offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_node, timestamp) == 32, "timestamp offset");
+
+/* Process-wide statistics, in the resources header. All atomic, relaxed. */
+typedef struct hd_stats_block {
+  uint64_t blocks_allocated;    /* recorded allocations since start */
+  uint64_t bytes_allocated;
+  uint64_t blocks_freed;        /* frees of recorded blocks */
+  uint64_t bytes_freed;
+  uint64_t peak_live_bytes;     /* maximum of bytes_allocated - bytes_freed */
+  uint64_t dropped_allocations; /* allocations not recorded: allocations table full */
+  uint64_t dropped_stack_traces;/* traces not stored: resources table full (key 0 used) */
+  uint64_t dropped_resources;   /* thread infos / regions not stored: resources table full */
+} hd_stats_block;
+HD_STATIC_ASSERT(sizeof(hd_stats_block) == 64, "hd_stats_block size");
+
+typedef struct hd_res_header {
+  uint64_t magic;          /* HD_RES_MAGIC */
+  uint32_t version;        /* HD_LAYOUT_VERSION */
+  uint32_t header_size;    /* sizeof(hd_res_header) */
+  uint64_t total_size;     /* memfd size */
+  uint64_t records_offset; /* first record */
+  uint64_t used;           /* atomic; end of the published records (release/acquire) */
+  uint32_t pid;
+  uint32_t reserved0;
+  uint64_t start_time_ns;  /* CLOCK_MONOTONIC when the table was created */
+  hd_stats_block stats;
+  uint64_t reserved[8];
+} hd_res_header;
+HD_STATIC_ASSERT(sizeof(hd_res_header) == 184, "hd_res_header size");
+HD_STATIC_ASSERT(offsetof(hd_res_header, used) == 32, "used offset");
+HD_STATIC_ASSERT(offsetof(hd_res_header, stats) == 56, "stats offset");
+
+/* Every record starts with this; size is the whole record incl. header and padding, a
+ * multiple of 8. */
+enum { HD_REC_STACK = 1, HD_REC_THREAD = 2, HD_REC_REGION = 3 };
+typedef struct hd_rec_header {
+  uint16_t type;
+  uint16_t reserved;
+  uint32_t size;
+} hd_rec_header;
+HD_STATIC_ASSERT(sizeof(hd_rec_header) == 8, "hd_rec_header size");
+
+typedef struct hd_rec_stack {
+  hd_rec_header h;
+  uint64_t alloc_blocks;  /* atomic: blocks allocated with this trace since start */
+  uint64_t alloc_bytes;   /* atomic: bytes allocated with this trace since start */
+  uint16_t frame_count;   /* <= HD_MAX_FRAMES */
+  uint16_t reserved;
+  uint32_t encoded_len;   /* bytes of varint data that follow */
+  /* uint8_t encoded[encoded_len]; then padding to 8 */
+} hd_rec_stack;
+HD_STATIC_ASSERT(sizeof(hd_rec_stack) == 32, "hd_rec_stack size");
+HD_STATIC_ASSERT(offsetof(hd_rec_stack, alloc_blocks) == 8, "alloc_blocks offset");
+
+typedef struct hd_rec_thread {
+  hd_rec_header h;
+  uint32_t tid;
+  uint32_t reserved;
+  uint64_t timestamp;              /* when this name was first seen */
+  char name[HD_THREAD_NAME_MAX];   /* NUL-terminated unless corrupt */
+} hd_rec_thread;
+HD_STATIC_ASSERT(sizeof(hd_rec_thread) == 40, "hd_rec_thread size");
+
+typedef struct hd_rec_region {
+  hd_rec_header h;
+  uint64_t address;      /* runtime start of the executable segment */
+  uint64_t size;         /* p_memsz */
+  uint64_t file_offset;  /* p_offset */
+  uint64_t vaddr;        /* p_vaddr */
+  uint8_t build_id[HD_MAX_BUILD_ID];
+  uint8_t build_id_len;  /* <= HD_MAX_BUILD_ID */
+  uint8_t reserved[5];
+  uint16_t name_len;     /* bytes of name that follow (no NUL), < HD_REGION_NAME_MAX */
+  /* char name[name_len]; then padding to 8 */
+} hd_rec_region;
+HD_STATIC_ASSERT(sizeof(hd_rec_region) == 80, "hd_rec_region size");
+HD_STATIC_ASSERT(offsetof(hd_rec_region, build_id) == 40, "build_id offset");
+HD_STATIC_ASSERT(offsetof(hd_rec_region, name_len) == 78, "name_len offset");
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HEAPDUMP_INTERNAL_SHM_LAYOUT_H */

@@ -1,0 +1,173 @@
+/* The LD_PRELOAD shim: guard, forward to the backend, record. Nothing else lives here. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "runtime.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+void *__libc_realloc(void *p, size_t size);
+void *rallocx(void *ptr, size_t size, int flags);
+
+static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
+
+static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
+  hd_ensure_init();
+  if (HD_UNLIKELY(hd_tls.guard)) return hd_backend_alloc(size, lg_align, zero);
+  hd_tls.guard++;
+  void *p = hd_backend_alloc(size, lg_align, zero);
+  if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align);
+  else errno = ENOMEM;
+  hd_tls.guard--;
+  return p;
+}
+
+/* memalign semantics shared by memalign, aligned_alloc, valloc, pvalloc (as glibc 2.36). */
+static void *aligned_hook(size_t align, size_t size) {
+  if (align <= 16) return alloc_hook(size, 0, false);
+  if (align > SIZE_MAX / 2 + 1) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (!is_pow2(align)) align = (size_t)1 << (64 - __builtin_clzl(align));
+  return alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
+}
+
+EXPORT void *malloc(size_t size) { return alloc_hook(size, 0, false); }
+
+EXPORT void *calloc(size_t n, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(n, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return alloc_hook(total, 0, true);
+}
+
+EXPORT void free(void *p) {
+  if (!p) return;
+  hd_ensure_init();
+  if (HD_UNLIKELY(hd_tls.guard)) {
+    hd_backend_free(p, 0, 0);
+    return;
+  }
+  hd_tls.guard++;
+  hd_free_recorded(p);
+  hd_tls.guard--;
+}
+
+/* C23: the size/alignment hints are not trusted; the recorded size is used instead. */
+EXPORT void free_sized(void *p, size_t size) {
+  (void)size;
+  free(p);
+}
+
+EXPORT void free_aligned_sized(void *p, size_t align, size_t size) {
+  (void)align;
+  (void)size;
+  free(p);
+}
+
+EXPORT void *realloc(void *p, size_t size) {
+  if (!p) return malloc(size);
+  if (size == 0) { /* glibc: frees and returns NULL */
+    free(p);
+    return NULL;
+  }
+  hd_ensure_init();
+  if (HD_UNLIKELY(hd_tls.guard)) {
+    void *q = hd_use_system ? __libc_realloc(p, size) : rallocx(p, size, 0);
+    if (!q) errno = ENOMEM;
+    return q;
+  }
+  hd_tls.guard++;
+  void *q = hd_realloc_recorded(p, size);
+  hd_tls.guard--;
+  return q;
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size) {
+  size_t total;
+  if (__builtin_mul_overflow(n, size, &total)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return realloc(p, total);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+  if (align % sizeof(void *) != 0 || !is_pow2(align)) return EINVAL;
+  int saved = errno;
+  void *p = align <= 16 ? alloc_hook(size, 0, false)
+                        : alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
+  errno = saved;
+  if (!p) return ENOMEM;
+  *out = p;
+  return 0;
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t size) { return aligned_hook(align, size); }
+EXPORT void *memalign(size_t align, size_t size) { return aligned_hook(align, size); }
+EXPORT void *valloc(size_t size) { return aligned_hook((size_t)getpagesize(), size); }
+
+EXPORT void *pvalloc(size_t size) {
+  size_t page = (size_t)getpagesize(), rounded;
+  if (__builtin_add_overflow(size, page - 1, &rounded)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  rounded &= ~(page - 1);
+  return aligned_hook(page, rounded ? rounded : page);
+}
+
+EXPORT size_t malloc_usable_size(void *p) {
+  if (!p) return 0;
+  hd_ensure_init();
+  return hd_backend_usable(p);
+}
+
+/* Module changes: rescan executable regions after the loader is done (loader lock released).
+ * The real functions are looked up once, off the allocation path. */
+EXPORT void *dlopen(const char *file, int mode) {
+  static void *(*real)(const char *, int);
+  if (!real) real = (void *(*)(const char *, int))dlsym(RTLD_NEXT, "dlopen");
+  void *h = real ? real(file, mode) : NULL;
+  if (h) hd_rescan_regions();
+  return h;
+}
+
+EXPORT int dlclose(void *handle) {
+  static int (*real)(void *);
+  if (!real) real = (int (*)(void *))dlsym(RTLD_NEXT, "dlclose");
+  int rc = real ? real(handle) : -1;
+  hd_rescan_regions();
+  return rc;
+}
+
+/* Thread names: renames bump a generation that each thread compares (one load) before using
+ * its cached thread info, so no allocation makes a syscall to learn its thread's name. */
+EXPORT int prctl(int option, ...) {
+  va_list ap;
+  va_start(ap, option);
+  unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long),
+                a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
+  va_end(ap);
+  long rc = syscall(SYS_prctl, option, a2, a3, a4, a5);
+  if (option == PR_SET_NAME && rc == 0) hd_note_rename();
+  return (int)rc;
+}
+
+EXPORT int pthread_setname_np(pthread_t thread, const char *name) {
+  static int (*real)(pthread_t, const char *);
+  if (!real) real = (int (*)(pthread_t, const char *))dlsym(RTLD_NEXT, "pthread_setname_np");
+  int rc = real ? real(thread, name) : ENOSYS;
+  if (rc == 0) hd_note_rename();
+  return rc;
+}

@@ -1,0 +1,412 @@
+/* Recording runtime of libheapdump.so: lazy allocation-free init, configuration from the
+ * environment, what gets recorded per allocation/free/realloc, fork handling, snapshot copy
+ * and the public API. */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapdump/heapdump.h"
+#include "regions.h"
+#include "stack.h"
+
+__thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec")));
+int hd_state;
+int hd_use_system;
+uint32_t hd_name_generation;
+
+/* Live tables; replaced only in the fork child (single-threaded then). */
+static hd_alloc_table g_alloc;
+static hd_res_table g_res;
+static char g_exe_name[HD_REGION_NAME_MAX];
+static int g_follow_children = 1;
+
+extern char **environ;
+extern const ElfW(Ehdr) __ehdr_start; /* this module's ELF header, set by the static linker */
+
+/* ------------------------------------------------------------------ configuration */
+
+/* getenv that works before libc has set `environ` (the first malloc may come from ld.so):
+ * falls back to a raw read of /proc/self/environ into a static buffer. No allocation. */
+static const char *early_getenv(const char *name) {
+  static char buf[65536];
+  static size_t len;
+  static int loaded;
+  size_t nl = strlen(name);
+  if (environ) {
+    for (char **e = environ; *e; e++)
+      if (strncmp(*e, name, nl) == 0 && (*e)[nl] == '=') return *e + nl + 1;
+    return NULL;
+  }
+  if (!loaded) {
+    loaded = 1;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/environ", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ssize_t n;
+      while (len < sizeof(buf) - 1 &&
+             (n = syscall(SYS_read, fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+        len += (size_t)n;
+      syscall(SYS_close, fd);
+    }
+  }
+  for (size_t i = 0; i < len; i += strlen(buf + i) + 1)
+    if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') return buf + i + nl + 1;
+  return NULL;
+}
+
+static uint64_t parse_size(const char *s, uint64_t dflt) {
+  if (!s || !*s) return dflt;
+  uint64_t v = 0;
+  for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (uint64_t)(*s - '0');
+  switch (*s) {
+    case 'k': case 'K': v <<= 10; break;
+    case 'm': case 'M': v <<= 20; break;
+    case 'g': case 'G': v <<= 30; break;
+    default: break;
+  }
+  return v ? v : dflt;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no syscall */
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Text range of this module, whose frames are dropped from the top of every trace. */
+static void own_text_range(uintptr_t *lo, uintptr_t *hi) {
+  const ElfW(Ehdr) *eh = &__ehdr_start;
+  const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+  uintptr_t base = (uintptr_t)eh;
+  *lo = *hi = 0;
+  for (int i = 0; i < eh->e_phnum; i++) {
+    if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) {
+      *lo = base + ph[i].p_vaddr;
+      *hi = *lo + ph[i].p_memsz;
+    }
+  }
+}
+
+void hd_init_slow(void) {
+  if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
+  int expected = HD_STATE_UNINIT;
+  if (!__atomic_compare_exchange_n(&hd_state, &expected, HD_STATE_INITIALIZING, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    while (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_INITIALIZING) sched_yield();
+    return;
+  }
+  hd_tls.guard++;
+  const char *a = early_getenv("HEAPDUMP_ALLOCATOR");
+  hd_use_system = a && strcmp(a, "system") == 0;
+  const char *u = early_getenv("HEAPDUMP_UNWIND");
+  int method = u && strcmp(u, "fp") == 0 ? HD_UNWIND_FP : HD_UNWIND_LIBUNWIND;
+  unsigned max_frames = (unsigned)parse_size(early_getenv("HEAPDUMP_MAX_FRAMES"), HD_MAX_FRAMES);
+  uint64_t max_mem = parse_size(early_getenv("HEAPDUMP_MAX_MEMORY"), (uint64_t)1 << 30);
+  const char *f = early_getenv("HEAPDUMP_FOLLOW_CHILDREN");
+  g_follow_children = !(f && strcmp(f, "0") == 0);
+  uintptr_t lo, hi;
+  own_text_range(&lo, &hi);
+  int state = HD_STATE_OFF;
+  if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, "heapdump-allocations") == 0) {
+    if (hd_res_table_create(&g_res, max_mem / 4, "heapdump-resources") == 0) {
+      hd_stack_configure(method, max_frames, lo, hi);
+      state = HD_STATE_READY;
+    } else {
+      hd_alloc_table_destroy(&g_alloc);
+    }
+  }
+  hd_tls.guard--;
+  __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ recording */
+
+static uint32_t current_thread_key(void) {
+  uint32_t gen = __atomic_load_n(&hd_name_generation, __ATOMIC_RELAXED);
+  if (HD_LIKELY(hd_tls.thread_key != 0 && hd_tls.name_gen == gen)) return hd_tls.thread_key;
+  /* First allocation of this thread, or some thread was renamed since: re-read our name. */
+  char name[HD_THREAD_NAME_MAX] = {0};
+  if (hd_tls.tid == 0) hd_tls.tid = (uint32_t)syscall(SYS_gettid);
+  syscall(SYS_prctl, PR_GET_NAME, name, 0, 0, 0); /* not prctl(): we interpose it */
+  name[HD_THREAD_NAME_MAX - 1] = 0;
+  if (hd_tls.thread_key == 0 || strcmp(name, hd_tls.name) != 0) {
+    uint32_t key = hd_res_add_thread(&g_res, hd_tls.tid, name, now_ns());
+    if (key == 0) return hd_tls.thread_key; /* full: keep the old one, retry next time */
+    hd_tls.thread_key = key;
+    memcpy(hd_tls.name, name, sizeof(name));
+  }
+  hd_tls.name_gen = gen;
+  return hd_tls.thread_key;
+}
+
+static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_align) {
+  uint64_t frames[HD_MAX_FRAMES];
+  unsigned n = hd_capture_stack(frames);
+  info->address = (uint64_t)(uintptr_t)p;
+  info->size = size;
+  info->stack_key = hd_res_intern_stack(&g_res, frames, n);
+  info->thread_key = current_thread_key();
+  info->timestamp = now_ns();
+  info->flags = lg_align & HD_NODE_ALIGN_MASK;
+}
+
+static void insert_info(const hd_alloc_info *info) {
+  hd_alloc_info old;
+  switch (hd_alloc_table_insert(&g_alloc, info, &old)) {
+    case HD_INSERT_FULL:
+      hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+      return;
+    case HD_INSERT_REPLACED:
+      hd_res_count_free(&g_res, old.size); /* its free was not seen (nested/signal) */
+      break;
+    case HD_INSERT_NEW:
+      break;
+  }
+  hd_res_count_alloc(&g_res, info->stack_key, info->size);
+}
+
+void hd_record_alloc(void *p, size_t size, unsigned lg_align) {
+  if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) return;
+  hd_alloc_info info;
+  make_info(&info, p, size, lg_align);
+  insert_info(&info);
+}
+
+void hd_free_recorded(void *p) {
+  hd_alloc_info old;
+  if (HD_LIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) &&
+      hd_alloc_table_erase(&g_alloc, (uint64_t)(uintptr_t)p, &old)) {
+    /* Erased before the block goes back: its address cannot be reused while still recorded. */
+    hd_res_count_free(&g_res, old.size);
+    hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
+    return;
+  }
+  hd_backend_free(p, 0, 0);
+}
+
+void *__libc_realloc(void *p, size_t size);
+void *mallocx(size_t size, int flags);
+size_t sallocx(const void *ptr, int flags);
+
+void *hd_realloc_recorded(void *p, size_t size) {
+  bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
+  if (hd_use_system) {
+    /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
+     * moved-from address never stays recorded) and restored if realloc fails. */
+    hd_alloc_info old;
+    bool had = on && hd_alloc_table_erase(&g_alloc, (uint64_t)(uintptr_t)p, &old);
+    void *q = __libc_realloc(p, size);
+    if (!q) {
+      if (had && hd_alloc_table_insert(&g_alloc, &old, NULL) == HD_INSERT_FULL)
+        hd_res_count_free(&g_res, old.size);
+      errno = ENOMEM;
+      return NULL;
+    }
+    if (had) hd_res_count_free(&g_res, old.size);
+    hd_record_alloc(q, size, 0);
+    return q;
+  }
+  if (hd_backend_class(size) == 0) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (hd_backend_resize_in_place(p, size)) {
+    /* Same address: one record rewritten in one critical section. */
+    if (on) {
+      hd_alloc_info info, old;
+      make_info(&info, p, size, 0);
+      if (hd_alloc_table_replace(&g_alloc, &info, &old)) {
+        hd_res_count_free(&g_res, old.size);
+        hd_res_count_alloc(&g_res, info.stack_key, size);
+      } else {
+        insert_info(&info);
+      }
+    }
+    return p;
+  }
+  void *q = mallocx(size, 0);
+  if (!q) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  size_t old_usable = sallocx(p, 0);
+  memcpy(q, p, old_usable < size ? old_usable : size);
+  hd_record_alloc(q, size, 0); /* new block recorded before the old one is released */
+  hd_free_recorded(p);
+  return q;
+}
+
+void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
+
+void hd_rescan_regions(void) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  hd_regions_scan(&g_res, g_exe_name);
+  hd_tls.guard--;
+}
+
+void hd_instrumentation_tables(int *alloc_fd, int *res_fd) {
+  bool on = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  if (alloc_fd) *alloc_fd = on ? g_alloc.fd : -1;
+  if (res_fd) *res_fd = on ? g_res.fd : -1;
+}
+
+int hd_snapshot_copy_live(int *out_fd) {
+  if (!out_fd) return -EINVAL;
+  *out_fd = -1;
+  hd_ensure_init();
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return -ENODEV;
+  hd_tls.guard++;
+  hd_alloc_table snap;
+  hd_alloc_table_lock_all(&g_alloc);
+  int rc = hd_alloc_table_clone_locked(&g_alloc, &snap, 0, "heapdump-snapshot");
+  hd_alloc_table_unlock_all(&g_alloc);
+  if (rc == 0) {
+    rc = hd_alloc_table_freeze(&snap);
+    if (rc == 0) *out_fd = snap.fd;
+    else hd_alloc_table_destroy(&snap);
+  }
+  hd_tls.guard--;
+  return rc;
+}
+
+/* ------------------------------------------------------------------ fork */
+
+/* The tables are MAP_SHARED: after fork parent and child would write the same memory. So the
+ * prepare handler (all writers stopped) copies both tables into new memfds; the child adopts
+ * them (its live set equals the parent's at the fork) and the parent drops them. */
+static hd_alloc_table g_fork_alloc;
+static hd_res_table g_fork_res;
+static int g_fork_locked, g_fork_copied;
+
+static void fork_prepare(void) {
+  g_fork_locked = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  if (!g_fork_locked) return;
+  hd_tls.guard++;
+  pthread_mutex_lock(&g_res.lock);
+  hd_alloc_table_lock_all(&g_alloc);
+  g_fork_copied = 0;
+  if (hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, "heapdump-allocations") == 0) {
+    if (hd_res_table_clone_locked(&g_res, &g_fork_res, "heapdump-resources") == 0) g_fork_copied = 1;
+    else hd_alloc_table_destroy(&g_fork_alloc);
+  }
+}
+
+static void fork_parent(void) {
+  if (!g_fork_locked) return;
+  hd_alloc_table_unlock_all(&g_alloc);
+  pthread_mutex_unlock(&g_res.lock);
+  if (g_fork_copied) {
+    hd_alloc_table_destroy(&g_fork_alloc);
+    hd_res_table_destroy(&g_fork_res);
+  }
+  hd_tls.guard--;
+}
+
+static void fork_child(void) {
+  if (!g_fork_locked) return;
+  hd_regions_after_fork_child();
+  if (g_fork_copied) {
+    hd_alloc_table old_alloc = g_alloc;
+    hd_res_table old_res = g_res;
+    hd_res_table_adopt_index(&g_fork_res, &old_res);
+    g_alloc = g_fork_alloc;
+    g_res = g_fork_res;
+    pthread_mutex_init(&g_alloc.world_lock, NULL);
+    pthread_mutex_init(&g_res.lock, NULL);
+    g_alloc.hdr->pid = (uint32_t)getpid(); /* the copies were made by the parent */
+    g_res.hdr->pid = (uint32_t)getpid();
+    /* Our mappings of the parent's memfds; the parent keeps its own. */
+    hd_alloc_table_destroy(&old_alloc);
+    hd_res_table_destroy(&old_res);
+  } else {
+    /* Could not copy: stop recording rather than write into the parent's tables. */
+    __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
+  }
+  hd_tls.tid = 0; /* new tid: the next allocation records a new thread info */
+  hd_tls.thread_key = 0;
+  hd_tls.guard--;
+}
+
+/* ------------------------------------------------------------------ start-up */
+
+static void strip_from_ld_preload(void) {
+  const char *pre = getenv("LD_PRELOAD");
+  Dl_info di;
+  if (!pre || !dladdr((void *)&hd_init_slow, &di) || !di.dli_fname) return;
+  const char *self = strrchr(di.dli_fname, '/');
+  self = self ? self + 1 : di.dli_fname;
+  char out[4096];
+  size_t o = 0;
+  for (const char *p = pre; *p;) {
+    size_t n = strcspn(p, " :");
+    const char *base = p;
+    for (const char *q = p; q < p + n; q++)
+      if (*q == '/') base = q + 1;
+    bool ours = n > 0 && (size_t)(p + n - base) == strlen(self) && strncmp(base, self, strlen(self)) == 0;
+    if (n > 0 && !ours && o + n + 2 < sizeof(out)) {
+      if (o) out[o++] = ':';
+      memcpy(out + o, p, n);
+      o += n;
+    }
+    p += n;
+    if (*p) p++;
+  }
+  out[o] = 0;
+  if (o) setenv("LD_PRELOAD", out, 1);
+  else unsetenv("LD_PRELOAD");
+}
+
+__attribute__((constructor)) static void hd_constructor(void) {
+  hd_ensure_init();
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
+  g_exe_name[n > 0 ? n : 0] = 0;
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  hd_tls.guard--;
+  if (!g_follow_children) strip_from_ld_preload();
+  hd_rescan_regions();
+}
+
+/* ------------------------------------------------------------------ public API */
+
+__attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_stats *out) {
+  if (!out) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  memset(out, 0, sizeof(*out));
+  hd_ensure_init();
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return HEAPDUMP_ERROR_NOT_RECORDING;
+  const hd_stats_block *s = &g_res.hdr->stats;
+  out->blocks_freed = __atomic_load_n(&s->blocks_freed, __ATOMIC_RELAXED);
+  out->bytes_freed = __atomic_load_n(&s->bytes_freed, __ATOMIC_RELAXED);
+  out->blocks_allocated = __atomic_load_n(&s->blocks_allocated, __ATOMIC_RELAXED);
+  out->bytes_allocated = __atomic_load_n(&s->bytes_allocated, __ATOMIC_RELAXED);
+  out->peak_live_bytes = __atomic_load_n(&s->peak_live_bytes, __ATOMIC_RELAXED);
+  out->dropped_allocations = __atomic_load_n(&s->dropped_allocations, __ATOMIC_RELAXED);
+  out->live_blocks = out->blocks_allocated - out->blocks_freed;
+  out->live_bytes = out->bytes_allocated - out->bytes_freed;
+  return HEAPDUMP_OK;
+}
+
+__attribute__((visibility("default"))) int heapdump_take_named_snapshot(const char *name) {
+  if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  int fd;
+  int rc = hd_snapshot_copy_live(&fd);
+  if (rc == -ENODEV) return HEAPDUMP_ERROR_NOT_RECORDING;
+  if (rc != 0) return HEAPDUMP_ERROR_NO_MEMORY;
+  /* Hand-over to the collector comes with the fidl bindings; until then nobody can take it. */
+  close(fd);
+  return HEAPDUMP_ERROR_NO_COLLECTOR;
+}

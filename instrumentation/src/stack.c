@@ -1,0 +1,75 @@
+/* Stack capture: the only file that talks to libunwind. Runs on the allocation hot path. */
+#define _GNU_SOURCE
+#include "stack.h"
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+#include <pthread.h>
+
+static int g_method;
+static unsigned g_max = HD_MAX_FRAMES;
+static uintptr_t g_skip_lo, g_skip_hi;
+
+void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) {
+  g_method = method;
+  g_max = max_frames == 0 || max_frames > HD_MAX_FRAMES ? HD_MAX_FRAMES : max_frames;
+  g_skip_lo = skip_lo;
+  g_skip_hi = skip_hi;
+  if (method == HD_UNWIND_LIBUNWIND)
+    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+}
+
+static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }
+
+/* Thread stack bounds, once per thread (pthread_getattr_np may allocate: the guard is held, so
+ * that allocation only forwards). */
+static void thread_bounds(void) {
+  pthread_attr_t a;
+  void *addr;
+  size_t size;
+  hd_tls.stack_lo = 1;
+  hd_tls.stack_hi = 1;
+  if (pthread_getattr_np(pthread_self(), &a) != 0) return;
+  if (pthread_attr_getstack(&a, &addr, &size) == 0) {
+    hd_tls.stack_lo = (uintptr_t)addr;
+    hd_tls.stack_hi = (uintptr_t)addr + size;
+  }
+  pthread_attr_destroy(&a);
+}
+
+__attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
+  if (hd_tls.stack_hi == 0) thread_bounds();
+  uintptr_t lo = hd_tls.stack_lo, hi = hd_tls.stack_hi;
+  uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+  unsigned n = 0;
+  int skipping = 1;
+  /* Each frame must lie inside this thread's stack, be aligned and above the previous one:
+   * a garbage rbp (code built without frame pointers, alternate signal stack) ends the walk
+   * instead of faulting. */
+  while (n < g_max && fp >= lo && fp % 8 == 0 && fp <= hi - 16) {
+    uintptr_t next = ((const uintptr_t *)fp)[0];
+    uintptr_t ret = ((const uintptr_t *)fp)[1];
+    if (ret == 0) break;
+    if (!(skipping && own_frame(ret))) {
+      skipping = 0;
+      frames[n++] = ret;
+    }
+    if (next <= fp) break;
+    fp = next;
+  }
+  return n;
+}
+
+__attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames) {
+  void *ips[HD_MAX_FRAMES + 16];
+  int got = unw_backtrace(ips, (int)(g_max + 16));
+  unsigned n = 0;
+  int i = 0;
+  while (i < got && own_frame((uintptr_t)ips[i])) i++;
+  for (; i < got && n < g_max; i++) frames[n++] = (uint64_t)(uintptr_t)ips[i];
+  return n;
+}
+
+unsigned hd_capture_stack(uint64_t *frames) {
+  return g_method == HD_UNWIND_FP ? capture_fp(frames) : capture_unwind(frames);
+}

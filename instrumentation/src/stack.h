@@ -1,0 +1,14 @@
+/* Stack capture for libheapdump.so: libunwind (default) or a bounded frame-pointer walk. */
+#ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
+#define HEAPDUMP_INSTRUMENTATION_STACK_H
+
+#include <stdint.h>
+
+#include "runtime.h"
+
+enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1 };
+/* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
+void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
+unsigned hd_capture_stack(uint64_t *frames) HD_HIDDEN;
+
+#endif

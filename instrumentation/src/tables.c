@@ -1,0 +1,609 @@
+/* Writer side of the allocations and resources tables: memfd creation and sealing, the
+ * slot-seqlock hash table of live blocks, and the append-only resources log. */
+#define _GNU_SOURCE
+#include "tables.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096u
+#define ALIGN_UP(x, a) (((x) + (a) - 1) & ~((uint64_t)(a) - 1))
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+
+static int make_memfd(const char *name, uint64_t size, void **map) {
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, (off_t)size) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  *map = m;
+  return fd;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ allocations table */
+
+static const uint64_t kSeqOffset = PAGE;
+static const uint64_t kSeqBytes = HD_SEQ_SLOTS * sizeof(uint32_t);
+
+/* Geometry for a table of `total` bytes: the largest node count whose worst-case bucket array
+ * (load factor 2 at the last doubling, so capacity/2 buckets) still fits. */
+static void geometry(uint64_t total, uint32_t *bucket_log2, uint32_t *capacity) {
+  uint64_t fixed = kSeqOffset + kSeqBytes;
+  uint64_t cap = total > fixed ? (total - fixed) / sizeof(hd_alloc_node) : 0;
+  uint32_t log2 = HD_MIN_BUCKET_LOG2;
+  for (int iter = 0; iter < 4; iter++) {
+    log2 = HD_MIN_BUCKET_LOG2;
+    while (((uint64_t)1 << log2) * 2 < cap && log2 < 31) log2++;
+    uint64_t bucket_bytes = ALIGN_UP(((uint64_t)4 << log2), PAGE);
+    cap = total > fixed + bucket_bytes ? (total - fixed - bucket_bytes) / sizeof(hd_alloc_node) : 0;
+  }
+  if (cap > UINT32_MAX - 1) cap = UINT32_MAX - 1;
+  *bucket_log2 = log2;
+  *capacity = (uint32_t)cap;
+}
+
+uint64_t hd_alloc_table_bytes_for(uint64_t nodes) {
+  uint32_t log2 = HD_MIN_BUCKET_LOG2;
+  while (((uint64_t)1 << log2) * 2 < nodes && log2 < 31) log2++;
+  return kSeqOffset + kSeqBytes + ALIGN_UP(((uint64_t)4 << log2), PAGE) +
+         ALIGN_UP((nodes ? nodes : 1) * sizeof(hd_alloc_node), PAGE);
+}
+
+int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) {
+  memset(t, 0, sizeof(*t));
+  t->fd = -1;
+  uint64_t min = hd_alloc_table_bytes_for(1024);
+  if (max_bytes < min) max_bytes = min;
+  max_bytes = ALIGN_UP(max_bytes, PAGE);
+  uint32_t max_log2, capacity;
+  geometry(max_bytes, &max_log2, &capacity);
+  void *m;
+  int fd = make_memfd(memfd_name, max_bytes, &m);
+  if (fd < 0) return fd;
+  t->fd = fd;
+  t->size = max_bytes;
+  t->hdr = m;
+  hd_alloc_header *h = t->hdr;
+  h->magic = HD_ALLOC_MAGIC;
+  h->version = HD_LAYOUT_VERSION;
+  h->header_size = sizeof(*h);
+  h->total_size = max_bytes;
+  h->node_size = sizeof(hd_alloc_node);
+  h->seq_slots = HD_SEQ_SLOTS;
+  h->max_bucket_log2 = max_log2;
+  h->bucket_log2 = HD_MIN_BUCKET_LOG2;
+  h->node_capacity = capacity;
+  h->seq_offset = kSeqOffset;
+  h->buckets_offset = kSeqOffset + kSeqBytes;
+  h->nodes_offset = h->buckets_offset + ALIGN_UP(((uint64_t)4 << max_log2), PAGE);
+  h->pid = (uint32_t)getpid();
+  t->seq = (uint32_t *)((uint8_t *)m + h->seq_offset);
+  t->buckets = (uint32_t *)((uint8_t *)m + h->buckets_offset);
+  t->nodes = (hd_alloc_node *)((uint8_t *)m + h->nodes_offset);
+  t->free_top = HD_LINK_NONE;
+  pthread_mutex_init(&t->world_lock, NULL);
+  /* Publishes the header before the fd can be handed to anybody. */
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  return 0;
+}
+
+void hd_alloc_table_destroy(hd_alloc_table *t) {
+  if (t->hdr) munmap(t->hdr, t->size);
+  if (t->fd >= 0) close(t->fd);
+  t->hdr = NULL;
+  t->fd = -1;
+}
+
+uint64_t hd_alloc_table_live_blocks(const hd_alloc_table *t) {
+  return LOAD(&t->hdr->live_blocks);
+}
+
+/* W1: slot lock = seqlock write begin. */
+static void slot_lock(uint32_t *seq) {
+  unsigned spins = 0;
+  for (;;) {
+    uint32_t s = LOAD(seq);
+    if (!(s & 1) && __atomic_compare_exchange_n(seq, &s, s + 1, true, __ATOMIC_ACQUIRE,
+                                                __ATOMIC_RELAXED)) {
+      __atomic_thread_fence(__ATOMIC_RELEASE); /* odd value before the data stores */
+      return;
+    }
+    if (++spins > 64) sched_yield(); /* holder preempted: a rare syscall, never a deadlock */
+    else __builtin_ia32_pause();
+  }
+}
+
+/* W3: seqlock write end, publishes the data stores. */
+static void slot_unlock(uint32_t *seq) {
+  __atomic_store_n(seq, LOAD(seq) + 1, __ATOMIC_RELEASE);
+}
+
+/* Locks the slot of address's bucket at the current bucket count; returns the bucket. */
+static uint32_t lock_bucket(hd_alloc_table *t, uint64_t hash, uint32_t **seq_out) {
+  for (;;) {
+    uint32_t log2 = LOAD(&t->hdr->bucket_log2);
+    uint32_t b = (uint32_t)(hash & (((uint64_t)1 << log2) - 1));
+    uint32_t *seq = &t->seq[b & (HD_SEQ_SLOTS - 1)];
+    slot_lock(seq);
+    if (LOAD(&t->hdr->bucket_log2) == log2) {
+      *seq_out = seq;
+      return b;
+    }
+    slot_unlock(seq); /* doubled meanwhile */
+  }
+}
+
+static uint32_t node_alloc(hd_alloc_table *t) {
+  uint64_t top = __atomic_load_n(&t->free_top, __ATOMIC_ACQUIRE);
+  while ((uint32_t)top != HD_LINK_NONE) {
+    uint32_t idx = (uint32_t)top - 1;
+    uint64_t next = LOAD(&t->nodes[idx].next);
+    uint64_t desired = (((top >> 32) + 1) << 32) | next;
+    if (__atomic_compare_exchange_n(&t->free_top, &top, desired, true, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+      return idx;
+  }
+  uint32_t hw = LOAD(&t->hdr->node_high_water);
+  do {
+    if (hw >= t->hdr->node_capacity) return UINT32_MAX;
+  } while (!__atomic_compare_exchange_n(&t->hdr->node_high_water, &hw, hw + 1, true,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return hw;
+}
+
+static void node_free(hd_alloc_table *t, uint32_t idx) {
+  uint64_t top = __atomic_load_n(&t->free_top, __ATOMIC_RELAXED);
+  uint64_t desired;
+  do {
+    STORE(&t->nodes[idx].next, (uint32_t)top);
+    desired = (((top >> 32) + 1) << 32) | (idx + 1);
+  } while (!__atomic_compare_exchange_n(&t->free_top, &top, desired, true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED));
+}
+
+static void node_write(hd_alloc_node *n, const hd_alloc_info *i) {
+  STORE(&n->thread_key, i->thread_key);
+  STORE(&n->stack_key, i->stack_key);
+  STORE(&n->flags, i->flags);
+  STORE(&n->address, i->address);
+  STORE(&n->size, i->size);
+  STORE(&n->timestamp, i->timestamp);
+}
+
+static void node_read(const hd_alloc_node *n, hd_alloc_info *i) {
+  i->thread_key = LOAD(&n->thread_key);
+  i->stack_key = LOAD(&n->stack_key);
+  i->flags = LOAD(&n->flags);
+  i->address = LOAD(&n->address);
+  i->size = LOAD(&n->size);
+  i->timestamp = LOAD(&n->timestamp);
+}
+
+static void lock_slots(hd_alloc_table *t, uint32_t log2) {
+  uint64_t n = (uint64_t)1 << log2;
+  if (n > HD_SEQ_SLOTS) n = HD_SEQ_SLOTS;
+  for (uint64_t s = 0; s < n; s++) slot_lock(&t->seq[s]);
+}
+
+static void unlock_slots(hd_alloc_table *t, uint32_t log2) {
+  uint64_t n = (uint64_t)1 << log2;
+  if (n > HD_SEQ_SLOTS) n = HD_SEQ_SLOTS;
+  for (uint64_t s = 0; s < n; s++) slot_unlock(&t->seq[s]);
+}
+
+/* Doubles the bucket array in place: chain i splits into i and i + old_count. */
+static void maybe_grow(hd_alloc_table *t) {
+  hd_alloc_header *h = t->hdr;
+  if (pthread_mutex_trylock(&t->world_lock) != 0) return; /* someone else is at it */
+  uint32_t log2 = LOAD(&h->bucket_log2);
+  if (log2 >= h->max_bucket_log2 || LOAD(&h->live_blocks) <= ((uint64_t)2 << log2)) {
+    pthread_mutex_unlock(&t->world_lock);
+    return;
+  }
+  lock_slots(t, log2 + 1);
+  STORE(&h->resize_seq, LOAD(&h->resize_seq) + 1);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  uint64_t old_n = (uint64_t)1 << log2;
+  for (uint64_t i = 0; i < old_n; i++) {
+    uint32_t lo = HD_LINK_NONE, hi = HD_LINK_NONE, *lo_tail = &lo, *hi_tail = &hi;
+    for (uint32_t link = LOAD(&t->buckets[i]); link != HD_LINK_NONE;) {
+      hd_alloc_node *n = &t->nodes[link - 1];
+      uint32_t next = LOAD(&n->next);
+      if (hd_alloc_hash(LOAD(&n->address)) & old_n) {
+        STORE(hi_tail, link);
+        hi_tail = &n->next;
+      } else {
+        STORE(lo_tail, link);
+        lo_tail = &n->next;
+      }
+      link = next;
+    }
+    STORE(lo_tail, HD_LINK_NONE);
+    STORE(hi_tail, HD_LINK_NONE);
+    STORE(&t->buckets[i], lo);
+    STORE(&t->buckets[i + old_n], hi);
+  }
+  STORE(&h->bucket_log2, log2 + 1);
+  __atomic_store_n(&h->resize_seq, LOAD(&h->resize_seq) + 1, __ATOMIC_RELEASE);
+  unlock_slots(t, log2 + 1);
+  pthread_mutex_unlock(&t->world_lock);
+}
+
+hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, const hd_alloc_info *info,
+                                       hd_alloc_info *replaced) {
+  uint32_t idx = node_alloc(t);
+  if (idx == UINT32_MAX) return HD_INSERT_FULL;
+  hd_alloc_node *node = &t->nodes[idx];
+  node_write(node, info); /* not reachable yet */
+  uint64_t hash = hd_alloc_hash(info->address);
+  uint32_t *seq;
+  uint32_t b = lock_bucket(t, hash, &seq);
+  uint32_t head = LOAD(&t->buckets[b]);
+  for (uint32_t link = head; link != HD_LINK_NONE; link = LOAD(&t->nodes[link - 1].next)) {
+    hd_alloc_node *n = &t->nodes[link - 1];
+    if (LOAD(&n->address) == info->address) {
+      /* The address was freed behind our back (e.g. from a signal handler inside a hook). */
+      if (replaced) node_read(n, replaced);
+      node_write(n, info);
+      slot_unlock(seq);
+      node_free(t, idx);
+      return HD_INSERT_REPLACED;
+    }
+  }
+  STORE(&node->next, head);
+  STORE(&t->buckets[b], idx + 1);
+  slot_unlock(seq);
+  uint64_t live = __atomic_add_fetch(&t->hdr->live_blocks, 1, __ATOMIC_RELAXED);
+  if (live > ((uint64_t)2 << LOAD(&t->hdr->bucket_log2))) maybe_grow(t);
+  return HD_INSERT_NEW;
+}
+
+bool hd_alloc_table_erase(hd_alloc_table *t, uint64_t address, hd_alloc_info *out) {
+  uint32_t *seq;
+  uint32_t b = lock_bucket(t, hd_alloc_hash(address), &seq);
+  uint32_t *prev = &t->buckets[b];
+  for (uint32_t link = LOAD(prev); link != HD_LINK_NONE; link = LOAD(prev)) {
+    hd_alloc_node *n = &t->nodes[link - 1];
+    if (LOAD(&n->address) == address) {
+      if (out) node_read(n, out);
+      STORE(prev, LOAD(&n->next));
+      slot_unlock(seq);
+      node_free(t, link - 1);
+      __atomic_sub_fetch(&t->hdr->live_blocks, 1, __ATOMIC_RELAXED);
+      return true;
+    }
+    prev = &n->next;
+  }
+  slot_unlock(seq);
+  return false;
+}
+
+bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) {
+  uint32_t *seq;
+  uint32_t b = lock_bucket(t, hd_alloc_hash(info->address), &seq);
+  for (uint32_t link = LOAD(&t->buckets[b]); link != HD_LINK_NONE;
+       link = LOAD(&t->nodes[link - 1].next)) {
+    hd_alloc_node *n = &t->nodes[link - 1];
+    if (LOAD(&n->address) == info->address) {
+      if (old) node_read(n, old);
+      node_write(n, info);
+      slot_unlock(seq);
+      return true;
+    }
+  }
+  slot_unlock(seq);
+  return false;
+}
+
+void hd_alloc_table_lock_all(hd_alloc_table *t) {
+  pthread_mutex_lock(&t->world_lock);
+  lock_slots(t, LOAD(&t->hdr->bucket_log2));
+}
+
+void hd_alloc_table_unlock_all(hd_alloc_table *t) {
+  unlock_slots(t, LOAD(&t->hdr->bucket_log2));
+  pthread_mutex_unlock(&t->world_lock);
+}
+
+int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
+                                const char *memfd_name) {
+  uint64_t live = LOAD(&src->hdr->live_blocks);
+  if (max_bytes == 0) max_bytes = hd_alloc_table_bytes_for(live);
+  int rc = hd_alloc_table_create(dst, max_bytes, memfd_name);
+  if (rc != 0) return rc;
+  hd_alloc_header *h = dst->hdr;
+  uint32_t log2 = HD_MIN_BUCKET_LOG2;
+  while (((uint64_t)2 << log2) < live && log2 < h->max_bucket_log2) log2++;
+  h->bucket_log2 = log2;
+  uint64_t mask = ((uint64_t)1 << log2) - 1;
+  uint32_t count = 0;
+  uint64_t src_buckets = (uint64_t)1 << LOAD(&src->hdr->bucket_log2);
+  for (uint64_t b = 0; b < src_buckets; b++) {
+    for (uint32_t link = LOAD(&src->buckets[b]); link != HD_LINK_NONE;
+         link = LOAD(&src->nodes[link - 1].next)) {
+      if (count >= h->node_capacity) {
+        hd_alloc_table_destroy(dst);
+        return -ENOSPC;
+      }
+      hd_alloc_info info;
+      node_read(&src->nodes[link - 1], &info);
+      hd_alloc_node *n = &dst->nodes[count];
+      node_write(n, &info);
+      uint64_t nb = hd_alloc_hash(info.address) & mask;
+      n->next = dst->buckets[nb];
+      dst->buckets[nb] = ++count;
+    }
+  }
+  h->node_high_water = count;
+  h->live_blocks = count;
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  return 0;
+}
+
+int hd_alloc_table_freeze(hd_alloc_table *t) {
+  t->hdr->flags |= HD_ALLOC_FLAG_SNAPSHOT;
+  munmap(t->hdr, t->size);
+  t->hdr = NULL;
+  if (fcntl(t->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0) return -errno;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ resources table */
+
+static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
+  memset(t, 0, sizeof(*t));
+  t->fd = -1;
+  if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;
+  if (max_bytes > UINT32_MAX - PAGE) max_bytes = UINT32_MAX - PAGE; /* keys are u32 offsets */
+  max_bytes = ALIGN_UP(max_bytes, PAGE);
+  if (index) {
+    /* Dedup index: at most one stack record per 40 bytes, kept at most half full. Sparse. */
+    uint64_t slots = 1024;
+    while (slots < 2 * (max_bytes / 40)) slots <<= 1;
+    void *d = mmap(NULL, slots * 8, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (d == MAP_FAILED) return -errno;
+    t->dedup = d;
+    t->dedup_mask = slots - 1;
+    t->dedup_bytes = slots * 8;
+  }
+  void *m;
+  int fd = make_memfd(memfd_name, max_bytes, &m);
+  if (fd < 0) {
+    if (t->dedup) munmap(t->dedup, t->dedup_bytes);
+    t->dedup = NULL;
+    return fd;
+  }
+  t->fd = fd;
+  t->size = max_bytes;
+  t->base = m;
+  t->hdr = m;
+  hd_res_header *h = t->hdr;
+  h->magic = HD_RES_MAGIC;
+  h->version = HD_LAYOUT_VERSION;
+  h->header_size = sizeof(*h);
+  h->total_size = max_bytes;
+  h->records_offset = ALIGN_UP(sizeof(*h), 64);
+  h->pid = (uint32_t)getpid();
+  h->start_time_ns = now_ns();
+  __atomic_store_n(&h->used, h->records_offset, __ATOMIC_RELEASE);
+  pthread_mutex_init(&t->lock, NULL);
+  return 0;
+}
+
+int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) {
+  return res_create(t, max_bytes, memfd_name, true);
+}
+
+void hd_res_table_destroy(hd_res_table *t) {
+  if (t->base) munmap(t->base, t->size);
+  if (t->dedup) munmap(t->dedup, t->dedup_bytes);
+  if (t->fd >= 0) close(t->fd);
+  t->base = NULL;
+  t->hdr = NULL;
+  t->dedup = NULL;
+  t->fd = -1;
+}
+
+int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) {
+  int rc = res_create(dst, src->size, memfd_name, false);
+  if (rc != 0) return rc;
+  uint64_t used = __atomic_load_n(&src->hdr->used, __ATOMIC_ACQUIRE);
+  memcpy(dst->base, src->base, used);
+  dst->hdr->pid = (uint32_t)getpid();
+  dst->live_bytes = LOAD(&src->live_bytes);
+  dst->dedup_count = src->dedup_count;
+  return 0;
+}
+
+void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
+  dst->dedup = src->dedup;
+  dst->dedup_mask = src->dedup_mask;
+  dst->dedup_bytes = src->dedup_bytes;
+  src->dedup = NULL;
+}
+
+size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out) {
+  uint8_t *p = out;
+  uint64_t prev = 0;
+  for (unsigned i = 0; i < count; i++) {
+    int64_t delta = (int64_t)(frames[i] - prev);
+    uint64_t z = ((uint64_t)delta << 1) ^ (uint64_t)(delta >> 63);
+    prev = frames[i];
+    while (z >= 0x80) {
+      *p++ = (uint8_t)(z | 0x80);
+      z >>= 7;
+    }
+    *p++ = (uint8_t)z;
+  }
+  return (size_t)(p - out);
+}
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
+  uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdu;
+    h ^= h >> 32;
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  memcpy(&w, p, n);
+  h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
+  return h ^ (h >> 29);
+}
+
+/* Appends a zeroed record of `size` bytes (multiple of 8) under t->lock; returns its offset or
+ * 0 when full. The caller fills it and then calls publish(). */
+static uint32_t reserve(hd_res_table *t, uint32_t size) {
+  uint64_t used = LOAD(&t->hdr->used);
+  if (used + size > t->size) return 0;
+  return (uint32_t)used;
+}
+
+static void publish(hd_res_table *t, uint32_t off, uint32_t size) {
+  /* Release: the record bytes happen-before any reader that loads the new `used`. */
+  __atomic_store_n(&t->hdr->used, (uint64_t)off + size, __ATOMIC_RELEASE);
+}
+
+static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc, size_t len,
+                        unsigned count) {
+  const hd_rec_stack *r = (const hd_rec_stack *)(t->base + key);
+  return r->frame_count == count && r->encoded_len == len &&
+         memcmp((const uint8_t *)(r + 1), enc, len) == 0;
+}
+
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count) {
+  uint8_t enc[HD_MAX_FRAMES * 10];
+  if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
+  size_t len = hd_encode_frames(frames, count, enc);
+  uint64_t h = hash_bytes(enc, len, count);
+  uint32_t tag = (uint32_t)(h >> 32);
+  /* Lock-free lookup: entries are published with release stores after their records. */
+  for (uint64_t i = h & t->dedup_mask;; i = (i + 1) & t->dedup_mask) {
+    uint64_t e = __atomic_load_n(&t->dedup[i], __ATOMIC_ACQUIRE);
+    if (e == 0) break;
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count))
+      return (uint32_t)e;
+  }
+  pthread_mutex_lock(&t->lock);
+  uint64_t i = h & t->dedup_mask;
+  for (;; i = (i + 1) & t->dedup_mask) {
+    uint64_t e = LOAD(&t->dedup[i]);
+    if (e == 0) break;
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count)) {
+      pthread_mutex_unlock(&t->lock);
+      return (uint32_t)e;
+    }
+  }
+  uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_stack) + len, 8);
+  uint32_t off = t->dedup_count * 2 < t->dedup_mask ? reserve(t, size) : 0;
+  if (off == 0) {
+    pthread_mutex_unlock(&t->lock);
+    __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  hd_rec_stack *r = (hd_rec_stack *)(t->base + off);
+  r->h.type = HD_REC_STACK;
+  r->h.size = size;
+  r->frame_count = (uint16_t)count;
+  r->encoded_len = (uint32_t)len;
+  memcpy(r + 1, enc, len);
+  publish(t, off, size);
+  t->dedup_count++;
+  __atomic_store_n(&t->dedup[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&t->lock);
+  return off;
+}
+
+uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp) {
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = reserve(t, sizeof(hd_rec_thread));
+  if (off != 0) {
+    hd_rec_thread *r = (hd_rec_thread *)(t->base + off);
+    r->h.type = HD_REC_THREAD;
+    r->h.size = sizeof(*r);
+    r->tid = tid;
+    r->timestamp = timestamp;
+    strncpy(r->name, name ? name : "", sizeof(r->name) - 1);
+    publish(t, off, sizeof(*r));
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  return off;
+}
+
+uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *ri) {
+  size_t name_len = ri->name ? strnlen(ri->name, HD_REGION_NAME_MAX - 1) : 0;
+  uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_region) + name_len, 8);
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = reserve(t, size);
+  if (off != 0) {
+    hd_rec_region *r = (hd_rec_region *)(t->base + off);
+    r->h.type = HD_REC_REGION;
+    r->h.size = size;
+    r->address = ri->address;
+    r->size = ri->size;
+    r->file_offset = ri->file_offset;
+    r->vaddr = ri->vaddr;
+    unsigned bl = ri->build_id_len > HD_MAX_BUILD_ID ? HD_MAX_BUILD_ID : ri->build_id_len;
+    memcpy(r->build_id, ri->build_id, bl);
+    r->build_id_len = (uint8_t)bl;
+    r->name_len = (uint16_t)name_len;
+    memcpy(r + 1, ri->name, name_len);
+    publish(t, off, size);
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  return off;
+}
+
+void hd_res_count_alloc(hd_res_table *t, uint32_t stack_key, uint64_t size) {
+  hd_stats_block *s = &t->hdr->stats;
+  if (stack_key != 0) {
+    hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
+    __atomic_fetch_add(&r->alloc_blocks, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
+  }
+  __atomic_fetch_add(&s->blocks_allocated, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&s->bytes_allocated, size, __ATOMIC_RELAXED);
+  uint64_t live = __atomic_add_fetch(&t->live_bytes, size, __ATOMIC_RELAXED);
+  uint64_t peak = LOAD(&s->peak_live_bytes);
+  while (live > peak && !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak, live, true,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+void hd_res_count_free(hd_res_table *t, uint64_t size) {
+  __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
+  __atomic_sub_fetch(&t->live_bytes, size, __ATOMIC_RELAXED);
+}
+
+void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {
+  uint64_t *f = (uint64_t *)((uint8_t *)&t->hdr->stats + field_offset_in_stats);
+  __atomic_fetch_add(f, 1, __ATOMIC_RELAXED);
+}

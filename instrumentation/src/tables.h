@@ -1,0 +1,118 @@
+/* Writer side of the shared-memory tables (layout: heapdump/internal/shm_layout.h). Runs inside
+ * the profiled process; no function here allocates heap memory or takes the loader lock.
+ * Error convention: int-returning functions give 0 or a negative errno; insert gives an enum. */
+#ifndef HEAPDUMP_INSTRUMENTATION_TABLES_H
+#define HEAPDUMP_INSTRUMENTATION_TABLES_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "heapdump/internal/shm_layout.h"
+
+#define HD_WUR __attribute__((warn_unused_result))
+
+/* One live block as the writer sees it (the shared node minus its link). */
+typedef struct hd_alloc_info {
+  uint64_t address;
+  uint64_t size;
+  uint64_t timestamp;
+  uint32_t thread_key;
+  uint32_t stack_key;
+  uint32_t flags;
+} hd_alloc_info;
+
+typedef struct hd_alloc_table {
+  hd_alloc_header *hdr;     /* shared, read-write mapping of fd */
+  uint32_t *seq;            /* slot sequence counters / writer spinlocks */
+  uint32_t *buckets;
+  hd_alloc_node *nodes;
+  uint64_t size;            /* mapping size == memfd size */
+  int fd;
+  /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
+   * of a free node is kept in its shared `next` field (unreachable from any bucket). */
+  uint64_t free_top;
+  /* Held by whoever doubles the bucket array or locks the whole table (snapshot copy, fork).
+   * Lock order: resources table lock -> world_lock -> slot locks in increasing order. */
+  pthread_mutex_t world_lock;
+} hd_alloc_table;
+
+typedef enum hd_insert_result {
+  HD_INSERT_NEW = 0,      /* a new record was linked */
+  HD_INSERT_REPLACED = 1, /* the address was already recorded; that record was overwritten */
+  HD_INSERT_FULL = 2,     /* no node left: nothing recorded */
+} hd_insert_result;
+
+/* Creates a sealed, sparse memfd of about max_bytes (clamped to a minimum) and maps it.
+ * flags: HD_ALLOC_FLAG_*. Returns 0 or -errno. */
+int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_WUR;
+/* Unmaps and closes. */
+void hd_alloc_table_destroy(hd_alloc_table *t);
+/* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
+uint64_t hd_alloc_table_bytes_for(uint64_t nodes);
+
+hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, const hd_alloc_info *info,
+                                       hd_alloc_info *replaced) HD_WUR;
+/* Unlinks the record of address; true and *out filled if it was present. */
+bool hd_alloc_table_erase(hd_alloc_table *t, uint64_t address, hd_alloc_info *out) HD_WUR;
+/* Rewrites the record of info->address in one critical section (in-place realloc); true and
+ * *old filled (if non-NULL) if it was present. */
+bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_WUR;
+uint64_t hd_alloc_table_live_blocks(const hd_alloc_table *t);
+
+/* Stops every writer (world_lock + every slot lock in use); pair with unlock_all. */
+void hd_alloc_table_lock_all(hd_alloc_table *t);
+void hd_alloc_table_unlock_all(hd_alloc_table *t);
+/* With src locked: creates dst (a new memfd of max_bytes, or exactly big enough when
+ * max_bytes == 0) holding a copy of every live record of src. Returns 0 or -errno. */
+int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
+                                const char *memfd_name) HD_WUR;
+/* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.
+ * The fd stays open (t->fd); returns 0 or -errno. */
+int hd_alloc_table_freeze(hd_alloc_table *t) HD_WUR;
+
+/* ---- resources table ---- */
+typedef struct hd_res_table {
+  hd_res_header *hdr;
+  uint8_t *base;
+  uint64_t size;
+  int fd;
+  pthread_mutex_t lock;  /* serialises appends; see lock order above */
+  /* Private dedup index of stack records: open addressing, entry = (hash32 << 32) | key, 0 empty.
+   * Written under `lock` with release stores, read lock-free with acquire loads. */
+  uint64_t *dedup;
+  uint64_t dedup_mask;
+  uint64_t dedup_bytes;
+  uint64_t dedup_count;  /* under lock */
+  uint64_t live_bytes;   /* atomic; private helper for peak_live_bytes */
+} hd_res_table;
+
+int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_WUR;
+void hd_res_table_destroy(hd_res_table *t);
+/* With src->lock held: a new table (new memfd, same size) with the same records and counters
+ * but no dedup index; after fork the child moves its copy of src's index over with
+ * hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */
+int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_WUR;
+void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
+
+/* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). */
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count);
+uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp);
+typedef struct hd_region_info {
+  uint64_t address, size, file_offset, vaddr;
+  uint8_t build_id[HD_MAX_BUILD_ID];
+  unsigned build_id_len;
+  const char *name;
+} hd_region_info;
+uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *r);
+
+/* Statistics and per-trace counters (relaxed atomics, no lock). */
+void hd_res_count_alloc(hd_res_table *t, uint32_t stack_key, uint64_t size);
+void hd_res_count_free(hd_res_table *t, uint64_t size);
+void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
+
+/* Encodes frames (delta, zigzag, LEB128); returns bytes written (buffer >= count * 10). */
+size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out);
+
+#endif /* HEAPDUMP_INSTRUMENTATION_TABLES_H */

@@ -1,0 +1,337 @@
+// Integration tests: real programs run under LD_PRELOAD=libheapdump.so; their tables are read
+// through /proc/<pid>/fd with the collector's reader while the program waits on a pipe.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "table_reader.h"
+
+extern char **environ;
+
+namespace {
+
+struct ChildRun {
+  pid_t pid = -1;
+  int to_child = -1, from_child = -1;
+  std::string out;
+};
+
+std::vector<std::string> Env(bool preload, const std::vector<std::string> &extra) {
+  std::vector<std::string> env;
+  for (char **e = environ; *e; e++)
+    if (strncmp(*e, "LD_PRELOAD=", 11) && strncmp(*e, "HEAPDUMP_", 9)) env.push_back(*e);
+  if (preload) env.push_back(std::string("LD_PRELOAD=") + HD_PRELOAD_LIB);
+  for (auto &x : extra) env.push_back(x);
+  return env;
+}
+
+ChildRun Start(const std::vector<std::string> &argv, const std::vector<std::string> &env) {
+  int in[2], out[2];
+  EXPECT_EQ(pipe2(in, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+  std::vector<char *> a, e;
+  for (auto &s : argv) a.push_back(const_cast<char *>(s.c_str()));
+  a.push_back(nullptr);
+  for (auto &s : env) e.push_back(const_cast<char *>(s.c_str()));
+  e.push_back(nullptr);
+  ChildRun r;
+  r.pid = fork();
+  if (r.pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    execve(a[0], a.data(), e.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  r.to_child = in[1];
+  r.from_child = out[0];
+  return r;
+}
+
+// Reads the child's stdout until a line "ready" (or EOF).
+bool WaitReady(ChildRun &r) {
+  char buf[4096];
+  while (r.out.find("ready\n") == std::string::npos) {
+    ssize_t n = read(r.from_child, buf, sizeof(buf));
+    if (n <= 0) return false;
+    r.out.append(buf, (size_t)n);
+  }
+  return true;
+}
+
+// Lets the child exit; returns its wait status.
+int Finish(ChildRun &r) {
+  if (r.to_child >= 0) close(r.to_child);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(r.from_child, buf, sizeof(buf))) > 0) r.out.append(buf, (size_t)n);
+  close(r.from_child);
+  int st = 0;
+  EXPECT_EQ(waitpid(r.pid, &st, 0), r.pid);
+  return st;
+}
+
+int OpenMemfd(pid_t pid, const char *name) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR *d = opendir(dir.c_str());
+  if (!d) return -1;
+  int fd = -1;
+  while (struct dirent *e = readdir(d)) {
+    std::string path = dir + "/" + e->d_name;
+    char link[256];
+    ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+    if (n <= 0) continue;
+    link[n] = 0;
+    if (strstr(link, name)) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  closedir(d);
+  return fd;
+}
+
+struct Tables {
+  std::vector<hd_live_block> blocks;
+  hd_table_stats stats{};  // read right after the snapshot, while the child waits
+  hd_res_reader *res = nullptr;
+  ~Tables() { hd_res_reader_close(res); }
+  int CountSize(uint64_t size) const {
+    int c = 0;
+    for (auto &b : blocks) c += b.size == size;
+    return c;
+  }
+  const hd_live_block *FindSize(uint64_t size) const {
+    for (auto &b : blocks)
+      if (b.size == size) return &b;
+    return nullptr;
+  }
+  std::vector<hd_res_entry> Entries(int type) const {
+    std::vector<hd_res_entry> v;
+    uint64_t cursor = 0;
+    hd_res_entry e;
+    hd_read_status st;
+    while ((st = hd_res_reader_next(res, &cursor, &e)) == HD_READ_OK)
+      if (e.type == type) v.push_back(e);
+    EXPECT_EQ(st, HD_READ_END);
+    return v;
+  }
+  // Name of the region containing pc ("" if none).
+  std::string RegionOf(uint64_t pc) const {
+    for (auto &e : Entries(HD_ENTRY_REGION))
+      if (pc >= e.u.region.address && pc < e.u.region.address + e.u.region.size) return e.u.region.name;
+    return "";
+  }
+};
+
+void ReadTables(pid_t pid, Tables *t) {
+  int afd = OpenMemfd(pid, "memfd:heapdump-allocations");
+  int rfd = OpenMemfd(pid, "memfd:heapdump-resources");
+  ASSERT_GE(afd, 0);
+  ASSERT_GE(rfd, 0);
+  hd_alloc_reader *a;
+  ASSERT_EQ(hd_alloc_reader_open(afd, &a), HD_READ_OK);
+  hd_live_block *b;
+  size_t n;
+  ASSERT_EQ(hd_alloc_reader_snapshot(a, &b, &n), HD_READ_OK);
+  t->blocks.assign(b, b + n);
+  free(b);
+  hd_alloc_reader_close(a);
+  ASSERT_EQ(hd_res_reader_open(rfd, &t->res), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stats(t->res, &t->stats), HD_READ_OK);
+  close(afd);
+  close(rfd);
+}
+
+struct Config {
+  const char *name;
+  std::vector<std::string> env;
+};
+
+class Preload : public ::testing::TestWithParam<Config> {
+ protected:
+  // Runs hd_child <mode...>, reads its tables at "ready", then lets it exit 0.
+  void RunChild(const std::vector<std::string> &args, Tables *t) {
+    std::vector<std::string> argv = {HD_CHILD};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ChildRun r = Start(argv, Env(true, GetParam().env));
+    bool ready = WaitReady(r);
+    if (ready) ReadTables(r.pid, t);
+    int st = Finish(r);
+    ASSERT_TRUE(ready) << "child output: " << r.out;
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << " out: " << r.out;
+  }
+};
+
+TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
+  Tables t;
+  RunChild({"threads"}, &t);
+  std::map<uint32_t, std::string> names;
+  for (auto &e : t.Entries(HD_ENTRY_THREAD)) names[e.key] = e.u.thread.name;
+  for (int th = 0; th < 8; th++) {
+    EXPECT_EQ(t.CountSize(7700 + th), 250) << "thread " << th;
+    const hd_live_block *b = t.FindSize(7700 + th);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(names[b->thread_key], "worker-" + std::to_string(th));
+    uint64_t frames[64];
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr), HD_READ_OK);
+    ASSERT_GE(n, 1u);
+    // The innermost frame is the caller of malloc, in the child's own executable.
+    EXPECT_NE(t.RegionOf(frames[0]).find("hd_child"), std::string::npos)
+        << "frame0 in " << t.RegionOf(frames[0]);
+  }
+  const hd_table_stats &s = t.stats;
+  EXPECT_EQ(s.live_blocks, t.blocks.size());
+  EXPECT_GE(s.blocks_allocated, 8u * 20000);
+  EXPECT_EQ(s.dropped_allocations, 0u);
+  // Cumulative counters: the 8 workers share one trace, which allocated 8 x 20000 blocks.
+  const hd_live_block *b = t.FindSize(7700);
+  uint64_t frames[64], blocks = 0, bytes = 0;
+  size_t n;
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+  EXPECT_EQ(blocks, 8u * 20000);
+  EXPECT_EQ(bytes, 20000u * (8 * 7700 + 28));
+}
+
+TEST_P(Preload, CxxNewDeleteVariantsReachTheInterposer) {
+  Tables t;
+  RunChild({"cxx"}, &t);
+  EXPECT_EQ(t.CountSize(4441), 1);
+  // libstdc++'s aligned new calls aligned_alloc with the size rounded up to the alignment.
+  ASSERT_EQ(t.CountSize(4480), 1);
+  EXPECT_EQ(t.FindSize(4480)->address % 64, 0u);
+  EXPECT_EQ(t.CountSize(4443), 1);
+  EXPECT_EQ(t.CountSize(4444), 1);
+  EXPECT_EQ(t.CountSize(4445), 0);
+  EXPECT_EQ(t.CountSize(4446), 0);
+}
+
+TEST_P(Preload, ReallocKeepsOneRecord) {
+  Tables t;
+  RunChild({"realloc"}, &t);
+  EXPECT_EQ(t.CountSize(5001), 0);
+  EXPECT_EQ(t.CountSize(5002), 1);
+  EXPECT_EQ(t.CountSize(5003), 1);
+  EXPECT_EQ(t.CountSize(5004), 0);
+  EXPECT_EQ(t.CountSize(1 << 20), 1);
+  EXPECT_EQ(t.CountSize(300000), 0);
+  EXPECT_EQ(t.CountSize(5005), 1);
+}
+
+TEST_P(Preload, EdgeCasesAndAlignedEntryPoints) {
+  Tables t;
+  RunChild({"edge"}, &t);
+  EXPECT_GE(t.CountSize(0), 1);
+  ASSERT_EQ(t.CountSize(6001), 1);
+  EXPECT_EQ(t.FindSize(6001)->address % 64, 0u);
+  ASSERT_EQ(t.CountSize(6002), 1);
+  EXPECT_EQ(t.FindSize(6002)->address % 4096, 0u);
+  EXPECT_EQ(t.CountSize(6003), 1);
+  EXPECT_EQ(t.CountSize(6004), 1);
+  EXPECT_EQ(t.CountSize(8192), 1);  // pvalloc(6005) rounded to pages
+  EXPECT_EQ(t.CountSize(6006), 1);
+  EXPECT_EQ(t.CountSize(6000), 0);  // all freed
+  for (auto &b : t.blocks) EXPECT_LT(b.size, (uint64_t)1 << 40);  // failed requests unrecorded
+}
+
+TEST_P(Preload, ForkWithBusyThreadsGivesChildItsOwnTables) {
+  Tables t;
+  RunChild({"fork"}, &t);
+  EXPECT_EQ(t.CountSize(8888), 1);  // children freed their copies, not ours
+  EXPECT_EQ(t.CountSize(9999), 0);
+}
+
+TEST_P(Preload, DlopenDlcloseRegionsAndAllocations) {
+  Tables t;
+  RunChild({"dlopen", HD_TEST_LIB}, &t);
+  EXPECT_EQ(t.CountSize(7121), 1);  // from the module's constructor
+  ASSERT_EQ(t.CountSize(7123), 1);
+  bool region = false;
+  for (auto &e : t.Entries(HD_ENTRY_REGION)) {
+    if (strstr(e.u.region.name, "libhd_testlib.so")) {
+      region = true;
+      EXPECT_GT(e.u.region.build_id_len, 0u);
+    }
+  }
+  EXPECT_TRUE(region) << "unloaded module's region must stay recorded";
+}
+
+TEST_P(Preload, PublicApiThroughWeakSymbols) {
+  Tables t;
+  RunChild({"api"}, &t);
+  EXPECT_EQ(t.CountSize(3333), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, Preload,
+    ::testing::Values(Config{"jemalloc_libunwind", {}},
+                      Config{"system_libunwind", {"HEAPDUMP_ALLOCATOR=system"}},
+                      Config{"jemalloc_fp", {"HEAPDUMP_UNWIND=fp"}},
+                      Config{"system_fp", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=fp"}}),
+    [](const ::testing::TestParamInfo<Config> &i) { return std::string(i.param.name); });
+
+TEST(PreloadApi, WeakApiWithoutLibrary) {
+  ChildRun r = Start({HD_CHILD, "api"}, Env(false, {}));
+  ASSERT_TRUE(WaitReady(r));
+  int st = Finish(r);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_EQ(r.out, "not-loaded\nready\n");
+}
+
+TEST(PreloadEnv, FollowChildrenZeroStripsLdPreload) {
+  for (const char *follow : {"0", "1"}) {
+    ChildRun r = Start({"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""},
+                  Env(true, {std::string("HEAPDUMP_FOLLOW_CHILDREN=") + follow}));
+    int st = Finish(r);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (follow[0] == '0') EXPECT_EQ(r.out, "[]\n");
+    else EXPECT_EQ(r.out, std::string("[") + HD_PRELOAD_LIB + "]\n");
+  }
+}
+
+// Real Debian programs behave identically with and without the library, on both backends.
+struct Program {
+  const char *name;
+  std::vector<std::string> argv;
+};
+
+class RealPrograms : public ::testing::TestWithParam<Program> {};
+
+TEST_P(RealPrograms, SameOutputAndStatus) {
+  const auto &argv = GetParam().argv;
+  if (access(argv[0].c_str(), X_OK) != 0) GTEST_SKIP() << argv[0] << " not installed";
+  ChildRun plain = Start(argv, Env(false, {}));
+  int plain_st = Finish(plain);
+  for (std::vector<std::string> extra :
+       {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"}}) {
+    ChildRun r = Start(argv, Env(true, extra));
+    int st = Finish(r);
+    EXPECT_EQ(st, plain_st) << (extra.empty() ? "" : extra[0]);
+    EXPECT_EQ(r.out, plain.out) << (extra.empty() ? "" : extra[0]);
+  }
+  EXPECT_FALSE(plain.out.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Debian, RealPrograms,
+    ::testing::Values(
+        Program{"perl_hash", {"/usr/bin/perl", "-e",
+                              "my %h; $h{$_} = $_ x 3 for 1..200000; delete $h{$_} for 1..100000;"
+                              " print scalar(keys %h), \"\\n\"; exit 3"}},
+        Program{"python3", {"/usr/bin/python3", "-c",
+                            "import json,threading\n"
+                            "d=[{'k':i,'v':str(i)*5} for i in range(100000)]\n"
+                            "ts=[threading.Thread(target=lambda: sorted(map(str,range(50000)))) for _ in range(4)]\n"
+                            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+                            "print(len(json.dumps(d)))"}},
+        Program{"git_version", {"/usr/bin/git", "--version"}},
+        Program{"sh_pipeline", {"/bin/sh", "-c", "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
+    [](const ::testing::TestParamInfo<Program> &i) { return std::string(i.param.name); });
+
+}  // namespace

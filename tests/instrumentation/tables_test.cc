@@ -1,0 +1,333 @@
+// Unit tests of the table writer (instrumentation/src/tables.c) read back through the
+// collector's reader (collector/table_reader.c), both linked directly.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "tables.h"
+}
+#include "table_reader.h"
+
+namespace {
+
+hd_alloc_info Info(uint64_t addr, uint64_t size, uint32_t stack = 0) {
+  hd_alloc_info i{};
+  i.address = addr;
+  i.size = size;
+  i.timestamp = 1;
+  i.stack_key = stack;
+  return i;
+}
+
+std::vector<hd_live_block> Snapshot(int fd, hd_read_status *status = nullptr) {
+  hd_alloc_reader *r = nullptr;
+  hd_read_status st = hd_alloc_reader_open(fd, &r);
+  std::vector<hd_live_block> out;
+  if (st == HD_READ_OK) {
+    hd_live_block *b = nullptr;
+    size_t n = 0;
+    st = hd_alloc_reader_snapshot(r, &b, &n);
+    if (st == HD_READ_OK) out.assign(b, b + n);
+    free(b);
+    hd_alloc_reader_close(r);
+  }
+  if (status) *status = st;
+  else EXPECT_EQ(st, HD_READ_OK) << hd_read_status_str(st);
+  return out;
+}
+
+struct AllocTable : ::testing::Test {
+  hd_alloc_table t{};
+  void SetUp() override { ASSERT_EQ(hd_alloc_table_create(&t, 64 << 20, "test-alloc"), 0); }
+  void TearDown() override { hd_alloc_table_destroy(&t); }
+};
+
+TEST_F(AllocTable, InsertEraseTwice) {
+  for (int round = 0; round < 2; round++) {
+    for (uint64_t a = 1; a <= 3; a++)
+      ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+    auto blocks = Snapshot(t.fd);
+    ASSERT_EQ(blocks.size(), 3u);
+    EXPECT_EQ(blocks[0].address, 16u);
+    EXPECT_EQ(blocks[2].size, 3u);
+    hd_alloc_info out;
+    EXPECT_TRUE(hd_alloc_table_erase(&t, 32, &out));
+    EXPECT_EQ(out.size, 2u);
+    EXPECT_FALSE(hd_alloc_table_erase(&t, 32, &out));
+    EXPECT_EQ(Snapshot(t.fd).size(), 2u);
+    EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));
+    EXPECT_TRUE(hd_alloc_table_erase(&t, 48, nullptr));
+    EXPECT_EQ(Snapshot(t.fd).size(), 0u);
+  }
+  EXPECT_EQ(hd_alloc_table_live_blocks(&t), 0u);
+}
+
+TEST_F(AllocTable, DuplicateAddressReplaces) {
+  hd_alloc_info old;
+  ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(64, 1), nullptr), HD_INSERT_NEW);
+  ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(64, 2), &old), HD_INSERT_REPLACED);
+  EXPECT_EQ(old.size, 1u);
+  auto b = Snapshot(t.fd);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].size, 2u);
+}
+
+TEST_F(AllocTable, GrowsBucketsAndKeepsEveryRecord) {
+  const uint64_t n = 200000;
+  for (uint64_t i = 0; i < n; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(0x10000 + i * 16, i), nullptr),
+              HD_INSERT_NEW);
+  EXPECT_GT(t.hdr->bucket_log2, HD_MIN_BUCKET_LOG2);
+  auto b = Snapshot(t.fd);
+  ASSERT_EQ(b.size(), n);
+  for (uint64_t i = 0; i < n; i++) ASSERT_EQ(b[i].size, i);
+}
+
+TEST(AllocTableCap, FullIsCountedNotFatalAndFreedNodesAreReused) {
+  hd_alloc_table t{};
+  ASSERT_EQ(hd_alloc_table_create(&t, 0, "test-small"), 0);  // clamped to the minimum
+  uint32_t cap = t.hdr->node_capacity;
+  ASSERT_GT(cap, 0u);
+  for (uint32_t i = 0; i < cap; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), 1), nullptr), HD_INSERT_NEW);
+  EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_FULL);
+  EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));
+  EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_NEW);
+  EXPECT_EQ(Snapshot(t.fd).size(), cap);
+  hd_alloc_table_destroy(&t);
+}
+
+// The snapshot promise under concurrent writers: stable blocks appear exactly once in every
+// snapshot, including one whose record is replaced in place all the time (realloc in place),
+// and erased-then-reinserted churn never shows a duplicate.
+TEST_F(AllocTable, ConcurrentSnapshotsSeeStableBlocksExactlyOnce) {
+  const uint64_t kStable = 5000;
+  for (uint64_t i = 0; i < kStable; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(0x100000 + i * 32, 1), nullptr), HD_INSERT_NEW);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 3; w++) {
+    writers.emplace_back([&, w] {
+      uint64_t base = 0x10000000 + (uint64_t)w * 0x1000000, k = 0;
+      while (!stop) {
+        for (uint64_t i = 0; i < 3000; i++)
+          EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(base + i * 16, 2), nullptr), HD_INSERT_NEW);
+        for (uint64_t i = 0; i < 3000; i++) EXPECT_TRUE(hd_alloc_table_erase(&t, base + i * 16, nullptr));
+        hd_alloc_info r = Info(0x100000, 100 + (k++ % 7));  // in-place replace of a stable one
+        EXPECT_TRUE(hd_alloc_table_replace(&t, &r, nullptr));
+      }
+    });
+  }
+  for (int round = 0; round < 40; round++) {
+    auto b = Snapshot(t.fd);
+    uint64_t stable = 0;
+    for (auto &x : b) stable += x.address >= 0x100000 && x.address < 0x100000 + kStable * 32;
+    ASSERT_EQ(stable, kStable) << "round " << round;  // reader also rejects duplicates
+  }
+  stop = true;
+  for (auto &w : writers) w.join();
+}
+
+TEST_F(AllocTable, SnapshotCopyIsFrozenAndSealed) {
+  for (uint64_t i = 0; i < 10; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
+  hd_alloc_table snap{};
+  hd_alloc_table_lock_all(&t);
+  ASSERT_EQ(hd_alloc_table_clone_locked(&t, &snap, 0, "test-snap"), 0);
+  hd_alloc_table_unlock_all(&t);
+  ASSERT_EQ(hd_alloc_table_freeze(&snap), 0);
+  EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));  // the copy does not change
+  EXPECT_EQ(Snapshot(snap.fd).size(), 10u);
+  EXPECT_TRUE(fcntl(snap.fd, F_GET_SEALS) & F_SEAL_WRITE);
+  hd_alloc_reader *r;
+  ASSERT_EQ(hd_alloc_reader_open(snap.fd, &r), HD_READ_OK);
+  hd_alloc_table_info info;
+  ASSERT_EQ(hd_alloc_reader_info(r, &info), HD_READ_OK);
+  EXPECT_TRUE(info.flags & HD_ALLOC_FLAG_SNAPSHOT);
+  hd_alloc_reader_close(r);
+  hd_alloc_table_destroy(&snap);
+}
+
+TEST_F(AllocTable, ReaderRejectsCorruption) {
+  for (uint64_t i = 0; i < 4; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
+  uint64_t b = hd_alloc_hash(16) & ((1u << t.hdr->bucket_log2) - 1);
+  uint32_t link = t.buckets[b];
+  ASSERT_NE(link, 0u);
+  hd_read_status st;
+  // Cycle.
+  uint32_t saved = t.nodes[link - 1].next;
+  t.nodes[link - 1].next = link;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
+  // Out-of-range link.
+  t.nodes[link - 1].next = t.hdr->node_capacity + 5;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
+  t.nodes[link - 1].next = saved;
+  // Node in the wrong bucket.
+  t.nodes[link - 1].address += 16 * 1000003;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
+  t.nodes[link - 1].address -= 16 * 1000003;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_OK);
+  // A slot left locked forever: bounded wait, then BUSY.
+  t.seq[b & (HD_SEQ_SLOTS - 1)] |= 1;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_BUSY);
+  t.seq[b & (HD_SEQ_SLOTS - 1)]++;
+  // Header damage.
+  t.hdr->nodes_offset = t.size;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_BAD_SIZE);
+  t.hdr->version = 99;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_BAD_VERSION);
+  t.hdr->magic = 0;
+  Snapshot(t.fd, &st);
+  EXPECT_EQ(st, HD_READ_ERR_BAD_MAGIC);
+}
+
+TEST(Reader, RejectsUnsealedAndTinyFiles) {
+  int fd = memfd_create("plain", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  hd_alloc_reader *r;
+  EXPECT_EQ(hd_alloc_reader_open(fd, &r), HD_READ_ERR_NOT_SEALED);
+  close(fd);
+  fd = memfd_create("tiny", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_EQ(hd_alloc_reader_open(fd, &r), HD_READ_ERR_BAD_SIZE);
+  hd_res_reader *rr;
+  EXPECT_EQ(hd_res_reader_open(fd, &rr), HD_READ_ERR_BAD_SIZE);
+  close(fd);
+  EXPECT_EQ(hd_alloc_reader_open(-1, &r), HD_READ_ERR_ARG);
+}
+
+struct ResTable : ::testing::Test {
+  hd_res_table t{};
+  hd_res_reader *r = nullptr;
+  void SetUp() override {
+    ASSERT_EQ(hd_res_table_create(&t, 1 << 20, "test-res"), 0);
+    ASSERT_EQ(hd_res_reader_open(t.fd, &r), HD_READ_OK);
+  }
+  void TearDown() override {
+    hd_res_reader_close(r);
+    hd_res_table_destroy(&t);
+  }
+};
+
+TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
+  std::vector<uint64_t> a = {0x7f0000001234, 0x7f0000001000, 0x401000, 0xffffffffffffffff, 0};
+  std::vector<uint64_t> b = {0x401000};
+  uint32_t ka = hd_res_intern_stack(&t, a.data(), (unsigned)a.size());
+  uint32_t kb = hd_res_intern_stack(&t, b.data(), 1);
+  ASSERT_NE(ka, 0u);
+  ASSERT_NE(kb, 0u);
+  EXPECT_NE(ka, kb);
+  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), (unsigned)a.size()), ka);
+  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), 4), hd_res_intern_stack(&t, a.data(), 4));
+  EXPECT_NE(hd_res_intern_stack(&t, a.data(), 4), ka);
+  // Many distinct traces, each interned twice.
+  std::set<uint32_t> keys;
+  for (uint64_t i = 0; i < 2000; i++) {
+    uint64_t f[3] = {i, i * 7919, 0x400000 + i};
+    uint32_t k = hd_res_intern_stack(&t, f, 3);
+    ASSERT_EQ(hd_res_intern_stack(&t, f, 3), k);
+    keys.insert(k);
+  }
+  EXPECT_EQ(keys.size(), 2000u);
+  hd_res_count_alloc(&t, ka, 100);
+  hd_res_count_alloc(&t, ka, 50);
+  uint64_t frames[64], blocks, bytes;
+  size_t n;
+  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+  ASSERT_EQ(n, a.size());
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(frames[i], a[i]);
+  EXPECT_EQ(blocks, 2u);
+  EXPECT_EQ(bytes, 150u);
+  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr), HD_READ_ERR_NO_SPACE);
+  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  // Damage the varint stream: the reader must notice.
+  auto *rec = (hd_rec_stack *)(t.base + kb);
+  rec->frame_count = 3;
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+  rec->frame_count = 1;
+  rec->encoded_len = 100000;
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+}
+
+TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
+  uint32_t th = hd_res_add_thread(&t, 42, "main-thread", 7);
+  hd_region_info ri{};
+  ri.address = 0x400000;
+  ri.size = 0x1000;
+  ri.file_offset = 0x1000;
+  ri.vaddr = 0x401000;
+  ri.build_id_len = 20;
+  for (int i = 0; i < 20; i++) ri.build_id[i] = (uint8_t)i;
+  ri.name = "/usr/bin/thing";
+  uint32_t rg = hd_res_add_region(&t, &ri);
+  ASSERT_NE(th, 0u);
+  ASSERT_NE(rg, 0u);
+  hd_thread_info ti;
+  ASSERT_EQ(hd_res_reader_thread(r, th, &ti), HD_READ_OK);
+  EXPECT_EQ(ti.tid, 42u);
+  EXPECT_STREQ(ti.name, "main-thread");
+  EXPECT_EQ(hd_res_reader_thread(r, rg, &ti), HD_READ_ERR_NOT_FOUND);
+  uint64_t cursor = 0;
+  hd_res_entry e;
+  std::vector<int> types;
+  hd_read_status st;
+  while ((st = hd_res_reader_next(r, &cursor, &e)) == HD_READ_OK) {
+    types.push_back(e.type);
+    if (e.type == HD_ENTRY_REGION) {
+      EXPECT_STREQ(e.u.region.name, "/usr/bin/thing");
+      EXPECT_EQ(e.u.region.build_id_len, 20u);
+      EXPECT_EQ(e.u.region.build_id[19], 19);
+      EXPECT_EQ(e.u.region.vaddr, 0x401000u);
+    }
+  }
+  EXPECT_EQ(st, HD_READ_END);
+  EXPECT_EQ(types, (std::vector<int>{HD_ENTRY_THREAD, HD_ENTRY_REGION}));
+  hd_res_count_alloc(&t, 0, 100);
+  hd_res_count_alloc(&t, 0, 300);
+  hd_res_count_free(&t, 300);
+  hd_table_stats s;
+  ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
+  EXPECT_EQ(s.blocks_allocated, 2u);
+  EXPECT_EQ(s.live_bytes, 100u);
+  EXPECT_EQ(s.peak_live_bytes, 400u);
+  // A zero-size record would make iteration loop: must be reported instead.
+  ((hd_rec_header *)(t.base + th))->size = 0;
+  cursor = 0;
+  EXPECT_EQ(hd_res_reader_next(r, &cursor, &e), HD_READ_ERR_CORRUPT);
+}
+
+TEST(ResTableCap, FullTableDropsAndCounts) {
+  hd_res_table t{};
+  ASSERT_EQ(hd_res_table_create(&t, 0, "test-res-small"), 0);  // clamped to 64 KiB
+  uint32_t dropped_at = 0;
+  for (uint64_t i = 0; i < 100000 && !dropped_at; i++) {
+    uint64_t f[8] = {i, i + 1, i + 2, i + 3, i + 4, i + 5, i + 6, i + 7};
+    if (hd_res_intern_stack(&t, f, 8) == 0) dropped_at = (uint32_t)i;
+  }
+  EXPECT_GT(dropped_at, 0u);
+  EXPECT_EQ(t.hdr->stats.dropped_stack_traces, 1u);
+  EXPECT_EQ(hd_res_add_thread(&t, 1, "x", 0), 0u);
+  EXPECT_EQ(t.hdr->stats.dropped_resources, 1u);
+  hd_res_table_destroy(&t);
+}
+
+}  // namespace

@@ -1,0 +1,8 @@
+/* A module loaded with dlopen by hd_child: allocates in its constructor and on request. */
+#include <stdlib.h>
+
+void *testlib_ctor_block; /* global: the allocation must not be optimised away */
+
+__attribute__((constructor)) static void testlib_init(void) { testlib_ctor_block = malloc(7121); }
+
+void *testlib_allocate(size_t size) { return malloc(size); }
