@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump_client.bindings.h"
+
 /* ---- a u64 -> index map (open addressing, linear probing) ---- */
 
 static size_t hash_u64(uint64_t key) {
@@ -335,4 +337,76 @@ const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
   size_t i;
   return map_find(&s->block_index, address, &i) ? &s->blocks[i] : NULL;
+}
+
+typedef struct receive_state {
+  int channel;
+  hd_batch_reader *reader;
+  uint32_t error;
+  bool ended;
+  bool multi_process;
+  bool inside_process; /* multi_process: between a header batch and its empty batch */
+} receive_state;
+
+static void prepare_batch(void *ctx, heapdump_client_SnapshotReceiverBatchRequest *req) {
+  receive_state *st = ctx;
+  hd_batch_reader_prepare(st->reader, req);
+}
+
+static hd_status ack(receive_state *st, hd_message *msg, uint64_t ordinal) {
+  heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+  uint32_t txid = msg->txid;
+  return ordinal == HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH
+             ? hd_snapshot_receiver_batch_reply(st->channel, msg, txid, &empty)
+             : hd_snapshot_receiver_report_error_reply(st->channel, msg, txid, &empty);
+}
+
+static hd_status on_batch(void *ctx, hd_message *msg,
+                          heapdump_client_SnapshotReceiverBatchRequest *req) {
+  (void)req;
+  receive_state *st = ctx;
+  if (st->reader->element_count == 0) {
+    if (st->multi_process && st->inside_process) {
+      st->inside_process = false;
+    } else {
+      st->ended = true;
+    }
+  } else if (st->multi_process && !st->inside_process) {
+    st->inside_process = true;
+  }
+  return ack(st, msg, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
+}
+
+static hd_status on_report_error(void *ctx, hd_message *msg,
+                                 heapdump_client_SnapshotReceiverReportErrorRequest *req) {
+  receive_state *st = ctx;
+  st->error = req->has_error ? (uint32_t)req->error : (uint32_t)-1;
+  st->ended = true;
+  return ack(st, msg, HD_ORDINAL_SNAPSHOT_RECEIVER_REPORT_ERROR);
+}
+
+hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r,
+                              uint32_t *error) {
+  hd_message *msg = malloc(sizeof *msg);
+  hd_batch_reader *reader = malloc(sizeof *reader);
+  if (msg == NULL || reader == NULL) {
+    free(msg);
+    free(reader);
+    return HD_ERR_NO_MEMORY;
+  }
+  hd_batch_reader_init(reader, hd_reassembler_add, r);
+  receive_state st = {.channel = channel, .reader = reader, .multi_process = multi_process};
+  const hd_snapshot_receiver_server server = {
+      .batch_prepare = prepare_batch, .batch = on_batch, .report_error = on_report_error};
+  hd_status status = HD_OK;
+  while (status == HD_OK && !st.ended) {
+    status = hd_message_recv(channel, msg);
+    if (status == HD_OK) status = hd_snapshot_receiver_dispatch(&server, &st, msg);
+    /* An element the reassembler refused is the stream's fault, reported as such. */
+    if (status == HD_ERR_DECODE && reader->status != HD_OK) status = reader->status;
+  }
+  *error = st.error;
+  free(msg);
+  free(reader);
+  return status;
 }

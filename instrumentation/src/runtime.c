@@ -20,6 +20,7 @@
 
 #include "heapdump/heapdump.h"
 #include "regions.h"
+#include "registration.h"
 #include "stack.h"
 
 __thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec")));
@@ -338,6 +339,7 @@ static void fork_child(void) {
   hd_tls.tid = 0; /* new tid: the next allocation records a new thread info */
   hd_tls.thread_key = 0;
   hd_tls.guard--;
+  if (g_fork_copied) hd_registration_after_fork_child();
 }
 
 /* ------------------------------------------------------------------ start-up */
@@ -379,6 +381,7 @@ __attribute__((constructor)) static void hd_constructor(void) {
   hd_tls.guard--;
   if (!g_follow_children) strip_from_ld_preload();
   hd_rescan_regions();
+  hd_register_with_collector();
 }
 
 /* ------------------------------------------------------------------ public API */
@@ -406,7 +409,7 @@ __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const ch
   int rc = hd_snapshot_copy_live(&fd);
   if (rc == -ENODEV) return HEAPDUMP_ERROR_NOT_RECORDING;
   if (rc != 0) return HEAPDUMP_ERROR_NO_MEMORY;
-  /* Hand-over to the collector comes with the fidl bindings; until then nobody can take it. */
+  rc = hd_store_named_snapshot(name, fd);
   close(fd);
-  return HEAPDUMP_ERROR_NO_COLLECTOR;
+  return rc;
 }

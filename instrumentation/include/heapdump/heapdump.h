@@ -33,15 +33,17 @@ extern "C" {
 /* The library is loaded but not recording (its shared memory could not be set up, or a forked
  * child could not copy its parent's tables). */
 #define HEAPDUMP_ERROR_NOT_RECORDING (-2)
-/* No collector is connected to receive the snapshot. The snapshot was taken and discarded.
- * (This version has no collector connection yet, so heapdump_take_named_snapshot always ends
- * with this code when recording.) */
+/* No collector answered (none is running, or it did not reply within 2 seconds). The snapshot
+ * was taken and discarded; the program is unaffected and keeps recording. */
 #define HEAPDUMP_ERROR_NO_COLLECTOR (-3)
 /* Memory or file descriptors for the snapshot copy could not be obtained. */
 #define HEAPDUMP_ERROR_NO_MEMORY (-4)
+/* The collector received the snapshot but could not store it (its storage is full or
+ * unwritable; its log says why). */
+#define HEAPDUMP_ERROR_COLLECTOR_REFUSED (-5)
 
 /* Longest snapshot name accepted, in bytes, without the terminating NUL. */
-#define HEAPDUMP_SNAPSHOT_NAME_MAX 255
+#define HEAPDUMP_SNAPSHOT_NAME_MAX 32
 
 /* Process-wide counters since the start of recording. Counters cover recorded blocks only:
  * allocations made while the tables were full are counted in dropped_allocations instead. */
@@ -73,7 +75,8 @@ HEAPDUMP_DECL int heapdump_get_stats(struct heapdump_stats *out);
  * string of 1 to HEAPDUMP_SNAPSHOT_NAME_MAX bytes (names need not be unique).
  * Returns HEAPDUMP_OK when the collector has it; HEAPDUMP_ERROR_INVALID_ARGUMENT for a bad
  * name; HEAPDUMP_ERROR_NOT_RECORDING; HEAPDUMP_ERROR_NO_MEMORY; HEAPDUMP_ERROR_NO_COLLECTOR
- * if no collector is connected (always, in this version). */
+ * if no collector answered; HEAPDUMP_ERROR_COLLECTOR_REFUSED if it could not store it. The
+ * snapshot is downloadable from the collector after the program exits. */
 HEAPDUMP_DECL int heapdump_take_named_snapshot(const char *name);
 
 #if defined(HEAPDUMP_WEAK_API)

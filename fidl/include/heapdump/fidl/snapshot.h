@@ -89,6 +89,13 @@ HD_MUST_CHECK hd_status hd_reassembler_add(void *reassembler, const hd_element *
  * allocation's stack trace and thread exist. */
 HD_MUST_CHECK hd_status hd_reassembler_finish(hd_reassembler *r);
 
+/* Serves SnapshotReceiver on channel until the stream ends, acknowledging every batch and adding
+ * its elements to r. multi_process must match the request: then the stream is a sequence of
+ * (header batch, element batches, empty batch) ended by one more empty batch. On ReportError,
+ * returns HD_OK with *error set (else *error is 0). Does not call hd_reassembler_finish. */
+HD_MUST_CHECK hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r,
+                                            uint32_t *error);
+
 const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address);
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);

@@ -1,0 +1,143 @@
+/* Registration with the collector (heapdump.process.Registry) and the hand-over of named
+ * snapshots (SnapshotSink). Runs off the hot path: at start, after fork in the child, and when
+ * the program stores a snapshot. A missing collector is normal: the program keeps recording and
+ * registers the next time it stores a snapshot; a collector started later also finds it by
+ * scanning /proc (see docs/architecture.md).
+ *
+ * Locking: g_lock serialises everything here; the message buffer is static so that nothing here
+ * allocates (this code also runs in a forked child before exec). */
+#define _GNU_SOURCE
+#include "registration.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "heapdump/fidl/channel.h"
+#include "heapdump/internal/shm_layout.h"
+#include "heapdump_process.bindings.h"
+#include "runtime.h"
+
+/* How long the program waits for the collector's answer before going on without it. */
+#define REPLY_TIMEOUT_MS 2000
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static hd_message g_msg;
+static int g_registry_fd = -1; /* kept open: the collector sees the process exit when it closes */
+static int g_sink_fd = -1;
+
+static void disconnect(void) {
+  if (g_registry_fd >= 0) close(g_registry_fd);
+  if (g_sink_fd >= 0) close(g_sink_fd);
+  g_registry_fd = g_sink_fd = -1;
+}
+
+static void set_timeout(int fd) {
+  struct timeval tv = {REPLY_TIMEOUT_MS / 1000, (REPLY_TIMEOUT_MS % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+static bool env_is_one(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL && strcmp(v, "1") == 0;
+}
+
+/* Called with g_lock held. */
+static bool register_locked(void) {
+  if (g_registry_fd >= 0) return true;
+  int alloc_fd, res_fd;
+  hd_instrumentation_tables(&alloc_fd, &res_fd);
+  if (alloc_fd < 0 || res_fd < 0) return false;
+  char path[108];
+  const char *env = getenv("HEAPDUMP_SOCKET");
+  if (env != NULL && env[0] != '\0') {
+    snprintf(path, sizeof path, "%s", env);
+  } else if (getenv("XDG_RUNTIME_DIR") != NULL && getenv("XDG_RUNTIME_DIR")[0] == '/') {
+    snprintf(path, sizeof path, "%s/heapdump/collector.sock", getenv("XDG_RUNTIME_DIR"));
+  } else {
+    snprintf(path, sizeof path, "/tmp/heapdump-%u/collector.sock", (unsigned)getuid());
+  }
+  int fd, sink[2];
+  if (hd_channel_connect(path, &fd) != HD_OK) return false;
+  if (hd_channel_pair(sink) != HD_OK) {
+    close(fd);
+    return false;
+  }
+  set_timeout(fd);
+  set_timeout(sink[0]);
+  heapdump_process_RegistryRegisterRequest req = heapdump_process_RegistryRegisterRequest_init_zero;
+  req.has_protocol_version = req.has_layout_version = req.has_pid = req.has_process_name = true;
+  req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  req.layout_version = HD_LAYOUT_VERSION;
+  req.pid = (uint64_t)getpid();
+  char name[17] = "";
+  prctl(PR_GET_NAME, name, 0, 0, 0);
+  snprintf(req.process_name, sizeof req.process_name, "%s", name);
+  req.has_allocations_table = req.has_resources_table = req.has_snapshot_sink = true;
+  req.allocations_table = (heapdump_client_Handle){true, 0};
+  req.resources_table = (heapdump_client_Handle){true, 1};
+  req.snapshot_sink = (heapdump_client_Handle){true, 2};
+  req.has_exit_snapshot = true;
+  req.exit_snapshot = env_is_one("HEAPDUMP_EXIT_SNAPSHOT");
+  int fds[3] = {alloc_fd, res_fd, sink[1]};
+  heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
+  hd_status status = hd_registry_register(fd, &g_msg, &req, fds, 3, &resp);
+  close(sink[1]);
+  if (status != HD_OK || resp.has_error) {
+    close(fd);
+    close(sink[0]);
+    return false;
+  }
+  g_registry_fd = fd;
+  g_sink_fd = sink[0];
+  return true;
+}
+
+void hd_register_with_collector(void) {
+  hd_tls.guard++;
+  pthread_mutex_lock(&g_lock);
+  (void)register_locked();
+  pthread_mutex_unlock(&g_lock);
+  hd_tls.guard--;
+}
+
+void hd_registration_after_fork_child(void) {
+  /* Another thread of the parent may have held the lock: it does not exist here. */
+  pthread_mutex_init(&g_lock, NULL);
+  disconnect(); /* the parent's connection is the parent's */
+  hd_register_with_collector();
+}
+
+int hd_store_named_snapshot(const char *name, int memfd) {
+  hd_tls.guard++;
+  pthread_mutex_lock(&g_lock);
+  int rc = HEAPDUMP_ERROR_NO_COLLECTOR;
+  /* Two tries: the collector may have restarted since we registered. */
+  for (int attempt = 0; attempt < 2 && rc == HEAPDUMP_ERROR_NO_COLLECTOR; attempt++) {
+    if (!register_locked()) break;
+    heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
+        heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
+    req.has_name = req.has_allocations_snapshot = true;
+    snprintf(req.name, sizeof req.name, "%s", name);
+    req.allocations_snapshot = (heapdump_client_Handle){true, 0};
+    heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+        heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+    hd_status status = hd_snapshot_sink_store_named_snapshot(g_sink_fd, &g_msg, &req, &memfd, 1,
+                                                             &resp);
+    if (status != HD_OK) {
+      disconnect();
+    } else {
+      rc = resp.has_error ? HEAPDUMP_ERROR_COLLECTOR_REFUSED : HEAPDUMP_OK;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  hd_tls.guard--;
+  return rc;
+}

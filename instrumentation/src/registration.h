@@ -1,0 +1,16 @@
+/* Registration of this process with the collector, and named-snapshot hand-over. */
+#ifndef HEAPDUMP_INSTRUMENTATION_REGISTRATION_H
+#define HEAPDUMP_INSTRUMENTATION_REGISTRATION_H
+
+#include "heapdump/heapdump.h"
+#include "runtime.h"
+
+/* Registers if a collector answers; otherwise does nothing (the program runs on). */
+void hd_register_with_collector(void) HD_HIDDEN;
+/* In a forked child: drops the parent's connection and registers the child. */
+void hd_registration_after_fork_child(void) HD_HIDDEN;
+/* Hands a sealed snapshot memfd (borrowed) to the collector under name, registering first if
+ * needed. Returns HEAPDUMP_OK, HEAPDUMP_ERROR_NO_COLLECTOR or HEAPDUMP_ERROR_COLLECTOR_REFUSED. */
+int hd_store_named_snapshot(const char *name, int memfd) HD_HIDDEN;
+
+#endif
