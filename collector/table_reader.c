@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <time.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,11 @@
 #include "heapdump/internal/shm_layout.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-enum { kMaxSlotAttempts = 20000, kMaxRestarts = 64 };
+/* A slot whose writer keeps it changing (or holds it, e.g. preempted on a loaded machine) is
+ * retried for up to kSlotPatienceNs; only a slot stuck longer than that fails the snapshot, so a
+ * hostile table cannot hang the reader and a busy one does not fail it. */
+enum { kMaxRestarts = 64 };
+static const uint64_t kSlotPatienceNs = 1000000000u;
 
 const char *hd_read_status_str(hd_read_status s) {
   switch (s) {
@@ -145,9 +150,22 @@ static bool push(block_vec *bv, const hd_live_block *b) {
   return true;
 }
 
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins briefly, then yields, then sleeps, so a preempted writer gets the CPU back. */
 static void backoff(unsigned attempt) {
-  if (attempt > 16) sched_yield();
-  else __builtin_ia32_pause();
+  if (attempt < 16) {
+    __builtin_ia32_pause();
+  } else if (attempt < 256) {
+    sched_yield();
+  } else {
+    struct timespec pause = {0, 20000};
+    nanosleep(&pause, NULL);
+  }
 }
 
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
@@ -179,8 +197,10 @@ hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **bloc
     bool resized = false;
     for (uint64_t slot = 0; slot < slots && !resized; slot++) {
       unsigned attempt = 0;
+      uint64_t give_up_at = 0;
       for (;; attempt++) {
-        if (attempt >= kMaxSlotAttempts) {
+        if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
+        if (attempt > 16 && attempt % 64 == 0 && monotonic_ns() > give_up_at) {
           st = HD_READ_ERR_BUSY;
           goto out;
         }

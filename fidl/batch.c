@@ -155,7 +155,7 @@ hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint6
       if (status != HD_OK) return status;
       continue;
     }
-    slice.values = addresses + done;
+    slice.values = count > 0 ? addresses + done : addresses; /* no arithmetic on NULL */
     slice.count = n;
     hd_status status = add_measured(w, &e);
     if (status != HD_OK) return status;
@@ -187,7 +187,7 @@ hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address, cons
       if (status != HD_OK) return status;
       continue;
     }
-    slice.bytes = bytes + done;
+    slice.bytes = size > 0 ? bytes + done : bytes;
     slice.size = n;
     hd_status status = add_measured(w, &e);
     if (status != HD_OK) return status;
