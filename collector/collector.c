@@ -356,14 +356,23 @@ static heapdump_client_CollectorError select_processes(hd_collector *c, const st
   return heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
 }
 
+/* A stream job for a client request that streams to the receiver its handle names. */
+static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
+                                     const heapdump_client_Handle *receiver) {
+  h->k->kind = CONN_CLIENT;
+  hd_stream_job *job = calloc(1, sizeof *job);
+  if (job == NULL) return NULL;
+  job->c = h->c;
+  job->receiver = hd_message_take_fd(msg, receiver);
+  job->peer_uid = h->k->peer.uid;
+  return job;
+}
+
 static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
                                        heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
   handler_ctx *h = ctx;
-  h->k->kind = CONN_CLIENT;
-  hd_stream_job *job = calloc(1, sizeof *job);
+  hd_stream_job *job = new_stream_job(h, msg, &req->receiver);
   if (job == NULL) return HD_ERR_NO_MEMORY;
-  job->c = h->c;
-  job->receiver = hd_message_take_fd(msg, &req->receiver);
   job->with_contents = req->has_with_contents && req->with_contents;
   job->multi_process = req->has_multi_process && req->multi_process;
   job->error = select_processes(h->c, &h->k->peer, req->has_process_selector,
@@ -375,15 +384,10 @@ static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
 
 static hd_status on_download(void *ctx, hd_message *msg,
                              heapdump_client_CollectorDownloadStoredSnapshotRequest *req) {
-  handler_ctx *h = ctx;
-  h->k->kind = CONN_CLIENT;
-  hd_stream_job *job = calloc(1, sizeof *job);
+  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver);
   if (job == NULL) return HD_ERR_NO_MEMORY;
-  job->c = h->c;
-  job->receiver = hd_message_take_fd(msg, &req->receiver);
   job->stored = true;
   job->stored_id = req->has_snapshot_id ? req->snapshot_id : 0;
-  job->peer_uid = h->k->peer.uid;
   hd_start_stream(job);
   return HD_OK;
 }
@@ -407,7 +411,6 @@ static hd_status on_list(void *ctx, hd_message *msg,
     close(fd);
     return HD_OK;
   }
-  h->k = NULL; /* add_conn may have moved the table; nothing below uses the client conn */
   h->c->conns->items[h->c->conns->count - 1].listing = listing;
   return HD_OK;
 }
