@@ -131,14 +131,30 @@ struct Result {
   const hd_snapshot *only() const { return ra.snapshot_count == 1 ? ra.snapshots[0] : nullptr; }
 };
 
+// A connection to the collector plus a fresh channel pair: ends[1] is passed with a request.
+struct Call {
+  int fd = -1;
+  int ends[2] = {-1, -1};
+  explicit Call(const std::string &socket) {
+    EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
+    EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+  }
+  void SentTheirEnd() {
+    close(ends[1]);
+    ends[1] = -1;
+  }
+  ~Call() {
+    for (int f : {fd, ends[0], ends[1]}) {
+      if (f >= 0) close(f);
+    }
+  }
+};
+
 std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
                                          const heapdump_client_ProcessSelector *selector,
                                          bool with_contents = false, bool multi = false) {
   auto result = std::make_unique<Result>();
-  int fd;
-  EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-  int ends[2];
-  EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+  Call call(socket);
   heapdump_client_CollectorTakeLiveSnapshotRequest req =
       heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
   if (selector != nullptr) {
@@ -151,14 +167,12 @@ std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
   req.with_contents = with_contents;
   req.multi_process = multi;
   auto msg = std::make_unique<hd_message>();
-  EXPECT_EQ(hd_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1), HD_OK);
-  close(ends[1]);
-  result->status = hd_snapshot_receive(ends[0], multi, &result->ra, &result->error);
+  EXPECT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  call.SentTheirEnd();
+  result->status = hd_snapshot_receive(call.ends[0], multi, &result->ra, &result->error);
   if (result->status == HD_OK && result->error == 0) {
     result->status = hd_reassembler_finish(&result->ra);
   }
-  close(ends[0]);
-  close(fd);
   return result;
 }
 
@@ -315,16 +329,14 @@ TEST_F(CollectorTest, SelectorErrors) {
 
 // Lists the stored snapshots through ListStoredSnapshots + GetNext.
 std::vector<std::pair<uint32_t, std::string>> List(const std::string &socket) {
-  int fd, ends[2];
-  EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-  EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+  Call call(socket);
   auto msg = std::make_unique<hd_message>();
   heapdump_client_CollectorListStoredSnapshotsRequest req =
       heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
   req.has_iterator = true;
   req.iterator = {true, 0};
-  EXPECT_EQ(hd_collector_list_stored_snapshots(fd, msg.get(), &req, &ends[1], 1), HD_OK);
-  close(ends[1]);
+  EXPECT_EQ(hd_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  call.SentTheirEnd();
   std::vector<std::pair<uint32_t, std::string>> out;
   for (;;) {
     heapdump_client_StoredSnapshotIteratorGetNextRequest next =
@@ -347,32 +359,28 @@ std::vector<std::pair<uint32_t, std::string>> List(const std::string &socket) {
       }
       return true;
     };
-    EXPECT_EQ(hd_stored_snapshot_iterator_get_next(ends[0], msg.get(), &next, nullptr, 0, &result),
+    EXPECT_EQ(hd_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next, nullptr, 0,
+                                                   &result),
               HD_OK);
     if (out.size() == before) break;
   }
-  close(ends[0]);
-  close(fd);
   return out;
 }
 
 std::unique_ptr<Result> Download(const std::string &socket, uint32_t id) {
   auto result = std::make_unique<Result>();
-  int fd, ends[2];
-  EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-  EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+  Call call(socket);
   auto msg = std::make_unique<hd_message>();
   heapdump_client_CollectorDownloadStoredSnapshotRequest req =
       heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
   req.has_snapshot_id = req.has_receiver = true;
   req.snapshot_id = id;
   req.receiver = {true, 0};
-  EXPECT_EQ(hd_collector_download_stored_snapshot(fd, msg.get(), &req, &ends[1], 1), HD_OK);
-  close(ends[1]);
-  result->status = hd_snapshot_receive(ends[0], false, &result->ra, &result->error);
+  EXPECT_EQ(hd_collector_download_stored_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1),
+            HD_OK);
+  call.SentTheirEnd();
+  result->status = hd_snapshot_receive(call.ends[0], false, &result->ra, &result->error);
   if (result->status == HD_OK && result->error == 0) result->status = hd_reassembler_finish(&result->ra);
-  close(ends[0]);
-  close(fd);
   return result;
 }
 
