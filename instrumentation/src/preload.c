@@ -1,4 +1,6 @@
-/* The LD_PRELOAD shim: guard, forward to the backend, record. Nothing else lives here. */
+/* The LD_PRELOAD shim: guard, forward to the backend, record. Nothing else lives here.
+ * A call made while this thread is already inside the library (its own code, or a signal handler
+ * that interrupted a hook) takes the nested path of runtime.h instead. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -13,19 +15,18 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-void *__libc_realloc(void *p, size_t size);
-void *rallocx(void *ptr, size_t size, int flags);
-
 static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
+
+static inline bool nested(void) { return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook) != 0); }
 
 static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
   hd_ensure_init();
-  if (HD_UNLIKELY(hd_tls.guard)) return hd_backend_alloc(size, lg_align, zero);
-  hd_tls.guard++;
+  if (nested()) return hd_nested_alloc(size, lg_align, zero);
+  hd_hook_enter();
   void *p = hd_backend_alloc(size, lg_align, zero);
   if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align);
   else errno = ENOMEM;
-  hd_tls.guard--;
+  hd_hook_leave(); /* keeps errno */
   return p;
 }
 
@@ -54,13 +55,13 @@ EXPORT void *calloc(size_t n, size_t size) {
 EXPORT void free(void *p) {
   if (!p) return;
   hd_ensure_init();
-  if (HD_UNLIKELY(hd_tls.guard)) {
-    hd_backend_free(p, 0, 0);
+  if (nested()) {
+    hd_nested_free(p);
     return;
   }
-  hd_tls.guard++;
+  hd_hook_enter();
   hd_free_recorded(p);
-  hd_tls.guard--;
+  hd_hook_leave();
 }
 
 /* C23: the size/alignment hints are not trusted; the recorded size is used instead. */
@@ -82,14 +83,10 @@ EXPORT void *realloc(void *p, size_t size) {
     return NULL;
   }
   hd_ensure_init();
-  if (HD_UNLIKELY(hd_tls.guard)) {
-    void *q = hd_use_system ? __libc_realloc(p, size) : rallocx(p, size, 0);
-    if (!q) errno = ENOMEM;
-    return q;
-  }
-  hd_tls.guard++;
+  if (nested()) return hd_nested_realloc(p, size);
+  hd_hook_enter();
   void *q = hd_realloc_recorded(p, size);
-  hd_tls.guard--;
+  hd_hook_leave(); /* keeps errno */
   return q;
 }
 

@@ -102,15 +102,20 @@ static void own_text_range(uintptr_t *lo, uintptr_t *hi) {
 
 void hd_init_slow(void) {
   if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
+  /* Guard first: a signal handler allocating right after the state change below must forward,
+   * not wait for an init that cannot finish until the handler returns. */
+  hd_tls.guard++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
   int expected = HD_STATE_UNINIT;
   if (!__atomic_compare_exchange_n(&hd_state, &expected, HD_STATE_INITIALIZING, false,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    hd_tls.guard--;
     while (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_INITIALIZING) sched_yield();
     return;
   }
-  hd_tls.guard++;
   const char *a = early_getenv("HEAPDUMP_ALLOCATOR");
   hd_use_system = a && strcmp(a, "system") == 0;
+  hd_backend_init();
   const char *u = early_getenv("HEAPDUMP_UNWIND");
   int method = u && strcmp(u, "fp") == 0 ? HD_UNWIND_FP : HD_UNWIND_LIBUNWIND;
   unsigned max_frames = (unsigned)parse_size(early_getenv("HEAPDUMP_MAX_FRAMES"), HD_MAX_FRAMES);
@@ -134,33 +139,49 @@ void hd_init_slow(void) {
 
 /* ------------------------------------------------------------------ recording */
 
-static uint32_t current_thread_key(void) {
-  uint32_t gen = __atomic_load_n(&hd_name_generation, __ATOMIC_RELAXED);
-  if (HD_LIKELY(hd_tls.thread_key != 0 && hd_tls.name_gen == gen)) return hd_tls.thread_key;
-  /* First allocation of this thread, or some thread was renamed since: re-read our name. */
+/* Re-reads this thread's name: at its first allocation, after a rename seen by the prctl and
+ * pthread_setname_np hooks, and every HD_NAME_RECHECK_ALLOCATIONS allocations (renames through
+ * /proc/self/task/TID/comm reach no hook). A full table keeps the old key until the next read. */
+__attribute__((noinline)) static uint32_t refresh_thread_key(uint32_t gen) {
+  hd_tls.name_gen = gen;
+  hd_tls.name_countdown = HD_NAME_RECHECK_ALLOCATIONS;
   char name[HD_THREAD_NAME_MAX] = {0};
   if (hd_tls.tid == 0) hd_tls.tid = (uint32_t)syscall(SYS_gettid);
   syscall(SYS_prctl, PR_GET_NAME, name, 0, 0, 0); /* not prctl(): we interpose it */
   name[HD_THREAD_NAME_MAX - 1] = 0;
   if (hd_tls.thread_key == 0 || strcmp(name, hd_tls.name) != 0) {
     uint32_t key = hd_res_add_thread(&g_res, hd_tls.tid, name, now_ns());
-    if (key == 0) return hd_tls.thread_key; /* full: keep the old one, retry next time */
-    hd_tls.thread_key = key;
-    memcpy(hd_tls.name, name, sizeof(name));
+    if (key != 0) {
+      hd_tls.thread_key = key;
+      memcpy(hd_tls.name, name, sizeof(name));
+    }
   }
-  hd_tls.name_gen = gen;
   return hd_tls.thread_key;
+}
+
+static uint32_t current_thread_key(void) {
+  uint32_t gen = __atomic_load_n(&hd_name_generation, __ATOMIC_RELAXED);
+  if (HD_LIKELY(hd_tls.name_countdown != 0 && hd_tls.name_gen == gen)) {
+    hd_tls.name_countdown--;
+    return hd_tls.thread_key;
+  }
+  return refresh_thread_key(gen);
 }
 
 static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_align) {
   uint64_t frames[HD_MAX_FRAMES];
-  unsigned n = hd_capture_stack(frames);
+  unsigned n = hd_capture_stack(frames, false);
   info->address = (uint64_t)(uintptr_t)p;
   info->size = size;
   info->stack_key = hd_res_intern_stack(&g_res, frames, n);
   info->thread_key = current_thread_key();
   info->timestamp = now_ns();
   info->flags = lg_align & HD_NODE_ALIGN_MASK;
+  /* No lock is held here, and the capture above is where a hook spends most of its time, so
+   * where signal handlers are most likely to have queued work: apply it now, not only at the
+   * end of the hook, so that a signal storm fills the queue less. */
+  if (HD_UNLIKELY(__atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED) != 0))
+    hd_drain_pending();
 }
 
 static void insert_info(const hd_alloc_info *info) {
@@ -197,10 +218,6 @@ void hd_free_recorded(void *p) {
   hd_backend_free(p, 0, 0);
 }
 
-void *__libc_realloc(void *p, size_t size);
-void *mallocx(size_t size, int flags);
-size_t sallocx(const void *ptr, int flags);
-
 void *hd_realloc_recorded(void *p, size_t size) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
   if (hd_use_system) {
@@ -208,7 +225,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
     bool had = on && hd_alloc_table_erase(&g_alloc, (uint64_t)(uintptr_t)p, &old);
-    void *q = __libc_realloc(p, size);
+    void *q = hd_backend_realloc(p, size);
     if (!q) {
       if (had && hd_alloc_table_insert(&g_alloc, &old, NULL) == HD_INSERT_FULL)
         hd_res_count_free(&g_res, old.size);
@@ -237,16 +254,112 @@ void *hd_realloc_recorded(void *p, size_t size) {
     }
     return p;
   }
-  void *q = mallocx(size, 0);
+  void *q = hd_backend_alloc(size, 0, false);
   if (!q) {
     errno = ENOMEM;
     return NULL;
   }
-  size_t old_usable = sallocx(p, 0);
+  size_t old_usable = hd_backend_usable(p);
   memcpy(q, p, old_usable < size ? old_usable : size);
   hd_record_alloc(q, size, 0); /* new block recorded before the old one is released */
   hd_free_recorded(p);
   return q;
+}
+
+/* ------------------------------------------------------------------ nested calls */
+
+/* Queues op for the interrupted hook; false if the queue is full. The slot is claimed with one
+ * atomic add, so a handler interrupting this one (a second signal) claims another slot. */
+static bool queue_pending(const hd_pending_op *op) {
+  uint32_t i = __atomic_fetch_add(&hd_tls.pending_count, 1, __ATOMIC_RELAXED);
+  if (i >= HD_PENDING_MAX) return false;
+  hd_tls.pending[i] = *op;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  return true;
+}
+
+/* From a signal handler inside a hook: the block is real already; its record waits. The trace
+ * is taken here (the handler's own stack), unless that cannot be done safely. */
+static void defer_record(void *p, size_t size, unsigned lg_align) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_pending_op op = {.ptr = p, .size = size, .lg_align = lg_align & HD_NODE_ALIGN_MASK,
+                      .thread_key = hd_tls.thread_key, .timestamp = now_ns()};
+  uint64_t frames[HD_MAX_FRAMES];
+  unsigned n = hd_capture_stack(frames, true);
+  if (n > 0) op.stack_key = hd_res_intern_stack_nowait(&g_res, frames, n);
+  if (!queue_pending(&op)) hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+}
+
+void *hd_nested_alloc(size_t size, unsigned lg_align, bool zero) {
+  if (hd_tls.in_backend) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  void *p = hd_backend_alloc(size, lg_align, zero);
+  if (!p) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (!hd_tls.guard) defer_record(p, size, lg_align);
+  return p;
+}
+
+void hd_nested_free(void *p) {
+  if (hd_tls.guard && !hd_tls.in_backend) {
+    hd_backend_free(p, 0, 0);
+    return;
+  }
+  /* Erasing now could wait for a slot lock the interrupted hook holds; freeing before the erase
+   * would let another thread get the address while it is still recorded. Both wait. */
+  hd_pending_op op = {.ptr = p, .is_free = 1};
+  if (queue_pending(&op)) return;
+  /* Queue full: a stale record is replaced when the address is next recorded (counted freed
+   * then). Inside the allocator the block cannot be returned at all: it is leaked. */
+  if (!hd_tls.in_backend) hd_backend_free(p, 0, 0);
+}
+
+void *hd_nested_realloc(void *p, size_t size) {
+  if (hd_tls.in_backend) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  if (hd_tls.guard) {
+    void *q = hd_backend_realloc(p, size);
+    if (!q) errno = ENOMEM;
+    return q;
+  }
+  /* Always moves: the old block's record can only be dropped later, with its free. */
+  void *q = hd_nested_alloc(size, 0, false);
+  if (!q) return NULL;
+  size_t old_usable = hd_backend_usable(p);
+  memcpy(q, p, old_usable < size ? old_usable : size);
+  hd_nested_free(p);
+  return q;
+}
+
+void hd_drain_pending(void) {
+  int saved_errno = errno;
+  uint32_t done = 0;
+  for (;;) {
+    uint32_t n = __atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED);
+    for (; done < n && done < HD_PENDING_MAX; done++) {
+      hd_pending_op op = hd_tls.pending[done];
+      __atomic_signal_fence(__ATOMIC_SEQ_CST);
+      if (op.is_free) {
+        hd_free_recorded(op.ptr);
+      } else if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) {
+        hd_alloc_info info = {.address = (uint64_t)(uintptr_t)op.ptr, .size = op.size,
+                              .timestamp = op.timestamp, .thread_key = op.thread_key,
+                              .stack_key = op.stack_key, .flags = op.lg_align};
+        insert_info(&info);
+      }
+    }
+    /* Fails if a handler queued more meanwhile: those are applied in the next round. */
+    if (__atomic_compare_exchange_n(&hd_tls.pending_count, &n, 0, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED))
+      break;
+  }
+  errno = saved_errno;
 }
 
 void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
@@ -300,8 +413,14 @@ static void fork_prepare(void) {
   hd_alloc_table_lock_all(&g_alloc);
   g_fork_copied = 0;
   if (hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, "heapdump-allocations") == 0) {
-    if (hd_res_table_clone_locked(&g_res, &g_fork_res, "heapdump-resources") == 0) g_fork_copied = 1;
-    else hd_alloc_table_destroy(&g_fork_alloc);
+    if (hd_res_table_clone_locked(&g_res, &g_fork_res, "heapdump-resources") == 0) {
+      uint64_t live_blocks, live_bytes;
+      hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
+      hd_res_reconcile_live(&g_fork_res, live_blocks, live_bytes);
+      g_fork_copied = 1;
+    } else {
+      hd_alloc_table_destroy(&g_fork_alloc);
+    }
   }
 }
 
@@ -338,6 +457,7 @@ static void fork_child(void) {
   }
   hd_tls.tid = 0; /* new tid: the next allocation records a new thread info */
   hd_tls.thread_key = 0;
+  hd_tls.name_countdown = 0;
   hd_tls.guard--;
   if (g_fork_copied) hd_registration_after_fork_child();
 }

@@ -16,15 +16,40 @@
 
 enum { HD_STATE_UNINIT = 0, HD_STATE_INITIALIZING = 1, HD_STATE_READY = 2, HD_STATE_OFF = 3 };
 
+/* A table operation that a signal handler could not do itself because it interrupted this
+ * thread inside a hook (which may hold a slot lock or the resources lock): queued in TLS and
+ * applied by the interrupted hook before it returns. */
+typedef struct hd_pending_op {
+  void *ptr;
+  uint64_t size;
+  uint64_t timestamp;
+  uint32_t stack_key;
+  uint32_t thread_key;
+  uint32_t lg_align;
+  uint32_t is_free; /* 1: erase ptr's record, then free it; 0: record ptr */
+} hd_pending_op;
+
+#define HD_PENDING_MAX 32u
+/* A thread re-reads its own name (one prctl) once per this many of its allocations, so a rename
+ * the library cannot see (a write to /proc/self/task/TID/comm) is picked up. */
+#define HD_NAME_RECHECK_ALLOCATIONS 4096u
+
 /* Per-thread state; initial-exec TLS so access never allocates or takes the loader lock and it
- * stays valid through thread teardown. */
+ * stays valid through thread teardown. Fields read by signal handlers on the same thread are
+ * ordered with signal fences. */
 typedef struct hd_thread_state {
-  int guard;            /* >0 while inside a hook: nested calls only forward */
+  int guard;            /* >0 while the library's own code runs: nested calls only forward */
+  int in_hook;          /* >0 while a hook records: nested calls queue their table operation */
+  int in_backend;       /* >0 inside the real allocator, which is not reentrant */
+  int in_unwind;        /* >0 while capturing a stack: a nested call records no trace */
   uint32_t thread_key;  /* resources key of this thread's current name, 0 = not recorded */
-  uint32_t name_gen;    /* value of hd_name_generation when thread_key was made */
+  uint32_t name_gen;    /* value of hd_name_generation when the name was last read */
+  uint32_t name_countdown; /* allocations left before the name is read again; 0 = read now */
   uint32_t tid;
   uintptr_t stack_lo, stack_hi; /* frame-pointer walk bounds, 0 = unknown */
   char name[HD_THREAD_NAME_MAX]; /* name recorded under thread_key */
+  uint32_t pending_count;        /* entries of `pending` in use; may exceed HD_PENDING_MAX */
+  hd_pending_op pending[HD_PENDING_MAX];
 } hd_thread_state;
 
 extern __thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec"))) HD_HIDDEN;
@@ -38,18 +63,51 @@ static inline void hd_ensure_init(void) {
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) < HD_STATE_READY)) hd_init_slow();
 }
 
-/* Backend (real memory). flags for aligned: log2 of alignment (0 = default). */
+/* Backend (real memory). lg_align: log2 of the alignment (0 = default). Each call marks the
+ * thread as inside the allocator (hd_tls.in_backend) for its duration. */
+void hd_backend_init(void) HD_HIDDEN; /* once, at init: lookups the other calls rely on */
 void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) HD_HIDDEN;
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) HD_HIDDEN; /* hint 0 = unknown */
+void *hd_backend_realloc(void *p, size_t size) HD_HIDDEN;
 size_t hd_backend_usable(void *p) HD_HIDDEN;
 bool hd_backend_resize_in_place(void *p, size_t size) HD_HIDDEN; /* jemalloc only */
 size_t hd_backend_class(size_t size) HD_HIDDEN;                    /* 0: impossible size */
 
-/* Recording; call with the guard held. */
+/* Recording; call with hd_tls.in_hook set. */
 void hd_record_alloc(void *p, size_t size, unsigned lg_align) HD_HIDDEN;
 /* Erases p's record (if any) and frees it through the backend. */
 void hd_free_recorded(void *p) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;
+
+/* Calls made while this thread is already inside the library (hd_tls.guard or in_hook set):
+ * from the library's own code (forwarded, unrecorded) or from a signal handler that interrupted
+ * a hook (done at once on the allocator, the table part queued). Inside the allocator itself
+ * (in_backend), which is not reentrant, allocations fail with ENOMEM and frees are queued. */
+void *hd_nested_alloc(size_t size, unsigned lg_align, bool zero) HD_HIDDEN;
+void hd_nested_free(void *p) HD_HIDDEN;
+void *hd_nested_realloc(void *p, size_t size) HD_HIDDEN;
+
+/* Applies the operations signal handlers queued while this thread was in a hook. */
+void hd_drain_pending(void) HD_HIDDEN;
+
+static inline void hd_hook_enter(void) {
+  hd_tls.in_hook = 1;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Leaves a hook. A handler that ran after the last drain but before in_hook was cleared has
+ * queued its operation; it is applied here rather than left for the next hook. */
+static inline void hd_hook_leave(void) {
+  for (;;) {
+    if (HD_UNLIKELY(__atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED) != 0))
+      hd_drain_pending();
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    hd_tls.in_hook = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (HD_LIKELY(__atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED) == 0)) return;
+    hd_tls.in_hook = 1;
+  }
+}
 
 void hd_note_rename(void) HD_HIDDEN;
 void hd_rescan_regions(void) HD_HIDDEN;

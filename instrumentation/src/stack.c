@@ -21,20 +21,23 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
 
 static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }
 
-/* Thread stack bounds, once per thread (pthread_getattr_np may allocate: the guard is held, so
- * that allocation only forwards). */
+/* Thread stack bounds, once per thread. pthread_getattr_np may allocate: under the guard, so
+ * those blocks are the library's own and unrecorded. */
 static void thread_bounds(void) {
   pthread_attr_t a;
   void *addr;
   size_t size;
   hd_tls.stack_lo = 1;
   hd_tls.stack_hi = 1;
-  if (pthread_getattr_np(pthread_self(), &a) != 0) return;
-  if (pthread_attr_getstack(&a, &addr, &size) == 0) {
-    hd_tls.stack_lo = (uintptr_t)addr;
-    hd_tls.stack_hi = (uintptr_t)addr + size;
+  hd_tls.guard++;
+  if (pthread_getattr_np(pthread_self(), &a) == 0) {
+    if (pthread_attr_getstack(&a, &addr, &size) == 0) {
+      hd_tls.stack_lo = (uintptr_t)addr;
+      hd_tls.stack_hi = (uintptr_t)addr + size;
+    }
+    pthread_attr_destroy(&a);
   }
-  pthread_attr_destroy(&a);
+  hd_tls.guard--;
 }
 
 __attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
@@ -46,7 +49,7 @@ __attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
   /* Each frame must lie inside this thread's stack, be aligned and above the previous one:
    * a garbage rbp (code built without frame pointers, alternate signal stack) ends the walk
    * instead of faulting. */
-  while (n < g_max && fp >= lo && fp % 8 == 0 && fp <= hi - 16) {
+  while (n < g_max && fp >= lo && fp % 8 == 0 && hi >= 16 && fp <= hi - 16) {
     uintptr_t next = ((const uintptr_t *)fp)[0];
     uintptr_t ret = ((const uintptr_t *)fp)[1];
     if (ret == 0) break;
@@ -70,6 +73,16 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames) {
   return n;
 }
 
-unsigned hd_capture_stack(uint64_t *frames) {
-  return g_method == HD_UNWIND_FP ? capture_fp(frames) : capture_unwind(frames);
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler) {
+  /* A handler that interrupted a capture must not re-enter the unwinder (its per-thread cache is
+   * mid-update), nor compute stack bounds (pthread_getattr_np is not async-signal-safe). */
+  if (in_signal_handler &&
+      (hd_tls.in_unwind || (g_method == HD_UNWIND_FP && hd_tls.stack_hi == 0)))
+    return 0;
+  hd_tls.in_unwind++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  unsigned n = g_method == HD_UNWIND_FP ? capture_fp(frames) : capture_unwind(frames);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_tls.in_unwind--;
+  return n;
 }

@@ -2,6 +2,7 @@
 #ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
 #define HEAPDUMP_INSTRUMENTATION_STACK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime.h"
@@ -9,6 +10,8 @@
 enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1 };
 /* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
-unsigned hd_capture_stack(uint64_t *frames) HD_HIDDEN;
+/* Fills frames[0..HD_MAX_FRAMES) with return addresses, innermost first; returns the count.
+ * in_signal_handler: called from a nested call, so 0 when capturing now could not be safe. */
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler) HD_HIDDEN;
 
 #endif

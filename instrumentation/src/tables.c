@@ -361,6 +361,18 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
   return 0;
 }
 
+void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes) {
+  *blocks = *bytes = 0;
+  uint64_t n = (uint64_t)1 << LOAD(&t->hdr->bucket_log2);
+  for (uint64_t b = 0; b < n; b++) {
+    for (uint32_t link = LOAD(&t->buckets[b]); link != HD_LINK_NONE;
+         link = LOAD(&t->nodes[link - 1].next)) {
+      ++*blocks;
+      *bytes += LOAD(&t->nodes[link - 1].size);
+    }
+  }
+}
+
 int hd_alloc_table_freeze(hd_alloc_table *t) {
   t->hdr->flags |= HD_ALLOC_FLAG_SNAPSHOT;
   munmap(t->hdr, t->size);
@@ -496,7 +508,8 @@ static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc,
          memcmp((const uint8_t *)(r + 1), enc, len) == 0;
 }
 
-uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count) {
+static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             bool may_wait) {
   uint8_t enc[HD_MAX_FRAMES * 10];
   if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
   size_t len = hd_encode_frames(frames, count, enc);
@@ -509,7 +522,14 @@ uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
     if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count))
       return (uint32_t)e;
   }
-  pthread_mutex_lock(&t->lock);
+  if (!may_wait) {
+    if (pthread_mutex_trylock(&t->lock) != 0) {
+      __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+      return 0;
+    }
+  } else {
+    pthread_mutex_lock(&t->lock);
+  }
   uint64_t i = h & t->dedup_mask;
   for (;; i = (i + 1) & t->dedup_mask) {
     uint64_t e = LOAD(&t->dedup[i]);
@@ -537,6 +557,14 @@ uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   __atomic_store_n(&t->dedup[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&t->lock);
   return off;
+}
+
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count) {
+  return intern_stack(t, frames, count, true);
+}
+
+uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count) {
+  return intern_stack(t, frames, count, false);
 }
 
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp) {
@@ -601,6 +629,19 @@ void hd_res_count_free(hd_res_table *t, uint64_t size) {
   __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
   __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
   __atomic_sub_fetch(&t->live_bytes, size, __ATOMIC_RELAXED);
+}
+
+void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_bytes) {
+  hd_stats_block *s = &t->hdr->stats;
+  uint64_t blocks = LOAD(&s->blocks_allocated), bytes = LOAD(&s->bytes_allocated);
+  if (blocks < live_blocks) blocks = live_blocks;
+  if (bytes < live_bytes) bytes = live_bytes;
+  STORE(&s->blocks_allocated, blocks);
+  STORE(&s->bytes_allocated, bytes);
+  STORE(&s->blocks_freed, blocks - live_blocks);
+  STORE(&s->bytes_freed, bytes - live_bytes);
+  if (LOAD(&s->peak_live_bytes) < live_bytes) STORE(&s->peak_live_bytes, live_bytes);
+  STORE(&t->live_bytes, live_bytes);
 }
 
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {

@@ -68,6 +68,8 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t);
  * max_bytes == 0) holding a copy of every live record of src. Returns 0 or -errno. */
 int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
                                 const char *memfd_name) HD_WUR;
+/* With t locked (or private): the number and total requested size of its live records. */
+void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
 /* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.
  * The fd stays open (t->fd); returns 0 or -errno. */
 int hd_alloc_table_freeze(hd_alloc_table *t) HD_WUR;
@@ -98,6 +100,9 @@ void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
 
 /* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). */
 uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count);
+/* Same, for signal handlers: a trace not yet stored whose lock is taken (possibly by the code
+ * the handler interrupted) gets key 0, counted as dropped, instead of waiting. */
+uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count);
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp);
 typedef struct hd_region_info {
   uint64_t address, size, file_offset, vaddr;
@@ -111,6 +116,11 @@ uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *r);
 void hd_res_count_alloc(hd_res_table *t, uint32_t stack_key, uint64_t size);
 void hd_res_count_free(hd_res_table *t, uint64_t size);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
+/* Makes the statistics of a private copy agree with the live set it goes with: the counters
+ * are updated outside the table locks, so a copy can miss updates that threads were about to
+ * make (and in a fork child never will). Sets the freed counters (raising the allocated ones
+ * if needed) so that allocated - freed equals the live set. */
+void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_bytes);
 
 /* Encodes frames (delta, zigzag, LEB128); returns bytes written (buffer >= count * 10). */
 size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out);

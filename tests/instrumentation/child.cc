@@ -8,10 +8,14 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -184,16 +188,57 @@ static int count_size(hd_alloc_reader *r, uint64_t size) {
   return c;
 }
 
+// Allocates from 2^bits distinct call paths: path i makes stack trace i.
+__attribute__((noinline)) static void *path_b(unsigned i, int depth);
+__attribute__((noinline)) static void *path_a(unsigned i, int depth) {
+  void *p = depth == 0 ? malloc(40) : (i & 1 ? path_b : path_a)(i >> 1, depth - 1);
+  return opaque(p);  // not a tail call: this frame stays on the stack
+}
+__attribute__((noinline)) static void *path_b(unsigned i, int depth) {
+  void *p = depth == 0 ? malloc(40) : (i & 1 ? path_b : path_a)(i >> 1, depth - 1);
+  return opaque(p);
+}
+
 static volatile int g_stop;
-static void *hammer(void *) {
-  while (!g_stop) free(opaque(malloc(100 + (rand() & 1023))));
+// Keeps the library's locks busy: slot locks (malloc/free), the resources lock (new thread
+// names, new stack traces).
+static void *hammer(void *arg) {
+  long id = (long)arg;
+  for (unsigned i = 0; !g_stop; i++) {
+    free(opaque(malloc(100 + (rand() & 1023))));
+    if (i % 256 == 0) {
+      char name[16];
+      snprintf(name, sizeof(name), "hammer-%ld-%u", id, i / 256 % 100);
+      pthread_setname_np(pthread_self(), name);
+      free(path_a(i / 256 + (unsigned)id * 4096, 12));
+    }
+  }
   return nullptr;
 }
 
+struct Hammers {
+  pthread_t th[4];
+  Hammers() {
+    g_stop = 0;
+    for (long i = 0; i < 4; i++) CHECK(pthread_create(&th[i], nullptr, hammer, (void *)i) == 0);
+  }
+  ~Hammers() {
+    g_stop = 1;
+    for (auto &t : th) pthread_join(t, nullptr);
+  }
+};
+
+static int wait_status(pid_t pid) {
+  int st = 0;
+  CHECK(waitpid(pid, &st, 0) == pid);
+  return st;
+}
+
+static bool exited_zero(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+
 static void scenario_fork() {
   keep(opaque(malloc(8888)));
-  pthread_t th[4];
-  for (auto &t : th) CHECK(pthread_create(&t, nullptr, hammer, nullptr) == 0);
+  Hammers hammers;
   for (int i = 0; i < 20; i++) {
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -208,12 +253,259 @@ static void scenario_fork() {
       free(p);
       _exit(0);
     }
-    int st;
-    CHECK(waitpid(pid, &st, 0) == pid);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(exited_zero(wait_status(pid)));
+  }
+}
+
+// Fork while other threads hold the library's locks; the child stays alive so the test can ask
+// a real collector for both processes. The child keeps 8811 (inherited) and 8822 (its own);
+// the parent keeps 8811 and 8833.
+static pid_t g_forked_child = -1;
+static void scenario_fork_register() {
+  keep(opaque(malloc(8811)));
+  int sync[2];
+  CHECK(pipe(sync) == 0);
+  {
+    Hammers hammers;
+    for (int i = 0; i < 20; i++) free(opaque(malloc(1000 + i)));
+    g_forked_child = fork();
+    CHECK(g_forked_child >= 0);
+    if (g_forked_child == 0) {
+      keep(opaque(malloc(8822)));
+      printf("forked %d\n", (int)getpid());
+      fflush(stdout);
+      close(sync[1]);
+      char c;
+      (void)!read(0, &c, 1);  // the test closes our stdin when done
+      _exit(0);
+    }
+    close(sync[1]);
+    char c;
+    CHECK(read(sync[0], &c, 1) == 0);  // the child has printed its pid
+    close(sync[0]);
+  }
+  keep(opaque(malloc(8833)));
+}
+
+static int count_fds(const char *target) {
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d);
+  int n = 0;
+  while (struct dirent *e = readdir(d)) {
+    char path[512], link[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, link, sizeof(link) - 1);
+    if (len <= 0) continue;
+    link[len] = 0;
+    n += strstr(link, target) != nullptr;
+  }
+  closedir(d);
+  return n;
+}
+
+static bool maps_mention(const char *what) {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  CHECK(fd >= 0);
+  std::string maps;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) maps.append(buf, (size_t)n);
+  close(fd);
+  return maps.find(what) != std::string::npos;
+}
+
+// Started by "spawn" through exec: checks whether this process is instrumented exactly when
+// expected, and that nothing of the parent's recording came along.
+static int scenario_probe(bool expect_instrumented) {
+  const char *preload = getenv("LD_PRELOAD");
+  CHECK((preload != nullptr && strstr(preload, "libheapdump") != nullptr) == expect_instrumented);
+  CHECK(maps_mention("libheapdump") == expect_instrumented);
+  CHECK((heapdump_available() != 0) == expect_instrumented);
+  // The parent's memfds are close-on-exec: at most our own table is open.
+  CHECK(count_fds("memfd:heapdump-allocations") == (expect_instrumented ? 1 : 0));
+  void *p = opaque(malloc(12121));
+  CHECK(p);
+  memset(p, 1, 12121);
+  if (expect_instrumented) {
+    hd_alloc_reader *r = open_own_table();
+    hd_alloc_table_info info;
+    CHECK(hd_alloc_reader_info(r, &info) == HD_READ_OK && info.pid == (uint32_t)getpid());
+    CHECK(count_size(r, 12121) == 1);
+    CHECK(count_size(r, 8888) == 0);  // a new image: the parent's live set is not ours
+    hd_alloc_reader_close(r);
+  }
+  free(p);
+  return 0;
+}
+
+// vfork + exec and posix_spawn of this program ("probe"), and posix_spawn of a static binary,
+// while other threads allocate.
+static void scenario_spawn(const char *self, bool expect_instrumented, const char *static_probe) {
+  keep(opaque(malloc(8888)));
+  Hammers hammers;
+  const char *expect = expect_instrumented ? "1" : "0";
+  char *probe_argv[] = {(char *)self, (char *)"probe", (char *)expect, nullptr};
+  char *static_argv[] = {(char *)static_probe, nullptr};
+  for (int i = 0; i < 10; i++) {
+    pid_t pid = vfork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+      execve(self, probe_argv, environ);
+      _exit(127);
+    }
+    CHECK(exited_zero(wait_status(pid)));
+    CHECK(posix_spawn(&pid, self, nullptr, nullptr, probe_argv, environ) == 0);
+    CHECK(exited_zero(wait_status(pid)));
+    CHECK(posix_spawn(&pid, static_probe, nullptr, nullptr, static_argv, environ) == 0);
+    CHECK(exited_zero(wait_status(pid)));
+  }
+}
+
+// A SIGALRM storm while this thread allocates; the handler allocates and frees too. It keeps
+// its blocks (3001) in a ring; the main loop keeps 100 blocks of 3002; everything else is
+// freed. The handler's malloc may fail (ENOMEM) when it interrupts the real allocator.
+static const int kRing = 32;
+static void *volatile g_ring[kRing];
+static volatile unsigned g_handled, g_handler_failures;
+
+static void on_alarm(int) {
+  int saved = errno;
+  unsigned n = g_handled;
+  free(g_ring[n % kRing]);
+  void *p = malloc(3001);
+  if (!p) g_handler_failures = g_handler_failures + 1;
+  g_ring[n % kRing] = p;
+  if (n % 4 == 1) free(calloc(1, 3003));
+  if (n % 4 == 3) {
+    void *q = malloc(3004);
+    void *r = q ? realloc(q, 30050) : nullptr;
+    free(r ? r : q);
+  }
+  g_handled = n + 1;
+  errno = saved;
+}
+
+static void scenario_signals() {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_alarm;
+  sa.sa_flags = SA_RESTART;
+  CHECK(sigaction(SIGALRM, &sa, nullptr) == 0);
+  struct itimerval storm = {{0, 200}, {0, 200}};
+  CHECK(setitimer(ITIMER_REAL, &storm, nullptr) == 0);
+  void *mine[100] = {};
+  for (unsigned long i = 0; g_handled < 2000 || i < 200000; i++) {
+    unsigned k = i % 100;
+    free(mine[k]);
+    mine[k] = opaque(malloc(3002));
+    if (i % 7 == 0) mine[k] = opaque(realloc(mine[k], 3002));
+    free(opaque(malloc(3006 + i % 50)));
+  }
+  struct itimerval off = {{0, 0}, {0, 0}};
+  CHECK(setitimer(ITIMER_REAL, &off, nullptr) == 0);
+  sigset_t alarm;
+  sigemptyset(&alarm);
+  sigaddset(&alarm, SIGALRM);
+  CHECK(sigprocmask(SIG_BLOCK, &alarm, nullptr) == 0);  // a signal still pending stays so
+  for (void *p : mine) keep(p);
+  int ring_live = 0;
+  for (void *p : g_ring) ring_live += p != nullptr;
+  hd_alloc_reader *r = open_own_table();
+  CHECK(count_size(r, 3001) == ring_live);
+  CHECK(count_size(r, 3002) == 100);
+  for (uint64_t size = 3003; size < 3056; size++) CHECK(count_size(r, size) == 0);
+  CHECK(count_size(r, 30050) == 0);
+  hd_alloc_reader_close(r);
+  printf("handled %u failed %u ring %d\n", g_handled, g_handler_failures, ring_live);
+}
+
+// Threads created and exiting all the time while others allocate. Each short-lived thread keeps
+// one block (4321) and frees two more in its teardown: a pthread key destructor (4323) and a
+// thread_local object's destructor (4324). Each long-lived thread keeps 10 blocks (4322).
+static pthread_key_t g_teardown_key;
+struct TeardownFree {
+  void *p = nullptr;
+  ~TeardownFree() { free(p); }
+};
+static thread_local TeardownFree t_teardown;
+
+static void *short_lived(void *) {
+  CHECK(pthread_setspecific(g_teardown_key, malloc(4323)) == 0);
+  t_teardown.p = opaque(malloc(4324));
+  for (int i = 0; i < 300; i++) free(opaque(malloc(64 + i)));
+  keep(opaque(malloc(4321)));
+  return nullptr;
+}
+
+static void *long_lived(void *) {
+  void *mine[10] = {};
+  for (unsigned i = 0; !g_stop; i++) {
+    free(mine[i % 10]);
+    mine[i % 10] = opaque(malloc(4322));
+    free(opaque(realloc(opaque(malloc(16)), 5000)));
+  }
+  for (void *p : mine) keep(p);
+  return nullptr;
+}
+
+static const int kChurnRounds = 60, kChurnWidth = 8;
+
+static void scenario_thread_churn() {
+  CHECK(pthread_key_create(&g_teardown_key, free) == 0);
+  g_stop = 0;
+  pthread_t steady[4];
+  for (auto &t : steady) CHECK(pthread_create(&t, nullptr, long_lived, nullptr) == 0);
+  for (int round = 0; round < kChurnRounds; round++) {
+    pthread_t wave[kChurnWidth];
+    for (auto &t : wave) CHECK(pthread_create(&t, nullptr, short_lived, nullptr) == 0);
+    for (auto &t : wave) CHECK(pthread_join(t, nullptr) == 0);
   }
   g_stop = 1;
-  for (auto &t : th) pthread_join(t, nullptr);
+  for (auto &t : steady) CHECK(pthread_join(t, nullptr) == 0);
+}
+
+// Under a small HEAPDUMP_MAX_MEMORY: far more live blocks and stack traces than fit.
+static void scenario_cap() {
+  const int n = 60000;
+  std::vector<unsigned char *> blocks(n);
+  for (int i = 0; i < n; i++) {
+    blocks[i] = (unsigned char *)opaque(malloc(24));
+    CHECK(blocks[i]);
+    memset(blocks[i], i & 0xff, 24);
+  }
+  for (unsigned i = 0; i < 8192; i++) keep(path_a(i, 13));
+  for (int i = 0; i < n; i++)
+    for (int b = 0; b < 24; b++) CHECK(blocks[i][b] == (i & 0xff));
+  struct heapdump_stats st;
+  CHECK(heapdump_get_stats(&st) == HEAPDUMP_OK && st.dropped_allocations > 0);
+  // The oldest blocks were recorded; freeing them makes room for new records.
+  for (int i = 0; i < n / 2; i++) free(blocks[i]);
+  for (int i = 0; i < 100; i++) keep(opaque(malloc(25)));
+  for (int i = n / 2; i < n; i++) keep(blocks[i]);
+}
+
+// A thread renamed by writing its comm file directly (no prctl, no pthread_setname_np): 5551 is
+// allocated under the old name, 5553 after enough allocations for the name to be read again.
+static void *renamed_through_proc(void *) {
+  pthread_setname_np(pthread_self(), "before-rename");
+  keep(opaque(malloc(5551)));
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/task/%ld/comm", (long)syscall(SYS_gettid));
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  CHECK(fd >= 0);
+  CHECK(write(fd, "after-rename", 12) == 12);
+  close(fd);
+  char now[16];
+  CHECK(pthread_getname_np(pthread_self(), now, sizeof(now)) == 0 && strcmp(now, "after-rename") == 0);
+  for (int i = 0; i < 2 * 4096 + 2; i++) free(opaque(malloc(5552)));
+  keep(opaque(malloc(5553)));
+  return nullptr;
+}
+
+static void scenario_comm_rename() {
+  pthread_t t;
+  CHECK(pthread_create(&t, nullptr, renamed_through_proc, nullptr) == 0);
+  CHECK(pthread_join(t, nullptr) == 0);
 }
 
 static void scenario_dlopen(const char *lib) {
@@ -234,6 +526,13 @@ int main(int argc, char **argv) {
   else if (mode == "edge") scenario_edge();
   else if (mode == "fork") scenario_fork();
   else if (mode == "dlopen") scenario_dlopen(argv[2]);
+  else if (mode == "fork-register") scenario_fork_register();
+  else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
+  else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
+  else if (mode == "signals") scenario_signals();
+  else if (mode == "thread-churn") scenario_thread_churn();
+  else if (mode == "cap") scenario_cap();
+  else if (mode == "comm-rename") scenario_comm_rename();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {
@@ -255,5 +554,6 @@ int main(int argc, char **argv) {
   fflush(stdout);
   char c;
   (void)!read(0, &c, 1);
+  if (g_forked_child > 0) CHECK(exited_zero(wait_status(g_forked_child)));
   return 0;
 }

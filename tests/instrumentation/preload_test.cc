@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,11 +24,16 @@ struct ChildRun {
   std::string out;
 };
 
+// The environment of a test program; HEAPDUMP_SOCKET names no collector unless `extra` sets
+// it, so a collector running at the default path cannot change a result.
 std::vector<std::string> Env(bool preload, const std::vector<std::string> &extra) {
   std::vector<std::string> env;
   for (char **e = environ; *e; e++)
     if (strncmp(*e, "LD_PRELOAD=", 11) && strncmp(*e, "HEAPDUMP_", 9)) env.push_back(*e);
   if (preload) env.push_back(std::string("LD_PRELOAD=") + HD_PRELOAD_LIB);
+  bool socket_set = false;
+  for (auto &x : extra) socket_set |= x.rfind("HEAPDUMP_SOCKET=", 0) == 0;
+  if (!socket_set) env.push_back("HEAPDUMP_SOCKET=/nonexistent/heapdump-test.sock");
   for (auto &x : extra) env.push_back(x);
   return env;
 }
@@ -156,16 +162,21 @@ struct Config {
 class Preload : public ::testing::TestWithParam<Config> {
  protected:
   // Runs hd_child <mode...>, reads its tables at "ready", then lets it exit 0.
-  void RunChild(const std::vector<std::string> &args, Tables *t) {
+  void RunChild(const std::vector<std::string> &args, Tables *t,
+                const std::vector<std::string> &extra_env = {}) {
     std::vector<std::string> argv = {HD_CHILD};
     argv.insert(argv.end(), args.begin(), args.end());
-    ChildRun r = Start(argv, Env(true, GetParam().env));
+    std::vector<std::string> env = GetParam().env;
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    ChildRun r = Start(argv, Env(true, env));
     bool ready = WaitReady(r);
     if (ready) ReadTables(r.pid, t);
     int st = Finish(r);
     ASSERT_TRUE(ready) << "child output: " << r.out;
     ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << " out: " << r.out;
+    last_output = r.out;
   }
+  std::string last_output;  // the child's stdout
 };
 
 TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
@@ -260,6 +271,73 @@ TEST_P(Preload, DlopenDlcloseRegionsAndAllocations) {
     }
   }
   EXPECT_TRUE(region) << "unloaded module's region must stay recorded";
+}
+
+TEST_P(Preload, VforkAndPosixSpawnChildrenGetTheirOwnTables) {
+  Tables t;
+  RunChild({"spawn", "1", HD_STATIC_PROBE}, &t);
+  EXPECT_EQ(t.CountSize(8888), 1);
+  EXPECT_EQ(t.CountSize(12121), 0);  // the probes' blocks are in their own tables
+}
+
+TEST_P(Preload, FollowChildrenZeroExecsUninstrumentedChildren) {
+  Tables t;
+  RunChild({"spawn", "0", HD_STATIC_PROBE}, &t, {"HEAPDUMP_FOLLOW_CHILDREN=0"});
+  EXPECT_EQ(t.CountSize(8888), 1);  // the parent itself is still recorded
+}
+
+TEST_P(Preload, SignalHandlerAllocatingDuringAllocations) {
+  Tables t;
+  RunChild({"signals"}, &t);
+  unsigned handled = 0, failed = 0;
+  int ring = -1;
+  ASSERT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &handled, &failed, &ring), 3)
+      << last_output;
+  EXPECT_GE(handled, 2000u);
+  EXPECT_EQ(t.CountSize(3001), ring);
+  EXPECT_EQ(t.CountSize(3002), 100);
+  EXPECT_EQ(t.CountSize(3003), 0);
+  EXPECT_EQ(t.stats.live_blocks, t.blocks.size());
+  EXPECT_EQ(t.stats.dropped_allocations, 0u);
+}
+
+TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {
+  Tables t;
+  RunChild({"thread-churn"}, &t);
+  EXPECT_EQ(t.CountSize(4321), 60 * 8);
+  EXPECT_EQ(t.CountSize(4322), 4 * 10);
+  EXPECT_EQ(t.CountSize(4323), 0);  // freed by a pthread key destructor at thread exit
+  EXPECT_EQ(t.CountSize(4324), 0);  // freed by a thread_local destructor at thread exit
+  EXPECT_EQ(t.CountSize(5000), 0);
+  EXPECT_EQ(t.stats.live_blocks, t.blocks.size());
+}
+
+TEST_P(Preload, MemoryCapDropsRecordsAndTheProgramGoesOn) {
+  Tables t;
+  RunChild({"cap"}, &t, {"HEAPDUMP_MAX_MEMORY=1M"});
+  EXPECT_GT(t.stats.dropped_allocations, 0u);
+  EXPECT_GT(t.stats.dropped_stack_traces, 0u);
+  EXPECT_EQ(t.stats.live_blocks, t.blocks.size());
+  EXPECT_LT(t.blocks.size(), 60000u);
+  EXPECT_EQ(t.CountSize(25), 100);  // recorded again once records were freed
+  // Every recorded trace key still names a readable trace.
+  for (auto &b : t.blocks) {
+    if (b.stack_key == 0) continue;
+    uint64_t frames[64];
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr), HD_READ_OK);
+  }
+}
+
+TEST_P(Preload, RenameThroughProcCommIsNoticed) {
+  Tables t;
+  RunChild({"comm-rename"}, &t);
+  std::map<uint32_t, std::string> names;
+  for (auto &e : t.Entries(HD_ENTRY_THREAD)) names[e.key] = e.u.thread.name;
+  ASSERT_EQ(t.CountSize(5551), 1);
+  ASSERT_EQ(t.CountSize(5553), 1);
+  EXPECT_EQ(names[t.FindSize(5551)->thread_key], "before-rename");
+  EXPECT_EQ(names[t.FindSize(5553)->thread_key], "after-rename");
 }
 
 TEST_P(Preload, PublicApiThroughWeakSymbols) {

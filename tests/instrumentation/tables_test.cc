@@ -315,6 +315,54 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   EXPECT_EQ(hd_res_reader_next(r, &cursor, &e), HD_READ_ERR_CORRUPT);
 }
 
+TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
+  uint64_t known[2] = {0x401000, 0x402000}, fresh[2] = {0x403000, 0x404000};
+  uint32_t k = hd_res_intern_stack(&t, known, 2);
+  ASSERT_NE(k, 0u);
+  ASSERT_EQ(pthread_mutex_lock(&t.lock), 0);  // as if the interrupted code held it
+  EXPECT_EQ(hd_res_intern_stack_nowait(&t, known, 2), k);
+  EXPECT_EQ(hd_res_intern_stack_nowait(&t, fresh, 2), 0u);
+  ASSERT_EQ(pthread_mutex_unlock(&t.lock), 0);
+  hd_table_stats stats;
+  ASSERT_EQ(hd_res_reader_stats(r, &stats), HD_READ_OK);
+  EXPECT_EQ(stats.dropped_stack_traces, 1u);
+  uint32_t fresh_key = hd_res_intern_stack_nowait(&t, fresh, 2);
+  EXPECT_NE(fresh_key, 0u);
+  EXPECT_EQ(hd_res_intern_stack(&t, fresh, 2), fresh_key);
+}
+
+TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
+  hd_res_count_alloc(&t, 0, 100);
+  hd_res_count_alloc(&t, 0, 50);
+  hd_res_count_alloc(&t, 0, 10);
+  hd_res_count_free(&t, 10);
+  // A copy whose live set has one more block than the counters say (a count not yet made)...
+  hd_res_reconcile_live(&t, 3, 170);
+  hd_table_stats stats;
+  ASSERT_EQ(hd_res_reader_stats(r, &stats), HD_READ_OK);
+  EXPECT_EQ(stats.live_blocks, 3u);
+  EXPECT_EQ(stats.live_bytes, 170u);
+  EXPECT_EQ(stats.peak_live_bytes, 170u);
+  // ...and one with a block fewer (a free whose count was not yet made).
+  hd_res_reconcile_live(&t, 1, 100);
+  ASSERT_EQ(hd_res_reader_stats(r, &stats), HD_READ_OK);
+  EXPECT_EQ(stats.live_blocks, 1u);
+  EXPECT_EQ(stats.live_bytes, 100u);
+  EXPECT_EQ(stats.blocks_allocated, 3u);
+  EXPECT_EQ(stats.peak_live_bytes, 170u);
+}
+
+TEST_F(AllocTable, SumCountsEveryLiveRecord) {
+  for (uint64_t a = 1; a <= 5000; a++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+  hd_alloc_info out;
+  ASSERT_TRUE(hd_alloc_table_erase(&t, 16 * 100, &out));
+  uint64_t blocks, bytes;
+  hd_alloc_table_sum_locked(&t, &blocks, &bytes);
+  EXPECT_EQ(blocks, 4999u);
+  EXPECT_EQ(bytes, 5000u * 5001 / 2 - 100);
+}
+
 TEST(ResTableCap, FullTableDropsAndCounts) {
   hd_res_table t{};
   ASSERT_EQ(hd_res_table_create(&t, 0, "test-res-small"), 0);  // clamped to 64 KiB

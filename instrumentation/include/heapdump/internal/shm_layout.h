@@ -155,8 +155,10 @@ typedef struct hd_stats_block {
   uint64_t blocks_freed;        /* frees of recorded blocks */
   uint64_t bytes_freed;
   uint64_t peak_live_bytes;     /* maximum of bytes_allocated - bytes_freed */
-  uint64_t dropped_allocations; /* allocations not recorded: allocations table full */
-  uint64_t dropped_stack_traces;/* traces not stored: resources table full (key 0 used) */
+  uint64_t dropped_allocations; /* allocations not recorded: allocations table full, or a
+                                   thread's queue of records from signal handlers full */
+  uint64_t dropped_stack_traces;/* traces not stored (key 0 used): resources table full, or
+                                   its lock busy in a signal handler */
   uint64_t dropped_resources;   /* thread infos / regions not stored: resources table full */
 } hd_stats_block;
 HD_STATIC_ASSERT(sizeof(hd_stats_block) == 64, "hd_stats_block size");
