@@ -342,6 +342,7 @@ const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t a
 typedef struct receive_state {
   int channel;
   hd_batch_reader *reader;
+  hd_reassembler *reassembler;
   uint32_t error;
   bool ended;
   bool multi_process;
@@ -365,6 +366,10 @@ static hd_status on_batch(void *ctx, hd_message *msg,
                           heapdump_client_SnapshotReceiverBatchRequest *req) {
   (void)req;
   receive_state *st = ctx;
+  hd_reassembler *r = st->reassembler;
+  r->batches_received++;
+  r->bytes_received += msg->size;
+  if (r->progress != NULL) r->progress(r->progress_ctx, r);
   if (st->reader->element_count == 0) {
     if (st->multi_process && st->inside_process) {
       st->inside_process = false;
@@ -395,7 +400,8 @@ hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r
     return HD_ERR_NO_MEMORY;
   }
   hd_batch_reader_init(reader, hd_reassembler_add, r);
-  receive_state st = {.channel = channel, .reader = reader, .multi_process = multi_process};
+  receive_state st = {
+      .channel = channel, .reader = reader, .reassembler = r, .multi_process = multi_process};
   const hd_snapshot_receiver_server server = {
       .batch_prepare = prepare_batch, .batch = on_batch, .report_error = on_report_error};
   hd_status status = HD_OK;

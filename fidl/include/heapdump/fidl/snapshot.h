@@ -74,11 +74,18 @@ typedef struct hd_snapshot {
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
 } hd_snapshot;
 
+struct hd_reassembler;
+/* Called by hd_snapshot_receive after each batch, e.g. to show a progress line. */
+typedef void (*hd_progress_fn)(void *ctx, const struct hd_reassembler *r);
+
 typedef struct hd_reassembler {
   hd_snapshot **snapshots; /* one per SnapshotHeader, or a single one without headers */
   size_t snapshot_count, snapshot_capacity;
   size_t unknown_elements; /* variants this version does not know (skipped) */
   char error[160];         /* what went wrong, for messages */
+  uint64_t batches_received, bytes_received; /* counted by hd_snapshot_receive */
+  hd_progress_fn progress;                   /* optional */
+  void *progress_ctx;
 } hd_reassembler;
 
 void hd_reassembler_init(hd_reassembler *r);

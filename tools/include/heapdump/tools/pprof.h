@@ -1,0 +1,46 @@
+/* pprof output: a gzip-compressed profile.proto (github.com/google/pprof/proto/profile.proto),
+ * encoded with nanopb while streaming, so the profile is never built in memory as a whole. */
+#ifndef HEAPDUMP_TOOLS_PPROF_H
+#define HEAPDUMP_TOOLS_PPROF_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/symbolize.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum hd_pprof_sample {
+  HD_PPROF_INUSE_SPACE = 0, /* the default sample type */
+  HD_PPROF_INUSE_OBJECTS,
+  HD_PPROF_ALLOC_SPACE,
+  HD_PPROF_ALLOC_OBJECTS,
+} hd_pprof_sample;
+
+typedef struct hd_pprof_options {
+  /* NULL: addresses only (Mappings and Locations; the only Function is the one naming empty
+   * stacks), which pprof can symbolize itself from the files the Mappings name. */
+  hd_symbolizer *symbolizer;
+  /* One sample per block, labelled address/bytes/timestamp/thread, instead of one per stack
+   * trace; the cumulative counters then come in one more sample per stack trace, unlabelled. */
+  bool tags;
+  hd_pprof_sample default_sample;
+} hd_pprof_options;
+
+/* Writes the snapshots of r to out as gzip'd profile.proto (options NULL: the defaults). Sample
+ * types, in order: inuse_objects/count, inuse_space/bytes, alloc_objects/count,
+ * alloc_space/bytes (the last two from the cumulative counters; 0 where a stack trace has none).
+ * A multi-process stream (snapshots that began with a SnapshotHeader, however many) has every
+ * sample labelled process_name and pid. Flushes out but does not close it. Returns 0, or a
+ * negative errno value with a message in error: -EINVAL for bad arguments or a reassembler whose
+ * references do not resolve (unfinished), -ENOMEM, or the errno of a failed write (-ENOSPC...). */
+int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FILE *out,
+                   char *error, size_t error_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

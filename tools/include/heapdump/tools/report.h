@@ -1,0 +1,43 @@
+/* Human-facing outputs of a snapshot: the report (top allocation sites, stacks or threads by live
+ * bytes, as text or JSON) and folded stacks for flame graph tools. */
+#ifndef HEAPDUMP_TOOLS_REPORT_H
+#define HEAPDUMP_TOOLS_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/symbolize.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum hd_report_by {
+  HD_REPORT_BY_SITE = 0, /* the allocation site: the first frame outside the allocator */
+  HD_REPORT_BY_STACK,    /* each distinct stack trace */
+  HD_REPORT_BY_THREAD,   /* the allocating thread */
+} hd_report_by;
+
+typedef struct hd_report_options {
+  hd_symbolizer *symbolizer; /* NULL: addresses as module+0xoffset */
+  hd_report_by by;
+  size_t top;        /* groups shown per process; 0 = all */
+  size_t max_frames; /* frames shown per group; 0 = all */
+  bool json;
+} hd_report_options;
+
+/* Returns 0, or a negative errno value with a message in error. */
+int hd_report_write(const hd_reassembler *r, const hd_report_options *options, FILE *out,
+                    char *error, size_t error_size);
+
+/* One line per stack trace, root first: "frame;frame;...;leaf live_bytes" (a multi-process
+ * snapshot starts each line with "process[pid]"). Inlined frames are expanded. */
+int hd_folded_write(const hd_reassembler *r, hd_symbolizer *symbolizer, FILE *out, char *error,
+                    size_t error_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,42 @@
+/* Allocation sites: the frame of a stack trace that a report, a pprof label or a dartheap class
+ * names. Stack traces start inside the allocator's entry points (operator new, strdup, ...); the
+ * site is the first frame outside them. */
+#ifndef HEAPDUMP_TOOLS_SITES_H
+#define HEAPDUMP_TOOLS_SITES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/symbolize.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* hd_symbolize when sym is not NULL; otherwise only the region, module and offset are filled in
+ * (frame_count 0). */
+void hd_locate(hd_symbolizer *sym, const hd_snapshot *snap, uint64_t address,
+               bool is_return_address, hd_location_info *loc);
+
+/* The index in trace->addresses of the allocation site: the first frame that is neither in the
+ * instrumentation library nor a known allocation entry point (malloc family, operator new[],
+ * strdup family). A trace made only of allocator frames gives its last frame; an empty trace
+ * gives 0. sym may be NULL (then only module names are used). */
+size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
+                     const hd_snapshot_stack_trace *trace);
+
+/* The site's display name (see hd_location_name) written to out; returns out. For an empty
+ * trace: "(no stack)". */
+char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                   const hd_snapshot_stack_trace *trace, char *out, size_t size);
+
+/* The module the site is in (basename of its region), "" if no region holds it. */
+const char *hd_site_module(hd_symbolizer *sym, const hd_snapshot *snap,
+                           const hd_snapshot_stack_trace *trace);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,250 @@
+/* The raw snapshot file (see rawfile.h and docs/file-format.md). Writing re-encodes the
+ * reassembled model through the same batch writer the collector uses, so a raw file is exactly
+ * what a receiver would have been sent; reading feeds each batch to a reassembler as a receiver
+ * does, so the same checks apply to files and to streams. */
+#include "heapdump/tools/rawfile.h"
+
+#include <errno.h>
+#include <pb_decode.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "heapdump/fidl/batch.h"
+
+static const char kMagic[8] = {'H', 'E', 'A', 'P', 'D', 'U', 'M', 'P'};
+
+static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error, size, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+bool hd_raw_is_multi_process(const hd_reassembler *r) {
+  return r->snapshot_count > 0 && r->snapshots[0]->has_header;
+}
+
+/* ---- writing ---- */
+
+typedef struct file_sink {
+  FILE *out;
+  int error; /* errno of the first failed write */
+} file_sink;
+
+static hd_status write_record(void *ctx, const uint8_t *body, size_t size) {
+  file_sink *sink = ctx;
+  uint8_t length[4];
+  put_u32(length, (uint32_t)size);
+  if (fwrite(length, 1, sizeof length, sink->out) != sizeof length ||
+      (size > 0 && fwrite(body, 1, size, sink->out) != size)) {
+    sink->error = errno ? errno : EIO;
+    return HD_ERR_IO;
+  }
+  return HD_OK;
+}
+
+static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
+  heapdump_client_SnapshotElement e;
+  if (s->has_header) {
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
+    e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
+    snprintf(e.element.snapshot_header.process_name,
+             sizeof e.element.snapshot_header.process_name, "%s", s->process_name);
+    e.element.snapshot_header.process_koid = s->pid;
+    status = hd_batch_add(w, &e);
+    /* The header travels alone in its batch, as the collector sends it. */
+    if (status == HD_OK) status = hd_batch_flush(w);
+  }
+  for (size_t i = 0; i < s->thread_count && status == HD_OK; i++) {
+    const hd_snapshot_thread *t = &s->threads[i];
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
+    heapdump_client_ThreadInfo *ti = &e.element.thread_info;
+    ti->has_thread_info_key = ti->has_koid = ti->has_name = true;
+    ti->thread_info_key = t->key;
+    ti->koid = t->koid;
+    snprintf(ti->name, sizeof ti->name, "%s", t->name);
+    status = hd_batch_add(w, &e);
+  }
+  for (size_t i = 0; i < s->stack_trace_count && status == HD_OK; i++) {
+    const hd_snapshot_stack_trace *t = &s->stack_traces[i];
+    status = hd_batch_add_stack_trace(w, t->key, t->addresses, t->count);
+    if (status == HD_OK && t->has_counters) {
+      e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+      e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
+      e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
+          true, t->key, true, t->allocated_blocks, true, t->allocated_bytes};
+      status = hd_batch_add(w, &e);
+    }
+  }
+  for (size_t i = 0; i < s->region_count && status == HD_OK; i++) {
+    const hd_snapshot_region *g = &s->regions[i];
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
+    heapdump_client_ExecutableRegion *x = &e.element.executable_region;
+    x->has_address = x->has_size = x->has_file_offset = x->has_vaddr = x->has_name = true;
+    x->address = g->address;
+    x->size = g->size;
+    x->file_offset = g->file_offset;
+    x->vaddr = g->vaddr;
+    x->has_build_id = g->build_id_size > 0;
+    x->build_id.value.size = (pb_size_t)g->build_id_size;
+    memcpy(x->build_id.value.bytes, g->build_id, g->build_id_size);
+    snprintf(x->name, sizeof x->name, "%s", g->name ? g->name : "");
+    status = hd_batch_add(w, &e);
+  }
+  for (size_t i = 0; i < s->allocation_count && status == HD_OK; i++) {
+    const hd_snapshot_allocation *a = &s->allocations[i];
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_allocation_tag;
+    e.element.allocation = (heapdump_client_Allocation){
+        true, a->address, true, a->size, true, a->stack_trace_key, true, a->timestamp,
+        true, a->thread_info_key, a->count != 0, a->count};
+    status = hd_batch_add(w, &e);
+  }
+  if (s->has_stats && status == HD_OK) {
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
+    e.element.process_stats = s->stats;
+    status = hd_batch_add(w, &e);
+  }
+  for (size_t i = 0; i < s->block_count && status == HD_OK; i++) {
+    const hd_snapshot_block *b = &s->blocks[i];
+    status = hd_batch_add_block_contents(w, b->address, b->bytes, b->size);
+  }
+  return status;
+}
+
+int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_size) {
+  bool multi = hd_raw_is_multi_process(r);
+  uint8_t header[16];
+  memcpy(header, kMagic, sizeof kMagic);
+  put_u32(header + 8, HD_RAW_VERSION);
+  put_u32(header + 12, multi ? HD_RAW_FLAG_MULTI_PROCESS : 0);
+  file_sink sink = {out, 0};
+  hd_batch_writer *w = malloc(sizeof *w);
+  if (w == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+  hd_status status = HD_OK;
+  errno = 0;
+  if (fwrite(header, 1, sizeof header, out) != sizeof header) {
+    sink.error = errno ? errno : EIO;
+    status = HD_ERR_IO;
+  }
+  hd_batch_writer_init(w, write_record, &sink);
+  for (size_t i = 0; i < r->snapshot_count && status == HD_OK; i++) {
+    status = write_snapshot(r->snapshots[i], w);
+    if (status == HD_OK && multi) status = hd_batch_end(w);
+  }
+  if (status == HD_OK) status = hd_batch_end(w);
+  free(w);
+  if (status == HD_OK && fflush(out) != 0) {
+    sink.error = errno ? errno : EIO;
+    status = HD_ERR_IO;
+  }
+  if (status != HD_OK) {
+    int err = sink.error ? sink.error : EIO;
+    return fail(error, error_size, -err, "cannot write the raw snapshot: %s",
+                sink.error ? strerror(err) : hd_status_str(status));
+  }
+  return 0;
+}
+
+/* ---- reading ---- */
+
+enum stream_state { IN_PROCESS, BETWEEN_PROCESSES, ENDED };
+
+int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
+  uint8_t header[16];
+  size_t n = fread(header, 1, sizeof header, in);
+  if (n != sizeof header || memcmp(header, kMagic, sizeof kMagic) != 0) {
+    if (ferror(in)) return fail(error, error_size, -EIO, "read error: %s", strerror(errno));
+    return fail(error, error_size, -EINVAL, "not a heapdump raw snapshot (bad magic)");
+  }
+  uint32_t version = get_u32(header + 8), flags = get_u32(header + 12);
+  if (version != HD_RAW_VERSION) {
+    return fail(error, error_size, -EINVAL,
+                "raw snapshot version %u is not supported (this heapdump reads version %u)",
+                version, HD_RAW_VERSION);
+  }
+  if (flags & ~HD_RAW_FLAG_MULTI_PROCESS) {
+    return fail(error, error_size, -EINVAL, "raw snapshot has unknown flags 0x%x", flags);
+  }
+  bool multi = flags & HD_RAW_FLAG_MULTI_PROCESS;
+  uint8_t *body = malloc(HD_BATCH_CAPACITY);
+  hd_batch_reader *reader = malloc(sizeof *reader);
+  if (body == NULL || reader == NULL) {
+    free(body);
+    free(reader);
+    return fail(error, error_size, -ENOMEM, "out of memory");
+  }
+  hd_batch_reader_init(reader, hd_reassembler_add, r);
+  enum stream_state state = multi ? BETWEEN_PROCESSES : IN_PROCESS;
+  int rc = 0;
+  for (uint64_t record = 0; rc == 0 && state != ENDED; record++) {
+    uint8_t length[4];
+    n = fread(length, 1, sizeof length, in);
+    if (n != sizeof length) {
+      rc = ferror(in) ? fail(error, error_size, -EIO, "read error: %s", strerror(errno))
+                      : fail(error, error_size, -EINVAL,
+                             "truncated raw snapshot: the stream ends before its last batch");
+      break;
+    }
+    uint32_t size = get_u32(length);
+    if (size > HD_BATCH_CAPACITY) {
+      rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
+                (unsigned long long)record, size);
+      break;
+    }
+    if (fread(body, 1, size, in) != size) {
+      rc = fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
+                (unsigned long long)record);
+      break;
+    }
+    if (size == 0) {
+      state = (multi && state == IN_PROCESS) ? BETWEEN_PROCESSES : ENDED;
+      continue;
+    }
+    size_t snapshots_before = r->snapshot_count;
+    heapdump_client_SnapshotReceiverBatchRequest request =
+        heapdump_client_SnapshotReceiverBatchRequest_init_zero;
+    hd_batch_reader_prepare(reader, &request);
+    reader->status = HD_OK;
+    pb_istream_t stream = pb_istream_from_buffer(body, size);
+    if (!pb_decode(&stream, heapdump_client_SnapshotReceiverBatchRequest_fields, &request)) {
+      rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
+                (unsigned long long)record,
+                reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
+      break;
+    }
+    if (multi && state == BETWEEN_PROCESSES) {
+      if (r->snapshot_count != snapshots_before + 1) {
+        rc = fail(error, error_size, -EINVAL,
+                  "corrupt raw snapshot: batch %llu should start a process with its header",
+                  (unsigned long long)record);
+      }
+      state = IN_PROCESS;
+    }
+  }
+  if (rc == 0 && fgetc(in) != EOF) {
+    rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: data after the end of the stream");
+  }
+  if (rc == 0 && hd_reassembler_finish(r) != HD_OK) {
+    rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: %s", r->error);
+  }
+  free(body);
+  free(reader);
+  return rc;
+}

@@ -1,0 +1,424 @@
+/* The report and folded-stack outputs (see report.h). Both aggregate the live allocations of each
+ * process by stack trace first; the report then merges traces into groups (sites, stacks or
+ * threads) and names each group's heaviest stack. */
+#include "heapdump/tools/report.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "heapdump/tools/sites.h"
+
+typedef struct trace_totals {
+  uint64_t live_bytes, live_blocks;
+} trace_totals;
+
+typedef struct group {
+  char name[512];
+  const char *module;
+  uint64_t live_bytes, live_blocks;
+  uint64_t allocated_bytes, allocated_blocks;
+  bool has_counters;
+  size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
+  uint64_t heaviest_bytes;
+} group;
+
+static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error, size, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static trace_totals *totals_by_trace(const hd_snapshot *s) {
+  trace_totals *t = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *t);
+  if (t == NULL) return NULL;
+  for (size_t i = 0; i < s->allocation_count; i++) {
+    const hd_snapshot_allocation *a = &s->allocations[i];
+    const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
+    if (trace == NULL) continue; /* the reassembler refuses such snapshots */
+    trace_totals *tt = &t[trace - s->stack_traces];
+    tt->live_bytes += a->size;
+    tt->live_blocks++;
+  }
+  return t;
+}
+
+static int compare_groups(const void *a, const void *b) {
+  const group *x = a, *y = b;
+  if (x->live_bytes != y->live_bytes) return x->live_bytes > y->live_bytes ? -1 : 1;
+  if (x->live_blocks != y->live_blocks) return x->live_blocks > y->live_blocks ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+/* Groups are few (one per site, stack or thread): a linear lookup by name keeps this simple, and
+ * names are computed once per stack trace, not per allocation. */
+typedef struct group_list {
+  group *items;
+  size_t count, capacity;
+} group_list;
+
+static group *group_for(group_list *l, const char *name) {
+  for (size_t i = 0; i < l->count; i++) {
+    if (strcmp(l->items[i].name, name) == 0) return &l->items[i];
+  }
+  if (l->count == l->capacity) {
+    size_t capacity = l->capacity ? 2 * l->capacity : 64;
+    group *items = realloc(l->items, capacity * sizeof *items);
+    if (items == NULL) return NULL;
+    l->items = items;
+    l->capacity = capacity;
+  }
+  group *g = &l->items[l->count++];
+  memset(g, 0, sizeof *g);
+  snprintf(g->name, sizeof g->name, "%s", name);
+  g->module = "";
+  g->heaviest_trace = SIZE_MAX;
+  return g;
+}
+
+static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t index,
+                      const trace_totals *tt) {
+  g->live_bytes += tt->live_bytes;
+  g->live_blocks += tt->live_blocks;
+  if (trace->has_counters) {
+    g->has_counters = true;
+    g->allocated_bytes += trace->allocated_bytes;
+    g->allocated_blocks += trace->allocated_blocks;
+  }
+  if (g->heaviest_trace == SIZE_MAX || tt->live_bytes > g->heaviest_bytes) {
+    g->heaviest_trace = index;
+    g->heaviest_bytes = tt->live_bytes;
+  }
+}
+
+static int build_groups(const hd_snapshot *s, const hd_report_options *o, group_list *out) {
+  trace_totals *totals = totals_by_trace(s);
+  if (totals == NULL) return -ENOMEM;
+  group_list l = {0};
+  int rc = 0;
+  if (o->by == HD_REPORT_BY_THREAD) {
+    for (size_t i = 0; i < s->allocation_count && rc == 0; i++) {
+      const hd_snapshot_allocation *a = &s->allocations[i];
+      const hd_snapshot_thread *t = hd_snapshot_find_thread(s, a->thread_info_key);
+      char name[64];
+      snprintf(name, sizeof name, "%s[%" PRIu64 "]", t ? t->name : "?", t ? t->koid : 0);
+      group *g = group_for(&l, name);
+      if (g == NULL) {
+        rc = -ENOMEM;
+        break;
+      }
+      g->live_bytes += a->size;
+      g->live_blocks++;
+      const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
+      /* The thread's heaviest stack is the one with the most live bytes overall among its
+       * allocations; good enough to point at what the thread keeps alive. */
+      if (trace != NULL) {
+        size_t index = (size_t)(trace - s->stack_traces);
+        if (g->heaviest_trace == SIZE_MAX || totals[index].live_bytes > g->heaviest_bytes) {
+          g->heaviest_trace = index;
+          g->heaviest_bytes = totals[index].live_bytes;
+        }
+      }
+    }
+  } else {
+    for (size_t i = 0; i < s->stack_trace_count && rc == 0; i++) {
+      const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
+      if (totals[i].live_blocks == 0) continue;
+      char name[512], site[480];
+      hd_site_name(o->symbolizer, s, trace, site, sizeof site);
+      if (o->by == HD_REPORT_BY_STACK) {
+        snprintf(name, sizeof name, "%s (stack %" PRIu64 ")", site, trace->key);
+      } else {
+        snprintf(name, sizeof name, "%s", site);
+      }
+      group *g = group_for(&l, name);
+      if (g == NULL) {
+        rc = -ENOMEM;
+        break;
+      }
+      g->module = hd_site_module(o->symbolizer, s, trace);
+      add_trace(g, trace, i, &totals[i]);
+    }
+  }
+  free(totals);
+  if (rc != 0) {
+    free(l.items);
+    return rc;
+  }
+  if (l.count > 0) qsort(l.items, l.count, sizeof *l.items, compare_groups);
+  *out = l;
+  return 0;
+}
+
+/* ---- text ---- */
+
+static void print_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
+                              const hd_snapshot_stack_trace *trace, size_t first,
+                              size_t max_frames) {
+  size_t shown = 0;
+  for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames); i++, shown++) {
+    hd_location_info loc;
+    uint64_t address = trace->addresses[i];
+    hd_locate(sym, s, address, true, &loc);
+    if (loc.frame_count == 0) {
+      char name[300];
+      fprintf(out, "        at %s\n", hd_location_name(&loc, address, name, sizeof name));
+      continue;
+    }
+    for (size_t f = 0; f < loc.frame_count; f++) {
+      const hd_source_frame *fr = &loc.frames[f];
+      fprintf(out, "        at %s", fr->function ? fr->function : "??");
+      if (fr->file != NULL && fr->line > 0) {
+        fprintf(out, " (%s:%" PRIu32 ")", fr->file, fr->line);
+      } else {
+        fprintf(out, " (%s+0x%" PRIx64 ")", loc.module, loc.module_offset);
+      }
+      fprintf(out, "%s\n", f + 1 < loc.frame_count ? " [inlined]" : "");
+    }
+  }
+  if (first + shown < trace->count) {
+    fprintf(out, "        ... %zu more frames\n", trace->count - first - shown);
+  }
+}
+
+static const char *group_kind(hd_report_by by) {
+  switch (by) {
+    case HD_REPORT_BY_STACK:
+      return "STACK";
+    case HD_REPORT_BY_THREAD:
+      return "THREAD";
+    case HD_REPORT_BY_SITE:
+      break;
+  }
+  return "SITE";
+}
+
+static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                       FILE *out) {
+  uint64_t live_bytes = 0;
+  for (size_t i = 0; i < s->allocation_count; i++) live_bytes += s->allocations[i].size;
+  if (s->has_header || s->process_name[0]) {
+    fprintf(out, "%s[%" PRIu64 "]: ", s->process_name, s->pid);
+  }
+  fprintf(out, "%zu live blocks, %" PRIu64 " live bytes", s->allocation_count, live_bytes);
+  if (s->has_stats) {
+    const heapdump_client_ProcessStats *st = &s->stats;
+    fprintf(out,
+            "; since start %" PRIu64 " blocks and %" PRIu64 " bytes allocated, %" PRIu64
+            " blocks freed; peak %" PRIu64 " live bytes",
+            st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->peak_live_bytes);
+  }
+  fputc('\n', out);
+  if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
+                       s->stats.dropped_resources)) {
+    fprintf(out,
+            "warning: the process ran out of recording memory (HEAPDUMP_MAX_MEMORY): %" PRIu64
+            " allocations, %" PRIu64 " stack traces and %" PRIu64
+            " other records were not recorded\n",
+            s->stats.dropped_allocations, s->stats.dropped_stack_traces,
+            s->stats.dropped_resources);
+  }
+  if (l->count == 0) return;
+  bool by_thread = o->by == HD_REPORT_BY_THREAD;
+  fprintf(out, "%14s %12s %14s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
+          by_thread ? "" : "ALLOC BYTES", by_thread ? "" : "ALLOC BLOCKS", group_kind(o->by));
+  size_t shown = o->top && o->top < l->count ? o->top : l->count;
+  for (size_t i = 0; i < shown; i++) {
+    const group *g = &l->items[i];
+    char ab[32] = "-", an[32] = "-";
+    if (g->has_counters) {
+      snprintf(ab, sizeof ab, "%" PRIu64, g->allocated_bytes);
+      snprintf(an, sizeof an, "%" PRIu64, g->allocated_blocks);
+    } else if (by_thread) {
+      ab[0] = an[0] = '\0';
+    }
+    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s  %s\n", g->live_bytes, g->live_blocks,
+            ab, an, g->name);
+    if (g->heaviest_trace != SIZE_MAX) {
+      const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
+      size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
+      print_frames_text(out, o->symbolizer, s, trace, first, o->max_frames);
+    }
+  }
+  if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
+}
+
+/* ---- JSON ---- */
+
+static void json_string(FILE *out, const char *s) {
+  fputc('"', out);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    if (*p == '"' || *p == '\\') {
+      fprintf(out, "\\%c", *p);
+    } else if (*p < 0x20 || *p == 0x7f) {
+      fprintf(out, "\\u%04x", *p);
+    } else {
+      fputc(*p, out);
+    }
+  }
+  fputc('"', out);
+}
+
+static void json_frames(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
+                        const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
+  fputs("[", out);
+  bool comma = false;
+  size_t shown = 0;
+  for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames); i++, shown++) {
+    hd_location_info loc;
+    uint64_t address = trace->addresses[i];
+    hd_locate(sym, s, address, true, &loc);
+    size_t n = loc.frame_count ? loc.frame_count : 1;
+    for (size_t f = 0; f < n; f++) {
+      const hd_source_frame *fr = loc.frame_count ? &loc.frames[f] : NULL;
+      fprintf(out, "%s{\"address\":\"0x%" PRIx64 "\",\"module\":", comma ? "," : "", address);
+      json_string(out, loc.module);
+      fprintf(out, ",\"module_offset\":\"0x%" PRIx64 "\",\"function\":", loc.module_offset);
+      if (fr && fr->function) {
+        json_string(out, fr->function);
+      } else {
+        fputs("null", out);
+      }
+      fputs(",\"file\":", out);
+      if (fr && fr->file) {
+        json_string(out, fr->file);
+      } else {
+        fputs("null", out);
+      }
+      fprintf(out, ",\"line\":%" PRIu32 ",\"inlined\":%s}", fr ? fr->line : 0,
+              f + 1 < n ? "true" : "false");
+      comma = true;
+    }
+  }
+  fputs("]", out);
+}
+
+static void write_json(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                       FILE *out) {
+  uint64_t live_bytes = 0;
+  for (size_t i = 0; i < s->allocation_count; i++) live_bytes += s->allocations[i].size;
+  fputs("{\"process_name\":", out);
+  json_string(out, s->process_name);
+  fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%zu,\"live_bytes\":%" PRIu64, s->pid,
+          s->allocation_count, live_bytes);
+  if (s->has_stats) {
+    const heapdump_client_ProcessStats *st = &s->stats;
+    fprintf(out,
+            ",\"stats\":{\"blocks_allocated\":%" PRIu64 ",\"bytes_allocated\":%" PRIu64
+            ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
+            ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
+            ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64 "}",
+            st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
+            st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
+            st->dropped_resources);
+  }
+  fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
+                                             : o->by == HD_REPORT_BY_STACK ? "stack"
+                                                                           : "thread");
+  size_t shown = o->top && o->top < l->count ? o->top : l->count;
+  for (size_t i = 0; i < shown; i++) {
+    const group *g = &l->items[i];
+    fputs(i ? ",{\"name\":" : "{\"name\":", out);
+    json_string(out, g->name);
+    fputs(",\"module\":", out);
+    json_string(out, g->module);
+    fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
+            g->live_blocks);
+    if (g->has_counters) {
+      fprintf(out, ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64,
+              g->allocated_bytes, g->allocated_blocks);
+    }
+    fputs(",\"frames\":", out);
+    if (g->heaviest_trace != SIZE_MAX) {
+      const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
+      size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
+      json_frames(out, o->symbolizer, s, trace, first, o->max_frames);
+    } else {
+      fputs("[]", out);
+    }
+    fputs("}", out);
+  }
+  fprintf(out, "],\"groups_total\":%zu}", l->count);
+}
+
+int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *out, char *error,
+                    size_t error_size) {
+  errno = 0;
+  if (o->json) fputs("{\"processes\":[", out);
+  for (size_t i = 0; i < r->snapshot_count; i++) {
+    group_list l = {0};
+    int rc = build_groups(r->snapshots[i], o, &l);
+    if (rc != 0) return fail(error, error_size, rc, "out of memory");
+    if (o->json) {
+      if (i) fputc(',', out);
+      write_json(r->snapshots[i], o, &l, out);
+    } else {
+      if (i) fputc('\n', out);
+      write_text(r->snapshots[i], o, &l, out);
+    }
+    free(l.items);
+  }
+  if (o->json) fputs("]}\n", out);
+  if (fflush(out) != 0 || ferror(out)) {
+    int err = errno ? errno : EIO;
+    return fail(error, error_size, -err, "cannot write the report: %s", strerror(err));
+  }
+  return 0;
+}
+
+/* ---- folded stacks ---- */
+
+/* Frame names must not contain the separators of the format. */
+static void folded_name(FILE *out, const char *name) {
+  for (const char *p = name; *p; p++) fputc(*p == ';' || *p == '\n' ? '_' : *p, out);
+}
+
+int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char *error,
+                    size_t error_size) {
+  errno = 0;
+  for (size_t p = 0; p < r->snapshot_count; p++) {
+    const hd_snapshot *s = r->snapshots[p];
+    trace_totals *totals = totals_by_trace(s);
+    if (totals == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+    for (size_t i = 0; i < s->stack_trace_count; i++) {
+      const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
+      if (totals[i].live_bytes == 0 && totals[i].live_blocks == 0) continue;
+      bool first = true;
+      if (s->has_header) {
+        fprintf(out, "%s[%" PRIu64 "]", s->process_name, s->pid);
+        first = false;
+      }
+      if (trace->count == 0) {
+        fprintf(out, "%s(no stack)", first ? "" : ";");
+        first = false;
+      }
+      for (size_t k = trace->count; k-- > 0;) {
+        hd_location_info loc;
+        hd_locate(sym, s, trace->addresses[k], true, &loc);
+        if (loc.frame_count == 0) {
+          char name[300];
+          fputs(first ? "" : ";", out);
+          folded_name(out, hd_location_name(&loc, trace->addresses[k], name, sizeof name));
+          first = false;
+          continue;
+        }
+        for (size_t f = loc.frame_count; f-- > 0;) {
+          fputs(first ? "" : ";", out);
+          folded_name(out, loc.frames[f].function ? loc.frames[f].function : "??");
+          first = false;
+        }
+      }
+      fprintf(out, " %" PRIu64 "\n", totals[i].live_bytes);
+    }
+    free(totals);
+  }
+  if (fflush(out) != 0 || ferror(out)) {
+    int err = errno ? errno : EIO;
+    return fail(error, error_size, -err, "cannot write folded stacks: %s", strerror(err));
+  }
+  return 0;
+}

@@ -1,0 +1,93 @@
+/* Allocation sites (see sites.h). The instrumentation already leaves its own frames out of the
+ * stack traces it records, but a trace still starts in whatever allocator entry point the program
+ * called: operator new in libstdc++, strdup in libc, ... Naming those as the site would put every
+ * C++ allocation under one site, so they are skipped. */
+#include "heapdump/tools/sites.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Functions that only allocate on their caller's behalf (linkage names). */
+static const char *const kAllocatorFunctions[] = {
+    "malloc",         "calloc",        "realloc",        "reallocarray", "free",
+    "posix_memalign", "aligned_alloc", "memalign",       "valloc",       "pvalloc",
+    "__libc_malloc",  "__libc_calloc", "__libc_realloc", "__libc_memalign",
+    "strdup",         "strndup",       "__strdup",       "__strndup",    "wcsdup",
+    "asprintf",       "vasprintf",     "__asprintf",     "__vasprintf_internal",
+};
+
+static bool is_allocator_function(const char *name) {
+  if (name == NULL) return false;
+  /* operator new and new[] in all their overloads (Itanium C++ ABI: _Znw... and _Zna...). */
+  if (strncmp(name, "_Znw", 4) == 0 || strncmp(name, "_Zna", 4) == 0) return true;
+  if (strncmp(name, "operator new", 12) == 0) return true;
+  for (size_t i = 0; i < sizeof kAllocatorFunctions / sizeof kAllocatorFunctions[0]; i++) {
+    if (strcmp(name, kAllocatorFunctions[i]) == 0) return true;
+  }
+  return false;
+}
+
+static bool is_instrumentation_module(const char *module) {
+  return strncmp(module, "libheapdump", 11) == 0;
+}
+
+void hd_locate(hd_symbolizer *sym, const hd_snapshot *snap, uint64_t a, bool is_return_address,
+               hd_location_info *loc) {
+  if (sym != NULL) {
+    hd_symbolize(sym, snap, a, is_return_address, loc);
+    return;
+  }
+  memset(loc, 0, sizeof *loc);
+  loc->module = "";
+  for (size_t r = 0; r < snap->region_count; r++) {
+    const hd_snapshot_region *g = &snap->regions[r];
+    if (a >= g->address && a - g->address < g->size) {
+      const char *name = g->name ? g->name : "";
+      const char *slash = strrchr(name, '/');
+      loc->region = g;
+      loc->module = slash ? slash + 1 : name;
+      loc->module_offset = a - g->address + g->file_offset;
+      break;
+    }
+  }
+}
+
+static void locate(hd_symbolizer *sym, const hd_snapshot *snap,
+                   const hd_snapshot_stack_trace *trace, size_t i, hd_location_info *loc) {
+  hd_locate(sym, snap, trace->addresses[i], true, loc);
+}
+
+size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
+                     const hd_snapshot_stack_trace *trace) {
+  for (size_t i = 0; i < trace->count; i++) {
+    hd_location_info loc;
+    locate(sym, snap, trace, i, &loc);
+    if (is_instrumentation_module(loc.module)) continue;
+    bool allocator = false;
+    for (size_t f = 0; f < loc.frame_count && !allocator; f++) {
+      allocator = is_allocator_function(loc.frames[f].function);
+    }
+    if (!allocator) return i;
+  }
+  return trace->count > 0 ? trace->count - 1 : 0;
+}
+
+char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                   const hd_snapshot_stack_trace *trace, char *out, size_t size) {
+  if (trace->count == 0) {
+    snprintf(out, size, "(no stack)");
+    return out;
+  }
+  size_t i = hd_site_frame(sym, snap, trace);
+  hd_location_info loc;
+  locate(sym, snap, trace, i, &loc);
+  return hd_location_name(&loc, trace->addresses[i], out, size);
+}
+
+const char *hd_site_module(hd_symbolizer *sym, const hd_snapshot *snap,
+                           const hd_snapshot_stack_trace *trace) {
+  if (trace->count == 0) return "";
+  hd_location_info loc;
+  locate(sym, snap, trace, hd_site_frame(sym, snap, trace), &loc);
+  return loc.module;
+}
