@@ -7,13 +7,27 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Functions that only allocate on their caller's behalf (linkage names). */
+/* Functions that only allocate on their caller's behalf (linkage names): the C library's, and
+ * the checked-allocation wrappers of widely used runtimes, which would otherwise be the site of
+ * nearly every block of the programs built on them. */
 static const char *const kAllocatorFunctions[] = {
-    "malloc",         "calloc",        "realloc",        "reallocarray", "free",
-    "posix_memalign", "aligned_alloc", "memalign",       "valloc",       "pvalloc",
-    "__libc_malloc",  "__libc_calloc", "__libc_realloc", "__libc_memalign",
-    "strdup",         "strndup",       "__strdup",       "__strndup",    "wcsdup",
-    "asprintf",       "vasprintf",     "__asprintf",     "__vasprintf_internal",
+    "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
+    "memalign", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc", "__libc_realloc",
+    "__libc_memalign", "strdup", "strndup", "__strdup", "__strndup", "wcsdup", "asprintf",
+    "vasprintf", "__asprintf", "__vasprintf_internal",
+    /* GNU and BSD style checked wrappers */
+    "xmalloc", "xcalloc", "xrealloc", "xstrdup", "xstrndup", "xzalloc", "xmemdup", "xreallocarray",
+    /* GLib */
+    "g_malloc", "g_malloc0", "g_realloc", "g_try_malloc", "g_try_malloc0", "g_try_realloc",
+    "g_malloc_n", "g_malloc0_n", "g_realloc_n", "g_strdup", "g_strndup", "g_memdup2",
+    "g_slice_alloc", "g_slice_alloc0",
+    /* Perl */
+    "Perl_safesysmalloc", "Perl_safesyscalloc", "Perl_safesysrealloc",
+    /* CPython's raw and object allocators */
+    "_PyMem_RawMalloc", "_PyMem_RawCalloc", "_PyMem_RawRealloc", "PyMem_RawMalloc",
+    "PyMem_RawCalloc", "PyMem_RawRealloc", "PyMem_Malloc", "PyMem_Calloc", "PyMem_Realloc",
+    "_PyObject_Malloc", "_PyObject_Calloc", "_PyObject_Realloc", "PyObject_Malloc",
+    "PyObject_Calloc", "PyObject_Realloc",
 };
 
 static bool is_allocator_function(const char *name) {
