@@ -1,9 +1,12 @@
 /* The collector: a poll loop that accepts connections on one socket, tells registry connections
- * (instrumented processes) from client connections by their first message, and hands every
- * snapshot stream to a worker thread of its own, so that a slow client never delays anyone else.
+ * (instrumented processes) from client connections by their first message, watches the exit of
+ * every live process through its pidfd, and hands all slow work elsewhere: every snapshot stream
+ * to a thread of its own, storing snapshots to the storage worker. So a slow client or a big
+ * snapshot never delays anyone else.
  *
- * Locking: `lock` protects the process list, the stored-snapshot list and next_id. Process
- * entries are reference-counted: a stream keeps the tables of a process mapped after it exits. */
+ * Locking: `lock` protects the live set, the stored-snapshot list and next_id. Process entries
+ * are reference-counted: a stream or a queued exit snapshot keeps the tables of a process mapped
+ * after it has exited. */
 #define _GNU_SOURCE
 #include "heapdump/collector.h"
 
@@ -45,6 +48,18 @@ void hd_log(hd_collector *c, int level, const char *fmt, ...) {
           names[level], line);
 }
 
+uint64_t hd_monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void hd_wake_poll_thread(hd_collector *c) {
+  char byte = 1;
+  ssize_t n = write(c->wake[1], &byte, 1); /* a full pipe already wakes it */
+  (void)n;
+}
+
 int hd_default_socket_path(char *out, unsigned long size) {
   const char *env = getenv("HEAPDUMP_SOCKET");
   int n;
@@ -83,16 +98,166 @@ static int prepare_socket_dir(hd_collector *c, const char *socket_path) {
 
 /* ---- processes ---- */
 
+hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_snapshot,
+                           dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
+                           hd_res_reader *res) {
+  hd_process *p = calloc(1, sizeof *p);
+  if (p == NULL) return NULL;
+  atomic_init(&p->refs, 1);
+  p->pid = pid;
+  p->uid = uid;
+  p->table_dev = table_dev;
+  p->table_ino = table_ino;
+  p->pidfd = pidfd;
+  p->alloc = alloc;
+  p->res = res;
+  pthread_mutex_init(&p->read_lock, NULL);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->exit_snapshot = exit_snapshot;
+  return p;
+}
+
+hd_process *hd_process_retain(hd_process *p) {
+  atomic_fetch_add(&p->refs, 1);
+  return p;
+}
+
 void hd_process_release(hd_process *p) {
   if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1) return;
   hd_alloc_reader_close(p->alloc);
   hd_res_reader_close(p->res);
+  if (p->pidfd >= 0) close(p->pidfd);
+  pthread_mutex_destroy(&p->read_lock);
   free(p);
 }
 
-static hd_process *process_retain(hd_process *p) {
-  atomic_fetch_add(&p->refs, 1);
-  return p;
+bool hd_process_alive(const hd_process *p) {
+  if (p->pidfd < 0) return true;
+  struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
+  return poll(&pfd, 1, 0) == 0;
+}
+
+static hd_process *find_locked(hd_collector *c, pid_t pid) {
+  for (size_t i = 0; i < c->process_count; i++) {
+    if (c->processes[i]->pid == pid) return c->processes[i];
+  }
+  return NULL;
+}
+
+static bool same_process(const hd_process *a, const hd_process *b) {
+  return a->table_dev == b->table_dev && a->table_ino == b->table_ino;
+}
+
+bool hd_process_known(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino) {
+  pthread_mutex_lock(&c->lock);
+  const hd_process *p = find_locked(c, pid);
+  bool known = p != NULL && p->table_dev == table_dev && p->table_ino == table_ino;
+  pthread_mutex_unlock(&c->lock);
+  return known;
+}
+
+/* Takes p out of the live set; false if it was not in it. */
+static bool remove_locked(hd_collector *c, hd_process *p) {
+  if (!p->live) return false;
+  p->live = false;
+  for (size_t i = 0; i < c->process_count; i++) {
+    if (c->processes[i] == p) {
+      c->processes[i] = c->processes[--c->process_count];
+      break;
+    }
+  }
+  return true;
+}
+
+/* After p left the live set: the exit snapshot, and the live set's reference. */
+static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot) {
+  hd_log(c, HD_LOG_INFO, "process %s[%u] exited", p->name, (unsigned)p->pid);
+  if (exit_snapshot) hd_queue_exit_snapshot(c, p);
+  hd_process_release(p);
+}
+
+void hd_process_exited(hd_collector *c, hd_process *p) {
+  pthread_mutex_lock(&c->lock);
+  bool removed = remove_locked(c, p);
+  bool exit_snapshot = p->exit_snapshot;
+  pthread_mutex_unlock(&c->lock);
+  if (removed) finish_exit(c, p, exit_snapshot);
+}
+
+hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *absorbed) {
+  hd_process *entry = NULL, *stale = NULL;
+  bool stale_exit_snapshot = false;
+  *absorbed = false;
+  pthread_mutex_lock(&c->lock);
+  hd_process *existing = find_locked(c, p->pid);
+  if (existing != NULL && same_process(existing, p)) {
+    existing->open_channels += channels;
+    if (channels > 0) existing->exit_snapshot = p->exit_snapshot;
+    entry = hd_process_retain(existing);
+    *absorbed = true;
+  } else {
+    if (existing != NULL) { /* its pid now names another process: it has exited */
+      remove_locked(c, existing);
+      stale = existing;
+      stale_exit_snapshot = existing->exit_snapshot;
+    }
+    if (c->process_count < HD_MAX_PROCESSES) {
+      p->live = true;
+      p->open_channels = channels;
+      c->processes[c->process_count++] = p;
+      entry = hd_process_retain(p);
+      p = NULL;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (stale != NULL) finish_exit(c, stale, stale_exit_snapshot);
+  hd_process_release(p);
+  return entry;
+}
+
+heapdump_client_CollectorError hd_select_processes(hd_collector *c, uid_t uid, bool has_selector,
+                                                   const heapdump_client_ProcessSelector *sel,
+                                                   bool multi, hd_process **out, size_t *count) {
+  *count = 0;
+  if (has_selector && sel->which_selector != heapdump_client_ProcessSelector_by_name_tag &&
+      sel->which_selector != heapdump_client_ProcessSelector_by_koid_tag) {
+    return heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED;
+  }
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->process_count; i++) {
+    hd_process *p = c->processes[i];
+    if (uid != 0 && p->uid != uid) continue;
+    if (has_selector && sel->which_selector == heapdump_client_ProcessSelector_by_name_tag &&
+        strcmp(p->name, sel->selector.by_name) != 0) {
+      continue;
+    }
+    if (has_selector && sel->which_selector == heapdump_client_ProcessSelector_by_koid_tag &&
+        (uint64_t)p->pid != sel->selector.by_koid) {
+      continue;
+    }
+    /* Exited, and the poll thread has not seen it yet: its pid may already name another. */
+    if (!hd_process_alive(p)) continue;
+    out[(*count)++] = hd_process_retain(p);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (*count == 0) return heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  if (*count > 1 && !multi) {
+    for (size_t i = 0; i < *count; i++) hd_process_release(out[i]);
+    *count = 0;
+    return heapdump_client_CollectorError_PROCESS_SELECTOR_AMBIGUOUS;
+  }
+  return heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
+}
+
+bool hd_read_process_name(pid_t pid, char *out, size_t size) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return false;
+  bool ok = fgets(out, (int)size, f) != NULL;
+  fclose(f);
+  if (ok) out[strcspn(out, "\n")] = '\0';
+  return ok;
 }
 
 /* ---- connections ---- */
@@ -103,8 +268,9 @@ typedef struct conn {
   int fd;
   enum conn_kind kind;
   struct ucred peer;
-  hd_process *process;           /* CONN_REGISTRY, CONN_SINK */
-  hd_stored_list listing;        /* CONN_ITERATOR: a copy of the matching snapshots */
+  hd_process *process;    /* CONN_REGISTRY, CONN_SINK */
+  hd_stored_list listing; /* CONN_ITERATOR: a copy of the matching snapshots */
+  heapdump_client_CollectorError listing_error; /* CONN_ITERATOR: answered instead */
 } conn;
 
 struct conn_table {
@@ -112,11 +278,13 @@ struct conn_table {
   size_t count;
 };
 
+/* Adds a connection served by the poll loop; takes fd and the reference to process. */
 static bool add_conn(hd_collector *c, int fd, enum conn_kind kind, hd_process *process,
                      const struct ucred *peer) {
   if (c->conns->count == MAX_CONNECTIONS) {
     hd_log(c, HD_LOG_WARN, "too many connections; refusing one");
     close(fd);
+    hd_process_release(process);
     return false;
   }
   int flags = fcntl(fd, F_GETFL);
@@ -130,26 +298,13 @@ static bool add_conn(hd_collector *c, int fd, enum conn_kind kind, hd_process *p
   return true;
 }
 
-/* A process leaves the live set when both its registry connection and its sink are gone. */
+/* Without a pidfd, a process has exited when its last registry connection or sink closes. */
 static void process_connection_closed(hd_collector *c, hd_process *p) {
   pthread_mutex_lock(&c->lock);
   p->open_channels--;
-  bool exited = p->open_channels == 0 && p->live;
-  if (exited) {
-    p->live = false;
-    for (size_t i = 0; i < c->process_count; i++) {
-      if (c->processes[i] == p) {
-        c->processes[i] = c->processes[--c->process_count];
-        break;
-      }
-    }
-  }
+  bool exited = p->open_channels == 0 && p->pidfd < 0 && !c->shutting_down;
   pthread_mutex_unlock(&c->lock);
-  if (exited) {
-    hd_log(c, HD_LOG_INFO, "process %s[%u] exited", p->name, (unsigned)p->pid);
-    if (p->exit_snapshot) hd_store_exit_snapshot(c, p);
-    hd_process_release(p); /* the live set's reference */
-  }
+  if (exited) hd_process_exited(c, p);
 }
 
 static void close_conn(hd_collector *c, size_t index) {
@@ -171,29 +326,11 @@ typedef struct handler_ctx {
   bool close_after; /* the request was refused: drop the connection */
 } handler_ctx;
 
-static bool read_proc_name(pid_t pid, char *out, size_t size) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-  FILE *f = fopen(path, "re");
-  if (f == NULL) return false;
-  bool ok = fgets(out, (int)size, f) != NULL;
-  fclose(f);
-  if (ok) out[strcspn(out, "\n")] = '\0';
-  return ok;
-}
-
-/* A memfd, not a file or device someone passed to make us map it. */
-static bool is_memfd(int fd) {
-  char link[64], target[128];
-  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(link, target, sizeof target - 1);
-  if (n <= 0) return false;
-  target[n] = '\0';
-  return strncmp(target, "/memfd:", 7) == 0;
-}
-
+/* A reply is encoded into the request's buffer, which forgets the request's descriptors: every
+ * reply first closes those the handler did not take. */
 static hd_status reply_register(handler_ctx *h, hd_message *msg,
                                 heapdump_process_RegistryError error) {
+  hd_message_close_fds(msg);
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
   resp.has_protocol_version = true;
   resp.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
@@ -206,155 +343,134 @@ static hd_status reply_register(handler_ctx *h, hd_message *msg,
   return hd_registry_register_reply(h->k->fd, msg, txid, &resp);
 }
 
+/* Whether the peer of a connection is still there (it waits for our answer until it exits). */
+static bool peer_connected(int fd) {
+  struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
+  return poll(&pfd, 1, 0) == 0;
+}
+
 static hd_status on_register(void *ctx, hd_message *msg,
                              heapdump_process_RegistryRegisterRequest *req) {
   handler_ctx *h = ctx;
   hd_collector *c = h->c;
+  pid_t pid = h->k->peer.pid;
   if (h->k->kind != CONN_NEW) {
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
   }
   if (!req->has_protocol_version || req->protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
       !req->has_layout_version || req->layout_version != HD_LAYOUT_VERSION) {
-    hd_log(c, HD_LOG_WARN, "pid %u: unsupported protocol %u / layout %u", (unsigned)h->k->peer.pid,
+    hd_log(c, HD_LOG_WARN, "pid %u: unsupported protocol %u / layout %u", (unsigned)pid,
            req->protocol_version, req->layout_version);
     return reply_register(h, msg, heapdump_process_RegistryError_UNSUPPORTED_VERSION);
   }
-  if (!req->has_pid || req->pid != (uint64_t)h->k->peer.pid) {
-    hd_log(c, HD_LOG_WARN, "pid %u tried to register pid %llu", (unsigned)h->k->peer.pid,
+  if (!req->has_pid || req->pid != (uint64_t)pid) {
+    hd_log(c, HD_LOG_WARN, "pid %u tried to register pid %llu", (unsigned)pid,
            (unsigned long long)req->pid);
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
   }
   int alloc_fd = hd_message_take_fd(msg, &req->allocations_table);
   int res_fd = hd_message_take_fd(msg, &req->resources_table);
   int sink_fd = hd_message_take_fd(msg, &req->snapshot_sink);
-  hd_process *p = calloc(1, sizeof *p);
-  heapdump_process_RegistryError error = heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED;
+  hd_alloc_reader *alloc = NULL;
+  hd_res_reader *res = NULL;
+  hd_alloc_table_info info;
+  struct stat table;
   hd_read_status rs = HD_READ_OK;
-  if (p == NULL) {
-    error = heapdump_process_RegistryError_BAD_TABLE;
-  } else if (!is_memfd(alloc_fd) || !is_memfd(res_fd)) {
-    error = heapdump_process_RegistryError_BAD_TABLE;
-  } else if ((rs = hd_alloc_reader_open(alloc_fd, &p->alloc)) != HD_READ_OK ||
-             (rs = hd_res_reader_open(res_fd, &p->res)) != HD_READ_OK) {
-    error = heapdump_process_RegistryError_BAD_TABLE;
+  const char *refused = NULL;
+  if (!hd_fd_is_memfd(alloc_fd, NULL) || !hd_fd_is_memfd(res_fd, NULL)) {
+    refused = "not memfds";
+  } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
+             (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
+    refused = hd_read_status_str(rs);
+  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)pid ||
+             hd_res_reader_pid(res) != (uint32_t)pid) {
+    refused = "the tables are another process's";
+  } else if (fstat(alloc_fd, &table) != 0) {
+    refused = "cannot stat the allocations table";
   }
   close(alloc_fd);
   close(res_fd);
-  if (error != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
-    hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)h->k->peer.pid,
-           rs != HD_READ_OK ? hd_read_status_str(rs) : "not memfds");
+  if (refused != NULL) {
+    hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)pid, refused);
     close(sink_fd);
-    if (p != NULL) {
-      hd_alloc_reader_close(p->alloc);
-      hd_res_reader_close(p->res);
-      free(p);
-    }
-    return reply_register(h, msg, error);
+    hd_alloc_reader_close(alloc);
+    hd_res_reader_close(res);
+    return reply_register(h, msg, heapdump_process_RegistryError_BAD_TABLE);
   }
-  atomic_init(&p->refs, 1); /* the live set's reference */
-  pthread_mutex_init(&p->read_lock, NULL);
-  p->pid = (pid_t)req->pid;
-  p->uid = h->k->peer.uid;
-  p->exit_snapshot = req->has_exit_snapshot && req->exit_snapshot;
-  p->live = true;
-  if (req->has_process_name && req->process_name[0] != '\0') {
-    snprintf(p->name, sizeof p->name, "%s", req->process_name);
-  } else if (!read_proc_name(p->pid, p->name, sizeof p->name)) {
-    snprintf(p->name, sizeof p->name, "pid%u", (unsigned)p->pid);
-  }
-  hd_status status = reply_register(h, msg, error);
-  if (status != HD_OK) {
+  /* Opened while the peer still waits for our answer, the pidfd names that very process. */
+  int pidfd = hd_pidfd_open(pid);
+  if (pidfd >= 0 && !peer_connected(h->k->fd)) {
+    close(pidfd);
     close(sink_fd);
-    hd_process_release(p);
-    return status;
-  }
-  pthread_mutex_lock(&c->lock);
-  bool duplicate = false;
-  for (size_t i = 0; i < c->process_count; i++) duplicate |= c->processes[i]->pid == p->pid;
-  if (!duplicate && c->process_count < HD_MAX_PROCESSES) {
-    c->processes[c->process_count++] = p;
-    p->open_channels = 2;
-  }
-  pthread_mutex_unlock(&c->lock);
-  if (p->open_channels == 0) {
-    hd_log(c, HD_LOG_WARN, "pid %u registered twice (or too many processes)", (unsigned)p->pid);
-    close(sink_fd);
-    hd_process_release(p);
+    hd_alloc_reader_close(alloc);
+    hd_res_reader_close(res);
     h->close_after = true;
     return HD_OK;
   }
-  h->k->kind = CONN_REGISTRY;
-  h->k->process = process_retain(p);
-  if (add_conn(c, sink_fd, CONN_SINK, process_retain(p), NULL)) {
-    c->conns->items[c->conns->count - 1].peer = h->k->peer;
-  } else {
-    process_connection_closed(c, p);
-    hd_process_release(p);
+  char name[33];
+  if (req->has_process_name && req->process_name[0] != '\0') {
+    snprintf(name, sizeof name, "%s", req->process_name);
+  } else if (!hd_read_process_name(pid, name, sizeof name)) {
+    snprintf(name, sizeof name, "pid%u", (unsigned)pid);
   }
-  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s", p->name, (unsigned)p->pid,
-         p->exit_snapshot ? " (exit snapshot on)" : "");
-  return HD_OK;
+  bool exit_snapshot = req->has_exit_snapshot && req->exit_snapshot;
+  hd_process *p = hd_process_new(pid, h->k->peer.uid, name, exit_snapshot, table.st_dev,
+                                 table.st_ino, pidfd, alloc, res);
+  if (p == NULL) {
+    if (pidfd >= 0) close(pidfd);
+    close(sink_fd);
+    hd_alloc_reader_close(alloc);
+    hd_res_reader_close(res);
+    return HD_ERR_NO_MEMORY;
+  }
+  bool absorbed;
+  hd_process *entry = hd_live_set_add(c, p, 2, &absorbed); /* registry connection + sink */
+  if (entry == NULL) {
+    hd_log(c, HD_LOG_WARN, "pid %u: too many processes", (unsigned)pid);
+    close(sink_fd);
+    return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+  }
+  h->k->kind = CONN_REGISTRY;
+  h->k->process = entry;
+  if (!add_conn(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer)) {
+    process_connection_closed(c, entry); /* the sink never opened */
+  }
+  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s", name, (unsigned)pid,
+         exit_snapshot ? " (exit snapshot on)" : "", absorbed ? ", merged with its entry" : "");
+  return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }
 
-static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
-                                         heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *req) {
-  handler_ctx *h = ctx;
-  int fd = hd_message_take_fd(msg, &req->allocations_snapshot);
+static hd_status reply_store(handler_ctx *h, hd_message *msg,
+                             heapdump_process_StoreError error) {
+  hd_message_close_fds(msg);
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
-  uint32_t id = 0;
-  int rc = is_memfd(fd) ? hd_store_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
-                                                  fd, &id)
-                        : -EINVAL;
-  close(fd);
-  if (rc == 0) {
-    resp.has_snapshot_id = true;
-    resp.snapshot_id = id;
-  } else {
-    resp.has_error = true;
-    resp.error = rc == -EINVAL ? heapdump_process_StoreError_INVALID_SNAPSHOT
-                               : heapdump_process_StoreError_STORAGE_FAILED;
-  }
+  resp.has_error = true;
+  resp.error = error;
   uint32_t txid = msg->txid;
   return hd_snapshot_sink_store_named_snapshot_reply(h->k->fd, msg, txid, &resp);
 }
 
-/* ---- Collector (clients) ---- */
-
-/* Processes matching a selector that this peer may see. The caller releases the references. */
-static heapdump_client_CollectorError select_processes(hd_collector *c, const struct ucred *peer,
-                                                       bool has_selector,
-                                                       const heapdump_client_ProcessSelector *sel,
-                                                       bool multi, hd_process **out,
-                                                       size_t *count) {
-  *count = 0;
-  if (has_selector && sel->which_selector != heapdump_client_ProcessSelector_by_name_tag &&
-      sel->which_selector != heapdump_client_ProcessSelector_by_koid_tag) {
-    return heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED;
+/* Checked here, stored and answered by the storage worker. */
+static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
+                                         heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *req) {
+  handler_ctx *h = ctx;
+  int fd = hd_message_take_fd(msg, &req->allocations_snapshot);
+  if (!hd_fd_is_memfd(fd, NULL)) {
+    close(fd);
+    return reply_store(h, msg, heapdump_process_StoreError_INVALID_SNAPSHOT);
   }
-  pthread_mutex_lock(&c->lock);
-  for (size_t i = 0; i < c->process_count; i++) {
-    hd_process *p = c->processes[i];
-    if (peer->uid != 0 && p->uid != peer->uid) continue;
-    if (has_selector && sel->which_selector == heapdump_client_ProcessSelector_by_name_tag &&
-        strcmp(p->name, sel->selector.by_name) != 0) {
-      continue;
-    }
-    if (has_selector && sel->which_selector == heapdump_client_ProcessSelector_by_koid_tag &&
-        (uint64_t)p->pid != sel->selector.by_koid) {
-      continue;
-    }
-    out[(*count)++] = process_retain(p);
+  int reply_fd = fcntl(h->k->fd, F_DUPFD_CLOEXEC, 0);
+  if (reply_fd < 0 || !hd_queue_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
+                                                fd, reply_fd, msg->txid)) {
+    if (reply_fd >= 0) close(reply_fd);
+    close(fd);
+    return reply_store(h, msg, heapdump_process_StoreError_STORAGE_FAILED);
   }
-  pthread_mutex_unlock(&c->lock);
-  if (*count == 0) return heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
-  if (*count > 1 && !multi) {
-    for (size_t i = 0; i < *count; i++) hd_process_release(out[i]);
-    *count = 0;
-    return heapdump_client_CollectorError_PROCESS_SELECTOR_AMBIGUOUS;
-  }
-  return heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
+  return HD_OK;
 }
+
+/* ---- Collector (clients) ---- */
 
 /* A stream job for a client request that streams to the receiver its handle names. */
 static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
@@ -370,14 +486,12 @@ static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
 
 static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
                                        heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
-  handler_ctx *h = ctx;
-  hd_stream_job *job = new_stream_job(h, msg, &req->receiver);
+  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver);
   if (job == NULL) return HD_ERR_NO_MEMORY;
   job->with_contents = req->has_with_contents && req->with_contents;
   job->multi_process = req->has_multi_process && req->multi_process;
-  job->error = select_processes(h->c, &h->k->peer, req->has_process_selector,
-                                &req->process_selector, job->multi_process, job->processes,
-                                &job->process_count);
+  job->has_selector = req->has_process_selector;
+  job->selector = req->process_selector;
   hd_start_stream(job);
   return HD_OK;
 }
@@ -397,21 +511,27 @@ static hd_status on_list(void *ctx, hd_message *msg,
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
   int fd = hd_message_take_fd(msg, &req->iterator);
+  /* Processes found now are watched, so that their exit snapshots are taken. */
+  hd_queue_discovery(h->c);
+  hd_stored_list listing = {0};
+  heapdump_client_CollectorError error = heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
   if (req->has_process_selector &&
       req->process_selector.which_selector != heapdump_client_ProcessSelector_by_name_tag &&
       req->process_selector.which_selector != heapdump_client_ProcessSelector_by_koid_tag) {
-    close(fd); /* nothing to list for a selector we do not understand */
+    error = heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED;
+  } else if (hd_storage_list(h->c, h->k->peer.uid,
+                             req->has_process_selector ? &req->process_selector : NULL,
+                             &listing) != 0) {
+    close(fd); /* out of memory: the client sees the iterator close */
     return HD_OK;
   }
-  hd_stored_list listing = {0};
-  if (hd_storage_list(h->c, h->k->peer.uid, req->has_process_selector ? &req->process_selector : NULL,
-                      &listing) != 0 ||
-      !add_conn(h->c, fd, CONN_ITERATOR, NULL, &h->k->peer)) {
+  if (!add_conn(h->c, fd, CONN_ITERATOR, NULL, &h->k->peer)) {
     free(listing.items);
-    close(fd);
     return HD_OK;
   }
-  h->c->conns->items[h->c->conns->count - 1].listing = listing;
+  conn *iterator = &h->c->conns->items[h->c->conns->count - 1];
+  iterator->listing = listing;
+  iterator->listing_error = error;
   return HD_OK;
 }
 
@@ -419,7 +539,16 @@ static hd_status on_get_next(void *ctx, hd_message *msg,
                              heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
   (void)req;
   handler_ctx *h = ctx;
-  return hd_storage_send_page(h->k->fd, msg, &h->k->listing);
+  hd_message_close_fds(msg);
+  if (h->k->listing_error == heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
+    return hd_storage_send_page(h->k->fd, msg, &h->k->listing);
+  }
+  heapdump_client_StoredSnapshotIteratorGetNextResult result =
+      heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
+  result.which_result = heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag;
+  result.result.err = h->k->listing_error;
+  uint32_t txid = msg->txid;
+  return hd_stored_snapshot_iterator_get_next_reply(h->k->fd, msg, txid, &result);
 }
 
 static const hd_registry_server registry_server = {.register_ = on_register};
@@ -442,7 +571,9 @@ static bool serve(hd_collector *c, size_t index) {
     switch (kind) {
       case CONN_NEW:
         status = hd_registry_dispatch(&registry_server, &h, msg);
-        if (status == HD_ERR_UNKNOWN_ORDINAL) status = hd_collector_dispatch(&collector_server, &h, msg);
+        if (status == HD_ERR_UNKNOWN_ORDINAL) {
+          status = hd_collector_dispatch(&collector_server, &h, msg);
+        }
         break;
       case CONN_CLIENT:
         status = hd_collector_dispatch(&collector_server, &h, msg);
@@ -460,29 +591,38 @@ static bool serve(hd_collector *c, size_t index) {
   }
   hd_message_close_fds(msg);
   if (status != HD_OK) {
-    hd_log(c, HD_LOG_WARN, "closing connection of pid %u: %s", (unsigned)c->conns->items[index].peer.pid,
-           hd_status_str(status));
+    hd_log(c, HD_LOG_WARN, "closing connection of pid %u: %s",
+           (unsigned)c->conns->items[index].peer.pid, hd_status_str(status));
     return false;
   }
   return !h.close_after;
 }
 
-static void accept_connection(hd_collector *c) {
-  int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  struct ucred peer;
-  socklen_t len = sizeof peer;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
-    close(fd);
-    return;
+/* Accepts every pending connection. */
+static void accept_connections(hd_collector *c) {
+  for (;;) {
+    int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        hd_log(c, HD_LOG_WARN, "accept failed: %s", strerror(errno));
+      }
+      return;
+    }
+    struct ucred peer;
+    socklen_t len = sizeof peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+      close(fd);
+      continue;
+    }
+    if (peer.uid != getuid() && peer.uid != 0) {
+      hd_log(c, HD_LOG_WARN, "refused connection from uid %u (pid %u)", (unsigned)peer.uid,
+             (unsigned)peer.pid);
+      close(fd);
+      continue;
+    }
+    add_conn(c, fd, CONN_NEW, NULL, &peer);
   }
-  if (peer.uid != getuid() && peer.uid != 0) {
-    hd_log(c, HD_LOG_WARN, "refused connection from uid %u (pid %u)", (unsigned)peer.uid,
-           (unsigned)peer.pid);
-    close(fd);
-    return;
-  }
-  add_conn(c, fd, CONN_NEW, NULL, &peer);
 }
 
 /* ---- lifecycle ---- */
@@ -490,19 +630,21 @@ static void accept_connection(hd_collector *c) {
 int hd_collector_create(const hd_collector_options *options, hd_collector **out) {
   hd_collector *c = calloc(1, sizeof *c);
   if (c == NULL) return -ENOMEM;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->scan_lock, NULL);
+  pthread_cond_init(&c->streams_done, NULL);
+  atomic_init(&c->stop_requested, false);
+  c->listen_fd = -1;
+  c->wake[0] = c->wake[1] = -1;
   c->conns = calloc(1, sizeof *c->conns);
   c->scratch = malloc(sizeof *c->scratch);
   if (c->conns == NULL || c->scratch == NULL) {
     hd_collector_destroy(c);
     return -ENOMEM;
   }
-  c->listen_fd = -1;
-  c->wake[0] = c->wake[1] = -1;
   c->log_level = options->log_level;
   c->max_stored = options->max_stored;
   c->max_storage_bytes = options->max_storage_bytes;
-  pthread_mutex_init(&c->lock, NULL);
-  pthread_cond_init(&c->streams_done, NULL);
   int rc = 0;
   if (options->socket_path != NULL) {
     if (snprintf(c->socket_path, sizeof c->socket_path, "%s", options->socket_path) >=
@@ -514,6 +656,9 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   }
   if (rc == 0) rc = hd_storage_open(c, options->storage_dir);
   if (rc == 0) rc = prepare_socket_dir(c, c->socket_path);
+  if (rc == 0) {
+    rc = hd_socket_identity(c->socket_path, NULL, c->socket_identity, sizeof c->socket_identity);
+  }
   if (rc == 0 && pipe2(c->wake, O_CLOEXEC | O_NONBLOCK) != 0) rc = -errno;
   if (rc == 0) {
     /* Another collector already serving this socket must not lose it to us. */
@@ -528,57 +673,109 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
     rc = -errno;
     hd_log(c, HD_LOG_ERROR, "cannot listen on %s: %s", c->socket_path, strerror(errno));
   }
+  if (rc == 0 && fcntl(c->listen_fd, F_SETFL, fcntl(c->listen_fd, F_GETFL) | O_NONBLOCK) != 0) {
+    rc = -errno;
+  }
+  if (rc == 0) rc = hd_worker_start(c);
   if (rc != 0) {
     hd_collector_destroy(c);
     return rc;
   }
   hd_log(c, HD_LOG_INFO, "listening on %s, storing snapshots in %s", c->socket_path, c->storage_dir);
+  /* After listen: a process starting now either registers (and is merged) or is found here. */
+  hd_discover_processes(c, true);
   *out = c;
   return 0;
 }
 
 void hd_collector_stop(hd_collector *c) {
-  char byte = 1;
-  ssize_t n = write(c->wake[1], &byte, 1); /* async-signal-safe */
-  (void)n;
+  atomic_store(&c->stop_requested, true); /* lock-free, so async-signal-safe */
+  hd_wake_poll_thread(c);
+}
+
+/* The live processes with a pidfd, retained, into out (HD_MAX_PROCESSES entries). */
+static size_t watched_processes(hd_collector *c, hd_process **out) {
+  size_t n = 0;
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->process_count; i++) {
+    if (c->processes[i]->pidfd >= 0) out[n++] = hd_process_retain(c->processes[i]);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return n;
 }
 
 int hd_collector_run(hd_collector *c) {
-  struct pollfd *fds = calloc(MAX_CONNECTIONS + 2, sizeof *fds);
-  if (fds == NULL) return -ENOMEM;
-  bool stopping = false;
-  while (!stopping) {
+  struct pollfd *fds = calloc(2 + MAX_CONNECTIONS + HD_MAX_PROCESSES, sizeof *fds);
+  hd_process **watched = calloc(HD_MAX_PROCESSES, sizeof *watched);
+  if (fds == NULL || watched == NULL) {
+    free(fds);
+    free(watched);
+    return -ENOMEM;
+  }
+  int rc = 0;
+  while (!atomic_load(&c->stop_requested)) {
     size_t n = c->conns->count;
     fds[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
     fds[1] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
-    for (size_t i = 0; i < n; i++) fds[2 + i] = (struct pollfd){.fd = c->conns->items[i].fd, .events = POLLIN};
-    if (poll(fds, n + 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
+    for (size_t i = 0; i < n; i++) {
+      fds[2 + i] = (struct pollfd){.fd = c->conns->items[i].fd, .events = POLLIN};
     }
-    if (fds[0].revents) stopping = true;
-    /* Walk backwards: closing swaps the last connection into the closed one's place. */
-    for (size_t i = n; i-- > 0;) {
-      if (fds[2 + i].revents == 0) continue;
-      size_t index = i;
-      if (index >= c->conns->count || c->conns->items[index].fd != fds[2 + i].fd) continue;
-      if (!serve(c, index)) close_conn(c, index);
+    size_t w = watched_processes(c, watched);
+    for (size_t i = 0; i < w; i++) {
+      fds[2 + n + i] = (struct pollfd){.fd = watched[i]->pidfd, .events = POLLIN};
     }
-    if (fds[1].revents & POLLIN) accept_connection(c);
+    int ready = poll(fds, 2 + n + w, -1);
+    if (ready < 0 && errno != EINTR) {
+      rc = -errno;
+      hd_log(c, HD_LOG_ERROR, "poll failed: %s", strerror(errno));
+    }
+    if (ready > 0) {
+      if (fds[0].revents) {
+        char drain[64];
+        while (read(c->wake[0], drain, sizeof drain) > 0) continue;
+      }
+      /* Walk backwards: closing swaps the last connection into the closed one's place. */
+      for (size_t i = n; i-- > 0;) {
+        if (fds[2 + i].revents == 0) continue;
+        if (i >= c->conns->count || c->conns->items[i].fd != fds[2 + i].fd) continue;
+        if (!serve(c, i)) close_conn(c, i);
+      }
+      for (size_t i = 0; i < w; i++) {
+        if (fds[2 + n + i].revents) hd_process_exited(c, watched[i]);
+      }
+      if (fds[1].revents & POLLIN) accept_connections(c);
+    }
+    for (size_t i = 0; i < w; i++) hd_process_release(watched[i]);
+    if (rc != 0) break;
+  }
+  /* Processes that exited just before the stop still get their exit snapshots. */
+  size_t w = watched_processes(c, watched);
+  for (size_t i = 0; i < w; i++) {
+    if (!hd_process_alive(watched[i])) hd_process_exited(c, watched[i]);
+    hd_process_release(watched[i]);
   }
   free(fds);
+  free(watched);
   hd_log(c, HD_LOG_INFO, "shutting down");
-  return 0;
+  return rc;
 }
 
 void hd_collector_destroy(hd_collector *c) {
   if (c == NULL) return;
+  pthread_mutex_lock(&c->lock);
+  c->shutting_down = true;
+  pthread_mutex_unlock(&c->lock);
   if (c->conns != NULL) {
     while (c->conns->count > 0) close_conn(c, c->conns->count - 1);
   }
   hd_wait_streams(c);
+  hd_worker_stop(c); /* after the streams, and it finishes the queued exit snapshots */
   pthread_mutex_lock(&c->lock);
-  while (c->process_count > 0) hd_process_release(c->processes[--c->process_count]);
+  while (c->process_count > 0) {
+    hd_process *p = c->processes[--c->process_count];
+    p->live = false;
+    hd_process_release(p);
+  }
   pthread_mutex_unlock(&c->lock);
   if (c->listen_fd >= 0) {
     close(c->listen_fd);
@@ -590,6 +787,7 @@ void hd_collector_destroy(hd_collector *c) {
   free(c->conns);
   free(c->scratch);
   pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->scan_lock);
   pthread_cond_destroy(&c->streams_done);
   free(c);
 }

@@ -1,5 +1,10 @@
-/* Internals shared by the collector's files: the collector, registered processes, stream jobs
- * and the stored-snapshot catalogue. */
+/* Internals shared by the collector's files: the collector, the live set of instrumented
+ * processes, stream jobs, the storage worker and the stored-snapshot catalogue.
+ *
+ * Threads: the poll thread (hd_collector_run) serves every connection and watches process exits;
+ * each snapshot stream runs on a thread of its own (stream.c); the storage workers (worker.c)
+ * write named snapshots (one thread) and exit snapshots (another, which also rescans /proc when a
+ * listing asks for it) to disk. */
 #ifndef HEAPDUMP_COLLECTOR_INTERNAL_H
 #define HEAPDUMP_COLLECTOR_INTERNAL_H
 
@@ -17,17 +22,27 @@
 
 #define HD_MAX_PROCESSES 1024
 
+/* An instrumented process, found by its registration or by a scan of /proc. Reference-counted:
+ * a stream or a pending exit snapshot keeps the tables mapped after the process has exited. */
 typedef struct hd_process {
   atomic_int refs;
   pid_t pid;
   uid_t uid;
-  char name[33];
-  bool exit_snapshot;
-  bool live;          /* in the live set (protected by hd_collector.lock) */
-  int open_channels;  /* registry connection + sink (protected by hd_collector.lock) */
+  /* The allocations memfd's inode: what tells a registration of a process already found by a
+   * scan (same inode) from a new process that reuses a pid (another inode). */
+  dev_t table_dev;
+  ino_t table_ino;
+  /* Watched by the poll thread: readable once the process has exited. -1 when pidfd_open is
+   * not available; then exit is seen as every registry connection and sink closing. */
+  int pidfd;
   hd_alloc_reader *alloc;
   hd_res_reader *res;
   pthread_mutex_t read_lock; /* readers are single-threaded: one snapshot at a time */
+  char name[33];
+  /* Protected by hd_collector.lock. */
+  bool exit_snapshot;
+  bool live;         /* in the live set */
+  int open_channels; /* registry connections and sinks attached to this entry */
 } hd_process;
 
 typedef struct hd_stored_snapshot_info {
@@ -42,47 +57,103 @@ typedef struct hd_stored_snapshot_info {
 typedef struct hd_stored_list {
   hd_stored_snapshot_info *items;
   size_t count, next;
-  bool ended;
 } hd_stored_list;
 
 struct conn_table;
+struct hd_worker;
 
 struct hd_collector {
   char socket_path[108];
+  /* socket_path made absolute with its directory resolved: what a found process's own socket
+   * path must equal for the process to be ours. */
+  char socket_identity[4096];
   char storage_dir[4096];
   int listen_fd;
-  int wake[2];
+  int wake[2]; /* a byte makes the poll thread look again at the stop flag and the live set */
+  atomic_bool stop_requested;
   int log_level;
   uint32_t max_stored;
   uint64_t max_storage_bytes;
   pthread_mutex_t lock;
-  hd_process *processes[HD_MAX_PROCESSES];
+  hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference */
   size_t process_count;
-  hd_stored_snapshot_info *stored; /* oldest first */
+  bool shutting_down; /* connections closing now say nothing about their process */
+  hd_stored_snapshot_info *stored;         /* oldest first */
   size_t stored_count, stored_capacity;
   uint32_t next_id;
   int active_streams;
   pthread_cond_t streams_done;
+  pthread_mutex_t scan_lock; /* one /proc scan at a time; protects last_scan_ns */
+  uint64_t last_scan_ns;
+  bool scanned;
+  struct hd_worker *worker;
   struct conn_table *conns;
   hd_message *scratch;
 };
 
+void hd_log(hd_collector *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+uint64_t hd_monotonic_ns(void);
+/* Wakes the poll thread (async-signal-safe). */
+void hd_wake_poll_thread(hd_collector *c);
+
+/* ---- processes (collector.c) ---- */
+
+/* A new entry with one reference, owning alloc, res and pidfd (each may be NULL / -1 on the
+ * error paths of the caller). NULL when out of memory: then nothing is taken. */
+hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_snapshot,
+                           dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
+                           hd_res_reader *res);
+hd_process *hd_process_retain(hd_process *p);
+void hd_process_release(hd_process *p);
+/* False once the process has exited (unknown without a pidfd: true). */
+bool hd_process_alive(const hd_process *p);
+/* Whether the live set holds this process (same pid and same allocations memfd). */
+bool hd_process_known(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino);
+/* Puts p (whose reference the live set takes over) into the live set with `channels` open
+ * channels. A live entry for the same process (same pid and allocations memfd) absorbs it
+ * instead: it takes the channels and, when channels > 0 (a registration, which knows best), the
+ * exit-snapshot option; p is released and *absorbed set. An entry of an earlier process with
+ * the same pid leaves the live set as exited. Returns the live entry, retained for the caller,
+ * or NULL if the live set is full (p is released). */
+hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *absorbed);
+/* Takes p out of the live set (once): logs the exit and queues its exit snapshot if wanted. */
+void hd_process_exited(hd_collector *c, hd_process *p);
+/* The live processes matching a selector that a peer of uid may see, retained, into out
+ * (HD_MAX_PROCESSES entries). */
+heapdump_client_CollectorError hd_select_processes(hd_collector *c, uid_t uid, bool has_selector,
+                                                   const heapdump_client_ProcessSelector *sel,
+                                                   bool multi, hd_process **out, size_t *count);
+/* Reads /proc/PID/comm into out. */
+bool hd_read_process_name(pid_t pid, char *out, size_t size);
+
+/* ---- rediscovery (discovery.c) ---- */
+
+/* Whether fd is a memfd named `name` (any memfd if name is NULL), per its /proc link. */
+bool hd_fd_is_memfd(int fd, const char *name);
+/* pidfd_open(2): a descriptor readable once pid has exited; -1 with errno on failure. */
+int hd_pidfd_open(pid_t pid);
+/* A socket path made absolute (relative paths against cwd, or ours if cwd is NULL) with its
+ * directory resolved, so that two spellings of one socket compare equal. 0 or -errno. */
+int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size);
+
+/* Finds instrumented processes this collector serves that are not in the live set: those
+ * started before it, or while it was down, or whose registration failed. Scans at most once a
+ * second unless force; concurrent callers wait for the scan in progress. */
+void hd_discover_processes(hd_collector *c, bool force);
+
+/* ---- streams (stream.c) ---- */
+
 typedef struct hd_stream_job {
   hd_collector *c;
   int receiver;
-  bool with_contents, multi_process;
-  heapdump_client_CollectorError error; /* set: report it instead of streaming */
-  hd_process *processes[HD_MAX_PROCESSES];
-  size_t process_count;
-  bool stored;
-  uint32_t stored_id;
   uid_t peer_uid;
+  bool stored; /* DownloadStoredSnapshot, else TakeLiveSnapshot */
+  uint32_t stored_id;
+  bool with_contents, multi_process, has_selector;
+  heapdump_client_ProcessSelector selector;
 } hd_stream_job;
 
-void hd_log(hd_collector *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void hd_process_release(hd_process *p);
-
-/* Streams (stream.c). Takes ownership of job; runs it on a thread of its own. */
+/* Takes ownership of job; runs it on a thread of its own. */
 void hd_start_stream(hd_stream_job *job);
 void hd_wait_streams(hd_collector *c);
 /* Writes the elements of one process's snapshot: the live table when snapshot_alloc is NULL, else
@@ -90,12 +161,27 @@ void hd_wait_streams(hd_collector *c);
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         bool with_contents, hd_batch_writer *w);
 
-/* Storage (storage.c). */
+/* ---- the storage workers (worker.c) ---- */
+
+int hd_worker_start(hd_collector *c);
+/* Returns once every queued job is done. */
+void hd_worker_stop(hd_collector *c);
+/* Queues p's exit snapshot (p is retained by the queue). */
+void hd_queue_exit_snapshot(hd_collector *c, hd_process *p);
+/* Queues storing a named snapshot from `memfd` (taken) and answering StoreNamedSnapshot with
+ * `txid` on `reply_fd` (taken). False if it could not be queued: nothing is taken. */
+bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                             int reply_fd, uint32_t txid);
+/* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
+void hd_queue_discovery(hd_collector *c);
+
+/* ---- storage (storage.c) ---- */
+
 int hd_storage_open(hd_collector *c, const char *dir);
 void hd_storage_close(hd_collector *c);
-int hd_store_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            uint32_t *id);
-void hd_store_exit_snapshot(hd_collector *c, hd_process *p);
+/* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
+ * if memfd < 0, from p's tables as they are now. 0, -EINVAL (bad table) or -EIO. */
+int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd, uint32_t *id);
 int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
                     hd_stored_list *out);
 hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing);

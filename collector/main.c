@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,15 @@ static void usage(FILE *out) {
           "  --log-level L          error, warn, info (default) or debug; logs go to stderr\n");
 }
 
+/* A decimal count in [0, max]: no sign, no suffix, no overflow. */
+static bool parse_count(const char *text, unsigned long long max, unsigned long long *out) {
+  if (text[0] < '0' || text[0] > '9') return false;
+  char *end;
+  errno = 0;
+  *out = strtoull(text, &end, 10);
+  return errno == 0 && *end == '\0' && *out <= max;
+}
+
 static int parse_level(const char *s) {
   static const char *names[] = {"error", "warn", "info", "debug"};
   for (int i = 0; i < 4; i++) {
@@ -51,23 +62,34 @@ int main(int argc, char **argv) {
       {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
   hd_collector_options options = {.log_level = HD_LOG_INFO};
   int foreground = 0, opt;
-  char *end;
+  unsigned long long count;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
       case 's': options.socket_path = optarg; break;
       case 'd': options.storage_dir = optarg; break;
       case 'n':
-        options.max_stored = (uint32_t)strtoul(optarg, &end, 10);
-        if (*end != '\0') { fprintf(stderr, "heapdump-collector: bad --max-stored: %s\n", optarg); return 2; }
+        if (!parse_count(optarg, UINT32_MAX, &count)) {
+          fprintf(stderr, "heapdump-collector: bad --max-stored: %s (a count, 0 for no limit)\n",
+                  optarg);
+          return 2;
+        }
+        options.max_stored = (uint32_t)count;
         break;
       case 'b':
-        options.max_storage_bytes = strtoull(optarg, &end, 10);
-        if (*end != '\0') { fprintf(stderr, "heapdump-collector: bad --max-storage-bytes: %s\n", optarg); return 2; }
+        if (!parse_count(optarg, UINT64_MAX, &count)) {
+          fprintf(stderr, "heapdump-collector: bad --max-storage-bytes: %s (bytes, 0 for no limit)\n",
+                  optarg);
+          return 2;
+        }
+        options.max_storage_bytes = count;
         break;
       case 'f': foreground = 1; break;
       case 'l':
         options.log_level = parse_level(optarg);
-        if (options.log_level < 0) { fprintf(stderr, "heapdump-collector: bad --log-level: %s\n", optarg); return 2; }
+        if (options.log_level < 0) {
+          fprintf(stderr, "heapdump-collector: bad --log-level: %s\n", optarg);
+          return 2;
+        }
         break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;

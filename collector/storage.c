@@ -73,6 +73,7 @@ static void snapshot_path(hd_collector *c, uint32_t id, char *out, size_t size) 
 
 /* Persists next_id + 1 before id next_id is handed out. Called with c->lock held. */
 static int take_id(hd_collector *c, uint32_t *id) {
+  if (c->next_id == UINT32_MAX) return -ENOSPC; /* every id has been used once */
   char tmp[4200], path[4200];
   snprintf(tmp, sizeof tmp, "%s/next-id.tmp", c->storage_dir);
   snprintf(path, sizeof path, "%s/next-id", c->storage_dir);
@@ -147,6 +148,25 @@ static bool append_info(hd_collector *c, const hd_stored_snapshot_info *info) {
   return true;
 }
 
+/* Evicts the oldest snapshots over the limits. Called with c->lock held. */
+static void enforce_retention(hd_collector *c) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < c->stored_count; i++) total += c->stored[i].bytes;
+  while (c->stored_count > 1 &&
+         ((c->max_stored != 0 && c->stored_count > c->max_stored) ||
+          (c->max_storage_bytes != 0 && total > c->max_storage_bytes))) {
+    hd_stored_snapshot_info oldest = c->stored[0];
+    char path[4200];
+    snapshot_path(c, oldest.id, path, sizeof path);
+    unlink(path);
+    total -= oldest.bytes;
+    memmove(c->stored, c->stored + 1, (c->stored_count - 1) * sizeof *c->stored);
+    c->stored_count--;
+    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu]) to stay within limits",
+           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid);
+  }
+}
+
 int hd_storage_open(hd_collector *c, const char *dir) {
   int n;
   if (dir != NULL) {
@@ -189,17 +209,26 @@ int hd_storage_open(hd_collector *c, const char *dir) {
       continue;
     }
     snprintf(path, sizeof path, "%s/%s", c->storage_dir, entry->d_name);
+    /* Even a damaged file's id stays taken: a new snapshot must not overwrite what someone
+     * may still want to look at. */
+    if (id >= c->next_id && id < UINT32_MAX) c->next_id = id + 1;
     hd_stored_snapshot_info info;
-    if (load_info(path, &info) != 0 || info.id != id) {
-      hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s", path);
+    int load_rc = load_info(path, &info);
+    if (load_rc != 0 || info.id != id) {
+      hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s: %s", path,
+             load_rc == 0 ? "its id is not the one in its name"
+             : load_rc == -EINVAL ? "bad header or truncated record" : strerror(-load_rc));
       continue;
     }
     if (!append_info(c, &info)) break;
-    if (info.id >= c->next_id) c->next_id = info.id + 1;
   }
   closedir(d);
   if (c->stored_count > 1) qsort(c->stored, c->stored_count, sizeof *c->stored, compare_ids);
   if (c->stored_count > 0) hd_log(c, HD_LOG_INFO, "loaded %zu stored snapshots", c->stored_count);
+  /* Limits lowered since the last run apply at once. */
+  pthread_mutex_lock(&c->lock);
+  enforce_retention(c);
+  pthread_mutex_unlock(&c->lock);
   return 0;
 }
 
@@ -207,25 +236,6 @@ void hd_storage_close(hd_collector *c) {
   free(c->stored);
   c->stored = NULL;
   c->stored_count = c->stored_capacity = 0;
-}
-
-/* Evicts the oldest snapshots over the limits. Called with c->lock held. */
-static void enforce_retention(hd_collector *c) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < c->stored_count; i++) total += c->stored[i].bytes;
-  while (c->stored_count > 1 &&
-         ((c->max_stored != 0 && c->stored_count > c->max_stored) ||
-          (c->max_storage_bytes != 0 && total > c->max_storage_bytes))) {
-    hd_stored_snapshot_info oldest = c->stored[0];
-    char path[4200];
-    snapshot_path(c, oldest.id, path, sizeof path);
-    unlink(path);
-    total -= oldest.bytes;
-    memmove(c->stored, c->stored + 1, (c->stored_count - 1) * sizeof *c->stored);
-    c->stored_count--;
-    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu]) to stay within limits",
-           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid);
-  }
 }
 
 typedef struct file_sink {
@@ -241,9 +251,8 @@ static hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
   return sink->ok ? HD_OK : HD_ERR_IO;
 }
 
-/* Stores a snapshot of p: from the frozen allocations copy `memfd`, or (memfd < 0) from p's
- * live table as it is now. */
-static int store(hd_collector *c, hd_process *p, const char *name, int memfd, uint32_t *out_id) {
+int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                      uint32_t *out_id) {
   hd_alloc_reader *frozen = NULL;
   if (memfd >= 0) {
     hd_read_status rs = hd_alloc_reader_open(memfd, &frozen);
@@ -310,18 +319,6 @@ static int store(hd_collector *c, hd_process *p, const char *name, int memfd, ui
   hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u]", id, name, p->name, (unsigned)p->pid);
   *out_id = id;
   return 0;
-}
-
-int hd_store_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            uint32_t *id) {
-  return store(c, p, name, memfd, id);
-}
-
-void hd_store_exit_snapshot(hd_collector *c, hd_process *p) {
-  uint32_t id;
-  if (store(c, p, "exit", -1, &id) != 0) {
-    hd_log(c, HD_LOG_WARN, "no exit snapshot for %s[%u]", p->name, (unsigned)p->pid);
-  }
 }
 
 static bool matches(const hd_stored_snapshot_info *s, uid_t uid,

@@ -1,5 +1,6 @@
-/* Snapshot streams: each runs on a thread of its own, reads the process tables (or a stored
- * snapshot) and sends batches, waiting for each acknowledgement before the next. */
+/* Snapshot streams: each runs on a thread of its own, picks the processes (after a rescan of
+ * /proc, at most once a second), reads their tables (or a stored snapshot) and sends batches,
+ * waiting for each acknowledgement before the next. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -85,8 +86,12 @@ static hd_status add_contents(hd_process *p, const hd_live_block *b, hd_batch_wr
   struct iovec remote = {(void *)(uintptr_t)b->address, b->size};
   ssize_t n = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
   hd_status status = HD_OK;
-  /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
-  if (n == (ssize_t)b->size) status = hd_batch_add_block_contents(w, b->address, buf, b->size);
+  /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. Bytes
+   * read after the process exited may be another process's that reused the pid: the exit comes
+   * before any reuse, so a process still alive after the read was the one read. */
+  if (n == (ssize_t)b->size && hd_process_alive(p)) {
+    status = hd_batch_add_block_contents(w, b->address, buf, b->size);
+  }
   free(buf);
   return status;
 }
@@ -201,6 +206,58 @@ static void report_error(int fd, heapdump_client_CollectorError error) {
   free(msg);
 }
 
+static void stream_live(hd_stream_job *job, hd_batch_writer *w) {
+  hd_collector *c = job->c;
+  hd_process **processes = malloc(HD_MAX_PROCESSES * sizeof *processes);
+  if (processes == NULL) {
+    report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+    return;
+  }
+  hd_discover_processes(c, false);
+  size_t count = 0;
+  heapdump_client_CollectorError error =
+      hd_select_processes(c, job->peer_uid, job->has_selector, &job->selector, job->multi_process,
+                          processes, &count);
+  int rc = 0;
+  if (error != heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
+    report_error(job->receiver, error);
+  }
+  for (size_t i = 0; i < count && rc == 0; i++) {
+    hd_process *p = processes[i];
+    if (job->multi_process) {
+      heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+      e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
+      e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
+      snprintf(e.element.snapshot_header.process_name, sizeof e.element.snapshot_header.process_name,
+               "%s", p->name);
+      e.element.snapshot_header.process_koid = (uint64_t)p->pid;
+      if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
+    }
+    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w);
+    if (rc == -EIO || rc == -ENOMEM) {
+      report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+    } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {
+      rc = -EPIPE;
+    }
+  }
+  if (count > 0 && rc == 0 && hd_batch_end(w) != HD_OK) rc = -EPIPE;
+  if (rc == -EPIPE) hd_log(c, HD_LOG_INFO, "client went away during a snapshot");
+  for (size_t i = 0; i < count; i++) hd_process_release(processes[i]);
+  free(processes);
+}
+
+static void stream_stored(hd_stream_job *job, hd_batch_writer *w) {
+  int rc = hd_storage_stream(job->c, job->stored_id, job->peer_uid, w);
+  if (rc == -ENOENT) {
+    report_error(job->receiver, heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND);
+  } else if (rc == 0 && hd_batch_end(w) != HD_OK) {
+    rc = -EPIPE;
+  }
+  if (rc != 0 && rc != -ENOENT) {
+    hd_log(job->c, HD_LOG_WARN, "download of %u ended early", job->stored_id);
+  }
+}
+
 static void *run_stream(void *arg) {
   hd_stream_job *job = arg;
   hd_collector *c = job->c;
@@ -212,42 +269,14 @@ static void *run_stream(void *arg) {
   hd_batch_channel channel = {job->receiver, scratch};
   if (scratch == NULL || w == NULL) {
     report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
-  } else if (job->stored) {
-    hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
-    int rc = hd_storage_stream(c, job->stored_id, job->peer_uid, w);
-    if (rc == -ENOENT) {
-      report_error(job->receiver, heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND);
-    } else if (rc == 0) {
-      if (hd_batch_end(w) != HD_OK) rc = -EPIPE;
-    }
-    if (rc != 0 && rc != -ENOENT) hd_log(c, HD_LOG_WARN, "download of %u ended early", job->stored_id);
-  } else if (job->error != heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
-    report_error(job->receiver, job->error);
   } else {
     hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
-    int rc = 0;
-    for (size_t i = 0; i < job->process_count && rc == 0; i++) {
-      hd_process *p = job->processes[i];
-      if (job->multi_process) {
-        heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-        e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
-        e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
-        snprintf(e.element.snapshot_header.process_name, sizeof e.element.snapshot_header.process_name,
-                 "%s", p->name);
-        e.element.snapshot_header.process_koid = (uint64_t)p->pid;
-        if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
-      }
-      if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w);
-      if (rc == -EIO || rc == -ENOMEM) {
-        report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
-      } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {
-        rc = -EPIPE;
-      }
+    if (job->stored) {
+      stream_stored(job, w);
+    } else {
+      stream_live(job, w);
     }
-    if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EPIPE;
-    if (rc == -EPIPE) hd_log(c, HD_LOG_INFO, "client went away during a snapshot");
   }
-  for (size_t i = 0; i < job->process_count; i++) hd_process_release(job->processes[i]);
   close(job->receiver);
   free(scratch);
   free(w);
@@ -268,10 +297,14 @@ void hd_start_stream(hd_stream_job *job) {
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_t thread;
   if (pthread_create(&thread, &attr, run_stream, job) != 0) {
-    hd_log(c, HD_LOG_ERROR, "cannot start a stream thread");
-    job->error = heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED;
-    job->stored = false;
-    run_stream(job); /* reports the error and cleans up on this thread */
+    /* Closing the receiver tells the client; an error report would wait for its answer on the
+     * poll thread. */
+    hd_log(c, HD_LOG_ERROR, "cannot start a stream thread; dropping a request");
+    close(job->receiver);
+    free(job);
+    pthread_mutex_lock(&c->lock);
+    if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+    pthread_mutex_unlock(&c->lock);
   }
   pthread_attr_destroy(&attr);
 }

@@ -1,256 +1,31 @@
 // End-to-end tests: a real heapdump-collector daemon, real programs under LD_PRELOAD, snapshots
 // taken through the generated bindings and checked element by element.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <memory>
-#include <sstream>
+#include <set>
 #include <string>
-#include <vector>
 
 #include <gtest/gtest.h>
 
-extern "C" {
-#include <pb_decode.h>
-}
+#include "harness.h"
+#include "heapdump/internal/shm_layout.h"
 
-extern "C" {
-#include "heapdump/fidl/channel.h"
-#include "heapdump/fidl/snapshot.h"
-#include "heapdump_client.bindings.h"
-}
-
+namespace hdtest {
 namespace {
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/hd-collector-test-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-// Waits until something accepts connections at path (a stale socket file does not count).
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
-
-struct Collector {
-  std::string dir, socket, storage;
-  pid_t pid = -1;
-  explicit Collector(const std::string &base) : dir(base) {
-    socket = dir + "/run/collector.sock";
-    storage = dir + "/state";
-  }
-  void Start() {
-    pid = fork();
-    if (pid == 0) {
-      execl(HD_COLLECTOR, HD_COLLECTOR, "--foreground", "--socket", socket.c_str(), "--storage",
-            storage.c_str(), "--log-level", "warn", (char *)nullptr);
-      _exit(127);
-    }
-    ASSERT_TRUE(WaitForListener(socket, pid)) << "collector did not start";
-  }
-  void Stop(int sig = SIGTERM) {
-    if (pid <= 0) return;
-    kill(pid, sig);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (sig == SIGTERM) {
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
-    pid = -1;
-  }
-  ~Collector() { Stop(SIGKILL); }
-};
-
-// A snapshot_child under LD_PRELOAD, stopped at "ready" until Finish().
-struct Child {
-  pid_t pid = -1;
-  int in = -1;  // its stdin
-  int snapshot_rc = 0;
-  Child(const std::string &socket, const char *snapshot_name, bool exit_snapshot = false) {
-    int to_child[2], from_child[2];
-    EXPECT_EQ(pipe(to_child), 0);
-    EXPECT_EQ(pipe(from_child), 0);
-    pid = fork();
-    if (pid == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
-      setenv("HEAPDUMP_SOCKET", socket.c_str(), 1);
-      if (exit_snapshot) setenv("HEAPDUMP_EXIT_SNAPSHOT", "1", 1);
-      execl(HD_CHILD, HD_CHILD, snapshot_name, (char *)nullptr);
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    in = to_child[1];
-    FILE *out = fdopen(from_child[0], "r");
-    int reported = 0;
-    EXPECT_EQ(fscanf(out, "ready %d %d", &reported, &snapshot_rc), 2);
-    EXPECT_EQ(reported, pid);
-    fclose(out);
-  }
-  void Finish() {
-    if (pid <= 0) return;
-    EXPECT_EQ(write(in, "go\n", 3), 3);
-    close(in);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    pid = -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-struct Result {
-  hd_status status = HD_OK;
-  uint32_t error = 0;
-  hd_reassembler ra;
-  Result() { hd_reassembler_init(&ra); }
-  ~Result() { hd_reassembler_destroy(&ra); }
-  const hd_snapshot *only() const { return ra.snapshot_count == 1 ? ra.snapshots[0] : nullptr; }
-};
-
-// A connection to the collector plus a fresh channel pair: ends[1] is passed with a request.
-struct Call {
-  int fd = -1;
-  int ends[2] = {-1, -1};
-  explicit Call(const std::string &socket) {
-    EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-    EXPECT_EQ(hd_channel_pair(ends), HD_OK);
-  }
-  void SentTheirEnd() {
-    close(ends[1]);
-    ends[1] = -1;
-  }
-  ~Call() {
-    for (int f : {fd, ends[0], ends[1]}) {
-      if (f >= 0) close(f);
-    }
-  }
-};
-
-std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
-                                         const heapdump_client_ProcessSelector *selector,
-                                         bool with_contents = false, bool multi = false) {
-  auto result = std::make_unique<Result>();
-  Call call(socket);
-  heapdump_client_CollectorTakeLiveSnapshotRequest req =
-      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
-  if (selector != nullptr) {
-    req.has_process_selector = true;
-    req.process_selector = *selector;
-  }
-  req.has_receiver = true;
-  req.receiver = {true, 0};
-  req.has_with_contents = req.has_multi_process = true;
-  req.with_contents = with_contents;
-  req.multi_process = multi;
-  auto msg = std::make_unique<hd_message>();
-  EXPECT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
-  call.SentTheirEnd();
-  result->status = hd_snapshot_receive(call.ends[0], multi, &result->ra, &result->error);
-  if (result->status == HD_OK && result->error == 0) {
-    result->status = hd_reassembler_finish(&result->ra);
-  }
-  return result;
-}
-
-heapdump_client_ProcessSelector ByPid(pid_t pid) {
-  heapdump_client_ProcessSelector s = heapdump_client_ProcessSelector_init_zero;
-  s.which_selector = heapdump_client_ProcessSelector_by_koid_tag;
-  s.selector.by_koid = static_cast<uint64_t>(pid);
-  return s;
-}
-
-heapdump_client_ProcessSelector ByName(const char *name) {
-  heapdump_client_ProcessSelector s = heapdump_client_ProcessSelector_init_zero;
-  s.which_selector = heapdump_client_ProcessSelector_by_name_tag;
-  strcpy(s.selector.by_name, name);
-  return s;
-}
-
-// Function symbols of the child binary (file addresses), from nm.
-std::map<std::string, std::pair<uint64_t, uint64_t>> ChildSymbols() {
-  std::map<std::string, std::pair<uint64_t, uint64_t>> symbols;
-  FILE *p = popen("nm -S --defined-only " HD_CHILD, "r");
-  char line[512];
-  while (fgets(line, sizeof line, p)) {
-    unsigned long long value, size;
-    char type, name[400];
-    if (sscanf(line, "%llx %llx %c %399s", &value, &size, &type, name) == 4) {
-      symbols[name] = {value, value + size};
-    }
-  }
-  pclose(p);
-  return symbols;
-}
-
-// The function of the child binary a program address falls in, via the snapshot's regions.
-std::string FunctionAt(const hd_snapshot *s, uint64_t address,
-                       const std::map<std::string, std::pair<uint64_t, uint64_t>> &symbols) {
-  for (size_t i = 0; i < s->region_count; i++) {
-    const hd_snapshot_region &r = s->regions[i];
-    if (address < r.address || address >= r.address + r.size) continue;
-    if (std::string(r.name).find("snapshot_child") == std::string::npos) return "";
-    uint64_t file_address = address - r.address + r.vaddr;
-    for (const auto &[name, range] : symbols) {
-      if (file_address >= range.first && file_address < range.second) return name;
-    }
-  }
-  return "";
-}
-
-// Blocks of a given size, grouped by whether some frame of their stack is in `function`.
-struct Site {
-  size_t blocks = 0;
-  size_t in_function = 0;
-  std::string thread;
-};
-
-Site Blocks(const hd_snapshot *s, uint64_t size, const std::string &function) {
-  auto symbols = ChildSymbols();
-  Site site;
-  for (size_t i = 0; i < s->allocation_count; i++) {
-    const hd_snapshot_allocation &a = s->allocations[i];
-    if (a.size != size) continue;
-    site.blocks++;
-    const hd_snapshot_stack_trace *t = hd_snapshot_find_stack_trace(s, a.stack_trace_key);
-    for (size_t f = 0; t != nullptr && f < t->count; f++) {
-      // Return addresses point after the call: look up address - 1 for every frame but the leaf.
-      if (FunctionAt(s, t->addresses[f] - (f > 0), symbols) == function) {
-        site.in_function++;
-        break;
-      }
-    }
-    site.thread = hd_snapshot_find_thread(s, a.thread_info_key)->name;
-  }
-  return site;
-}
 
 class CollectorTest : public ::testing::Test {
  protected:
   std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
   Collector collector{dir};
   void SetUp() override { collector.Start(); }
 };
@@ -308,11 +83,20 @@ TEST_F(CollectorTest, ContentsAreTheBlocksBytes) {
 TEST_F(CollectorTest, SelectorErrors) {
   auto none = ByPid(1);  // init is never instrumented by this test
   EXPECT_EQ(TakeLiveSnapshot(collector.socket, &none)->error,
-            static_cast<uint32_t>(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
+  EXPECT_EQ(TakeLiveSnapshot(collector.socket, nullptr)->error,
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
+  auto unknown = UnknownSelector();
+  EXPECT_EQ(TakeLiveSnapshot(collector.socket, &unknown)->error,
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED));
   Child a(collector.socket, nullptr), b(collector.socket, nullptr);
   auto name = ByName("snapshot_child");
   EXPECT_EQ(TakeLiveSnapshot(collector.socket, &name)->error,
-            static_cast<uint32_t>(heapdump_client_CollectorError_PROCESS_SELECTOR_AMBIGUOUS));
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_AMBIGUOUS));
+  EXPECT_EQ(TakeLiveSnapshot(collector.socket, nullptr)->error,
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_AMBIGUOUS));
+  EXPECT_EQ(TakeLiveSnapshot(collector.socket, &unknown, false, true)->error,
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED));
   auto multi = TakeLiveSnapshot(collector.socket, &name, false, true);
   ASSERT_EQ(multi->status, HD_OK) << multi->ra.error;
   ASSERT_EQ(multi->ra.snapshot_count, 2u);
@@ -323,65 +107,145 @@ TEST_F(CollectorTest, SelectorErrors) {
     EXPECT_TRUE(s->pid == static_cast<uint64_t>(a.pid) || s->pid == static_cast<uint64_t>(b.pid));
     EXPECT_EQ(Blocks(s, 100, "alpha_leaks").in_function, 10u);
   }
+  EXPECT_NE(multi->ra.snapshots[0]->pid, multi->ra.snapshots[1]->pid);
   a.Finish();
   b.Finish();
 }
 
-// Lists the stored snapshots through ListStoredSnapshots + GetNext.
-std::vector<std::pair<uint32_t, std::string>> List(const std::string &socket) {
-  Call call(socket);
-  auto msg = std::make_unique<hd_message>();
-  heapdump_client_CollectorListStoredSnapshotsRequest req =
-      heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
-  req.has_iterator = true;
-  req.iterator = {true, 0};
-  EXPECT_EQ(hd_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
-  call.SentTheirEnd();
-  std::vector<std::pair<uint32_t, std::string>> out;
-  for (;;) {
-    heapdump_client_StoredSnapshotIteratorGetNextRequest next =
-        heapdump_client_StoredSnapshotIteratorGetNextRequest_init_zero;
-    heapdump_client_StoredSnapshotIteratorGetNextResult result =
-        heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
-    size_t before = out.size();
-    result.cb_result.arg = &out;
-    result.cb_result.funcs.decode = [](pb_istream_t *, const pb_field_t *field, void **arg) {
-      if (field->tag == heapdump_client_StoredSnapshotIteratorGetNextResult_response_tag) {
-        auto *response = static_cast<heapdump_client_StoredSnapshotIteratorGetNextResponse *>(field->pData);
-        response->batch.arg = *arg;
-        response->batch.funcs.decode = [](pb_istream_t *stream, const pb_field_t *, void **arg) {
-          heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
-          if (!pb_decode(stream, heapdump_client_StoredSnapshot_fields, &s)) return false;
-          static_cast<std::vector<std::pair<uint32_t, std::string>> *>(*arg)->emplace_back(
-              s.snapshot_id, s.snapshot_name);
-          return true;
-        };
-      }
-      return true;
-    };
-    EXPECT_EQ(hd_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next, nullptr, 0,
-                                                   &result),
-              HD_OK);
-    if (out.size() == before) break;
-  }
-  return out;
+// The same program started under another name (its /proc/PID/comm is the link's name).
+std::string OtherName(const std::string &dir) {
+  std::string path = dir + "/other_child";
+  EXPECT_EQ(symlink(HD_CHILD, path.c_str()), 0);
+  return path;
 }
 
-std::unique_ptr<Result> Download(const std::string &socket, uint32_t id) {
-  auto result = std::make_unique<Result>();
-  Call call(socket);
-  auto msg = std::make_unique<hd_message>();
-  heapdump_client_CollectorDownloadStoredSnapshotRequest req =
-      heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
-  req.has_snapshot_id = req.has_receiver = true;
-  req.snapshot_id = id;
-  req.receiver = {true, 0};
-  EXPECT_EQ(hd_collector_download_stored_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1),
-            HD_OK);
-  call.SentTheirEnd();
-  result->status = hd_snapshot_receive(call.ends[0], false, &result->ra, &result->error);
-  if (result->status == HD_OK && result->error == 0) result->status = hd_reassembler_finish(&result->ra);
-  return result;
+TEST_F(CollectorTest, MultiProcessSnapshotHasOneSnapshotPerProcess) {
+  ChildOptions other;
+  other.path = OtherName(dir);
+  Child a(collector.socket, nullptr);
+  Child b(collector.socket, other);
+  auto multi = TakeLiveSnapshot(collector.socket, nullptr, false, true);
+  ASSERT_EQ(multi->status, HD_OK) << multi->ra.error;
+  ASSERT_EQ(multi->ra.snapshot_count, 2u);
+  std::map<uint64_t, std::string> seen;
+  for (size_t i = 0; i < 2; i++) {
+    const hd_snapshot *s = multi->ra.snapshots[i];
+    ASSERT_TRUE(s->has_header);
+    seen[s->pid] = s->process_name;
+    // Each snapshot holds its own process's heap, and nothing of the other's.
+    EXPECT_EQ(Blocks(s, 100, "alpha_leaks").in_function, 10u);
+    EXPECT_EQ(Blocks(s, 200, "worker_leaks").in_function, 5u);
+    EXPECT_EQ(s->stats.live_blocks, s->allocation_count);
+  }
+  EXPECT_EQ(seen[static_cast<uint64_t>(a.pid)], "snapshot_child");
+  EXPECT_EQ(seen[static_cast<uint64_t>(b.pid)], "other_child");
+  // A name picks one of them, without headers.
+  auto by_name = ByName("other_child");
+  auto single = TakeLiveSnapshot(collector.socket, &by_name);
+  ASSERT_EQ(single->status, HD_OK) << single->ra.error;
+  ASSERT_NE(single->only(), nullptr);
+  EXPECT_FALSE(single->only()->has_header);
+  a.Finish();
+  b.Finish();
+}
+
+TEST_F(CollectorTest, DeepStacksAndHugeBlocksArriveWhole) {
+  const size_t kBig = 5u << 20;
+  Workload workload(collector.socket, {"deep", "300", std::to_string(kBig)});
+  auto selector = ByPid(workload.pid);
+  auto result = TakeLiveSnapshot(collector.socket, &selector, true);
+  ASSERT_EQ(result->status, HD_OK) << result->ra.error;
+  const hd_snapshot *s = result->only();
+  ASSERT_NE(s, nullptr);
+  const hd_snapshot_allocation *deep = nullptr, *big = nullptr;
+  for (size_t i = 0; i < s->allocation_count; i++) {
+    if (s->allocations[i].size == 64) deep = &s->allocations[i];
+    if (s->allocations[i].size == kBig) big = &s->allocations[i];
+  }
+  ASSERT_NE(deep, nullptr);
+  ASSERT_NE(big, nullptr);
+  // 300 calls deep: the trace is cut at the instrumentation's limit, every frame in recurse().
+  const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, deep->stack_trace_key);
+  ASSERT_NE(trace, nullptr);
+  EXPECT_EQ(trace->count, static_cast<size_t>(HD_MAX_FRAMES));
+  for (size_t f = 0; f < trace->count; f++) {
+    EXPECT_EQ(FunctionAt(s, trace->addresses[f] - (f > 0), HD_WORKLOAD), "recurse") << "frame " << f;
+  }
+  // The big block came in many chunks and was put together byte for byte.
+  const hd_snapshot_block *contents = hd_snapshot_find_block(s, big->address);
+  ASSERT_NE(contents, nullptr);
+  ASSERT_EQ(contents->size, kBig);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kBig; i++) wrong += contents->bytes[i] != static_cast<uint8_t>(i * 7);
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_GT(result->ra.batches_received, kBig / HD_MAX_MESSAGE_BYTES);
+  const hd_snapshot_stack_trace *big_trace = hd_snapshot_find_stack_trace(s, big->stack_trace_key);
+  ASSERT_NE(big_trace, nullptr);
+  ASSERT_GT(big_trace->count, 0u);
+  EXPECT_EQ(FunctionAt(s, big_trace->addresses[0], HD_WORKLOAD), "allocate_big");
+}
+
+TEST_F(CollectorTest, ManySmallBlocksSpanManyBatches) {
+  const size_t kBlocks = 200000;
+  Workload workload(collector.socket, {"many", std::to_string(kBlocks)});
+  auto selector = ByPid(workload.pid);
+  auto result = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(result->status, HD_OK) << result->ra.error;
+  const hd_snapshot *s = result->only();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(Blocks(s, 32, "").blocks, kBlocks);
+  EXPECT_GT(result->ra.batches_received, 10u);
+}
+
+// Opens the memfd named `name` of process pid for reading and writing, through /proc.
+int OpenTable(pid_t pid, const std::string &name) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  int found = -1;
+  DIR *d = opendir(dir.c_str());
+  while (d != nullptr && found < 0) {
+    struct dirent *e = readdir(d);
+    if (e == nullptr) break;
+    char target[256];
+    ssize_t n = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (std::string(target).rfind("/memfd:" + name + " ", 0) == 0) {
+      found = open((dir + "/" + e->d_name).c_str(), O_RDWR | O_CLOEXEC);
+    }
+  }
+  if (d != nullptr) closedir(d);
+  return found;
+}
+
+TEST_F(CollectorTest, CorruptTableGivesLiveSnapshotFailed) {
+  Child healthy(collector.socket, nullptr);
+  ChildOptions small;
+  small.env = {"HEAPDUMP_MAX_MEMORY=8M"};
+  Child victim(collector.socket, small);
+  int fd = OpenTable(victim.pid, "heapdump-allocations");
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  close(fd);
+  auto *header = static_cast<hd_alloc_header *>(map);
+  auto *buckets = reinterpret_cast<uint32_t *>(static_cast<char *>(map) + header->buckets_offset);
+  // A chain that leads past the last node: stable, so the reader must call it corrupt.
+  buckets[0] = header->node_capacity + 7;
+  auto selector = ByPid(victim.pid);
+  auto result = TakeLiveSnapshot(collector.socket, &selector);
+  EXPECT_EQ(result->status, HD_OK);
+  EXPECT_EQ(result->error, Error(heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED));
+  // The other process, and the collector, are unaffected.
+  auto healthy_selector = ByPid(healthy.pid);
+  auto fine = TakeLiveSnapshot(collector.socket, &healthy_selector);
+  ASSERT_EQ(fine->status, HD_OK) << fine->ra.error;
+  EXPECT_EQ(fine->error, 0u);
+  EXPECT_EQ(Blocks(fine->only(), 100, "alpha_leaks").in_function, 10u);
+  munmap(map, static_cast<size_t>(st.st_size));
+  victim.Kill();  // its own allocator would follow the broken chain
+  healthy.Finish();
 }
 
 TEST_F(CollectorTest, NamedAndExitSnapshotsSurviveRestartAndKill) {
@@ -392,10 +256,11 @@ TEST_F(CollectorTest, NamedAndExitSnapshotsSurviveRestartAndKill) {
     child.Finish();  // frees the worker's blocks, then exits: the exit snapshot has alpha's only
   }
   // The exit snapshot is stored when the collector notices the exit.
-  for (int i = 0; i < 200 && List(collector.socket).size() < 2; i++) usleep(25000);
+  ASSERT_TRUE(WaitUntil([&] { return List(collector.socket).items.size() >= 2; }));
   auto listed = List(collector.socket);
-  ASSERT_EQ(listed.size(), 2u);
-  for (auto &[id, name] : listed) (name == "checkpoint" ? named_id : exit_id) = id;
+  ASSERT_EQ(listed.items.size(), 2u);
+  named_id = StoredId(listed, "checkpoint");
+  exit_id = StoredId(listed, "exit");
   ASSERT_NE(named_id, 0u);
   ASSERT_NE(exit_id, 0u);
   EXPECT_NE(named_id, exit_id);
@@ -410,7 +275,7 @@ TEST_F(CollectorTest, NamedAndExitSnapshotsSurviveRestartAndKill) {
     EXPECT_EQ(Blocks(at_exit->only(), 100, "alpha_leaks").in_function, 10u) << when;
     EXPECT_EQ(Blocks(at_exit->only(), 200, "worker_leaks").blocks, 0u) << when;
     EXPECT_EQ(Download(collector.socket, 999999)->error,
-              static_cast<uint32_t>(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND));
+              Error(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND));
   };
   check("before restart");
   collector.Stop(SIGTERM);
@@ -423,9 +288,93 @@ TEST_F(CollectorTest, NamedAndExitSnapshotsSurviveRestartAndKill) {
   Child again(collector.socket, "again");
   EXPECT_EQ(again.snapshot_rc, 0);
   uint32_t newest = 0;
-  for (auto &[id, name] : List(collector.socket)) newest = std::max(newest, id);
+  for (const Stored &s : List(collector.socket).items) newest = std::max(newest, s.id);
   EXPECT_GT(newest, std::max(named_id, exit_id));
   again.Finish();
+}
+
+TEST_F(CollectorTest, ListingFiltersBySelector) {
+  ChildOptions other;
+  other.path = OtherName(dir);
+  other.snapshot_name = "from-other";
+  Child a(collector.socket, "from-a"), b(collector.socket, "from-b");
+  Child o(collector.socket, other);
+  EXPECT_EQ(o.Snapshot("again-other"), 0);
+
+  auto all = List(collector.socket);
+  ASSERT_EQ(all.status, HD_OK);
+  EXPECT_EQ(all.items.size(), 4u);
+
+  auto by_name = ByName("other_child");
+  auto named = List(collector.socket, &by_name);
+  ASSERT_EQ(named.status, HD_OK);
+  std::set<std::string> names;
+  for (const Stored &s : named.items) {
+    names.insert(s.name);
+    EXPECT_EQ(s.process_name, "other_child");
+    EXPECT_EQ(s.pid, static_cast<uint64_t>(o.pid));
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"from-other", "again-other"}));
+
+  auto by_pid = ByPid(a.pid);
+  auto of_a = List(collector.socket, &by_pid);
+  ASSERT_EQ(of_a.items.size(), 1u);
+  EXPECT_EQ(of_a.items[0].name, "from-a");
+  EXPECT_EQ(of_a.items[0].process_name, "snapshot_child");
+
+  auto nobody = ByName("no-such-process");
+  auto empty = List(collector.socket, &nobody);
+  EXPECT_EQ(empty.status, HD_OK);
+  EXPECT_EQ(empty.error, 0u);
+  EXPECT_TRUE(empty.items.empty());
+
+  auto unknown = UnknownSelector();
+  auto refused = List(collector.socket, &unknown);
+  EXPECT_EQ(refused.status, HD_OK);
+  EXPECT_EQ(refused.error, Error(heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED));
+  EXPECT_TRUE(refused.items.empty());
+  a.Finish();
+  b.Finish();
+  o.Finish();
+}
+
+TEST_F(CollectorTest, ExitSnapshotPendingAtShutdownIsStored) {
+  const size_t kBlocks = 300000;
+  pid_t pid;
+  {
+    Workload workload(collector.socket, {"many", std::to_string(kBlocks)}, true);
+    pid = workload.pid;
+    int status = workload.program->Finish();
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  // At once: the exit is noticed, or its snapshot is being written, or still queued.
+  collector.Stop(SIGTERM);
+  collector.Start();
+  auto listing = List(collector.socket);
+  uint32_t id = StoredId(listing, "exit");
+  ASSERT_NE(id, 0u) << collector.Log();
+  for (const Stored &s : listing.items) EXPECT_EQ(s.pid, static_cast<uint64_t>(pid));
+  auto at_exit = Download(collector.socket, id);
+  ASSERT_EQ(at_exit->status, HD_OK) << at_exit->ra.error;
+  EXPECT_EQ(Blocks(at_exit->only(), 32, "").blocks, kBlocks);
+}
+
+TEST(CollectorOptions, BadValuesAreRefusedWithAMessage) {
+  std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
+  for (std::string option : {"--max-stored", "--max-storage-bytes", "--log-level"}) {
+    for (std::string value : {"", "-1", "99999999999999999999999", "12x", "loud"}) {
+      if (option == "--log-level" && value != "loud") continue;
+      std::string command = std::string(HD_COLLECTOR) + " --foreground --socket " + dir +
+                            "/s.sock --storage " + dir + "/state " + option + " '" + value +
+                            "' 2>" + dir + "/err";
+      int status = system(command.c_str());
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << command;
+      EXPECT_NE(ReadFile(dir + "/err").find("bad " + option + ": " + value), std::string::npos)
+          << command;
+    }
+  }
+  EXPECT_NE(access((dir + "/s.sock").c_str(), F_OK), 0);  // it never started
 }
 
 TEST_F(CollectorTest, NoCollectorLeavesTheProgramWorking) {
@@ -435,3 +384,4 @@ TEST_F(CollectorTest, NoCollectorLeavesTheProgramWorking) {
 }
 
 }  // namespace
+}  // namespace hdtest

@@ -1,6 +1,8 @@
 /* A program with a known heap, run under LD_PRELOAD=libheapdump.so by collector_test: it leaks
- * from known functions and threads, stores a named snapshot, reports "ready <pid>" on stdout and
- * waits for a line on stdin before exiting. */
+ * from known functions and threads, stores a named snapshot if given a name, reports
+ * "ready <pid> <rc>" on stdout, then reads commands on stdin: "snapshot NAME" stores another
+ * named snapshot and answers "stored <rc>"; any other line, or the end of input, frees the
+ * worker's blocks and exits. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -44,8 +46,13 @@ int main(int argc, char **argv) {
   int rc = snapshot && heapdump_available() ? heapdump_take_named_snapshot(snapshot) : -100;
   printf("ready %d %d\n", (int)getpid(), rc);
   fflush(stdout);
-  char line[16];
-  if (fgets(line, sizeof line, stdin) == NULL) return 0;
+  char line[64];
+  while (fgets(line, sizeof line, stdin) != NULL) {
+    char name[40];
+    if (sscanf(line, "snapshot %39s", name) != 1) break;
+    printf("stored %d\n", heapdump_available() ? heapdump_take_named_snapshot(name) : -100);
+    fflush(stdout);
+  }
   /* Free the worker's blocks: only alpha's remain for the exit snapshot. */
   for (int i = 0; i < WORKER_BLOCKS; i++) free(keep[ALPHA_BLOCKS + i]);
   return 0;

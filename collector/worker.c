@@ -1,0 +1,218 @@
+/* The storage workers: threads that write named and exit snapshots to disk and rescan /proc when
+ * a listing asks for it, so that none of this slow work (reading a big table, fsync) runs on the
+ * poll thread and delays other clients. Named snapshots have a thread of their own: their
+ * process waits for the answer (libheapdump.so gives up after 2 s), which must not wait behind a
+ * big exit snapshot. Stopping finishes every queued job, so that a SIGTERM loses no exit
+ * snapshot. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collector_internal.h"
+#include "heapdump_process.bindings.h"
+
+typedef struct job {
+  struct job *next;
+  hd_process *process;
+  char name[33];
+  int memfd;    /* named snapshots: the frozen allocations copy */
+  int reply_fd; /* named snapshots: where to answer */
+  uint32_t txid;
+} job;
+
+typedef struct job_queue {
+  job *head, *tail;
+} job_queue;
+
+typedef struct hd_worker {
+  pthread_t named_thread, exit_thread;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  job_queue named, at_exit;
+  bool discovery_queued;
+  bool stopping;
+  hd_message *scratch;
+} hd_worker;
+
+static void push(job_queue *q, job *j) {
+  j->next = NULL;
+  if (q->tail != NULL) {
+    q->tail->next = j;
+  } else {
+    q->head = j;
+  }
+  q->tail = j;
+}
+
+static job *pop(job_queue *q) {
+  job *j = q->head;
+  if (j != NULL) {
+    q->head = j->next;
+    if (q->head == NULL) q->tail = NULL;
+  }
+  return j;
+}
+
+static void store_named(hd_collector *c, hd_message *scratch, job *j) {
+  uint32_t id = 0;
+  int rc = hd_store_snapshot(c, j->process, j->name, j->memfd, &id);
+  heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+  if (rc == 0) {
+    resp.has_snapshot_id = true;
+    resp.snapshot_id = id;
+  } else {
+    resp.has_error = true;
+    resp.error = rc == -EINVAL ? heapdump_process_StoreError_INVALID_SNAPSHOT
+                               : heapdump_process_StoreError_STORAGE_FAILED;
+  }
+  if (hd_snapshot_sink_store_named_snapshot_reply(j->reply_fd, scratch, j->txid, &resp) != HD_OK) {
+    hd_log(c, HD_LOG_INFO, "%s[%u] did not wait for the answer to its snapshot \"%s\"",
+           j->process->name, (unsigned)j->process->pid, j->name);
+  }
+}
+
+/* Waits for a job of the queue this thread serves; false once stopping with nothing left. */
+static bool next_job(hd_worker *w, bool named_thread, job **out, bool *discover) {
+  pthread_mutex_lock(&w->lock);
+  for (;;) {
+    *out = pop(named_thread ? &w->named : &w->at_exit);
+    /* A rescan is pointless once stopping: nothing would serve what it finds. */
+    *discover = *out == NULL && !named_thread && w->discovery_queued && !w->stopping;
+    if (*discover) w->discovery_queued = false;
+    if (*out != NULL || *discover || w->stopping) break;
+    pthread_cond_wait(&w->wake, &w->lock);
+  }
+  pthread_mutex_unlock(&w->lock);
+  return *out != NULL || *discover;
+}
+
+static void *run_named(void *arg) {
+  hd_collector *c = arg;
+  hd_worker *w = c->worker;
+  job *j;
+  bool discover;
+  while (next_job(w, true, &j, &discover)) {
+    store_named(c, w->scratch, j);
+    close(j->memfd);
+    close(j->reply_fd);
+    hd_process_release(j->process);
+    free(j);
+  }
+  return NULL;
+}
+
+static void *run_exits(void *arg) {
+  hd_collector *c = arg;
+  hd_worker *w = c->worker;
+  job *j;
+  bool discover;
+  while (next_job(w, false, &j, &discover)) {
+    if (discover) {
+      hd_discover_processes(c, false);
+      continue;
+    }
+    uint32_t id;
+    if (hd_store_snapshot(c, j->process, "exit", -1, &id) != 0) {
+      hd_log(c, HD_LOG_WARN, "no exit snapshot for %s[%u]", j->process->name,
+             (unsigned)j->process->pid);
+    }
+    hd_process_release(j->process);
+    free(j);
+  }
+  return NULL;
+}
+
+static void signal_stop(hd_worker *w) {
+  pthread_mutex_lock(&w->lock);
+  w->stopping = true;
+  pthread_cond_broadcast(&w->wake);
+  pthread_mutex_unlock(&w->lock);
+}
+
+static void destroy(hd_worker *w) {
+  pthread_mutex_destroy(&w->lock);
+  pthread_cond_destroy(&w->wake);
+  free(w->scratch);
+  free(w);
+}
+
+int hd_worker_start(hd_collector *c) {
+  hd_worker *w = calloc(1, sizeof *w);
+  if (w == NULL) return -ENOMEM;
+  w->scratch = malloc(sizeof *w->scratch);
+  if (w->scratch == NULL) {
+    free(w);
+    return -ENOMEM;
+  }
+  pthread_mutex_init(&w->lock, NULL);
+  pthread_cond_init(&w->wake, NULL);
+  c->worker = w;
+  int rc = pthread_create(&w->named_thread, NULL, run_named, c);
+  if (rc == 0) {
+    rc = pthread_create(&w->exit_thread, NULL, run_exits, c);
+    if (rc != 0) {
+      signal_stop(w);
+      pthread_join(w->named_thread, NULL);
+    }
+  }
+  if (rc != 0) {
+    c->worker = NULL;
+    destroy(w);
+    return -rc;
+  }
+  return 0;
+}
+
+void hd_worker_stop(hd_collector *c) {
+  hd_worker *w = c->worker;
+  if (w == NULL) return;
+  signal_stop(w);
+  pthread_join(w->named_thread, NULL);
+  pthread_join(w->exit_thread, NULL);
+  c->worker = NULL;
+  destroy(w);
+}
+
+static void enqueue(hd_worker *w, job_queue *q, job *j) {
+  pthread_mutex_lock(&w->lock);
+  push(q, j);
+  pthread_cond_broadcast(&w->wake); /* the two threads wait on one condition */
+  pthread_mutex_unlock(&w->lock);
+}
+
+void hd_queue_exit_snapshot(hd_collector *c, hd_process *p) {
+  job *j = calloc(1, sizeof *j);
+  if (j == NULL) {
+    hd_log(c, HD_LOG_ERROR, "out of memory: no exit snapshot for %s[%u]", p->name, (unsigned)p->pid);
+    return;
+  }
+  j->process = hd_process_retain(p);
+  j->memfd = j->reply_fd = -1;
+  enqueue(c->worker, &c->worker->at_exit, j);
+}
+
+bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                             int reply_fd, uint32_t txid) {
+  job *j = calloc(1, sizeof *j);
+  if (j == NULL) return false;
+  j->process = hd_process_retain(p);
+  snprintf(j->name, sizeof j->name, "%s", name);
+  j->memfd = memfd;
+  j->reply_fd = reply_fd;
+  j->txid = txid;
+  enqueue(c->worker, &c->worker->named, j);
+  return true;
+}
+
+void hd_queue_discovery(hd_collector *c) {
+  hd_worker *w = c->worker;
+  pthread_mutex_lock(&w->lock);
+  w->discovery_queued = true;
+  pthread_cond_broadcast(&w->wake);
+  pthread_mutex_unlock(&w->lock);
+}
