@@ -28,6 +28,15 @@ typedef struct key_set {
   size_t count;
 } key_set;
 
+static bool key_set_contains(const key_set *s, uint32_t key) {
+  if (s->capacity == 0) return false;
+  for (size_t j = (key * 2654435761u) & (s->capacity - 1); s->slots[j] != 0;
+       j = (j + 1) & (s->capacity - 1)) {
+    if (s->slots[j] == key + 1) return true;
+  }
+  return false;
+}
+
 static bool key_set_add(key_set *s, uint32_t key) {
   if ((s->count + 1) * 2 > s->capacity) {
     size_t capacity = s->capacity ? s->capacity * 2 : 256;
@@ -96,6 +105,26 @@ static hd_status add_contents(hd_process *p, const hd_live_block *b, hd_batch_wr
   return status;
 }
 
+/* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
+ * nothing was allocated from it (nothing to report without live blocks). */
+static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
+                                 bool only_if_allocated, hd_batch_writer *w) {
+  size_t n = 0;
+  uint64_t blocks_allocated = 0, bytes_allocated = 0;
+  bool known = key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n,
+                                               &blocks_allocated, &bytes_allocated) == HD_READ_OK;
+  if (only_if_allocated && (!known || blocks_allocated == 0)) return HD_OK;
+  hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0);
+  if (status == HD_OK && known) {
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
+    e.element.stack_trace_counters =
+        (heapdump_client_StackTraceCounters){true, key, true, blocks_allocated, true, bytes_allocated};
+    status = hd_batch_add(w, &e);
+  }
+  return status;
+}
+
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         bool with_contents, hd_batch_writer *w) {
   hd_live_block *blocks = NULL;
@@ -144,24 +173,18 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   }
   uint64_t frames[HD_MAX_FRAMES];
   for (size_t i = 0; i < stacks.count && status == HD_OK && rc == 0; i++) {
-    size_t n = 0;
-    uint64_t blocks_allocated = 0, bytes_allocated = 0;
-    bool known = stacks.order[i] != 0 &&
-                 hd_res_reader_stack(p->res, stacks.order[i], frames, HD_MAX_FRAMES, &n,
-                                     &blocks_allocated, &bytes_allocated) == HD_READ_OK;
-    status = hd_batch_add_stack_trace(w, stacks.order[i], frames, known ? n : 0);
-    if (status == HD_OK && known) {
-      heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-      e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
-      e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
-          true, stacks.order[i], true, blocks_allocated, true, bytes_allocated};
-      status = hd_batch_add(w, &e);
-    }
+    status = add_stack_trace(p, stacks.order[i], frames, false, w);
   }
   uint64_t cursor = 0;
   hd_res_entry *entry = malloc(sizeof *entry);
   while (entry != NULL && status == HD_OK && rc == 0 &&
          (rs = hd_res_reader_next(p->res, &cursor, entry)) == HD_READ_OK) {
+    /* Stack traces with no live block left still carry allocation counters (what was allocated
+     * since start: pprof's alloc_space), so they are sent too, after the referenced ones. */
+    if (entry->type == HD_ENTRY_STACK && entry->key != 0 && !key_set_contains(&stacks, entry->key)) {
+      status = add_stack_trace(p, entry->key, frames, true, w);
+      continue;
+    }
     if (entry->type != HD_ENTRY_REGION) continue;
     const hd_region *g = &entry->u.region;
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;

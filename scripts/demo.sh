@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
-# The README's main job, until `heapdump run` exists: start a collector, run the demo program with
-# libheapdump.so preloaded (it stores a named snapshot and leaks on purpose; its exit snapshot is
-# on), and show what the collector stored.
+# The README's main job: `heapdump run` on the demo program (tools/demo/leaky.c), which leaks on
+# purpose and stores a named snapshot. heapdump prints the report of what was still live at exit,
+# then the exit snapshot is converted to pprof and dartheap. Outputs go to $HEAPDUMP_DEMO_DIR
+# (default ./demo-output).
 set -euo pipefail
 build_dir=$(realpath "${1:-build-release}")
-work=$(mktemp -d /tmp/heapdump-demo.XXXXXX)
-socket="$work/run/collector.sock"
-"$build_dir/collector/heapdump-collector" --foreground --socket "$socket" --storage "$work/state" \
-  2>"$work/collector.log" &
-collector=$!
-trap 'kill $collector 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -S "$socket" ] && break; sleep 0.05; done
+heapdump="$build_dir/tools/cli/heapdump"
+out=${HEAPDUMP_DEMO_DIR:-$PWD/demo-output}
+mkdir -p "$out"
+cd "$out"
+rm -f leaky.heapdump leaky.pb.gz leaky.dartheap heapdump.leaky.*
 
-echo "== running the demo program under libheapdump.so"
-HEAPDUMP_SOCKET="$socket" HEAPDUMP_EXIT_SNAPSHOT=1 \
-  LD_PRELOAD="$build_dir/instrumentation/libheapdump.so" "$build_dir/tools/leaky"
+echo "== heapdump run --output leaky.heapdump -- leaky"
+"$heapdump" run --output leaky.heapdump -- "$build_dir/tools/leaky"
 
-# The collector stores the exit snapshot when it sees the program's connection close.
-for _ in $(seq 100); do grep -q '"exit"' "$work/collector.log" && break; sleep 0.05; done
-kill $collector
-wait $collector || true
-trap - EXIT
-echo "== collector log"
-cat "$work/collector.log"
-echo "== stored snapshots in $work/state"
-ls -l "$work/state"
-grep -q 'stored snapshot .* "after-build"' "$work/collector.log"
-grep -q 'stored snapshot .* "exit"' "$work/collector.log"
-echo "demo: the named snapshot and the exit snapshot were stored"
+echo
+echo "== heapdump convert leaky.heapdump --format pprof / dartheap"
+"$heapdump" convert leaky.heapdump --format pprof
+"$heapdump" convert leaky.heapdump --format dartheap
+
+echo
+echo "== outputs in $out"
+ls -l "$out"
+echo
+echo "Open them with: go tool pprof -top $out/leaky.pb.gz   (or -http=: for flame graphs)"
+echo "                Dart DevTools: Memory > Diff Snapshots > Import snapshot(s) from disk > $out/leaky.dartheap"

@@ -1,0 +1,484 @@
+// End-to-end tests of the heapdump command: the real binary, a real collector (a daemon, or the
+// one `run` embeds), real programs under LD_PRELOAD, and every output read back.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dartheap_reader.h"
+
+extern "C" {
+#include "heapdump/fidl/channel.h"
+}
+
+namespace {
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/hd-cli-test-XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+std::string ReadFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Exists(const std::string &path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> Lines(const std::string &text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Files in dir whose names start with prefix.
+std::vector<std::string> Glob(const std::string &dir, const std::string &prefix) {
+  std::vector<std::string> out;
+  DIR *d = opendir(dir.c_str());
+  while (dirent *e = d ? readdir(d) : nullptr) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+  }
+  if (d) closedir(d);
+  return out;
+}
+
+struct Output {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+// Runs argv in cwd with extra environment entries; stdin is /dev/null.
+Output RunProgram(const std::vector<std::string> &argv, const std::string &cwd,
+           const std::vector<std::string> &env = {}, uid_t as_uid = 0) {
+  std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (chdir(cwd.c_str()) != 0) _exit(120);
+    int in = open("/dev/null", O_RDONLY);
+    int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(err, 2);
+    for (const auto &e : env) putenv(strdup(e.c_str()));
+    if (as_uid != 0 && (setgid(as_uid) != 0 || setuid(as_uid) != 0)) _exit(121);
+    std::vector<char *> args;
+    for (const auto &a : argv) args.push_back(const_cast<char *>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(122);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  Output o;
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.out = ReadFile(out_path);
+  o.err = ReadFile(err_path);
+  return o;
+}
+
+bool WaitForListener(const std::string &path, pid_t owner) {
+  for (int i = 0; i < 400; i++) {
+    int fd;
+    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
+      close(fd);
+      return true;
+    }
+    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
+    usleep(25000);
+  }
+  return false;
+}
+
+// A program under LD_PRELOAD that stays alive, after printing "ready", until Finish().
+struct Live {
+  pid_t pid = -1;
+  int to_child = -1;
+  std::vector<std::string> lines;  // its stdout up to "ready"
+  Live(const std::string &program, const std::vector<std::string> &args,
+       const std::string &socket) {
+    int in[2], out[2];
+    EXPECT_EQ(pipe(in), 0);
+    EXPECT_EQ(pipe(out), 0);
+    pid = fork();
+    if (pid == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[1]);
+      close(out[0]);
+      setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
+      setenv("HEAPDUMP_SOCKET", socket.c_str(), 1);
+      std::vector<char *> argv{const_cast<char *>(program.c_str())};
+      for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_child = in[1];
+    FILE *f = fdopen(out[0], "r");
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+      std::string s(line);
+      if (!s.empty() && s.back() == '\n') s.pop_back();
+      if (s == "ready") break;
+      lines.push_back(s);
+    }
+    fclose(f);
+  }
+  int Finish() {
+    if (to_child >= 0) close(to_child);
+    to_child = -1;
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    pid = -1;
+    return status;
+  }
+  ~Live() { Finish(); }
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  std::string dir = TempDir();
+  std::string socket = dir + "/run/collector.sock";
+  pid_t collector = -1;
+
+  void StartCollector() {
+    collector = fork();
+    if (collector == 0) {
+      std::string storage = dir + "/state";
+      execl(HD_COLLECTOR, HD_COLLECTOR, "--foreground", "--socket", socket.c_str(), "--storage",
+            storage.c_str(), "--log-level", "warn", (char *)nullptr);
+      _exit(127);
+    }
+    ASSERT_TRUE(WaitForListener(socket, collector));
+  }
+  void TearDown() override {
+    if (collector > 0) {
+      kill(collector, SIGTERM);
+      waitpid(collector, nullptr, 0);
+    }
+    std::string cmd = "rm -rf " + dir;
+    EXPECT_EQ(system(cmd.c_str()), 0);
+  }
+  // The heapdump command with --socket of this test's collector.
+  Output Heapdump(std::vector<std::string> args, const std::vector<std::string> &env = {}) {
+    args.insert(args.begin(), HD_CLI);
+    args.insert(args.begin() + 2, "--socket=" + socket);
+    return RunProgram(args, dir, env);
+  }
+};
+
+// The report line of a site: "LIVE_BYTES LIVE_BLOCKS ... NAME".
+bool HasSite(const std::string &report, const std::string &site, const std::string &bytes,
+             const std::string &blocks) {
+  for (const auto &line : Lines(report)) {
+    std::istringstream in(line);
+    std::string b, n;
+    in >> b >> n;
+    if (b == bytes && n == blocks && line.find(site) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_F(CliTest, RunReportsTheLeaksAndPropagatesTheExitStatus) {
+  // No collector answers at the socket: run embeds one, with its files under TMPDIR.
+  std::string tmp = dir + "/tmp";
+  ASSERT_EQ(mkdir(tmp.c_str(), 0700), 0);
+  Output o = Heapdump({"run", "--", HD_LEAK_CHILD}, {"TMPDIR=" + tmp});
+  EXPECT_EQ(o.status, 3) << o.err;
+  EXPECT_TRUE(HasSite(o.err, "leak_big", "12288", "3")) << o.err;
+  EXPECT_TRUE(HasSite(o.err, "leak_small", "1000", "10")) << o.err;
+  EXPECT_EQ(o.err.find("balanced"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("leak_child.c:"), std::string::npos) << "not symbolized: " << o.err;
+  auto files = Glob(dir, "heapdump.leak_child.");
+  ASSERT_EQ(files.size(), 1u) << o.err;
+  EXPECT_NE(files[0].find(".pb.gz"), std::string::npos);
+  // Nothing of the embedded collector is left behind.
+  EXPECT_TRUE(Glob(tmp, "heapdump-run-").empty());
+}
+
+TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
+  Output o = Heapdump({"run", "-o", "leaks.heapdump", "--", HD_LEAK_CHILD});
+  ASSERT_EQ(o.status, 3) << o.err;
+  ASSERT_TRUE(Exists(dir + "/leaks.heapdump"));
+  Output r = Heapdump({"report", "leaks.heapdump", "--top", "0"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
+  EXPECT_TRUE(HasSite(r.out, "leak_small", "1000", "10")) << r.out;
+  Output j = Heapdump({"report", "leaks.heapdump", "--json"});
+  EXPECT_EQ(j.status, 0);
+  EXPECT_EQ(j.out.rfind("{\"processes\":[{\"process_name\":\"leak_child\"", 0), 0u) << j.out;
+  Output t = Heapdump({"report", "leaks.heapdump", "--by", "thread"});
+  EXPECT_NE(t.out.find("leak_child["), std::string::npos) << t.out;
+}
+
+TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
+  StartCollector();
+  Output o = Heapdump({"run", "-o", "x.pb.gz", "--", HD_LEAK_CHILD});
+  ASSERT_EQ(o.status, 3) << o.err;
+  Output l = Heapdump({"list"});
+  ASSERT_EQ(l.status, 0) << l.err;
+  auto lines = Lines(l.out);
+  ASSERT_EQ(lines.size(), 2u) << l.out;
+  EXPECT_EQ(lines[0].substr(0, 2), "ID");
+  EXPECT_NE(lines[0].find("NAME"), std::string::npos);
+  EXPECT_NE(lines[0].find("PROCESS"), std::string::npos);
+  EXPECT_NE(lines[1].find("exit"), std::string::npos);
+  EXPECT_NE(lines[1].find("leak_child["), std::string::npos);
+  std::string id = lines[1].substr(0, lines[1].find(' '));
+  Output d = Heapdump({"download", id, "-o", "d.heapdump"});
+  ASSERT_EQ(d.status, 0) << d.err;
+  Output r = Heapdump({"report", "d.heapdump"});
+  EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
+  Output j = Heapdump({"list", "--json"});
+  EXPECT_NE(j.out.find("\"id\":" + id + ",\"name\":\"exit\",\"process_name\":\"leak_child\""),
+            std::string::npos)
+      << j.out;
+  Output none = Heapdump({"list", "--pid", "999999999"});
+  EXPECT_EQ(none.status, 0);
+  EXPECT_EQ(Lines(none.out).size(), 1u) << none.out;
+}
+
+TEST_F(CliTest, RunWithIntervalWritesLiveSnapshots) {
+  Output o = Heapdump({"run", "--interval", "0.3", "-o", "s.heapdump", "--", HD_LEAK_CHILD, "sleep"});
+  ASSERT_EQ(o.status, 3) << o.err;
+  ASSERT_TRUE(Exists(dir + "/s.1.heapdump")) << o.err;
+  Output r = Heapdump({"report", "s.1.heapdump"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
+}
+
+TEST_F(CliTest, RunReportsCommandsThatCannotRun) {
+  Output o = Heapdump({"run", "--", "/nonexistent/program"});
+  EXPECT_EQ(o.status, 127);
+  EXPECT_NE(o.err.find("cannot run /nonexistent/program"), std::string::npos) << o.err;
+  Output none = Heapdump({"run"});
+  EXPECT_EQ(none.status, 2);
+}
+
+TEST_F(CliTest, SnapshotWritesEveryFormat) {
+  StartCollector();
+  Live child(HD_LEAK_CHILD, {"wait"}, socket);
+  std::string pid = std::to_string(child.pid);
+  Output s = Heapdump({"snapshot", "--pid", pid, "-o", "live.heapdump"});
+  ASSERT_EQ(s.status, 0) << s.err;
+  Output r = Heapdump({"report", "live.heapdump"});
+  EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
+
+  // Folded stacks: root first, one line per stack with its live bytes.
+  Output f = Heapdump({"snapshot", "--name", "leak_child", "--format", "folded"});
+  ASSERT_EQ(f.status, 0) << f.err;
+  bool found = false;
+  for (const auto &line : Lines(f.out)) {
+    if (line.find("main;leak_big") != std::string::npos && line.size() > 6 &&
+        line.substr(line.size() - 6) == " 12288") {
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found) << f.out;
+
+  // raw -> raw is lossless: the same bytes.
+  Output c = Heapdump({"convert", "live.heapdump", "-o", "again.heapdump"});
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(ReadFile(dir + "/live.heapdump"), ReadFile(dir + "/again.heapdump"));
+
+  // Default names: beside the input, with the format's extension.
+  for (const char *format : {"pprof", "dartheap", "text"}) {
+    Output x = Heapdump({"convert", "live.heapdump", "--format", format});
+    EXPECT_EQ(x.status, 0) << format << ": " << x.err;
+  }
+  EXPECT_TRUE(Exists(dir + "/live.pb.gz"));
+  EXPECT_TRUE(Exists(dir + "/live.dartheap"));
+  // gzip magic
+  EXPECT_EQ(ReadFile(dir + "/live.pb.gz").substr(0, 2), "\x1f\x8b");
+  Output d = Heapdump({"snapshot", "--pid", pid});
+  EXPECT_EQ(d.status, 0) << d.err;
+  EXPECT_TRUE(Exists(dir + "/heapdump.leak_child." + pid + ".pb.gz")) << d.err;
+}
+
+TEST_F(CliTest, PprofOutputLoadsInGoToolPprof) {
+  if (system("command -v go >/dev/null 2>&1") != 0) GTEST_SKIP() << "go (golang-go) not installed";
+  Output o = Heapdump({"run", "-o", "leaks.pb.gz", "--", HD_LEAK_CHILD});
+  ASSERT_EQ(o.status, 3) << o.err;
+  std::string cmd = "cd " + dir + " && HOME=" + dir + " GOCACHE=" + dir +
+                    "/.gocache go tool pprof -top -sample_index=inuse_space leaks.pb.gz > top.txt "
+                    "2>&1";
+  ASSERT_EQ(system(cmd.c_str()), 0) << ReadFile(dir + "/top.txt");
+  std::string top = ReadFile(dir + "/top.txt");
+  EXPECT_NE(top.find("leak_big"), std::string::npos) << top;
+  EXPECT_NE(top.find("leak_small"), std::string::npos) << top;
+}
+
+TEST_F(CliTest, SnapshotWithContentsGivesDartheapReferencesOfThePointers) {
+  StartCollector();
+  Live child(HD_GRAPH_CHILD, {}, socket);
+  std::set<uint64_t> nodes;
+  std::set<std::pair<uint64_t, uint64_t>> edges;
+  for (const auto &line : child.lines) {
+    std::istringstream in(line);
+    std::string kind;
+    uint64_t a = 0, b = 0;
+    in >> kind >> a;
+    if (kind == "node") nodes.insert(a);
+    if (kind == "edge" && (in >> b)) edges.insert({a, b});
+  }
+  ASSERT_EQ(nodes.size(), 15u);
+  ASSERT_EQ(edges.size(), 13u);
+  Output s = Heapdump({"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o",
+                       "graph.dartheap"});
+  ASSERT_EQ(s.status, 0) << s.err;
+
+  dartheap::Graph graph;
+  std::string error;
+  ASSERT_TRUE(dartheap::ReadFile(dir + "/graph.dartheap", &graph, &error)) << error;
+  EXPECT_EQ(dartheap::CheckReport(graph), "");
+  // Our nodes have distinct sizes: map objects to them by shallow size.
+  std::map<uint64_t, uint64_t> by_size;  // size -> object id
+  for (uint64_t id = 1; id <= graph.objects.size(); id++) {
+    uint64_t size = graph.object(id).shallow_size;
+    if (nodes.count(size)) {
+      EXPECT_EQ(by_size.count(size), 0u);
+      by_size[size] = id;
+    }
+  }
+  ASSERT_EQ(by_size.size(), nodes.size());
+  std::set<std::pair<uint64_t, uint64_t>> seen;
+  for (const auto &[size, id] : by_size) {
+    for (uint64_t target : graph.object(id).references) {
+      if (target == 0) continue;
+      uint64_t target_size = graph.object(target).shallow_size;
+      if (nodes.count(target_size)) seen.insert({size, target_size});
+    }
+  }
+  // The sites are the functions that allocated: graph_child's make().
+  EXPECT_NE(graph.class_of(by_size.begin()->second).name.find("make"), std::string::npos)
+      << graph.class_of(by_size.begin()->second).name;
+  EXPECT_EQ(seen, edges);
+}
+
+TEST_F(CliTest, SelectorErrors) {
+  StartCollector();
+  Live a(HD_LEAK_CHILD, {"wait"}, socket);
+  Live b(HD_LEAK_CHILD, {"wait"}, socket);
+  Output amb = Heapdump({"snapshot", "--name", "leak_child"});
+  EXPECT_EQ(amb.status, 5) << amb.err;
+  EXPECT_NE(amb.err.find("leak_child[" + std::to_string(a.pid) + "]"), std::string::npos)
+      << amb.err;
+  EXPECT_NE(amb.err.find("leak_child[" + std::to_string(b.pid) + "]"), std::string::npos)
+      << amb.err;
+  Output all = Heapdump({"snapshot", "--name", "leak_child", "--all", "-o", "all.heapdump"});
+  ASSERT_EQ(all.status, 0) << all.err;
+  Output r = Heapdump({"report", "all.heapdump"});
+  EXPECT_NE(r.out.find("leak_child[" + std::to_string(a.pid) + "]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("leak_child[" + std::to_string(b.pid) + "]"), std::string::npos) << r.out;
+  Output nomatch = Heapdump({"snapshot", "--name", "no_such_program"});
+  EXPECT_EQ(nomatch.status, 4);
+  EXPECT_NE(nomatch.err.find("no instrumented process"), std::string::npos) << nomatch.err;
+  Output nopid = Heapdump({"snapshot", "--pid", "999999999"});
+  EXPECT_EQ(nopid.status, 4);
+  Output unknown = Heapdump({"download", "4242"});
+  EXPECT_EQ(unknown.status, 4);
+  EXPECT_NE(unknown.err.find("no stored snapshot has id 4242"), std::string::npos) << unknown.err;
+  Output bad_id = Heapdump({"download", "abc"});
+  EXPECT_EQ(bad_id.status, 2);
+}
+
+TEST_F(CliTest, NoCollector) {
+  Output o = Heapdump({"snapshot", "--pid", "1"});
+  EXPECT_EQ(o.status, 3);
+  EXPECT_NE(o.err.find("no collector is running at " + socket), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("heapdump-collector"), std::string::npos) << o.err;
+  EXPECT_EQ(Heapdump({"list"}).status, 3);
+  EXPECT_EQ(Heapdump({"download", "1"}).status, 3);
+}
+
+TEST_F(CliTest, PermissionDenied) {
+  StartCollector();
+  if (geteuid() != 0) {
+    // Without root, the refused case is an output nobody may write.
+    std::string locked = dir + "/locked";
+    mkdir(locked.c_str(), 0500);
+    Output o = Heapdump({"list", "-o", locked + "/x"});
+    (void)o;
+    Output r = Heapdump({"run", "-o", locked + "/x.pb.gz", "--", HD_LEAK_CHILD});
+    EXPECT_EQ(r.status, 125);
+    EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+    return;
+  }
+  // As root: another user may not reach root's collector.
+  Output o = RunProgram({HD_CLI, "list", "--socket", socket}, "/tmp", {}, 65534);
+  EXPECT_EQ(o.status, 6) << o.err;
+  EXPECT_NE(o.err.find("permission denied"), std::string::npos) << o.err;
+}
+
+TEST_F(CliTest, BadInputsAndOutputs) {
+  std::ofstream(dir + "/garbage.heapdump") << "this is not a snapshot";
+  Output g = Heapdump({"report", "garbage.heapdump"});
+  EXPECT_EQ(g.status, 1);
+  EXPECT_NE(g.err.find("not a heapdump raw snapshot"), std::string::npos) << g.err;
+  Output m = Heapdump({"report", "missing.heapdump"});
+  EXPECT_EQ(m.status, 1);
+  EXPECT_NE(m.err.find("No such file"), std::string::npos) << m.err;
+
+  Output o = Heapdump({"run", "-o", "ok.heapdump", "--", HD_LEAK_CHILD});
+  ASSERT_EQ(o.status, 3) << o.err;
+  std::string raw = ReadFile(dir + "/ok.heapdump");
+  for (size_t cut : {raw.size() - 1, raw.size() / 2, size_t{20}}) {
+    std::ofstream(dir + "/cut.heapdump", std::ios::binary) << raw.substr(0, cut);
+    Output t = Heapdump({"convert", "cut.heapdump", "-f", "pprof"});
+    EXPECT_EQ(t.status, 1) << cut;
+    EXPECT_NE(t.err.find("truncated"), std::string::npos) << cut << ": " << t.err;
+    EXPECT_FALSE(Exists(dir + "/cut.pb.gz"));
+  }
+  std::string flipped = raw;
+  flipped[8] = 9;  // version
+  std::ofstream(dir + "/v9.heapdump", std::ios::binary) << flipped;
+  Output v = Heapdump({"report", "v9.heapdump"});
+  EXPECT_EQ(v.status, 1);
+  EXPECT_NE(v.err.find("version 9 is not supported"), std::string::npos) << v.err;
+
+  Output w = Heapdump({"convert", "ok.heapdump", "-o", "/nonexistent-dir/x.pb.gz"});
+  EXPECT_EQ(w.status, 1);
+  EXPECT_NE(w.err.find("cannot write /nonexistent-dir/x.pb.gz"), std::string::npos) << w.err;
+  Output nf = Heapdump({"convert", "ok.heapdump"});
+  EXPECT_EQ(nf.status, 2);
+  Output bf = Heapdump({"convert", "ok.heapdump", "-f", "svg"});
+  EXPECT_EQ(bf.status, 2);
+  EXPECT_NE(bf.err.find("unknown format 'svg'"), std::string::npos);
+}
+
+TEST_F(CliTest, EveryCommandHasHelp) {
+  for (const char *command : {"run", "snapshot", "list", "download", "convert", "report"}) {
+    Output o = RunProgram({HD_CLI, command, "--help"}, dir);
+    EXPECT_EQ(o.status, 0) << command;
+    EXPECT_EQ(o.out.rfind(std::string("usage: heapdump ") + command, 0), 0u) << o.out;
+    EXPECT_NE(o.out.find("Exit status"), std::string::npos);
+  }
+  Output top = RunProgram({HD_CLI, "--help"}, dir);
+  EXPECT_EQ(top.status, 0);
+  EXPECT_EQ(RunProgram({HD_CLI, "frobnicate"}, dir).status, 2);
+  EXPECT_EQ(RunProgram({HD_CLI}, dir).status, 2);
+}
+
+}  // namespace

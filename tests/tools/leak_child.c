@@ -1,0 +1,40 @@
+/* A program with known leaks for the heapdump command's tests: leak_small leaves 10 blocks of 100
+ * bytes, leak_big 3 blocks of 4096 bytes, balanced() leaves nothing. Exits with status 3 so the
+ * tests can check that `heapdump run` propagates it. With "wait", it stays alive until its stdin
+ * closes, for live snapshots; with "sleep", for 1.5 s. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void *volatile kept[64];
+static int kept_count;
+
+__attribute__((noinline)) static void keep(void *p) { kept[kept_count++] = p; }
+
+__attribute__((noinline)) void leak_small(void) {
+  for (int i = 0; i < 10; i++) keep(malloc(100));
+}
+
+__attribute__((noinline)) void leak_big(void) {
+  for (int i = 0; i < 3; i++) keep(malloc(4096));
+}
+
+__attribute__((noinline)) void balanced(void) {
+  for (int i = 0; i < 100; i++) free(malloc(777));
+}
+
+int main(int argc, char **argv) {
+  leak_small();
+  leak_big();
+  balanced();
+  if (argc > 1 && strcmp(argv[1], "sleep") == 0) usleep(1500 * 1000);
+  if (argc > 1 && strcmp(argv[1], "wait") == 0) {
+    printf("ready\n");
+    fflush(stdout);
+    char buf[16];
+    while (read(STDIN_FILENO, buf, sizeof buf) > 0) {
+    }
+  }
+  return 3;
+}

@@ -1,0 +1,117 @@
+/* The heapdump command: shared state of its subcommands (see main.c for the command line and
+ * docs/tools.md for the user documentation). */
+#ifndef HEAPDUMP_CLI_H
+#define HEAPDUMP_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/pprof.h"
+#include "heapdump/tools/report.h"
+#include "heapdump_client.pb.h"
+
+/* Exit codes, documented in docs/tools.md. `heapdump run` exits with its command's status. */
+enum {
+  EXIT_OK = 0,
+  EXIT_FAILURE_ = 1,     /* I/O errors, corrupt input, a collector failure */
+  EXIT_USAGE = 2,        /* bad command line */
+  EXIT_NO_COLLECTOR = 3, /* nothing listens at the socket */
+  EXIT_NOT_FOUND = 4,    /* no matching process, unknown snapshot id */
+  EXIT_AMBIGUOUS = 5,    /* several processes match and one is needed */
+  EXIT_PERMISSION = 6,   /* the collector or a file refused us */
+  EXIT_RUN_FAILED = 125, /* `run`: heapdump failed before the command could run */
+};
+
+typedef enum cli_format {
+  FORMAT_NONE = 0, /* not given: from the output's extension, else pprof */
+  FORMAT_RAW,
+  FORMAT_PPROF,
+  FORMAT_DARTHEAP,
+  FORMAT_TEXT,
+  FORMAT_FOLDED,
+} cli_format;
+
+typedef struct cli_options {
+  const char *socket; /* --socket, else HEAPDUMP_SOCKET or the default path */
+  char socket_buf[4096];
+  const char *output; /* --output; "-" is stdout */
+  cli_format format;
+  bool contents, all, json, tags, symbolize;
+  bool has_pid;
+  uint64_t pid;
+  const char *name;
+  double interval;
+  size_t top;
+  size_t max_frames; /* text: frames shown per group */
+  hd_report_by by;
+  hd_pprof_sample sample;
+  const char *debug_dirs[16];
+  size_t debug_dir_count;
+} cli_options;
+
+/* Prints "heapdump: " and the message to stderr, unless cli_quiet is set. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern bool cli_quiet;
+
+/* ---- talking to the collector (client.c) ---- */
+
+/* Connects to the collector; on failure prints why (and how to start one) and returns the exit
+ * code, else 0. */
+int cli_connect(const cli_options *o, int *fd);
+/* A live snapshot of the process(es) o selects into r (finished). Returns an exit code. */
+int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
+typedef struct cli_stored {
+  uint32_t id;
+  char name[33];
+  char process_name[33];
+  uint64_t pid;
+} cli_stored;
+
+/* Stored snapshot meta->id into r (finished), labelled with meta's process. Returns an exit
+ * code. */
+int cli_download(const cli_options *o, const cli_stored *meta, hd_reassembler *r);
+/* Every stored snapshot matching the selector in o (if any). *out is malloc'ed. Returns an exit
+ * code. */
+int cli_list(const cli_options *o, cli_stored **out, size_t *count);
+
+/* ---- writing results (output.c) ---- */
+
+cli_format cli_parse_format(const char *name);
+const char *cli_format_extension(cli_format f);
+/* The format to write: o->format, else from the output's extension, else fallback. */
+cli_format cli_output_format(const cli_options *o, const char *output, cli_format fallback);
+
+/* An output file, written to a temporary file beside it and renamed into place when complete,
+ * so a failed run never leaves a half-written file and an unwritable path fails early. */
+typedef struct cli_output {
+  char path[4096];
+  char tmp[4200];
+  FILE *file;
+  bool is_stdout;
+} cli_output;
+int cli_output_open(cli_output *out, const char *path);
+int cli_output_commit(cli_output *out);
+void cli_output_abort(cli_output *out);
+
+/* Writes r in format f to out (symbolizing per o). Returns an exit code. */
+int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out);
+
+/* A progress line on stderr while a snapshot streams in, when stderr is a terminal. */
+void cli_progress_attach(hd_reassembler *r);
+void cli_progress_done(hd_reassembler *r);
+
+/* ---- subcommands ---- */
+int cmd_run(cli_options *o, int argc, char **argv);
+int cmd_snapshot(cli_options *o);
+int cmd_list(cli_options *o);
+int cmd_download(cli_options *o, const char *id);
+int cmd_convert(cli_options *o, const char *input);
+int cmd_report(cli_options *o, const char *input);
+
+/* Reads a raw snapshot file ("-": stdin) into r. Returns an exit code. */
+int cli_read_raw(const char *path, hd_reassembler *r);
+
+#endif

@@ -1,0 +1,274 @@
+/* The heapdump command as a client of the collector: TakeLiveSnapshot, ListStoredSnapshots and
+ * DownloadStoredSnapshot through the generated bindings, with the collector's errors turned into
+ * messages that say what to do. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pb_decode.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "heapdump/fidl/channel.h"
+#include "heapdump_client.bindings.h"
+
+int cli_connect(const cli_options *o, int *fd) {
+  errno = 0;
+  hd_status status = hd_channel_connect(o->socket, fd);
+  if (status == HD_OK) return 0;
+  int err = errno;
+  if (err == EACCES || err == EPERM) {
+    cli_error("permission denied connecting to the collector at %s", o->socket);
+    return EXIT_PERMISSION;
+  }
+  cli_error("no collector is running at %s (%s).\n"
+            "Start one with `heapdump-collector` (it serves that socket), or profile a program "
+            "with `heapdump run -- PROGRAM`, which starts its own.",
+            o->socket, err ? strerror(err) : hd_status_str(status));
+  return EXIT_NO_COLLECTOR;
+}
+
+static void selector_from(const cli_options *o, uint64_t pid, bool *has,
+                          heapdump_client_ProcessSelector *s) {
+  *s = (heapdump_client_ProcessSelector)heapdump_client_ProcessSelector_init_zero;
+  *has = true;
+  if (pid != 0) {
+    s->which_selector = heapdump_client_ProcessSelector_by_koid_tag;
+    s->selector.by_koid = pid;
+  } else if (o->name != NULL) {
+    s->which_selector = heapdump_client_ProcessSelector_by_name_tag;
+    snprintf(s->selector.by_name, sizeof s->selector.by_name, "%s", o->name);
+  } else {
+    *has = false;
+  }
+}
+
+static const char *selector_text(const cli_options *o, uint64_t pid, char *buf, size_t size) {
+  if (pid != 0) {
+    snprintf(buf, size, "pid %" PRIu64, pid);
+  } else if (o->name != NULL) {
+    snprintf(buf, size, "name '%s'", o->name);
+  } else {
+    snprintf(buf, size, "any process");
+  }
+  return buf;
+}
+
+typedef enum request_kind { LIVE, DOWNLOAD } request_kind;
+
+/* Sends the request with a fresh receiver channel and receives the stream into r. */
+static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
+                            uint32_t id, hd_reassembler *r, uint32_t *error) {
+  int fd, rc = cli_connect(o, &fd);
+  if (rc != 0) return rc;
+  int ends[2];
+  if (hd_channel_pair(ends) != HD_OK) {
+    close(fd);
+    cli_error("cannot create a channel: %s", strerror(errno));
+    return EXIT_FAILURE_;
+  }
+  hd_message *msg = malloc(sizeof *msg);
+  hd_status status = HD_ERR_NO_MEMORY;
+  if (msg != NULL && kind == LIVE) {
+    heapdump_client_CollectorTakeLiveSnapshotRequest req =
+        heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+    selector_from(o, pid, &req.has_process_selector, &req.process_selector);
+    req.has_receiver = true;
+    req.receiver = (heapdump_client_Handle){true, 0};
+    req.has_with_contents = req.has_multi_process = true;
+    req.with_contents = o->contents;
+    req.multi_process = multi;
+    status = hd_collector_take_live_snapshot(fd, msg, &req, &ends[1], 1);
+  } else if (msg != NULL) {
+    heapdump_client_CollectorDownloadStoredSnapshotRequest req =
+        heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
+    req.has_snapshot_id = req.has_receiver = true;
+    req.snapshot_id = id;
+    req.receiver = (heapdump_client_Handle){true, 0};
+    status = hd_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
+  }
+  close(ends[1]);
+  if (status == HD_OK) {
+    cli_progress_attach(r);
+    status = hd_snapshot_receive(ends[0], multi, r, error);
+    cli_progress_done(r);
+    if (status == HD_OK && *error == 0) status = hd_reassembler_finish(r);
+  }
+  free(msg);
+  close(ends[0]);
+  close(fd);
+  if (status != HD_OK) {
+    if (status == HD_ERR_REASSEMBLY || status == HD_ERR_DECODE) {
+      cli_error("the collector sent a malformed snapshot: %s",
+                r->error[0] ? r->error : hd_status_str(status));
+    } else {
+      cli_error("the snapshot stream failed: %s", hd_status_str(status));
+    }
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+/* Live snapshots are always requested as multi-process streams: each process then comes with its
+ * header (name and pid), which the outputs show, and a selector matching several processes is
+ * answered with all of them, so an ambiguous name can be reported with its candidates at no
+ * extra cost. */
+int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r) {
+  uint32_t error = 0;
+  int rc = request_snapshot(o, LIVE, pid, true, 0, r, &error);
+  if (rc != 0) return rc;
+  char what[96];
+  selector_text(o, pid, what, sizeof what);
+  if (error == 0 && r->snapshot_count == 0) {
+    error = heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  }
+  if (error == 0 && r->snapshot_count > 1 && !o->all) {
+    cli_error("%s matches %zu processes: pick one with --pid, or take them all with --all", what,
+              r->snapshot_count);
+    fprintf(stderr, "matching processes:\n");
+    for (size_t i = 0; i < r->snapshot_count; i++) {
+      fprintf(stderr, "  %s[%" PRIu64 "]\n", r->snapshots[i]->process_name, r->snapshots[i]->pid);
+    }
+    return EXIT_AMBIGUOUS;
+  }
+  switch (error) {
+    case 0:
+      return 0;
+    case heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH:
+      cli_error("no instrumented process of yours matches %s.\n"
+                "Programs are instrumented when started with `heapdump run` or with "
+                "LD_PRELOAD=libheapdump.so.",
+                what);
+      return EXIT_NOT_FOUND;
+    case heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED:
+      cli_error("the collector does not support selecting by %s", what);
+      return EXIT_FAILURE_;
+    case heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED:
+      cli_error("the collector could not read the recording of %s (see its log)", what);
+      return EXIT_FAILURE_;
+    default:
+      cli_error("the collector reported error %" PRIu32, error);
+      return EXIT_FAILURE_;
+  }
+}
+
+int cli_download(const cli_options *o, const cli_stored *meta, hd_reassembler *r) {
+  uint32_t error = 0;
+  int rc = request_snapshot(o, DOWNLOAD, 0, false, meta->id, r, &error);
+  if (rc != 0) return rc;
+  /* A stored snapshot streams as one process without a header; the listing knows which process
+   * it was, and giving it its header keeps that in every output, raw files included. */
+  if (error == 0 && r->snapshot_count == 1) {
+    hd_snapshot *s = r->snapshots[0];
+    s->has_header = true;
+    snprintf(s->process_name, sizeof s->process_name, "%s", meta->process_name);
+    s->pid = meta->pid;
+  }
+  if (error == heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND) {
+    cli_error("no stored snapshot has id %" PRIu32 " (`heapdump list` shows them)", meta->id);
+    return EXIT_NOT_FOUND;
+  }
+  if (error != 0) {
+    cli_error("the collector reported error %" PRIu32, error);
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+typedef struct list_state {
+  cli_stored *items;
+  size_t count, capacity;
+  size_t in_response; /* entries decoded from the current response */
+  bool failed;
+} list_state;
+
+static bool decode_stored(pb_istream_t *stream, const pb_field_t *field, void **arg) {
+  (void)field;
+  list_state *st = *arg;
+  heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
+  if (!pb_decode(stream, heapdump_client_StoredSnapshot_fields, &s)) return false;
+  if (st->count == st->capacity) {
+    size_t capacity = st->capacity ? 2 * st->capacity : 64;
+    cli_stored *items = realloc(st->items, capacity * sizeof *items);
+    if (items == NULL) {
+      st->failed = true;
+      return false;
+    }
+    st->items = items;
+    st->capacity = capacity;
+  }
+  cli_stored *out = &st->items[st->count++];
+  out->id = s.snapshot_id;
+  snprintf(out->name, sizeof out->name, "%s", s.snapshot_name);
+  snprintf(out->process_name, sizeof out->process_name, "%s", s.process_name);
+  out->pid = s.process_koid;
+  st->in_response++;
+  return true;
+}
+
+static bool decode_result(pb_istream_t *stream, const pb_field_t *field, void **arg) {
+  (void)stream;
+  if (field->tag == heapdump_client_StoredSnapshotIteratorGetNextResult_response_tag) {
+    heapdump_client_StoredSnapshotIteratorGetNextResponse *response = field->pData;
+    response->batch.arg = *arg;
+    response->batch.funcs.decode = decode_stored;
+  }
+  return true;
+}
+
+int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
+  int fd, rc = cli_connect(o, &fd);
+  if (rc != 0) return rc;
+  int ends[2];
+  if (hd_channel_pair(ends) != HD_OK) {
+    close(fd);
+    cli_error("cannot create a channel: %s", strerror(errno));
+    return EXIT_FAILURE_;
+  }
+  hd_message *msg = malloc(sizeof *msg);
+  list_state st = {0};
+  hd_status status = HD_ERR_NO_MEMORY;
+  if (msg != NULL) {
+    heapdump_client_CollectorListStoredSnapshotsRequest req =
+        heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
+    req.has_iterator = true;
+    req.iterator = (heapdump_client_Handle){true, 0};
+    selector_from(o, o->has_pid ? o->pid : 0, &req.has_process_selector, &req.process_selector);
+    status = hd_collector_list_stored_snapshots(fd, msg, &req, &ends[1], 1);
+  }
+  close(ends[1]);
+  while (status == HD_OK) {
+    heapdump_client_StoredSnapshotIteratorGetNextRequest next =
+        heapdump_client_StoredSnapshotIteratorGetNextRequest_init_zero;
+    heapdump_client_StoredSnapshotIteratorGetNextResult result =
+        heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
+    result.cb_result.arg = &st;
+    result.cb_result.funcs.decode = decode_result;
+    st.in_response = 0;
+    status = hd_stored_snapshot_iterator_get_next(ends[0], msg, &next, NULL, 0, &result);
+    if (status == HD_OK &&
+        result.which_result == heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag) {
+      /* A selector that matches no process is an empty listing, not a failure. */
+      if (result.result.err == heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH) break;
+      cli_error("the collector refused the listing (error %d)", (int)result.result.err);
+      free(msg);
+      free(st.items);
+      close(ends[0]);
+      close(fd);
+      return EXIT_FAILURE_;
+    }
+    if (status == HD_OK && st.in_response == 0) break;
+  }
+  free(msg);
+  close(ends[0]);
+  close(fd);
+  if (status != HD_OK) {
+    free(st.items);
+    cli_error("listing stored snapshots failed: %s",
+              st.failed ? "out of memory" : hd_status_str(status));
+    return EXIT_FAILURE_;
+  }
+  *out = st.items;
+  *count = st.count;
+  return 0;
+}

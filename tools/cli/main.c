@@ -1,0 +1,312 @@
+/* heapdump: the command line of the profiler. Subcommands run a program under the profiler, take
+ * live snapshots, list and download stored ones, and convert or report snapshot files. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "heapdump/collector.h"
+
+bool cli_quiet;
+
+void cli_error(const char *fmt, ...) {
+  if (cli_quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("heapdump: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+static const char kUsage[] =
+    "usage: heapdump COMMAND [OPTIONS]\n"
+    "\n"
+    "Commands:\n"
+    "  run       run a program under the profiler; write and report what it leaked\n"
+    "  snapshot  take a live snapshot of a running instrumented process\n"
+    "  list      list the snapshots the collector stored\n"
+    "  download  download a stored snapshot\n"
+    "  convert   convert a raw snapshot file to another format\n"
+    "  report    print the top allocation sites of a raw snapshot file\n"
+    "\n"
+    "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded.\n";
+
+static const char kOutputHelp[] =
+    "Output options:\n"
+    "  -o, --output FILE     where to write ('-': stdout)\n"
+    "  -f, --format F        raw, pprof, dartheap, text or folded (default: from FILE's\n"
+    "                        extension .heapdump .pb.gz .dartheap .txt .folded, else pprof)\n"
+    "      --no-symbolize    write addresses only (symbolization is on by default)\n"
+    "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+    "      --tags            pprof: one sample per block, labelled address, bytes, timestamp,\n"
+    "                        thread\n"
+    "      --sample-index T  pprof default sample type: inuse_space (default), inuse_objects,\n"
+    "                        alloc_space, alloc_objects\n"
+    "      --top N           text: groups shown per process (default 20; 0: all)\n"
+    "      --by B            text: group by site (default), stack or thread\n"
+    "      --json            text: JSON instead of a table\n";
+
+static const char kCommonHelp[] =
+    "      --socket PATH     the collector's socket (default: $HEAPDUMP_SOCKET, else\n"
+    "                        $XDG_RUNTIME_DIR/heapdump/collector.sock, else\n"
+    "                        /tmp/heapdump-$UID/collector.sock)\n"
+    "  -h, --help            this help\n";
+
+static const struct {
+  const char *name;
+  const char *usage;
+  const char *description;
+  bool output_options;
+} kCommands[] = {
+    {"run", "heapdump run [OPTIONS] -- COMMAND [ARGS...]",
+     "Runs COMMAND with libheapdump.so preloaded and exit snapshots on, using the collector at\n"
+     "the socket if one answers, else one of its own for the run. When COMMAND exits, writes its\n"
+     "exit snapshot (the blocks still live: its leaks) to heapdump.NAME.PID.pb.gz (or --output)\n"
+     "and prints the top allocation sites of what was still live. Exits with COMMAND's status.\n"
+     "\n"
+     "  -i, --interval SECONDS  also write a live snapshot every SECONDS seconds\n"
+     "                          (FILE.1.pb.gz, FILE.2.pb.gz, ...)\n"
+     "  -c, --contents          live snapshots carry the blocks' contents (exit snapshots\n"
+     "                          cannot: the process is gone)\n",
+     true},
+    {"snapshot", "heapdump snapshot [--pid PID | --name NAME] [--all] [--contents] [OPTIONS]",
+     "Takes a live snapshot of a running instrumented process, without stopping it, and writes\n"
+     "it to heapdump.NAME.PID.pb.gz (or --output).\n"
+     "\n"
+     "  -p, --pid PID     the process with this pid\n"
+     "  -n, --name NAME   the process with this name (at most 32 bytes)\n"
+     "  -a, --all         every matching process (all of them without --pid/--name)\n"
+     "  -c, --contents    include each block's bytes (needed for dartheap references)\n",
+     true},
+    {"list", "heapdump list [--pid PID | --name NAME] [--json]",
+     "Lists the snapshots the collector stored (named snapshots and exit snapshots): ID, NAME,\n"
+     "PROCESS.\n"
+     "\n"
+     "  -p, --pid PID     only those of this pid\n"
+     "  -n, --name NAME   only those of processes with this name\n"
+     "      --json        a JSON array\n",
+     false},
+    {"download", "heapdump download ID [OPTIONS]",
+     "Downloads stored snapshot ID and writes it to heapdump.snapshot-ID.pb.gz (or --output).\n",
+     true},
+    {"convert", "heapdump convert INPUT --format F [--output FILE] [OPTIONS]",
+     "Converts a raw snapshot file (INPUT '-': stdin) to format F. The output defaults to INPUT\n"
+     "with the format's extension (text and folded: stdout).\n",
+     true},
+    {"report", "heapdump report INPUT [--top N] [--by site|stack|thread] [--json]",
+     "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file by live\n"
+     "bytes and blocks, with the bytes and blocks allocated since start where recorded, and\n"
+     "symbolized stacks.\n",
+     true},
+};
+
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("heapdump: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputs("\n(see heapdump --help)\n", stderr);
+  va_end(ap);
+  return EXIT_USAGE;
+}
+
+static void command_help(size_t i) {
+  printf("usage: %s\n\n%s\n", kCommands[i].usage, kCommands[i].description);
+  if (kCommands[i].output_options) printf("%s", kOutputHelp);
+  printf("%s", kCommonHelp);
+  printf("\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
+         "process or snapshot, 5 ambiguous process name, 6 permission denied%s.\n",
+         strcmp(kCommands[i].name, "run") == 0
+             ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump could "
+               "not start it, 126/127 if it\ncould not be executed / found"
+             : "");
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || s[0] == '-') return false;
+  *out = v;
+  return true;
+}
+
+enum {
+  OPT_SOCKET = 256,
+  OPT_NO_SYMBOLIZE,
+  OPT_DEBUG_DIR,
+  OPT_TAGS,
+  OPT_SAMPLE_INDEX,
+  OPT_TOP,
+  OPT_BY,
+  OPT_JSON,
+};
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+  }
+  size_t command = SIZE_MAX;
+  for (size_t i = 0; i < sizeof kCommands / sizeof kCommands[0]; i++) {
+    if (strcmp(argv[1], kCommands[i].name) == 0) command = i;
+  }
+  if (command == SIZE_MAX) return usage_error("unknown command '%s'", argv[1]);
+  const char *name = kCommands[command].name;
+
+  cli_options o = {.symbolize = true, .top = 20, .max_frames = 8};
+  static const struct option kLong[] = {
+      {"help", no_argument, NULL, 'h'},
+      {"output", required_argument, NULL, 'o'},
+      {"format", required_argument, NULL, 'f'},
+      {"pid", required_argument, NULL, 'p'},
+      {"name", required_argument, NULL, 'n'},
+      {"all", no_argument, NULL, 'a'},
+      {"contents", no_argument, NULL, 'c'},
+      {"interval", required_argument, NULL, 'i'},
+      {"socket", required_argument, NULL, OPT_SOCKET},
+      {"no-symbolize", no_argument, NULL, OPT_NO_SYMBOLIZE},
+      {"debug-dir", required_argument, NULL, OPT_DEBUG_DIR},
+      {"tags", no_argument, NULL, OPT_TAGS},
+      {"sample-index", required_argument, NULL, OPT_SAMPLE_INDEX},
+      {"top", required_argument, NULL, OPT_TOP},
+      {"by", required_argument, NULL, OPT_BY},
+      {"json", no_argument, NULL, OPT_JSON},
+      {NULL, 0, NULL, 0},
+  };
+  /* run: "+" stops at the first non-option, so COMMAND's own options are left alone; the other
+   * commands take options before and after their arguments. */
+  const char *short_options = strcmp(name, "run") == 0 ? "+ho:f:p:n:aci:" : "ho:f:p:n:aci:";
+  argc--;
+  argv++;
+  optind = 1;
+  opterr = 0;
+  int c;
+  uint64_t number;
+  while ((c = getopt_long(argc, argv, short_options, kLong, NULL)) != -1) {
+    switch (c) {
+      case 'h':
+        command_help(command);
+        return EXIT_OK;
+      case 'o':
+        o.output = optarg;
+        break;
+      case 'f':
+        o.format = cli_parse_format(optarg);
+        if (o.format == FORMAT_NONE) {
+          return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded)", optarg);
+        }
+        break;
+      case 'p':
+        if (!parse_u64(optarg, &number) || number == 0) {
+          return usage_error("--pid wants a process id, not '%s'", optarg);
+        }
+        o.has_pid = true;
+        o.pid = number;
+        break;
+      case 'n':
+        if (strlen(optarg) == 0 || strlen(optarg) > 32) {
+          return usage_error("--name wants a process name of 1 to 32 bytes");
+        }
+        o.name = optarg;
+        break;
+      case 'a':
+        o.all = true;
+        break;
+      case 'c':
+        o.contents = true;
+        break;
+      case 'i': {
+        char *end;
+        errno = 0;
+        o.interval = strtod(optarg, &end);
+        if (errno != 0 || end == optarg || *end != '\0' || !(o.interval > 0)) {
+          return usage_error("--interval wants a positive number of seconds, not '%s'", optarg);
+        }
+        break;
+      }
+      case OPT_SOCKET:
+        o.socket = optarg;
+        break;
+      case OPT_NO_SYMBOLIZE:
+        o.symbolize = false;
+        break;
+      case OPT_DEBUG_DIR:
+        if (o.debug_dir_count == sizeof o.debug_dirs / sizeof o.debug_dirs[0]) {
+          return usage_error("too many --debug-dir options");
+        }
+        o.debug_dirs[o.debug_dir_count++] = optarg;
+        break;
+      case OPT_TAGS:
+        o.tags = true;
+        break;
+      case OPT_SAMPLE_INDEX:
+        if (strcmp(optarg, "inuse_space") == 0) {
+          o.sample = HD_PPROF_INUSE_SPACE;
+        } else if (strcmp(optarg, "inuse_objects") == 0) {
+          o.sample = HD_PPROF_INUSE_OBJECTS;
+        } else if (strcmp(optarg, "alloc_space") == 0) {
+          o.sample = HD_PPROF_ALLOC_SPACE;
+        } else if (strcmp(optarg, "alloc_objects") == 0) {
+          o.sample = HD_PPROF_ALLOC_OBJECTS;
+        } else {
+          return usage_error("unknown sample type '%s'", optarg);
+        }
+        break;
+      case OPT_TOP:
+        if (!parse_u64(optarg, &number)) return usage_error("--top wants a number");
+        o.top = (size_t)number;
+        break;
+      case OPT_BY:
+        if (strcmp(optarg, "site") == 0) {
+          o.by = HD_REPORT_BY_SITE;
+        } else if (strcmp(optarg, "stack") == 0) {
+          o.by = HD_REPORT_BY_STACK;
+        } else if (strcmp(optarg, "thread") == 0) {
+          o.by = HD_REPORT_BY_THREAD;
+        } else {
+          return usage_error("--by wants site, stack or thread, not '%s'", optarg);
+        }
+        break;
+      case OPT_JSON:
+        o.json = true;
+        break;
+      default:
+        if (optopt != 0 && optopt < 256) {
+          return usage_error("%s: option -%c is unknown or needs a value", name, optopt);
+        }
+        return usage_error("%s: option %s is unknown or needs a value", name, argv[optind - 1]);
+    }
+  }
+  if (o.socket == NULL) {
+    if (hd_default_socket_path(o.socket_buf, sizeof o.socket_buf) != 0) {
+      cli_error("the collector's socket path is too long");
+      return EXIT_USAGE;
+    }
+    o.socket = o.socket_buf;
+  }
+  int rest = argc - optind;
+  char **args = argv + optind;
+  if (strcmp(name, "run") == 0) {
+    if (rest > 0 && strcmp(args[0], "--") == 0) {
+      rest--;
+      args++;
+    }
+    return cmd_run(&o, rest, args);
+  }
+  if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0) {
+    if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
+    return strcmp(name, "list") == 0 ? cmd_list(&o) : cmd_snapshot(&o);
+  }
+  if (rest != 1) {
+    return usage_error("%s: wants exactly one %s", name,
+                       strcmp(name, "download") == 0 ? "snapshot ID" : "INPUT file");
+  }
+  if (strcmp(name, "download") == 0) return cmd_download(&o, args[0]);
+  if (strcmp(name, "convert") == 0) return cmd_convert(&o, args[0]);
+  return cmd_report(&o, args[0]);
+}

@@ -1,0 +1,227 @@
+/* Writing results: format selection, output files that appear only when complete, the writers
+ * of every format, and the progress line. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "heapdump/tools/dartheap.h"
+#include "heapdump/tools/rawfile.h"
+#include "heapdump/tools/symbolize.h"
+
+static const struct {
+  const char *name;
+  cli_format format;
+  const char *extension;
+} kFormats[] = {
+    {"raw", FORMAT_RAW, ".heapdump"},        {"pprof", FORMAT_PPROF, ".pb.gz"},
+    {"dartheap", FORMAT_DARTHEAP, ".dartheap"}, {"text", FORMAT_TEXT, ".txt"},
+    {"folded", FORMAT_FOLDED, ".folded"},
+};
+
+/* Extensions recognized besides the ones written by default. */
+static const struct {
+  const char *extension;
+  cli_format format;
+} kMoreExtensions[] = {
+    {".pprof", FORMAT_PPROF}, {".pb", FORMAT_PPROF}, {".heapsnapshot", FORMAT_DARTHEAP},
+    {".data", FORMAT_DARTHEAP}, {".collapsed", FORMAT_FOLDED},
+};
+
+cli_format cli_parse_format(const char *name) {
+  for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; i++) {
+    if (strcmp(name, kFormats[i].name) == 0) return kFormats[i].format;
+  }
+  return FORMAT_NONE;
+}
+
+const char *cli_format_extension(cli_format f) {
+  for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; i++) {
+    if (kFormats[i].format == f) return kFormats[i].extension;
+  }
+  return "";
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+cli_format cli_output_format(const cli_options *o, const char *output, cli_format fallback) {
+  if (o->format != FORMAT_NONE) return o->format;
+  if (output != NULL && strcmp(output, "-") != 0) {
+    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; i++) {
+      if (ends_with(output, kFormats[i].extension)) return kFormats[i].format;
+    }
+    for (size_t i = 0; i < sizeof kMoreExtensions / sizeof kMoreExtensions[0]; i++) {
+      if (ends_with(output, kMoreExtensions[i].extension)) return kMoreExtensions[i].format;
+    }
+  }
+  return fallback;
+}
+
+int cli_output_open(cli_output *out, const char *path) {
+  memset(out, 0, sizeof *out);
+  if (strcmp(path, "-") == 0) {
+    out->is_stdout = true;
+    out->file = stdout;
+    snprintf(out->path, sizeof out->path, "(stdout)");
+    return 0;
+  }
+  if (snprintf(out->path, sizeof out->path, "%s", path) >= (int)sizeof out->path) {
+    cli_error("output path too long: %s", path);
+    return EXIT_USAGE;
+  }
+  snprintf(out->tmp, sizeof out->tmp, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(out->tmp);
+  if (fd < 0) {
+    int err = errno;
+    cli_error("cannot write %s: %s", path, strerror(err));
+    return err == EACCES || err == EPERM || err == EROFS ? EXIT_PERMISSION : EXIT_FAILURE_;
+  }
+  /* mkstemp creates 0600; outputs are ordinary files, subject to the umask. */
+  mode_t mask = umask(0);
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
+  out->file = fdopen(fd, "w");
+  if (out->file == NULL) {
+    close(fd);
+    unlink(out->tmp);
+    cli_error("cannot write %s: %s", path, strerror(errno));
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+int cli_output_commit(cli_output *out) {
+  if (out->is_stdout) {
+    if (fflush(stdout) != 0) {
+      cli_error("cannot write to stdout: %s", strerror(errno));
+      return EXIT_FAILURE_;
+    }
+    return 0;
+  }
+  bool ok = fflush(out->file) == 0 && fsync(fileno(out->file)) == 0;
+  int err = errno;
+  ok = fclose(out->file) == 0 && ok;
+  out->file = NULL;
+  if (!ok || rename(out->tmp, out->path) != 0) {
+    if (ok) err = errno;
+    unlink(out->tmp);
+    cli_error("cannot write %s: %s", out->path, strerror(err));
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+void cli_output_abort(cli_output *out) {
+  if (out->is_stdout || out->file == NULL) return;
+  fclose(out->file);
+  out->file = NULL;
+  unlink(out->tmp);
+}
+
+int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out) {
+  hd_symbolizer *sym = NULL;
+  if (o->symbolize && f != FORMAT_RAW) {
+    hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
+    if (hd_symbolizer_create(&so, &sym) != 0) {
+      cli_error("cannot start the symbolizer; writing addresses only");
+      sym = NULL;
+    }
+  }
+  char error[512] = "";
+  int rc = 0;
+  switch (f) {
+    case FORMAT_RAW:
+      rc = hd_raw_write(r, out->file, error, sizeof error);
+      break;
+    case FORMAT_PPROF: {
+      hd_pprof_options po = {.symbolizer = sym, .tags = o->tags, .default_sample = o->sample};
+      rc = hd_pprof_write(r, &po, out->file, error, sizeof error);
+      break;
+    }
+    case FORMAT_DARTHEAP: {
+      hd_dartheap_options dopt = {.symbolizer = sym};
+      rc = hd_dartheap_write(r, &dopt, out->file, error, sizeof error);
+      break;
+    }
+    case FORMAT_FOLDED:
+      rc = hd_folded_write(r, sym, out->file, error, sizeof error);
+      break;
+    case FORMAT_TEXT:
+    case FORMAT_NONE: {
+      hd_report_options ro = {.symbolizer = sym,
+                              .by = o->by,
+                              .top = o->top,
+                              .max_frames = o->max_frames,
+                              .json = o->json};
+      rc = hd_report_write(r, &ro, out->file, error, sizeof error);
+      break;
+    }
+  }
+  hd_symbolizer_destroy(sym);
+  if (rc != 0) {
+    cli_error("%s: %s", out->path, error[0] ? error : strerror(-rc));
+    return rc == -EACCES || rc == -EPERM ? EXIT_PERMISSION : EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+int cli_read_raw(const char *path, hd_reassembler *r) {
+  bool is_stdin = strcmp(path, "-") == 0;
+  FILE *in = is_stdin ? stdin : fopen(path, "rb");
+  if (in == NULL) {
+    int err = errno;
+    cli_error("cannot read %s: %s", path, strerror(err));
+    return err == EACCES || err == EPERM ? EXIT_PERMISSION : EXIT_FAILURE_;
+  }
+  char error[256] = "";
+  int rc = hd_raw_read(in, r, error, sizeof error);
+  if (!is_stdin) fclose(in);
+  if (rc != 0) {
+    cli_error("%s: %s%s", path, error,
+              rc == -EINVAL ? " (inputs must be raw snapshots: write them with --format raw)"
+                            : "");
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
+/* ---- progress ---- */
+
+typedef struct progress_state {
+  struct timespec last;
+  bool shown;
+} progress_state;
+
+static progress_state g_progress;
+
+static void show_progress(void *ctx, const hd_reassembler *r) {
+  progress_state *p = ctx;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  double since = (double)(now.tv_sec - p->last.tv_sec) + (now.tv_nsec - p->last.tv_nsec) / 1e9;
+  if (p->shown && since < 0.1) return;
+  p->last = now;
+  p->shown = true;
+  size_t allocations = 0;
+  for (size_t i = 0; i < r->snapshot_count; i++) allocations += r->snapshots[i]->allocation_count;
+  fprintf(stderr, "\rreceiving snapshot: %zu allocations, %.1f MiB", allocations,
+          (double)r->bytes_received / (1024.0 * 1024.0));
+}
+
+void cli_progress_attach(hd_reassembler *r) {
+  if (!isatty(STDERR_FILENO)) return;
+  memset(&g_progress, 0, sizeof g_progress);
+  r->progress = show_progress;
+  r->progress_ctx = &g_progress;
+}
+
+void cli_progress_done(hd_reassembler *r) {
+  if (r->progress != NULL && g_progress.shown) fputs("\r\033[K", stderr);
+  r->progress = NULL;
+}
