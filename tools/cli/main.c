@@ -39,7 +39,9 @@ static const char kOutputHelp[] =
     "  -o, --output FILE     where to write ('-': stdout)\n"
     "  -f, --format F        raw, pprof, dartheap, text or folded (default: from FILE's\n"
     "                        extension .heapdump .pb.gz .dartheap .txt .folded, else pprof)\n"
-    "      --no-symbolize    write addresses only (symbolization is on by default)\n"
+    "      --symbolize       add function names, files, lines and inlined frames where symbols\n"
+    "                        are found (the default)\n"
+    "      --no-symbolize    write addresses only\n"
     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
     "      --tags            pprof: one sample per block, labelled address, bytes, timestamp,\n"
     "                        thread\n"
@@ -136,6 +138,7 @@ static bool parse_u64(const char *s, uint64_t *out) {
 
 enum {
   OPT_SOCKET = 256,
+  OPT_SYMBOLIZE,
   OPT_NO_SYMBOLIZE,
   OPT_DEBUG_DIR,
   OPT_TAGS,
@@ -169,6 +172,7 @@ int main(int argc, char **argv) {
       {"contents", no_argument, NULL, 'c'},
       {"interval", required_argument, NULL, 'i'},
       {"socket", required_argument, NULL, OPT_SOCKET},
+      {"symbolize", no_argument, NULL, OPT_SYMBOLIZE},
       {"no-symbolize", no_argument, NULL, OPT_NO_SYMBOLIZE},
       {"debug-dir", required_argument, NULL, OPT_DEBUG_DIR},
       {"tags", no_argument, NULL, OPT_TAGS},
@@ -231,6 +235,9 @@ int main(int argc, char **argv) {
       }
       case OPT_SOCKET:
         o.socket = optarg;
+        break;
+      case OPT_SYMBOLIZE:
+        o.symbolize = true;
         break;
       case OPT_NO_SYMBOLIZE:
         o.symbolize = false;
