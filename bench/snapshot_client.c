@@ -1,0 +1,183 @@
+/* hd_snapshot_client: takes one live snapshot of a process through a running collector and
+ * reports how long it took end to end (connect to the final empty batch), how many bytes came
+ * over the wire and how many elements of each kind. Elements are decoded and counted, not
+ * reassembled: the benchmark measures the collector and the transport, not a client's model.
+ *
+ * Output, one line: elapsed_ns=… wire_bytes=… batches=… allocations=… stack_traces=…
+ * thread_infos=… regions=… block_contents=… contents_bytes=… other=… */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapdump/fidl/batch.h"
+#include "heapdump/fidl/channel.h"
+#include "heapdump/fidl/message.h"
+#include "heapdump_client.bindings.h"
+
+typedef struct counts {
+  uint64_t wire_bytes, batches;
+  uint64_t allocations, stack_traces, thread_infos, regions, block_contents, contents_bytes,
+      other;
+  uint32_t error; /* from ReportError, 0 if none */
+  bool ended;
+  hd_batch_reader *reader;
+  int channel;
+} counts;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static hd_status count_element(void *ctx, const hd_element *e) {
+  counts *c = ctx;
+  switch (e->element->which_element) {
+    case heapdump_client_SnapshotElement_allocation_tag: c->allocations++; break;
+    case heapdump_client_SnapshotElement_stack_trace_tag: c->stack_traces++; break;
+    case heapdump_client_SnapshotElement_thread_info_tag: c->thread_infos++; break;
+    case heapdump_client_SnapshotElement_executable_region_tag: c->regions++; break;
+    case heapdump_client_SnapshotElement_block_contents_tag:
+      c->block_contents++;
+      c->contents_bytes += e->contents_size;
+      break;
+    default: c->other++; break;
+  }
+  return HD_OK;
+}
+
+static void prepare_batch(void *ctx, heapdump_client_SnapshotReceiverBatchRequest *req) {
+  counts *c = ctx;
+  hd_batch_reader_prepare(c->reader, req);
+}
+
+static hd_status on_batch(void *ctx, hd_message *msg,
+                          heapdump_client_SnapshotReceiverBatchRequest *req) {
+  (void)req;
+  counts *c = ctx;
+  c->batches++;
+  c->wire_bytes += msg->size;
+  if (c->reader->element_count == 0) c->ended = true;
+  heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+  return hd_snapshot_receiver_batch_reply(c->channel, msg, msg->txid, &empty);
+}
+
+static hd_status on_report_error(void *ctx, hd_message *msg,
+                                 heapdump_client_SnapshotReceiverReportErrorRequest *req) {
+  counts *c = ctx;
+  c->wire_bytes += msg->size;
+  c->error = req->has_error ? (uint32_t)req->error : UINT32_MAX;
+  c->ended = true;
+  heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+  return hd_snapshot_receiver_report_error_reply(c->channel, msg, msg->txid, &empty);
+}
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: hd_snapshot_client --socket PATH --pid PID [--contents]\n"
+          "  --socket PATH  the collector's socket\n"
+          "  --pid PID      the process to snapshot (a registered one)\n"
+          "  --contents     ask for every block's bytes too\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option longopts[] = {{"socket", required_argument, 0, 's'},
+                                           {"pid", required_argument, 0, 'p'},
+                                           {"contents", no_argument, 0, 'c'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
+  const char *socket_path = NULL;
+  unsigned long pid = 0;
+  bool contents = false;
+  int opt;
+  char *end;
+  while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (opt) {
+      case 's': socket_path = optarg; break;
+      case 'p':
+        errno = 0;
+        pid = strtoul(optarg, &end, 10);
+        if (errno != 0 || *end != '\0') pid = 0;
+        break;
+      case 'c': contents = true; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (socket_path == NULL || pid == 0 || optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+
+  hd_message *msg = malloc(sizeof *msg);
+  hd_batch_reader *reader = malloc(sizeof *reader);
+  if (msg == NULL || reader == NULL) {
+    fprintf(stderr, "hd_snapshot_client: out of memory\n");
+    return 1;
+  }
+  counts c = {.reader = reader};
+  hd_batch_reader_init(reader, count_element, &c);
+
+  uint64_t start = now_ns();
+  int collector_fd, ends[2];
+  hd_status status = hd_channel_connect(socket_path, &collector_fd);
+  if (status != HD_OK) {
+    fprintf(stderr, "hd_snapshot_client: connect %s: %s\n", socket_path, hd_status_str(status));
+    return 1;
+  }
+  status = hd_channel_pair(ends);
+  if (status != HD_OK) {
+    fprintf(stderr, "hd_snapshot_client: socketpair: %s\n", hd_status_str(status));
+    return 1;
+  }
+  heapdump_client_CollectorTakeLiveSnapshotRequest req =
+      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+  req.has_process_selector = true;
+  req.process_selector.which_selector = heapdump_client_ProcessSelector_by_koid_tag;
+  req.process_selector.selector.by_koid = pid;
+  req.has_receiver = true;
+  req.receiver.has_index = true;
+  req.receiver.index = 0;
+  req.has_with_contents = true;
+  req.with_contents = contents;
+  status = hd_collector_take_live_snapshot(collector_fd, msg, &req, &ends[1], 1);
+  close(ends[1]);
+  if (status != HD_OK) {
+    fprintf(stderr, "hd_snapshot_client: TakeLiveSnapshot: %s\n", hd_status_str(status));
+    return 1;
+  }
+  c.channel = ends[0];
+  const hd_snapshot_receiver_server server = {
+      .batch_prepare = prepare_batch, .batch = on_batch, .report_error = on_report_error};
+  while (status == HD_OK && !c.ended) {
+    status = hd_message_recv(ends[0], msg);
+    if (status == HD_OK) status = hd_snapshot_receiver_dispatch(&server, &c, msg);
+  }
+  uint64_t elapsed = now_ns() - start;
+  close(ends[0]);
+  close(collector_fd);
+  if (status != HD_OK) {
+    fprintf(stderr, "hd_snapshot_client: stream: %s\n", hd_status_str(status));
+    return 1;
+  }
+  if (c.error != 0) {
+    fprintf(stderr, "hd_snapshot_client: the collector reported error %" PRIu32 "\n", c.error);
+    return 1;
+  }
+  printf("elapsed_ns=%" PRIu64 " wire_bytes=%" PRIu64 " batches=%" PRIu64
+         " allocations=%" PRIu64 " stack_traces=%" PRIu64 " thread_infos=%" PRIu64
+         " regions=%" PRIu64 " block_contents=%" PRIu64 " contents_bytes=%" PRIu64
+         " other=%" PRIu64 "\n",
+         elapsed, c.wire_bytes, c.batches, c.allocations, c.stack_traces, c.thread_infos,
+         c.regions, c.block_contents, c.contents_bytes, c.other);
+  free(msg);
+  free(reader);
+  return 0;
+}
