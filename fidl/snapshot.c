@@ -17,7 +17,7 @@ static size_t hash_u64(uint64_t key) {
   return (size_t)key;
 }
 
-static bool map_find(const hd_u64_map *m, uint64_t key, size_t *index) {
+bool hd_u64_map_find(const hd_u64_map *m, uint64_t key, size_t *index) {
   if (m->capacity == 0) return false;
   for (size_t i = hash_u64(key) & (m->capacity - 1);; i = (i + 1) & (m->capacity - 1)) {
     if (m->slots[i] == 0) return false;
@@ -39,8 +39,7 @@ static bool map_put_unchecked(hd_u64_map *m, uint64_t key, size_t index) {
   }
 }
 
-/* Inserts a key known to be absent. */
-static bool map_put(hd_u64_map *m, uint64_t key, size_t index) {
+bool hd_u64_map_put(hd_u64_map *m, uint64_t key, size_t index) {
   if ((m->count + 1) * 2 > m->capacity) {
     size_t capacity = m->capacity ? m->capacity * 2 : 64;
     hd_u64_map bigger = {calloc(capacity, sizeof(uint64_t)), calloc(capacity, sizeof(size_t)),
@@ -60,7 +59,7 @@ static bool map_put(hd_u64_map *m, uint64_t key, size_t index) {
   return map_put_unchecked(m, key, index);
 }
 
-static void map_free(hd_u64_map *m) {
+void hd_u64_map_free(hd_u64_map *m) {
   free(m->keys);
   free(m->slots);
   memset(m, 0, sizeof *m);
@@ -101,11 +100,11 @@ static void snapshot_free(hd_snapshot *s) {
   free(s->regions);
   for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
   free(s->blocks);
-  map_free(&s->allocation_index);
-  map_free(&s->stack_trace_index);
-  map_free(&s->thread_index);
-  map_free(&s->region_index);
-  map_free(&s->block_index);
+  hd_u64_map_free(&s->allocation_index);
+  hd_u64_map_free(&s->stack_trace_index);
+  hd_u64_map_free(&s->thread_index);
+  hd_u64_map_free(&s->region_index);
+  hd_u64_map_free(&s->block_index);
   free(s);
 }
 
@@ -130,7 +129,7 @@ static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
                                 const heapdump_client_Allocation *a) {
   size_t unused;
   if (!a->has_address) return fail(r, HD_ERR_REASSEMBLY, "allocation without an address");
-  if (map_find(&s->allocation_index, a->address, &unused)) {
+  if (hd_u64_map_find(&s->allocation_index, a->address, &unused)) {
     return fail(r, HD_ERR_REASSEMBLY, "duplicate allocation at 0x%llx",
                 (unsigned long long)a->address);
   }
@@ -142,7 +141,7 @@ static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
   out->thread_info_key = a->thread_info_key;
   out->timestamp = a->timestamp;
   out->count = a->has_count ? a->count : 1;
-  if (!map_put(&s->allocation_index, a->address, s->allocation_count)) return HD_ERR_NO_MEMORY;
+  if (!hd_u64_map_put(&s->allocation_index, a->address, s->allocation_count)) return HD_ERR_NO_MEMORY;
   s->allocation_count++;
   return HD_OK;
 }
@@ -150,11 +149,11 @@ static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
 /* The trace with this key, created empty on first mention. */
 static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
   size_t index;
-  if (!map_find(&s->stack_trace_index, key, &index)) {
+  if (!hd_u64_map_find(&s->stack_trace_index, key, &index)) {
     if (!RESERVE(s, stack_traces, stack_trace_count, stack_trace_capacity)) return NULL;
     index = s->stack_trace_count;
     s->stack_traces[index] = (hd_snapshot_stack_trace){.key = key};
-    if (!map_put(&s->stack_trace_index, key, index)) return NULL;
+    if (!hd_u64_map_put(&s->stack_trace_index, key, index)) return NULL;
     s->stack_trace_count++;
   }
   return &s->stack_traces[index];
@@ -179,11 +178,11 @@ static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key
 static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
                            const uint8_t *bytes, size_t size) {
   size_t index;
-  if (!map_find(&s->block_index, address, &index)) {
+  if (!hd_u64_map_find(&s->block_index, address, &index)) {
     if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
     index = s->block_count;
     s->blocks[index] = (hd_snapshot_block){.address = address};
-    if (!map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
+    if (!hd_u64_map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
     s->block_count++;
   }
   hd_snapshot_block *b = &s->blocks[index];
@@ -229,7 +228,7 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       return add_block(r, s, el->element.block_contents.address, e->contents, e->contents_size);
     case heapdump_client_SnapshotElement_thread_info_tag: {
       const heapdump_client_ThreadInfo *t = &el->element.thread_info;
-      if (map_find(&s->thread_index, t->thread_info_key, &unused)) {
+      if (hd_u64_map_find(&s->thread_index, t->thread_info_key, &unused)) {
         return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
                     (unsigned long long)t->thread_info_key);
       }
@@ -238,13 +237,13 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       out->key = t->thread_info_key;
       out->koid = t->koid;
       snprintf(out->name, sizeof out->name, "%s", t->name);
-      if (!map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
+      if (!hd_u64_map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
       s->thread_count++;
       return HD_OK;
     }
     case heapdump_client_SnapshotElement_executable_region_tag: {
       const heapdump_client_ExecutableRegion *g = &el->element.executable_region;
-      if (map_find(&s->region_index, g->address, &unused)) {
+      if (hd_u64_map_find(&s->region_index, g->address, &unused)) {
         return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
                     (unsigned long long)g->address);
       }
@@ -261,7 +260,7 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       }
       out->name = strdup(g->name);
       if (out->name == NULL) return HD_ERR_NO_MEMORY;
-      if (!map_put(&s->region_index, g->address, s->region_count)) {
+      if (!hd_u64_map_put(&s->region_index, g->address, s->region_count)) {
         free(out->name);
         return HD_ERR_NO_MEMORY;
       }
@@ -324,19 +323,19 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
 
 const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address) {
   size_t i;
-  return map_find(&s->allocation_index, address, &i) ? &s->allocations[i] : NULL;
+  return hd_u64_map_find(&s->allocation_index, address, &i) ? &s->allocations[i] : NULL;
 }
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key) {
   size_t i;
-  return map_find(&s->stack_trace_index, key, &i) ? &s->stack_traces[i] : NULL;
+  return hd_u64_map_find(&s->stack_trace_index, key, &i) ? &s->stack_traces[i] : NULL;
 }
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key) {
   size_t i;
-  return map_find(&s->thread_index, key, &i) ? &s->threads[i] : NULL;
+  return hd_u64_map_find(&s->thread_index, key, &i) ? &s->threads[i] : NULL;
 }
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
   size_t i;
-  return map_find(&s->block_index, address, &i) ? &s->blocks[i] : NULL;
+  return hd_u64_map_find(&s->block_index, address, &i) ? &s->blocks[i] : NULL;
 }
 
 typedef struct receive_state {

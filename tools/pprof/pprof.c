@@ -23,69 +23,6 @@
 
 enum { kSampleTypeCount = 4, kMaxLabels = 6 };
 
-/* ---- a u64 -> index map (open addressing, linear probing, power-of-two capacity) ---- */
-
-typedef struct index_map {
-  uint64_t *keys;
-  size_t *slots; /* index + 1; 0 = empty */
-  size_t capacity, count;
-} index_map;
-
-static size_t mix64(uint64_t key) {
-  key ^= key >> 33;
-  key *= UINT64_C(0xff51afd7ed558ccd);
-  key ^= key >> 33;
-  key *= UINT64_C(0xc4ceb9fe1a85ec53);
-  key ^= key >> 33;
-  return (size_t)key;
-}
-
-static bool index_map_find(const index_map *m, uint64_t key, size_t *index) {
-  if (m->capacity == 0) return false;
-  for (size_t i = mix64(key) & (m->capacity - 1);; i = (i + 1) & (m->capacity - 1)) {
-    if (m->slots[i] == 0) return false;
-    if (m->keys[i] == key) {
-      *index = m->slots[i] - 1;
-      return true;
-    }
-  }
-}
-
-static void index_map_put_unchecked(index_map *m, uint64_t key, size_t index) {
-  size_t i = mix64(key) & (m->capacity - 1);
-  while (m->slots[i] != 0) i = (i + 1) & (m->capacity - 1);
-  m->keys[i] = key;
-  m->slots[i] = index + 1;
-  m->count++;
-}
-
-/* Inserts a key known to be absent. */
-static bool index_map_put(index_map *m, uint64_t key, size_t index) {
-  if ((m->count + 1) * 2 > m->capacity) {
-    size_t capacity = m->capacity ? m->capacity * 2 : 64;
-    index_map bigger = {calloc(capacity, sizeof(uint64_t)), calloc(capacity, sizeof(size_t)),
-                        capacity, 0};
-    if (bigger.keys == NULL || bigger.slots == NULL) {
-      free(bigger.keys);
-      free(bigger.slots);
-      return false;
-    }
-    for (size_t i = 0; i < m->capacity; i++) {
-      if (m->slots[i] != 0) index_map_put_unchecked(&bigger, m->keys[i], m->slots[i] - 1);
-    }
-    free(m->keys);
-    free(m->slots);
-    *m = bigger;
-  }
-  index_map_put_unchecked(m, key, index);
-  return true;
-}
-
-static void index_map_free(index_map *m) {
-  free(m->keys);
-  free(m->slots);
-}
-
 /* Makes room for one more item in a growable array. */
 static bool reserve_one(void **items, size_t count, size_t *capacity, size_t item_size) {
   if (count < *capacity) return true;
@@ -157,7 +94,7 @@ typedef struct trace_total {
 
 typedef struct process {
   const hd_snapshot *snapshot;
-  index_map location_by_address;
+  hd_u64_map location_by_address;
   region_ref *regions; /* sorted by address */
   size_t first_mapping; /* writer.mappings[first_mapping + i] is snapshot->regions[i] */
   trace_total *totals;
@@ -181,10 +118,10 @@ typedef struct writer {
   size_t process_count;
   string_entry *strings;
   size_t string_count, string_capacity;
-  index_map string_by_hash;
+  hd_u64_map string_by_hash;
   function_entry *functions; /* id = index + 1 */
   size_t function_count, function_capacity;
-  index_map function_by_hash;
+  hd_u64_map function_by_hash;
   location *locations; /* id = index + 1 */
   size_t location_count, location_capacity;
   line_entry *lines;
@@ -228,7 +165,7 @@ static int out_of_memory(writer *w) {
 static int64_t intern(writer *w, const char *text) {
   uint64_t hash = hash_bytes(text, strlen(text), 0);
   size_t first;
-  bool seen_hash = index_map_find(&w->string_by_hash, hash, &first);
+  bool seen_hash = hd_u64_map_find(&w->string_by_hash, hash, &first);
   if (seen_hash) {
     for (size_t i = first + 1; i != 0; i = w->strings[i - 1].next) {
       if (strcmp(w->strings[i - 1].text, text) == 0) return (int64_t)(i - 1);
@@ -241,7 +178,7 @@ static int64_t intern(writer *w, const char *text) {
   if (seen_hash) {
     entry.next = w->strings[first].next;
     w->strings[first].next = index + 1;
-  } else if (!index_map_put(&w->string_by_hash, hash, index)) {
+  } else if (!hd_u64_map_put(&w->string_by_hash, hash, index)) {
     free(entry.text);
     return -1;
   }
@@ -254,7 +191,7 @@ static int64_t intern(writer *w, const char *text) {
 static uint64_t function_id(writer *w, function_key key) {
   uint64_t hash = hash_bytes(&key, sizeof key, 1);
   size_t first;
-  bool seen_hash = index_map_find(&w->function_by_hash, hash, &first);
+  bool seen_hash = hd_u64_map_find(&w->function_by_hash, hash, &first);
   if (seen_hash) {
     for (size_t i = first + 1; i != 0; i = w->functions[i - 1].next) {
       const function_key *f = &w->functions[i - 1].key;
@@ -270,7 +207,7 @@ static uint64_t function_id(writer *w, function_key key) {
   if (seen_hash) {
     entry.next = w->functions[first].next;
     w->functions[first].next = index + 1;
-  } else if (!index_map_put(&w->function_by_hash, hash, index)) {
+  } else if (!hd_u64_map_put(&w->function_by_hash, hash, index)) {
     return 0;
   }
   w->functions[index] = entry;
@@ -437,14 +374,14 @@ static int add_locations(writer *w, process *p) {
     for (size_t f = 0; f < trace->count; f++) {
       uint64_t address = trace->addresses[f];
       size_t index;
-      if (!index_map_find(&p->location_by_address, address, &index)) {
+      if (!hd_u64_map_find(&p->location_by_address, address, &index)) {
         if (!RESERVE(w->locations, w->location_count, w->location_capacity)) {
           return out_of_memory(w);
         }
         index = w->location_count++;
         w->locations[index] = (location){.address = address,
                                          .mapping_id = mapping_of(p, address)};
-        if (!index_map_put(&p->location_by_address, address, index)) return out_of_memory(w);
+        if (!hd_u64_map_put(&p->location_by_address, address, index)) return out_of_memory(w);
       }
       /* Every frame is a return address, the instruction after a call: the instrumentation
        * leaves its own frames out, so even the leaf is where the call to the allocator returns. */
@@ -518,7 +455,7 @@ static int build_model(writer *w) {
 static void free_model(writer *w) {
   for (size_t i = 0; i < w->process_count; i++) {
     process *p = &w->processes[i];
-    index_map_free(&p->location_by_address);
+    hd_u64_map_free(&p->location_by_address);
     free(p->regions);
     free(p->totals);
     free(p->thread_labels);
@@ -526,9 +463,9 @@ static void free_model(writer *w) {
   free(w->processes);
   for (size_t i = 0; i < w->string_count; i++) free(w->strings[i].text);
   free(w->strings);
-  index_map_free(&w->string_by_hash);
+  hd_u64_map_free(&w->string_by_hash);
   free(w->functions);
-  index_map_free(&w->function_by_hash);
+  hd_u64_map_free(&w->function_by_hash);
   free(w->locations);
   free(w->lines);
   free(w->mappings);
@@ -650,7 +587,7 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
   for (size_t f = 0; f < trace->count; f++) {
     size_t index = 0;
     /* Every address of a sampled trace got its Location in add_locations. */
-    index_map_find(&p->location_by_address, trace->addresses[f], &index);
+    hd_u64_map_find(&p->location_by_address, trace->addresses[f], &index);
     w->stack[f] = index + 1;
   }
   if (w->label_processes) {

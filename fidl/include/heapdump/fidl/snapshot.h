@@ -17,12 +17,19 @@
 extern "C" {
 #endif
 
+/* A u64 -> index map (open addressing, linear probing), zero-initialized when empty. Used by the
+ * reassembler's indexes and by the writers that need one. */
 typedef struct hd_u64_map {
   uint64_t *keys;
   size_t *slots; /* index + 1; 0 = empty */
   size_t capacity;
   size_t count;
 } hd_u64_map;
+
+bool hd_u64_map_find(const hd_u64_map *m, uint64_t key, size_t *index);
+/* Inserts a key known to be absent; false when out of memory (the map is unchanged). */
+bool hd_u64_map_put(hd_u64_map *m, uint64_t key, size_t index);
+void hd_u64_map_free(hd_u64_map *m);
 
 typedef struct hd_snapshot_allocation {
   uint64_t address, size, stack_trace_key, thread_info_key, count;
