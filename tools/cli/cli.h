@@ -80,6 +80,9 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count);
 /* ---- writing results (output.c) ---- */
 
 cli_format cli_parse_format(const char *name);
+/* Process names become part of file names: copies name keeping [A-Za-z0-9._-], others as '_'
+ * ("process" if empty). */
+void cli_safe_name(char *out, size_t size, const char *name);
 const char *cli_format_extension(cli_format f);
 /* The format to write: o->format, else from the output's extension, else fallback. */
 cli_format cli_output_format(const cli_options *o, const char *output, cli_format fallback);

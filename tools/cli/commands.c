@@ -7,8 +7,7 @@
 
 #include "cli.h"
 
-/* Process names become part of file names: keep them to a safe alphabet. */
-static void safe_name(char *out, size_t size, const char *name) {
+void cli_safe_name(char *out, size_t size, const char *name) {
   size_t n = 0;
   for (const char *p = name; *p && n + 1 < size; p++) {
     char c = *p;
@@ -67,7 +66,7 @@ int cmd_snapshot(cli_options *o) {
     if (o->all || r.snapshot_count != 1) {
       snprintf(stem, sizeof stem, "heapdump.all");
     } else {
-      safe_name(name, sizeof name, r.snapshots[0]->process_name);
+      cli_safe_name(name, sizeof name, r.snapshots[0]->process_name);
       snprintf(stem, sizeof stem, "heapdump.%s.%" PRIu64, name, r.snapshots[0]->pid);
     }
     rc = write_result(o, &r, stem);

@@ -221,14 +221,8 @@ static void output_path(const cli_options *o, cli_format f, const char *process,
     if (n > m && strcmp(stem + n - m, ext) == 0) stem[n - m] = '\0';
   } else {
     char name[40];
-    size_t k = 0;
-    for (const char *p = process; *p && k + 1 < sizeof name; p++) {
-      bool ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-                *p == '-' || *p == '_' || *p == '.';
-      name[k++] = ok ? *p : '_';
-    }
-    name[k] = '\0';
-    snprintf(stem, sizeof stem, "heapdump.%s.%" PRIu64, k ? name : "process", pid);
+    cli_safe_name(name, sizeof name, process);
+    snprintf(stem, sizeof stem, "heapdump.%s.%" PRIu64, name, pid);
   }
   snprintf(out, size, "%s%s%s%s", stem, suffix ? "." : "", suffix ? suffix : "",
            cli_format_extension(f));
