@@ -83,27 +83,11 @@ int cmd_list(cli_options *o) {
   if (o->json) {
     printf("[");
     for (size_t i = 0; i < count; i++) {
-      /* Names are limited by the collector to printable process and snapshot names, but are
-       * escaped anyway: they come from the profiled program. */
-      printf("%s{\"id\":%" PRIu32 ",\"name\":\"", i ? "," : "", items[i].id);
-      for (const char *p = items[i].name; *p; p++) {
-        if (*p == '"' || *p == '\\') putchar('\\');
-        if ((unsigned char)*p < 0x20) {
-          printf("\\u%04x", *p);
-        } else {
-          putchar(*p);
-        }
-      }
-      printf("\",\"process_name\":\"");
-      for (const char *p = items[i].process_name; *p; p++) {
-        if (*p == '"' || *p == '\\') putchar('\\');
-        if ((unsigned char)*p < 0x20) {
-          printf("\\u%04x", *p);
-        } else {
-          putchar(*p);
-        }
-      }
-      printf("\",\"pid\":%" PRIu64 "}", items[i].pid);
+      printf("%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "", items[i].id);
+      hd_json_string(stdout, items[i].name);
+      printf(",\"process_name\":");
+      hd_json_string(stdout, items[i].process_name);
+      printf(",\"pid\":%" PRIu64 "}", items[i].pid);
     }
     printf("]\n");
   } else {

@@ -249,7 +249,7 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
 
 /* ---- JSON ---- */
 
-static void json_string(FILE *out, const char *s) {
+void hd_json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
     if (*p == '"' || *p == '\\') {
@@ -276,16 +276,16 @@ static void json_frames(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
     for (size_t f = 0; f < n; f++) {
       const hd_source_frame *fr = loc.frame_count ? &loc.frames[f] : NULL;
       fprintf(out, "%s{\"address\":\"0x%" PRIx64 "\",\"module\":", comma ? "," : "", address);
-      json_string(out, loc.module);
+      hd_json_string(out, loc.module);
       fprintf(out, ",\"module_offset\":\"0x%" PRIx64 "\",\"function\":", loc.module_offset);
       if (fr && fr->function) {
-        json_string(out, fr->function);
+        hd_json_string(out, fr->function);
       } else {
         fputs("null", out);
       }
       fputs(",\"file\":", out);
       if (fr && fr->file) {
-        json_string(out, fr->file);
+        hd_json_string(out, fr->file);
       } else {
         fputs("null", out);
       }
@@ -302,7 +302,7 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   uint64_t live_bytes = 0;
   for (size_t i = 0; i < s->allocation_count; i++) live_bytes += s->allocations[i].size;
   fputs("{\"process_name\":", out);
-  json_string(out, s->process_name);
+  hd_json_string(out, s->process_name);
   fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%zu,\"live_bytes\":%" PRIu64, s->pid,
           s->allocation_count, live_bytes);
   if (s->has_stats) {
@@ -323,9 +323,9 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   for (size_t i = 0; i < shown; i++) {
     const group *g = &l->items[i];
     fputs(i ? ",{\"name\":" : "{\"name\":", out);
-    json_string(out, g->name);
+    hd_json_string(out, g->name);
     fputs(",\"module\":", out);
-    json_string(out, g->module);
+    hd_json_string(out, g->module);
     fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
             g->live_blocks);
     if (g->has_counters) {

@@ -37,6 +37,9 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *options, F
 int hd_folded_write(const hd_reassembler *r, hd_symbolizer *symbolizer, FILE *out, char *error,
                     size_t error_size);
 
+/* Writes s as a JSON string literal (quotes and control characters escaped). */
+void hd_json_string(FILE *out, const char *s);
+
 #ifdef __cplusplus
 }
 #endif
