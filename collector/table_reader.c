@@ -317,10 +317,17 @@ void hd_res_reader_close(hd_res_reader *r) {
 
 uint32_t hd_res_reader_pid(const hd_res_reader *r) { return r ? r->pid : 0; }
 
+static uint64_t published_end(const hd_res_reader *r);
+static hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
+                                hd_rec_header *hdr);
+
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   if (!r || !out) return HD_READ_ERR_ARG;
-  const hd_stats_block *s = &((const hd_res_header *)r->base)->stats;
+  const hd_res_header *h = (const hd_res_header *)r->base;
+  const hd_stats_block *s = &h->stats;
   memset(out, 0, sizeof(*out));
+  /* Acquire pairs with the writer's release store of the newest counters record. */
+  uint64_t off = __atomic_load_n(&h->counters_head, __ATOMIC_ACQUIRE);
   out->blocks_freed = LOAD(&s->blocks_freed); /* freed first: live never negative */
   out->bytes_freed = LOAD(&s->bytes_freed);
   out->blocks_allocated = LOAD(&s->blocks_allocated);
@@ -329,10 +336,29 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->dropped_allocations = LOAD(&s->dropped_allocations);
   out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
   out->dropped_resources = LOAD(&s->dropped_resources);
+  /* The per-thread counters records, newest first: each link must point to a valid counters
+   * record strictly below the current one, so a corrupt list ends instead of looping. */
+  uint64_t end = published_end(r);
+  while (off != 0) {
+    hd_rec_header hdr;
+    if (record_at(r, off, end, &hdr) != HD_READ_OK || hdr.type != HD_REC_COUNTERS ||
+        hdr.size < sizeof(hd_rec_counters))
+      return HD_READ_ERR_CORRUPT;
+    hd_rec_counters c = {0};
+    copy_words(&c, r->base + off, sizeof(c));
+    out->blocks_freed += c.blocks_freed;
+    out->bytes_freed += c.bytes_freed;
+    out->blocks_allocated += c.blocks_allocated;
+    out->bytes_allocated += c.bytes_allocated;
+    if (c.next >= off) return HD_READ_ERR_CORRUPT;
+    off = c.next;
+  }
   out->live_blocks = out->blocks_allocated >= out->blocks_freed
                          ? out->blocks_allocated - out->blocks_freed : 0;
   out->live_bytes = out->bytes_allocated >= out->bytes_freed
                         ? out->bytes_allocated - out->bytes_freed : 0;
+  /* Threads hold back small shares of the live bytes from the peak (see heapdump.h). */
+  if (out->peak_live_bytes < out->live_bytes) out->peak_live_bytes = out->live_bytes;
   return HD_READ_OK;
 }
 

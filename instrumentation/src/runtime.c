@@ -33,6 +33,9 @@ static hd_alloc_table g_alloc;
 static hd_res_table g_res;
 static char g_exe_name[HD_REGION_NAME_MAX];
 static int g_follow_children = 1;
+/* Its destructor hands a thread's writer state back when the thread exits. */
+static pthread_key_t g_thread_exit_key;
+static bool g_thread_exit_key_made;
 
 extern char **environ;
 extern const ElfW(Ehdr) __ehdr_start; /* this module's ELF header, set by the static linker */
@@ -149,6 +152,12 @@ __attribute__((noinline)) static uint32_t refresh_thread_key(uint32_t gen) {
   if (hd_tls.tid == 0) hd_tls.tid = (uint32_t)syscall(SYS_gettid);
   syscall(SYS_prctl, PR_GET_NAME, name, 0, 0, 0); /* not prctl(): we interpose it */
   name[HD_THREAD_NAME_MAX - 1] = 0;
+  if (hd_tls.writer.counters_key == 0 && !hd_tls.writer.retired &&
+      hd_res_attach_counters(&g_res, &hd_tls.writer) && g_thread_exit_key_made) {
+    hd_tls.guard++; /* pthread_setspecific may allocate */
+    pthread_setspecific(g_thread_exit_key, &hd_tls);
+    hd_tls.guard--;
+  }
   if (hd_tls.thread_key == 0 || strcmp(name, hd_tls.name) != 0) {
     uint32_t key = hd_res_add_thread(&g_res, hd_tls.tid, name, now_ns());
     if (key != 0) {
@@ -169,6 +178,8 @@ static uint32_t current_thread_key(void) {
 }
 
 static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_align) {
+  /* The bucket is a likely cache miss in a big table: fetch it while the stack is walked. */
+  hd_alloc_table_prefetch(&g_alloc, (uint64_t)(uintptr_t)p);
   uint64_t frames[HD_MAX_FRAMES];
   unsigned n = hd_capture_stack(frames, false);
   info->address = (uint64_t)(uintptr_t)p;
@@ -185,18 +196,19 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
 }
 
 static void insert_info(const hd_alloc_info *info) {
-  hd_alloc_info old;
-  switch (hd_alloc_table_insert(&g_alloc, info, &old)) {
+  hd_writer_thread *w = &hd_tls.writer;
+  hd_alloc_info old = {0};
+  switch (hd_alloc_table_insert(&g_alloc, w, info, &old)) {
     case HD_INSERT_FULL:
       hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
       return;
     case HD_INSERT_REPLACED:
-      hd_res_count_free(&g_res, old.size); /* its free was not seen (nested/signal) */
+      hd_res_count_free(&g_res, w, old.size); /* its free was not seen (nested/signal) */
       break;
     case HD_INSERT_NEW:
       break;
   }
-  hd_res_count_alloc(&g_res, info->stack_key, info->size);
+  hd_res_count_alloc(&g_res, w, info->stack_key, info->size);
 }
 
 void hd_record_alloc(void *p, size_t size, unsigned lg_align) {
@@ -209,9 +221,9 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align) {
 void hd_free_recorded(void *p) {
   hd_alloc_info old;
   if (HD_LIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) &&
-      hd_alloc_table_erase(&g_alloc, (uint64_t)(uintptr_t)p, &old)) {
+      hd_alloc_table_erase(&g_alloc, &hd_tls.writer, (uint64_t)(uintptr_t)p, &old)) {
     /* Erased before the block goes back: its address cannot be reused while still recorded. */
-    hd_res_count_free(&g_res, old.size);
+    hd_res_count_free(&g_res, &hd_tls.writer, old.size);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
   }
@@ -224,15 +236,15 @@ void *hd_realloc_recorded(void *p, size_t size) {
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
-    bool had = on && hd_alloc_table_erase(&g_alloc, (uint64_t)(uintptr_t)p, &old);
+    bool had = on && hd_alloc_table_erase(&g_alloc, &hd_tls.writer, (uint64_t)(uintptr_t)p, &old);
     void *q = hd_backend_realloc(p, size);
     if (!q) {
-      if (had && hd_alloc_table_insert(&g_alloc, &old, NULL) == HD_INSERT_FULL)
-        hd_res_count_free(&g_res, old.size);
+      if (had && hd_alloc_table_insert(&g_alloc, &hd_tls.writer, &old, NULL) == HD_INSERT_FULL)
+        hd_res_count_free(&g_res, &hd_tls.writer, old.size);
       errno = ENOMEM;
       return NULL;
     }
-    if (had) hd_res_count_free(&g_res, old.size);
+    if (had) hd_res_count_free(&g_res, &hd_tls.writer, old.size);
     hd_record_alloc(q, size, 0);
     return q;
   }
@@ -246,8 +258,8 @@ void *hd_realloc_recorded(void *p, size_t size) {
       hd_alloc_info info, old;
       make_info(&info, p, size, 0);
       if (hd_alloc_table_replace(&g_alloc, &info, &old)) {
-        hd_res_count_free(&g_res, old.size);
-        hd_res_count_alloc(&g_res, info.stack_key, size);
+        hd_res_count_free(&g_res, &hd_tls.writer, old.size);
+        hd_res_count_alloc(&g_res, &hd_tls.writer, info.stack_key, size);
       } else {
         insert_info(&info);
       }
@@ -315,7 +327,10 @@ void hd_nested_free(void *p) {
   if (queue_pending(&op)) return;
   /* Queue full: a stale record is replaced when the address is next recorded (counted freed
    * then). Inside the allocator the block cannot be returned at all: it is leaked. */
-  if (!hd_tls.in_backend) hd_backend_free(p, 0, 0);
+  if (!hd_tls.in_backend) {
+    hd_alloc_table_note_lost_free(&g_alloc);
+    hd_backend_free(p, 0, 0);
+  }
 }
 
 void *hd_nested_realloc(void *p, size_t size) {
@@ -455,6 +470,9 @@ static void fork_child(void) {
     /* Could not copy: stop recording rather than write into the parent's tables. */
     __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
   }
+  /* The cached free nodes were numbered in the parent's table; the counters record is copied. */
+  hd_tls.writer.node_count = 0;
+  hd_tls.writer.live_delta = 0;
   hd_tls.tid = 0; /* new tid: the next allocation records a new thread info */
   hd_tls.thread_key = 0;
   hd_tls.name_countdown = 0;
@@ -463,6 +481,16 @@ static void fork_child(void) {
 }
 
 /* ------------------------------------------------------------------ start-up */
+
+/* Runs at thread exit after the thread's TLS destructors (C++ thread_local ones included) but
+ * before its last frees by libc; those take the shared paths. */
+static void thread_exit(void *arg) {
+  (void)arg;
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  hd_writer_thread_retire(&g_alloc, &g_res, &hd_tls.writer);
+  hd_tls.guard--;
+}
 
 static void strip_from_ld_preload(void) {
   const char *pre = getenv("LD_PRELOAD");
@@ -498,6 +526,7 @@ __attribute__((constructor)) static void hd_constructor(void) {
   ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
   g_exe_name[n > 0 ? n : 0] = 0;
   pthread_atfork(fork_prepare, fork_parent, fork_child);
+  g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
   hd_tls.guard--;
   if (!g_follow_children) strip_from_ld_preload();
   hd_rescan_regions();
@@ -511,15 +540,17 @@ __attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_st
   memset(out, 0, sizeof(*out));
   hd_ensure_init();
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return HEAPDUMP_ERROR_NOT_RECORDING;
-  const hd_stats_block *s = &g_res.hdr->stats;
-  out->blocks_freed = __atomic_load_n(&s->blocks_freed, __ATOMIC_RELAXED);
-  out->bytes_freed = __atomic_load_n(&s->bytes_freed, __ATOMIC_RELAXED);
-  out->blocks_allocated = __atomic_load_n(&s->blocks_allocated, __ATOMIC_RELAXED);
-  out->bytes_allocated = __atomic_load_n(&s->bytes_allocated, __ATOMIC_RELAXED);
-  out->peak_live_bytes = __atomic_load_n(&s->peak_live_bytes, __ATOMIC_RELAXED);
-  out->dropped_allocations = __atomic_load_n(&s->dropped_allocations, __ATOMIC_RELAXED);
+  hd_stats_block s;
+  hd_res_read_stats(&g_res, &s);
+  out->blocks_freed = s.blocks_freed;
+  out->bytes_freed = s.bytes_freed;
+  out->blocks_allocated = s.blocks_allocated;
+  out->bytes_allocated = s.bytes_allocated;
+  out->peak_live_bytes = s.peak_live_bytes;
+  out->dropped_allocations = s.dropped_allocations;
   out->live_blocks = out->blocks_allocated - out->blocks_freed;
   out->live_bytes = out->bytes_allocated - out->bytes_freed;
+  if (out->peak_live_bytes < out->live_bytes) out->peak_live_bytes = out->live_bytes;
   return HEAPDUMP_OK;
 }
 

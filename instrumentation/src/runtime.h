@@ -48,6 +48,7 @@ typedef struct hd_thread_state {
   uint32_t tid;
   uintptr_t stack_lo, stack_hi; /* frame-pointer walk bounds, 0 = unknown */
   char name[HD_THREAD_NAME_MAX]; /* name recorded under thread_key */
+  hd_writer_thread writer;       /* this thread's share of the tables' writer state */
   uint32_t pending_count;        /* entries of `pending` in use; may exceed HD_PENDING_MAX */
   hd_pending_op pending[HD_PENDING_MAX];
 } hd_thread_state;

@@ -15,6 +15,7 @@
 #define ALIGN_UP(x, a) (((x) + (a) - 1) & ~((uint64_t)(a) - 1))
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define HD_UNLIKELY_T(x) __builtin_expect(!!(x), 0)
 
 static int make_memfd(const char *name, uint64_t size, void **map) {
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -115,10 +116,6 @@ void hd_alloc_table_destroy(hd_alloc_table *t) {
   t->fd = -1;
 }
 
-uint64_t hd_alloc_table_live_blocks(const hd_alloc_table *t) {
-  return LOAD(&t->hdr->live_blocks);
-}
-
 /* W1: slot lock = seqlock write begin. */
 static void slot_lock(uint32_t *seq) {
   unsigned spins = 0;
@@ -154,7 +151,11 @@ static uint32_t lock_bucket(hd_alloc_table *t, uint64_t hash, uint32_t **seq_out
   }
 }
 
-static uint32_t node_alloc(hd_alloc_table *t) {
+/* Nodes taken from the never-used range at once by a thread with a cache. */
+#define HIGH_WATER_BATCH 16u
+
+static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
+  if (w && w->node_count) return w->nodes[--w->node_count];
   uint64_t top = __atomic_load_n(&t->free_top, __ATOMIC_ACQUIRE);
   while ((uint32_t)top != HD_LINK_NONE) {
     uint32_t idx = (uint32_t)top - 1;
@@ -164,22 +165,43 @@ static uint32_t node_alloc(hd_alloc_table *t) {
                                     __ATOMIC_ACQUIRE))
       return idx;
   }
-  uint32_t hw = LOAD(&t->hdr->node_high_water);
+  uint32_t want = w && !w->retired ? HIGH_WATER_BATCH : 1;
+  uint32_t hw = LOAD(&t->hdr->node_high_water), got;
   do {
     if (hw >= t->hdr->node_capacity) return UINT32_MAX;
-  } while (!__atomic_compare_exchange_n(&t->hdr->node_high_water, &hw, hw + 1, true,
+    got = t->hdr->node_capacity - hw < want ? t->hdr->node_capacity - hw : want;
+  } while (!__atomic_compare_exchange_n(&t->hdr->node_high_water, &hw, hw + got, true,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  for (uint32_t i = got - 1; i > 0; i--) w->nodes[w->node_count++] = hw + i;
   return hw;
 }
 
-static void node_free(hd_alloc_table *t, uint32_t idx) {
+/* Pushes the chain first..last (linked through next) onto the shared free list. */
+static void free_list_push(hd_alloc_table *t, uint32_t first, uint32_t last) {
   uint64_t top = __atomic_load_n(&t->free_top, __ATOMIC_RELAXED);
   uint64_t desired;
   do {
-    STORE(&t->nodes[idx].next, (uint32_t)top);
-    desired = (((top >> 32) + 1) << 32) | (idx + 1);
+    STORE(&t->nodes[last].next, (uint32_t)top);
+    desired = (((top >> 32) + 1) << 32) | (first + 1);
   } while (!__atomic_compare_exchange_n(&t->free_top, &top, desired, true, __ATOMIC_RELEASE,
                                         __ATOMIC_RELAXED));
+}
+
+/* Hands n nodes from the bottom of w's cache to the shared free list in one push. */
+static void cache_spill(hd_alloc_table *t, hd_writer_thread *w, uint32_t n) {
+  for (uint32_t i = 0; i + 1 < n; i++) STORE(&t->nodes[w->nodes[i]].next, w->nodes[i + 1] + 1);
+  free_list_push(t, w->nodes[0], w->nodes[n - 1]);
+  memmove(w->nodes, w->nodes + n, (w->node_count - n) * sizeof(w->nodes[0]));
+  w->node_count -= n;
+}
+
+static void node_free(hd_alloc_table *t, hd_writer_thread *w, uint32_t idx) {
+  if (w && !w->retired) {
+    if (w->node_count == HD_THREAD_NODE_CACHE) cache_spill(t, w, HD_THREAD_NODE_CACHE / 2);
+    w->nodes[w->node_count++] = idx;
+    return;
+  }
+  free_list_push(t, idx, idx);
 }
 
 static void node_write(hd_alloc_node *n, const hd_alloc_info *i) {
@@ -217,7 +239,7 @@ static void maybe_grow(hd_alloc_table *t) {
   hd_alloc_header *h = t->hdr;
   if (pthread_mutex_trylock(&t->world_lock) != 0) return; /* someone else is at it */
   uint32_t log2 = LOAD(&h->bucket_log2);
-  if (log2 >= h->max_bucket_log2 || LOAD(&h->live_blocks) <= ((uint64_t)2 << log2)) {
+  if (log2 >= h->max_bucket_log2 || LOAD(&h->node_high_water) <= ((uint64_t)2 << log2)) {
     pthread_mutex_unlock(&t->world_lock);
     return;
   }
@@ -250,9 +272,13 @@ static void maybe_grow(hd_alloc_table *t) {
   pthread_mutex_unlock(&t->world_lock);
 }
 
-hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, const hd_alloc_info *info,
-                                       hd_alloc_info *replaced) {
-  uint32_t idx = node_alloc(t);
+void hd_alloc_table_note_lost_free(hd_alloc_table *t) {
+  __atomic_store_n(&t->lost_frees, 1, __ATOMIC_RELAXED);
+}
+
+hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
+                                       const hd_alloc_info *info, hd_alloc_info *replaced) {
+  uint32_t idx = node_alloc(t, w);
   if (idx == UINT32_MAX) return HD_INSERT_FULL;
   hd_alloc_node *node = &t->nodes[idx];
   node_write(node, info); /* not reachable yet */
@@ -260,26 +286,33 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, const hd_alloc_info *i
   uint32_t *seq;
   uint32_t b = lock_bucket(t, hash, &seq);
   uint32_t head = LOAD(&t->buckets[b]);
-  for (uint32_t link = head; link != HD_LINK_NONE; link = LOAD(&t->nodes[link - 1].next)) {
-    hd_alloc_node *n = &t->nodes[link - 1];
-    if (LOAD(&n->address) == info->address) {
-      /* The address was freed behind our back (e.g. from a signal handler inside a hook). */
-      if (replaced) node_read(n, replaced);
-      node_write(n, info);
-      slot_unlock(seq);
-      node_free(t, idx);
-      return HD_INSERT_REPLACED;
+  /* A live address is recorded once: the allocator cannot hand out an address whose free has
+   * not been erased first, unless a free was lost. Only then is the chain worth a walk (each
+   * node on it is a likely cache miss in a big table). */
+  if (HD_UNLIKELY_T(LOAD(&t->lost_frees))) {
+    for (uint32_t link = head; link != HD_LINK_NONE; link = LOAD(&t->nodes[link - 1].next)) {
+      hd_alloc_node *n = &t->nodes[link - 1];
+      if (LOAD(&n->address) == info->address) {
+        if (replaced) node_read(n, replaced);
+        node_write(n, info);
+        slot_unlock(seq);
+        node_free(t, w, idx);
+        return HD_INSERT_REPLACED;
+      }
     }
   }
   STORE(&node->next, head);
   STORE(&t->buckets[b], idx + 1);
   slot_unlock(seq);
-  uint64_t live = __atomic_add_fetch(&t->hdr->live_blocks, 1, __ATOMIC_RELAXED);
-  if (live > ((uint64_t)2 << LOAD(&t->hdr->bucket_log2))) maybe_grow(t);
+  /* Live blocks never outnumber the nodes handed out, so the bucket array follows the
+   * high-water mark: two loads of rarely written header fields, no shared live count. */
+  if (HD_UNLIKELY_T(LOAD(&t->hdr->node_high_water) > ((uint64_t)2 << LOAD(&t->hdr->bucket_log2))))
+    maybe_grow(t);
   return HD_INSERT_NEW;
 }
 
-bool hd_alloc_table_erase(hd_alloc_table *t, uint64_t address, hd_alloc_info *out) {
+bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t address,
+                          hd_alloc_info *out) {
   uint32_t *seq;
   uint32_t b = lock_bucket(t, hd_alloc_hash(address), &seq);
   uint32_t *prev = &t->buckets[b];
@@ -289,8 +322,7 @@ bool hd_alloc_table_erase(hd_alloc_table *t, uint64_t address, hd_alloc_info *ou
       if (out) node_read(n, out);
       STORE(prev, LOAD(&n->next));
       slot_unlock(seq);
-      node_free(t, link - 1);
-      __atomic_sub_fetch(&t->hdr->live_blocks, 1, __ATOMIC_RELAXED);
+      node_free(t, w, link - 1);
       return true;
     }
     prev = &n->next;
@@ -328,7 +360,8 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t) {
 
 int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
                                 const char *memfd_name) {
-  uint64_t live = LOAD(&src->hdr->live_blocks);
+  /* Live blocks are at most the nodes ever handed out; the copy is sparse beyond what it uses. */
+  uint64_t live = LOAD(&src->hdr->node_high_water);
   if (max_bytes == 0) max_bytes = hd_alloc_table_bytes_for(live);
   int rc = hd_alloc_table_create(dst, max_bytes, memfd_name);
   if (rc != 0) return rc;
@@ -356,7 +389,6 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
     }
   }
   h->node_high_water = count;
-  h->live_blocks = count;
   __atomic_thread_fence(__ATOMIC_RELEASE);
   return 0;
 }
@@ -383,27 +415,58 @@ int hd_alloc_table_freeze(hd_alloc_table *t) {
 
 /* ------------------------------------------------------------------ resources table */
 
+/* Private dedup index of stack records: open addressing, slot = (hash >> 32) << 32 | key, 0 =
+ * empty; at most half full. Written under the table lock with release stores, probed lock-free
+ * with acquire loads. It starts small and doubles (a program with few traces should not pay for
+ * the index a huge one needs). A lock-free reader may still be probing an older index: those
+ * stay mapped until the table is destroyed (together no bigger than the current one); a miss
+ * there only sends the reader to the locked path, which uses the current index. */
+typedef struct hd_dedup_index {
+  struct hd_dedup_index *older;
+  uint64_t mask;
+  uint64_t bytes;
+  uint64_t slots[];
+} hd_dedup_index;
+
+#define DEDUP_INITIAL_SLOTS (64u << 10)
+
+static hd_dedup_index *dedup_new(uint64_t slots) {
+  uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(uint64_t), PAGE);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) return NULL;
+  hd_dedup_index *d = m;
+  d->mask = slots - 1;
+  d->bytes = bytes;
+  return d;
+}
+
+static void dedup_free_all(hd_dedup_index *d) {
+  while (d) {
+    hd_dedup_index *older = d->older;
+    munmap(d, d->bytes);
+    d = older;
+  }
+}
+
 static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
   memset(t, 0, sizeof(*t));
   t->fd = -1;
   if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;
   if (max_bytes > UINT32_MAX - PAGE) max_bytes = UINT32_MAX - PAGE; /* keys are u32 offsets */
   max_bytes = ALIGN_UP(max_bytes, PAGE);
+  /* At most one stack record per 40 bytes, and the index at most half full. */
+  t->dedup_max_slots = 1024;
+  while (t->dedup_max_slots < 2 * (max_bytes / 40)) t->dedup_max_slots <<= 1;
   if (index) {
-    /* Dedup index: at most one stack record per 40 bytes, kept at most half full. Sparse. */
-    uint64_t slots = 1024;
-    while (slots < 2 * (max_bytes / 40)) slots <<= 1;
-    void *d = mmap(NULL, slots * 8, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (d == MAP_FAILED) return -errno;
-    t->dedup = d;
-    t->dedup_mask = slots - 1;
-    t->dedup_bytes = slots * 8;
+    t->dedup = dedup_new(t->dedup_max_slots < DEDUP_INITIAL_SLOTS ? t->dedup_max_slots
+                                                                  : DEDUP_INITIAL_SLOTS);
+    if (!t->dedup) return -ENOMEM;
   }
   void *m;
   int fd = make_memfd(memfd_name, max_bytes, &m);
   if (fd < 0) {
-    if (t->dedup) munmap(t->dedup, t->dedup_bytes);
+    dedup_free_all(t->dedup);
     t->dedup = NULL;
     return fd;
   }
@@ -430,7 +493,7 @@ int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_n
 
 void hd_res_table_destroy(hd_res_table *t) {
   if (t->base) munmap(t->base, t->size);
-  if (t->dedup) munmap(t->dedup, t->dedup_bytes);
+  dedup_free_all(t->dedup);
   if (t->fd >= 0) close(t->fd);
   t->base = NULL;
   t->hdr = NULL;
@@ -446,13 +509,13 @@ int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const 
   dst->hdr->pid = (uint32_t)getpid();
   dst->live_bytes = LOAD(&src->live_bytes);
   dst->dedup_count = src->dedup_count;
+  dst->counters_pool = src->counters_pool;
   return 0;
 }
 
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
   dst->dedup = src->dedup;
-  dst->dedup_mask = src->dedup_mask;
-  dst->dedup_bytes = src->dedup_bytes;
+  dst->dedup_max_slots = src->dedup_max_slots;
   src->dedup = NULL;
 }
 
@@ -501,6 +564,27 @@ static void publish(hd_res_table *t, uint32_t off, uint32_t size) {
   __atomic_store_n(&t->hdr->used, (uint64_t)off + size, __ATOMIC_RELEASE);
 }
 
+/* Under the lock: doubles the index; false when it is at its maximum or memory is short. */
+static bool dedup_grow(hd_res_table *t) {
+  hd_dedup_index *old = t->dedup;
+  uint64_t slots = (old->mask + 1) * 2;
+  if (slots > t->dedup_max_slots) return false;
+  hd_dedup_index *d = dedup_new(slots);
+  if (!d) return false;
+  for (uint64_t i = 0; i <= old->mask; i++) {
+    uint64_t e = old->slots[i];
+    if (e == 0) continue;
+    /* The slot keeps only the hash's high half: the position comes from the record. */
+    const hd_rec_stack *r = (const hd_rec_stack *)(t->base + (uint32_t)e);
+    uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len, r->frame_count) & d->mask;
+    while (d->slots[j] != 0) j = (j + 1) & d->mask;
+    d->slots[j] = e;
+  }
+  d->older = old;
+  __atomic_store_n(&t->dedup, d, __ATOMIC_RELEASE);
+  return true;
+}
+
 static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc, size_t len,
                         unsigned count) {
   const hd_rec_stack *r = (const hd_rec_stack *)(t->base + key);
@@ -516,8 +600,9 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   uint64_t h = hash_bytes(enc, len, count);
   uint32_t tag = (uint32_t)(h >> 32);
   /* Lock-free lookup: entries are published with release stores after their records. */
-  for (uint64_t i = h & t->dedup_mask;; i = (i + 1) & t->dedup_mask) {
-    uint64_t e = __atomic_load_n(&t->dedup[i], __ATOMIC_ACQUIRE);
+  const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);
+  for (uint64_t i = h & d->mask;; i = (i + 1) & d->mask) {
+    uint64_t e = __atomic_load_n(&d->slots[i], __ATOMIC_ACQUIRE);
     if (e == 0) break;
     if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count))
       return (uint32_t)e;
@@ -530,17 +615,28 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   } else {
     pthread_mutex_lock(&t->lock);
   }
-  uint64_t i = h & t->dedup_mask;
-  for (;; i = (i + 1) & t->dedup_mask) {
-    uint64_t e = LOAD(&t->dedup[i]);
+  hd_dedup_index *idx = t->dedup;
+  uint64_t i = h & idx->mask;
+  for (;; i = (i + 1) & idx->mask) {
+    uint64_t e = LOAD(&idx->slots[i]);
     if (e == 0) break;
     if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count)) {
       pthread_mutex_unlock(&t->lock);
       return (uint32_t)e;
     }
   }
+  if ((t->dedup_count + 1) * 2 > idx->mask + 1) {
+    if (!dedup_grow(t)) {
+      pthread_mutex_unlock(&t->lock);
+      __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+      return 0;
+    }
+    idx = t->dedup;
+    for (i = h & idx->mask; idx->slots[i] != 0; i = (i + 1) & idx->mask) {
+    }
+  }
   uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_stack) + len, 8);
-  uint32_t off = t->dedup_count * 2 < t->dedup_mask ? reserve(t, size) : 0;
+  uint32_t off = reserve(t, size);
   if (off == 0) {
     pthread_mutex_unlock(&t->lock);
     __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
@@ -554,7 +650,7 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   memcpy(r + 1, enc, len);
   publish(t, off, size);
   t->dedup_count++;
-  __atomic_store_n(&t->dedup[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
+  __atomic_store_n(&idx->slots[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&t->lock);
   return off;
 }
@@ -609,39 +705,136 @@ uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *ri) {
   return off;
 }
 
-void hd_res_count_alloc(hd_res_table *t, uint32_t stack_key, uint64_t size) {
+bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w) {
+  if (w->counters_key != 0 || w->retired) return w->counters_key != 0;
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = t->counters_pool;
+  if (off != 0) {
+    /* The previous owner's last counts happen-before this via the lock. */
+    t->counters_pool = ((hd_rec_counters *)(t->base + off))->writer_private;
+  } else if ((off = reserve(t, sizeof(hd_rec_counters))) != 0) {
+    hd_rec_counters *r = (hd_rec_counters *)(t->base + off);
+    r->h.type = HD_REC_COUNTERS;
+    r->h.size = sizeof(*r);
+    r->next = LOAD(&t->hdr->counters_head);
+    publish(t, off, sizeof(*r));
+    __atomic_store_n(&t->hdr->counters_head, off, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  w->counters_key = off;
+  return off != 0;
+}
+
+/* The single writer of a counter: a plain load and store, atomic only so readers see no tear. */
+static inline void counter_add(uint64_t *c, uint64_t n) { STORE(c, LOAD(c) + n); }
+
+static hd_rec_counters *own_counters(hd_res_table *t, const hd_writer_thread *w) {
+  return w && w->counters_key ? (hd_rec_counters *)(t->base + w->counters_key) : NULL;
+}
+
+/* Moves the process's live bytes by delta and raises the peak. A thread holds back its share
+ * while the total cannot be at a new peak because of it (so a single thread's peak is exact;
+ * with several, each holds back less than HD_LIVE_DELTA_FLUSH). */
+static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta) {
   hd_stats_block *s = &t->hdr->stats;
+  int64_t d = delta;
+  if (w && !w->retired) {
+    d += w->live_delta;
+    bool may_peak = d > 0 && (uint64_t)(LOAD(&t->live_bytes) + d) > LOAD(&s->peak_live_bytes);
+    if (!may_peak && d < HD_LIVE_DELTA_FLUSH && d > -HD_LIVE_DELTA_FLUSH) {
+      w->live_delta = d;
+      return;
+    }
+    w->live_delta = 0;
+  }
+  int64_t live = __atomic_add_fetch(&t->live_bytes, d, __ATOMIC_RELAXED);
+  if (d <= 0 || live <= 0) return;
+  uint64_t peak = LOAD(&s->peak_live_bytes);
+  while ((uint64_t)live > peak && !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak,
+                                                               (uint64_t)live, true,
+                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size) {
   if (stack_key != 0) {
     hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
     __atomic_fetch_add(&r->alloc_blocks, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
   }
-  __atomic_fetch_add(&s->blocks_allocated, 1, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&s->bytes_allocated, size, __ATOMIC_RELAXED);
-  uint64_t live = __atomic_add_fetch(&t->live_bytes, size, __ATOMIC_RELAXED);
-  uint64_t peak = LOAD(&s->peak_live_bytes);
-  while (live > peak && !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak, live, true,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  hd_rec_counters *c = own_counters(t, w);
+  if (c) {
+    counter_add(&c->blocks_allocated, 1);
+    counter_add(&c->bytes_allocated, size);
+  } else {
+    __atomic_fetch_add(&t->hdr->stats.blocks_allocated, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_allocated, size, __ATOMIC_RELAXED);
+  }
+  add_live(t, w, (int64_t)size);
+}
+
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size) {
+  hd_rec_counters *c = own_counters(t, w);
+  if (c) {
+    counter_add(&c->blocks_freed, 1);
+    counter_add(&c->bytes_freed, size);
+  } else {
+    __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
+  }
+  add_live(t, w, -(int64_t)size);
+}
+
+void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out) {
+  const hd_stats_block *s = &t->hdr->stats;
+  out->blocks_allocated = LOAD(&s->blocks_allocated);
+  out->bytes_allocated = LOAD(&s->bytes_allocated);
+  out->blocks_freed = LOAD(&s->blocks_freed);
+  out->bytes_freed = LOAD(&s->bytes_freed);
+  out->peak_live_bytes = LOAD(&s->peak_live_bytes);
+  out->dropped_allocations = LOAD(&s->dropped_allocations);
+  out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
+  out->dropped_resources = LOAD(&s->dropped_resources);
+  for (uint32_t off = __atomic_load_n(&t->hdr->counters_head, __ATOMIC_ACQUIRE); off != 0;) {
+    const hd_rec_counters *c = (const hd_rec_counters *)(t->base + off);
+    out->blocks_allocated += LOAD(&c->blocks_allocated);
+    out->bytes_allocated += LOAD(&c->bytes_allocated);
+    out->blocks_freed += LOAD(&c->blocks_freed);
+    out->bytes_freed += LOAD(&c->bytes_freed);
+    off = c->next;
   }
 }
 
-void hd_res_count_free(hd_res_table *t, uint64_t size) {
-  __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
-  __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
-  __atomic_sub_fetch(&t->live_bytes, size, __ATOMIC_RELAXED);
+void hd_writer_thread_retire(hd_alloc_table *a, hd_res_table *r, hd_writer_thread *w) {
+  if (w->retired) return;
+  if (w->live_delta != 0) __atomic_add_fetch(&r->live_bytes, w->live_delta, __ATOMIC_RELAXED);
+  w->live_delta = 0;
+  if (w->node_count != 0) cache_spill(a, w, w->node_count);
+  if (w->counters_key != 0) {
+    pthread_mutex_lock(&r->lock);
+    ((hd_rec_counters *)(r->base + w->counters_key))->writer_private = r->counters_pool;
+    r->counters_pool = w->counters_key;
+    pthread_mutex_unlock(&r->lock);
+    w->counters_key = 0;
+  }
+  w->retired = true;
 }
 
 void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_bytes) {
+  hd_stats_block now;
+  hd_res_read_stats(t, &now);
+  uint64_t blocks = now.blocks_allocated < live_blocks ? live_blocks : now.blocks_allocated;
+  uint64_t bytes = now.bytes_allocated < live_bytes ? live_bytes : now.bytes_allocated;
+  /* Only the base is written: the threads' records keep their counts; unsigned wrap-around
+   * makes base + sum come out right even when the base has to go "below zero". */
   hd_stats_block *s = &t->hdr->stats;
-  uint64_t blocks = LOAD(&s->blocks_allocated), bytes = LOAD(&s->bytes_allocated);
-  if (blocks < live_blocks) blocks = live_blocks;
-  if (bytes < live_bytes) bytes = live_bytes;
-  STORE(&s->blocks_allocated, blocks);
-  STORE(&s->bytes_allocated, bytes);
-  STORE(&s->blocks_freed, blocks - live_blocks);
-  STORE(&s->bytes_freed, bytes - live_bytes);
+  STORE(&s->blocks_allocated, LOAD(&s->blocks_allocated) + (blocks - now.blocks_allocated));
+  STORE(&s->bytes_allocated, LOAD(&s->bytes_allocated) + (bytes - now.bytes_allocated));
+  STORE(&s->blocks_freed, LOAD(&s->blocks_freed) + ((blocks - live_blocks) - now.blocks_freed));
+  STORE(&s->bytes_freed, LOAD(&s->bytes_freed) + ((bytes - live_bytes) - now.bytes_freed));
   if (LOAD(&s->peak_live_bytes) < live_bytes) STORE(&s->peak_live_bytes, live_bytes);
-  STORE(&t->live_bytes, live_bytes);
+  STORE(&t->live_bytes, (int64_t)live_bytes);
 }
 
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {

@@ -23,6 +23,23 @@ typedef struct hd_alloc_info {
   uint32_t flags;
 } hd_alloc_info;
 
+/* Free nodes a thread keeps for itself: most frees and allocations then touch no shared free
+ * list. Bounded, and handed back when the thread exits. */
+#define HD_THREAD_NODE_CACHE 32u
+/* A thread adds its share of the live bytes to the process total (from which the peak is
+ * taken) when the total may reach a new peak, or when its share drifts this far. */
+#define HD_LIVE_DELTA_FLUSH ((int64_t)64 << 10)
+
+/* The writer state one thread keeps for itself (in its TLS). Only that thread touches it, so
+ * nothing in it needs an atomic instruction; functions take NULL where there is no thread. */
+typedef struct hd_writer_thread {
+  uint32_t counters_key;  /* this thread's HD_REC_COUNTERS record, 0 = none (header base used) */
+  uint32_t node_count;    /* entries of `nodes` in use */
+  int64_t live_delta;     /* bytes allocated minus freed not yet added to the process total */
+  bool retired;           /* the thread is exiting: shared paths only from now on */
+  uint32_t nodes[HD_THREAD_NODE_CACHE]; /* free node indices owned by this thread */
+} hd_writer_thread;
+
 typedef struct hd_alloc_table {
   hd_alloc_header *hdr;     /* shared, read-write mapping of fd */
   uint32_t *seq;            /* slot sequence counters / writer spinlocks */
@@ -33,6 +50,10 @@ typedef struct hd_alloc_table {
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
    * of a free node is kept in its shared `next` field (unreachable from any bucket). */
   uint64_t free_top;
+  /* Set (never cleared) once a free could not be applied to the table, so an address may still
+   * be recorded after its block was freed and reused: from then on insert looks for such a stale
+   * record. Without it insert links at the head of the chain without walking it. */
+  int lost_frees;
   /* Held by whoever doubles the bucket array or locks the whole table (snapshot copy, fork).
    * Lock order: resources table lock -> world_lock -> slot locks in increasing order. */
   pthread_mutex_t world_lock;
@@ -52,14 +73,24 @@ void hd_alloc_table_destroy(hd_alloc_table *t);
 /* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
 uint64_t hd_alloc_table_bytes_for(uint64_t nodes);
 
-hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, const hd_alloc_info *info,
-                                       hd_alloc_info *replaced) HD_WUR;
+/* w: the calling thread's state, or NULL. */
+hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
+                                       const hd_alloc_info *info, hd_alloc_info *replaced) HD_WUR;
 /* Unlinks the record of address; true and *out filled if it was present. */
-bool hd_alloc_table_erase(hd_alloc_table *t, uint64_t address, hd_alloc_info *out) HD_WUR;
+bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t address,
+                          hd_alloc_info *out) HD_WUR;
+/* A block was freed without its record being erased (see lost_frees). */
+void hd_alloc_table_note_lost_free(hd_alloc_table *t);
+/* Starts loading the cache lines an insert or erase of address will need. */
+static inline void hd_alloc_table_prefetch(const hd_alloc_table *t, uint64_t address) {
+  uint32_t log2 = __atomic_load_n(&t->hdr->bucket_log2, __ATOMIC_RELAXED);
+  uint64_t b = hd_alloc_hash(address) & (((uint64_t)1 << log2) - 1);
+  __builtin_prefetch(&t->buckets[b], 1);
+  __builtin_prefetch(&t->seq[b & (HD_SEQ_SLOTS - 1)], 1);
+}
 /* Rewrites the record of info->address in one critical section (in-place realloc); true and
  * *old filled (if non-NULL) if it was present. */
 bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_WUR;
-uint64_t hd_alloc_table_live_blocks(const hd_alloc_table *t);
 
 /* Stops every writer (world_lock + every slot lock in use); pair with unlock_all. */
 void hd_alloc_table_lock_all(hd_alloc_table *t);
@@ -81,13 +112,13 @@ typedef struct hd_res_table {
   uint64_t size;
   int fd;
   pthread_mutex_t lock;  /* serialises appends; see lock order above */
-  /* Private dedup index of stack records: open addressing, entry = (hash32 << 32) | key, 0 empty.
-   * Written under `lock` with release stores, read lock-free with acquire loads. */
-  uint64_t *dedup;
-  uint64_t dedup_mask;
-  uint64_t dedup_bytes;
-  uint64_t dedup_count;  /* under lock */
-  uint64_t live_bytes;   /* atomic; private helper for peak_live_bytes */
+  /* Private dedup index of stack records (atomic pointer, see hd_dedup_index). */
+  struct hd_dedup_index *dedup;
+  uint64_t dedup_count;     /* under lock */
+  uint64_t dedup_max_slots; /* the index doubles up to this */
+  uint32_t counters_pool;   /* under lock: counters records of exited threads, linked through
+                               writer_private */
+  int64_t live_bytes;       /* atomic; process total of the threads' flushed live_delta */
 } hd_res_table;
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_WUR;
@@ -112,10 +143,19 @@ typedef struct hd_region_info {
 } hd_region_info;
 uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *r);
 
-/* Statistics and per-trace counters (relaxed atomics, no lock). */
-void hd_res_count_alloc(hd_res_table *t, uint32_t stack_key, uint64_t size);
-void hd_res_count_free(hd_res_table *t, uint64_t size);
+/* Gives w a counters record of its own (reused from an exited thread if one is free); false if
+ * the table is full, and w keeps counting into the header's base. */
+bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
+/* Statistics and per-trace counters: no lock; with w's counters record, no locked instruction
+ * either, except the two per-trace counters and (rarely) the peak. w may be NULL. */
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
+/* The process statistics: header base plus every thread's counters (see shm_layout.h). */
+void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out);
+/* At thread exit: its live share joins the total, its free nodes and counters record go back
+ * for other threads; w is retired (later calls from the thread use the shared paths). */
+void hd_writer_thread_retire(hd_alloc_table *a, hd_res_table *r, hd_writer_thread *w);
 /* Makes the statistics of a private copy agree with the live set it goes with: the counters
  * are updated outside the table locks, so a copy can miss updates that threads were about to
  * make (and in a fork child never will). Sets the freed counters (raising the allocated ones

@@ -52,27 +52,32 @@ struct AllocTable : ::testing::Test {
 TEST_F(AllocTable, InsertEraseTwice) {
   for (int round = 0; round < 2; round++) {
     for (uint64_t a = 1; a <= 3; a++)
-      ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+      ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
     auto blocks = Snapshot(t.fd);
     ASSERT_EQ(blocks.size(), 3u);
     EXPECT_EQ(blocks[0].address, 16u);
     EXPECT_EQ(blocks[2].size, 3u);
     hd_alloc_info out;
-    EXPECT_TRUE(hd_alloc_table_erase(&t, 32, &out));
+    EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 32, &out));
     EXPECT_EQ(out.size, 2u);
-    EXPECT_FALSE(hd_alloc_table_erase(&t, 32, &out));
+    EXPECT_FALSE(hd_alloc_table_erase(&t, nullptr, 32, &out));
     EXPECT_EQ(Snapshot(t.fd).size(), 2u);
-    EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));
-    EXPECT_TRUE(hd_alloc_table_erase(&t, 48, nullptr));
+    EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));
+    EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 48, nullptr));
     EXPECT_EQ(Snapshot(t.fd).size(), 0u);
   }
-  EXPECT_EQ(hd_alloc_table_live_blocks(&t), 0u);
+  uint64_t blocks, bytes;
+  hd_alloc_table_sum_locked(&t, &blocks, &bytes);
+  EXPECT_EQ(blocks, 0u);
 }
 
-TEST_F(AllocTable, DuplicateAddressReplaces) {
+// Once a free was lost, the address may come back while still recorded: the stale record is
+// replaced, not duplicated.
+TEST_F(AllocTable, DuplicateAddressReplacesAfterALostFree) {
   hd_alloc_info old;
-  ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(64, 1), nullptr), HD_INSERT_NEW);
-  ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(64, 2), &old), HD_INSERT_REPLACED);
+  hd_alloc_table_note_lost_free(&t);
+  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 1), nullptr), HD_INSERT_NEW);
+  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 2), &old), HD_INSERT_REPLACED);
   EXPECT_EQ(old.size, 1u);
   auto b = Snapshot(t.fd);
   ASSERT_EQ(b.size(), 1u);
@@ -82,7 +87,7 @@ TEST_F(AllocTable, DuplicateAddressReplaces) {
 TEST_F(AllocTable, GrowsBucketsAndKeepsEveryRecord) {
   const uint64_t n = 200000;
   for (uint64_t i = 0; i < n; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(0x10000 + i * 16, i), nullptr),
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(0x10000 + i * 16, i), nullptr),
               HD_INSERT_NEW);
   EXPECT_GT(t.hdr->bucket_log2, HD_MIN_BUCKET_LOG2);
   auto b = Snapshot(t.fd);
@@ -96,10 +101,10 @@ TEST(AllocTableCap, FullIsCountedNotFatalAndFreedNodesAreReused) {
   uint32_t cap = t.hdr->node_capacity;
   ASSERT_GT(cap, 0u);
   for (uint32_t i = 0; i < cap; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), 1), nullptr), HD_INSERT_NEW);
-  EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_FULL);
-  EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));
-  EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_NEW);
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (i + 1), 1), nullptr), HD_INSERT_NEW);
+  EXPECT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_FULL);
+  EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));
+  EXPECT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_NEW);
   EXPECT_EQ(Snapshot(t.fd).size(), cap);
   hd_alloc_table_destroy(&t);
 }
@@ -110,16 +115,18 @@ TEST(AllocTableCap, FullIsCountedNotFatalAndFreedNodesAreReused) {
 TEST_F(AllocTable, ConcurrentSnapshotsSeeStableBlocksExactlyOnce) {
   const uint64_t kStable = 5000;
   for (uint64_t i = 0; i < kStable; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(0x100000 + i * 32, 1), nullptr), HD_INSERT_NEW);
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(0x100000 + i * 32, 1), nullptr), HD_INSERT_NEW);
   std::atomic<bool> stop{false};
   std::vector<std::thread> writers;
   for (int w = 0; w < 3; w++) {
     writers.emplace_back([&, w] {
       uint64_t base = 0x10000000 + (uint64_t)w * 0x1000000, k = 0;
+      hd_writer_thread own{};  // two writers keep node caches, one uses the shared free list
+      hd_writer_thread *ws = w == 0 ? nullptr : &own;
       while (!stop) {
         for (uint64_t i = 0; i < 3000; i++)
-          EXPECT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(base + i * 16, 2), nullptr), HD_INSERT_NEW);
-        for (uint64_t i = 0; i < 3000; i++) EXPECT_TRUE(hd_alloc_table_erase(&t, base + i * 16, nullptr));
+          EXPECT_EQ(hd_alloc_table_insert(&t, ws, &(const hd_alloc_info &)Info(base + i * 16, 2), nullptr), HD_INSERT_NEW);
+        for (uint64_t i = 0; i < 3000; i++) EXPECT_TRUE(hd_alloc_table_erase(&t, ws, base + i * 16, nullptr));
         hd_alloc_info r = Info(0x100000, 100 + (k++ % 7));  // in-place replace of a stable one
         EXPECT_TRUE(hd_alloc_table_replace(&t, &r, nullptr));
       }
@@ -137,13 +144,13 @@ TEST_F(AllocTable, ConcurrentSnapshotsSeeStableBlocksExactlyOnce) {
 
 TEST_F(AllocTable, SnapshotCopyIsFrozenAndSealed) {
   for (uint64_t i = 0; i < 10; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
   hd_alloc_table snap{};
   hd_alloc_table_lock_all(&t);
   ASSERT_EQ(hd_alloc_table_clone_locked(&t, &snap, 0, "test-snap"), 0);
   hd_alloc_table_unlock_all(&t);
   ASSERT_EQ(hd_alloc_table_freeze(&snap), 0);
-  EXPECT_TRUE(hd_alloc_table_erase(&t, 16, nullptr));  // the copy does not change
+  EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));  // the copy does not change
   EXPECT_EQ(Snapshot(snap.fd).size(), 10u);
   EXPECT_TRUE(fcntl(snap.fd, F_GET_SEALS) & F_SEAL_WRITE);
   hd_alloc_reader *r;
@@ -157,7 +164,7 @@ TEST_F(AllocTable, SnapshotCopyIsFrozenAndSealed) {
 
 TEST_F(AllocTable, ReaderRejectsCorruption) {
   for (uint64_t i = 0; i < 4; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (i + 1), i), nullptr), HD_INSERT_NEW);
   uint64_t b = hd_alloc_hash(16) & ((1u << t.hdr->bucket_log2) - 1);
   uint32_t link = t.buckets[b];
   ASSERT_NE(link, 0u);
@@ -246,8 +253,8 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
     keys.insert(k);
   }
   EXPECT_EQ(keys.size(), 2000u);
-  hd_res_count_alloc(&t, ka, 100);
-  hd_res_count_alloc(&t, ka, 50);
+  hd_res_count_alloc(&t, nullptr, ka, 100);
+  hd_res_count_alloc(&t, nullptr, ka, 50);
   uint64_t frames[64], blocks, bytes;
   size_t n;
   ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &blocks, &bytes), HD_READ_OK);
@@ -301,9 +308,9 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   }
   EXPECT_EQ(st, HD_READ_END);
   EXPECT_EQ(types, (std::vector<int>{HD_ENTRY_THREAD, HD_ENTRY_REGION}));
-  hd_res_count_alloc(&t, 0, 100);
-  hd_res_count_alloc(&t, 0, 300);
-  hd_res_count_free(&t, 300);
+  hd_res_count_alloc(&t, nullptr, 0, 100);
+  hd_res_count_alloc(&t, nullptr, 0, 300);
+  hd_res_count_free(&t, nullptr, 300);
   hd_table_stats s;
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_allocated, 2u);
@@ -332,10 +339,10 @@ TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
 }
 
 TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
-  hd_res_count_alloc(&t, 0, 100);
-  hd_res_count_alloc(&t, 0, 50);
-  hd_res_count_alloc(&t, 0, 10);
-  hd_res_count_free(&t, 10);
+  hd_res_count_alloc(&t, nullptr, 0, 100);
+  hd_res_count_alloc(&t, nullptr, 0, 50);
+  hd_res_count_alloc(&t, nullptr, 0, 10);
+  hd_res_count_free(&t, nullptr, 10);
   // A copy whose live set has one more block than the counters say (a count not yet made)...
   hd_res_reconcile_live(&t, 3, 170);
   hd_table_stats stats;
@@ -352,15 +359,108 @@ TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
   EXPECT_EQ(stats.peak_live_bytes, 170u);
 }
 
+// A thread's own free nodes are reused by that thread without touching the shared list, and
+// go back to it when the thread retires.
+TEST_F(AllocTable, ThreadNodeCacheReusesNodesAndHandsThemBack) {
+  hd_writer_thread w{};
+  for (int round = 0; round < 1000; round++) {
+    for (uint64_t a = 1; a <= 10; a++)
+      ASSERT_EQ(hd_alloc_table_insert(&t, &w, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+    for (uint64_t a = 1; a <= 10; a++) ASSERT_TRUE(hd_alloc_table_erase(&t, &w, a * 16, nullptr));
+  }
+  uint32_t high_water = t.hdr->node_high_water;
+  EXPECT_LE(high_water, 2 * HD_THREAD_NODE_CACHE);
+  EXPECT_EQ(t.free_top & 0xffffffffu, HD_LINK_NONE);  // nothing went through the shared list
+  EXPECT_GT(w.node_count, 0u);
+  // More frees than the cache holds spill half of it to the shared list.
+  for (uint64_t a = 1; a <= 100; a++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, &w, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+  for (uint64_t a = 1; a <= 100; a++) ASSERT_TRUE(hd_alloc_table_erase(&t, &w, a * 16, nullptr));
+  EXPECT_LE(w.node_count, HD_THREAD_NODE_CACHE);
+  EXPECT_NE(t.free_top & 0xffffffffu, HD_LINK_NONE);
+  hd_res_table res{};
+  ASSERT_EQ(hd_res_table_create(&res, 1 << 20, "test-res"), 0);
+  hd_writer_thread_retire(&t, &res, &w);
+  EXPECT_EQ(w.node_count, 0u);
+  EXPECT_TRUE(w.retired);
+  // Every node is free again: a table's worth of inserts without a writer raises no high water.
+  high_water = t.hdr->node_high_water;
+  for (uint64_t a = 1; a <= high_water; a++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+  EXPECT_EQ(t.hdr->node_high_water, high_water);
+  EXPECT_EQ(Snapshot(t.fd).size(), high_water);
+  hd_res_table_destroy(&res);
+}
+
 TEST_F(AllocTable, SumCountsEveryLiveRecord) {
   for (uint64_t a = 1; a <= 5000; a++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
   hd_alloc_info out;
-  ASSERT_TRUE(hd_alloc_table_erase(&t, 16 * 100, &out));
+  ASSERT_TRUE(hd_alloc_table_erase(&t, nullptr, 16 * 100, &out));
   uint64_t blocks, bytes;
   hd_alloc_table_sum_locked(&t, &blocks, &bytes);
   EXPECT_EQ(blocks, 4999u);
   EXPECT_EQ(bytes, 5000u * 5001 / 2 - 100);
+}
+
+// Per-thread counters: the collector's reader and the library's own sum agree, a retired
+// thread's record is reused (not appended again) and keeps its counts, and the peak of a single
+// writer is exact although it holds back its share of the live bytes.
+TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
+  hd_writer_thread a{}, b{};
+  ASSERT_TRUE(hd_res_attach_counters(&t, &a));
+  ASSERT_NE(a.counters_key, 0u);
+  hd_res_count_alloc(&t, &a, 0, 1000);
+  hd_res_count_alloc(&t, &a, 0, 24);
+  hd_res_count_free(&t, &a, 1000);
+  hd_res_count_alloc(&t, nullptr, 0, 5);  // a thread without a record counts into the base
+  hd_table_stats s;
+  ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
+  EXPECT_EQ(s.blocks_allocated, 3u);
+  EXPECT_EQ(s.bytes_allocated, 1029u);
+  EXPECT_EQ(s.blocks_freed, 1u);
+  EXPECT_EQ(s.live_bytes, 29u);
+  EXPECT_EQ(s.peak_live_bytes, 1029u);
+  hd_stats_block own;
+  hd_res_read_stats(&t, &own);
+  EXPECT_EQ(own.bytes_allocated, s.bytes_allocated);
+  EXPECT_EQ(own.bytes_freed, s.bytes_freed);
+  uint32_t key = a.counters_key;
+  hd_alloc_table at{};
+  ASSERT_EQ(hd_alloc_table_create(&at, 0, "test-alloc"), 0);
+  hd_writer_thread_retire(&at, &t, &a);
+  uint64_t used = t.hdr->used;
+  ASSERT_TRUE(hd_res_attach_counters(&t, &b));
+  EXPECT_EQ(b.counters_key, key);
+  EXPECT_EQ(t.hdr->used, used);
+  hd_res_count_free(&t, &b, 24);
+  ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
+  EXPECT_EQ(s.blocks_freed, 2u);
+  EXPECT_EQ(s.live_bytes, 5u);
+  // A corrupt link is reported, not followed.
+  ((hd_rec_counters *)(t.base + key))->next = key;
+  EXPECT_EQ(hd_res_reader_stats(r, &s), HD_READ_ERR_CORRUPT);
+  hd_alloc_table_destroy(&at);
+}
+
+// The dedup index starts small and doubles; traces interned before and after each doubling are
+// still found, and reconcile after growth keeps working.
+TEST(ResTableIndex, GrowsAndKeepsFindingEveryTrace) {
+  hd_res_table t{};
+  ASSERT_EQ(hd_res_table_create(&t, 64 << 20, "test-res-index"), 0);
+  const uint64_t n = 150000;  // well past the first doubling of a 64Ki-slot index
+  std::vector<uint32_t> keys(n);
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
+    keys[i] = hd_res_intern_stack(&t, f, 2);
+    ASSERT_NE(keys[i], 0u);
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
+    ASSERT_EQ(hd_res_intern_stack(&t, f, 2), keys[i]) << i;
+  }
+  EXPECT_EQ(t.hdr->stats.dropped_stack_traces, 0u);
+  hd_res_table_destroy(&t);
 }
 
 TEST(ResTableCap, FullTableDropsAndCounts) {

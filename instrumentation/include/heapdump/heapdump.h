@@ -54,7 +54,8 @@ struct heapdump_stats {
   uint64_t bytes_freed;
   uint64_t live_blocks;         /* blocks_allocated - blocks_freed */
   uint64_t live_bytes;          /* bytes_allocated - bytes_freed */
-  uint64_t peak_live_bytes;     /* highest live_bytes seen */
+  uint64_t peak_live_bytes;     /* highest live_bytes seen: exact when one thread allocates;
+                                   with several, each may hold back up to 64 KiB of its share */
   uint64_t dropped_allocations; /* not recorded: allocations table full (HEAPDUMP_MAX_MEMORY) */
 };
 

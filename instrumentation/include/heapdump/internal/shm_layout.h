@@ -55,12 +55,14 @@
  * absent or twice; a moving realloc is a new block plus the free of the old one.
  *
  * RESOURCES TABLE: append-only records, never modified after publication except the two atomic
- * counters of a stack-trace record and the header statistics. Writers (serialised by a private
- * mutex) write a record at offset `used`, then store `used` += record size (__ATOMIC_RELEASE).
- * Readers load `used` (__ATOMIC_ACQUIRE) and may then read any record below it. A key (stack
- * trace, thread info) is the byte offset of its record; 0 means "none". Counters and statistics
- * are updated with relaxed atomic adds and read with relaxed loads; they are monotonic but not
- * mutually consistent at any instant.
+ * counters of a stack-trace record, the counters of a HD_REC_COUNTERS record and the header
+ * statistics. Writers (serialised by a private mutex) write a record at offset `used`, then store `used` += record size
+ * (__ATOMIC_RELEASE). Readers load `used` (__ATOMIC_ACQUIRE) and may then read any record below
+ * it. A key (stack trace, thread info) is the byte offset of its record; 0 means "none".
+ * Counters and statistics are updated with relaxed atomics and read with relaxed loads; they
+ * are monotonic but not mutually consistent at any instant. Process statistics are the header's
+ * base plus the sum of the per-thread HD_REC_COUNTERS records (see there); a reader follows
+ * that list from counters_head, bounded by the record count and the published end.
  *
  * STACK TRACE ENCODING: frame i (return addresses, innermost first) is stored as
  * zigzag(frame[i] - frame[i-1]) (frame[-1] = 0, two's-complement 64-bit difference) in LEB128
@@ -82,7 +84,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 1u
+#define HD_LAYOUT_VERSION 2u
 #define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
 #define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
 
@@ -120,7 +122,7 @@ typedef struct hd_alloc_header {
   uint64_t seq_offset;       /* u32[seq_slots] */
   uint64_t buckets_offset;   /* u32[2^max_bucket_log2] */
   uint64_t nodes_offset;     /* hd_alloc_node[node_capacity] */
-  uint64_t live_blocks;      /* atomic, informational (relaxed) */
+  uint64_t reserved1;        /* 0 (version 1 kept a live-block count here) */
   uint32_t pid;              /* process that wrote the table */
   uint32_t reserved0;
   uint64_t reserved[6];
@@ -141,14 +143,16 @@ typedef struct hd_alloc_node {
 HD_STATIC_ASSERT(sizeof(hd_alloc_header) == 144, "hd_alloc_header size");
 HD_STATIC_ASSERT(offsetof(hd_alloc_header, bucket_log2) == 40, "bucket_log2 offset");
 HD_STATIC_ASSERT(offsetof(hd_alloc_header, seq_offset) == 56, "seq_offset offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_header, live_blocks) == 80, "live_blocks offset");
+HD_STATIC_ASSERT(offsetof(hd_alloc_header, reserved1) == 80, "reserved1 offset");
 HD_STATIC_ASSERT(offsetof(hd_alloc_header, pid) == 88, "pid offset");
 HD_STATIC_ASSERT(sizeof(hd_alloc_node) == 40, "hd_alloc_node size");
 HD_STATIC_ASSERT(offsetof(hd_alloc_node, address) == 16, "address offset");
 HD_STATIC_ASSERT(offsetof(hd_alloc_node, size) == 24, "size offset");
 HD_STATIC_ASSERT(offsetof(hd_alloc_node, timestamp) == 32, "timestamp offset");
 
-/* Process-wide statistics, in the resources header. All atomic, relaxed. */
+/* Process-wide statistics, in the resources header. All atomic, relaxed. The four allocated /
+ * freed counters here are only a base: the totals are these plus the sums over every
+ * HD_REC_COUNTERS record (modulo 2^64; the base can be "negative" after a fork). */
 typedef struct hd_stats_block {
   uint64_t blocks_allocated;    /* recorded allocations since start */
   uint64_t bytes_allocated;
@@ -174,15 +178,18 @@ typedef struct hd_res_header {
   uint32_t reserved0;
   uint64_t start_time_ns;  /* CLOCK_MONOTONIC when the table was created */
   hd_stats_block stats;
-  uint64_t reserved[8];
+  uint32_t counters_head;  /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
+  uint32_t reserved1;
+  uint64_t reserved[7];
 } hd_res_header;
 HD_STATIC_ASSERT(sizeof(hd_res_header) == 184, "hd_res_header size");
 HD_STATIC_ASSERT(offsetof(hd_res_header, used) == 32, "used offset");
 HD_STATIC_ASSERT(offsetof(hd_res_header, stats) == 56, "stats offset");
+HD_STATIC_ASSERT(offsetof(hd_res_header, counters_head) == 120, "counters_head offset");
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
  * multiple of 8. */
-enum { HD_REC_STACK = 1, HD_REC_THREAD = 2, HD_REC_REGION = 3 };
+enum { HD_REC_STACK = 1, HD_REC_THREAD = 2, HD_REC_REGION = 3, HD_REC_COUNTERS = 4 };
 typedef struct hd_rec_header {
   uint16_t type;
   uint16_t reserved;
@@ -226,6 +233,25 @@ typedef struct hd_rec_region {
 HD_STATIC_ASSERT(sizeof(hd_rec_region) == 80, "hd_rec_region size");
 HD_STATIC_ASSERT(offsetof(hd_rec_region, build_id) == 40, "build_id offset");
 HD_STATIC_ASSERT(offsetof(hd_rec_region, name_len) == 78, "name_len offset");
+
+/* One thread's share of the allocated / freed statistics. Each record has exactly one writer at
+ * a time (the thread that owns it; a record of an exited thread is handed to a new thread under
+ * the resources lock), which updates the counters with relaxed atomic stores of load + n: no
+ * locked instruction on the allocation path and no cache line shared between threads. Records
+ * are linked newest first from hd_res_header.counters_head through `next`; a new record is filled
+ * and published like any other, then becomes the head (__ATOMIC_RELEASE store; readers load the
+ * head with __ATOMIC_ACQUIRE). Records are never unlinked, so the sums only grow. */
+typedef struct hd_rec_counters {
+  hd_rec_header h;
+  uint32_t next;            /* offset of the next (older) counters record, 0 at the end */
+  uint32_t writer_private;  /* the writer's free list of records of exited threads; not for readers */
+  uint64_t blocks_allocated;
+  uint64_t bytes_allocated;
+  uint64_t blocks_freed;
+  uint64_t bytes_freed;
+} hd_rec_counters;
+HD_STATIC_ASSERT(sizeof(hd_rec_counters) == 48, "hd_rec_counters size");
+HD_STATIC_ASSERT(offsetof(hd_rec_counters, blocks_allocated) == 16, "counters offset");
 
 #ifdef __cplusplus
 }
