@@ -34,6 +34,16 @@ typedef struct hd_pending_op {
  * the library cannot see (a write to /proc/self/task/TID/comm) is picked up. */
 #define HD_NAME_RECHECK_ALLOCATIONS 4096u
 
+/* A thread's most recent stack traces and their keys: a program allocates from a few hot call
+ * paths, and a hit here skips encoding, hashing and probing the shared dedup index. Direct
+ * mapped; an entry is only trusted after comparing every frame. */
+#define HD_TRACE_CACHE_ENTRIES 8u /* a power of two */
+typedef struct hd_trace_cache_entry {
+  uint32_t key;   /* 0 = empty */
+  uint32_t count; /* frames */
+  uint64_t frames[HD_MAX_FRAMES];
+} hd_trace_cache_entry;
+
 /* Per-thread state; initial-exec TLS so access never allocates or takes the loader lock and it
  * stays valid through thread teardown. Fields read by signal handlers on the same thread are
  * ordered with signal fences. */
@@ -49,6 +59,7 @@ typedef struct hd_thread_state {
   uintptr_t stack_lo, stack_hi; /* frame-pointer walk bounds, 0 = unknown */
   char name[HD_THREAD_NAME_MAX]; /* name recorded under thread_key */
   hd_writer_thread writer;       /* this thread's share of the tables' writer state */
+  hd_trace_cache_entry traces[HD_TRACE_CACHE_ENTRIES]; /* used by hooks only, not by handlers */
   uint32_t pending_count;        /* entries of `pending` in use; may exceed HD_PENDING_MAX */
   hd_pending_op pending[HD_PENDING_MAX];
 } hd_thread_state;

@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <new>
@@ -508,6 +509,17 @@ static void scenario_comm_rename() {
   CHECK(pthread_join(t, nullptr) == 0);
 }
 
+// One block (7777 bytes) allocated between two CLOCK_MONOTONIC readings, which are printed.
+static void scenario_clock() {
+  timespec before, after;
+  clock_gettime(CLOCK_MONOTONIC, &before);
+  keep(opaque(malloc(7777)));
+  clock_gettime(CLOCK_MONOTONIC, &after);
+  printf("clock %llu %llu\n",
+         (unsigned long long)before.tv_sec * 1000000000ull + (unsigned long long)before.tv_nsec,
+         (unsigned long long)after.tv_sec * 1000000000ull + (unsigned long long)after.tv_nsec);
+}
+
 static void scenario_dlopen(const char *lib) {
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
@@ -533,6 +545,7 @@ int main(int argc, char **argv) {
   else if (mode == "thread-churn") scenario_thread_churn();
   else if (mode == "cap") scenario_cap();
   else if (mode == "comm-rename") scenario_comm_rename();
+  else if (mode == "clock") scenario_clock();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {

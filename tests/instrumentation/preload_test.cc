@@ -301,6 +301,26 @@ TEST_P(Preload, SignalHandlerAllocatingDuringAllocations) {
   EXPECT_EQ(t.stats.dropped_allocations, 0u);
 }
 
+// Timestamps are CLOCK_MONOTONIC: to the nanosecond with HEAPDUMP_CLOCK=precise, and by
+// default read from the coarse clock, which lags by at most a kernel tick (<= 10 ms at HZ=100).
+TEST_P(Preload, TimestampsAreMonotonicClockAtTheChosenResolution) {
+  for (bool precise : {false, true}) {
+    Tables t;
+    std::vector<std::string> env;
+    if (precise) env.push_back("HEAPDUMP_CLOCK=precise");
+    RunChild({"clock"}, &t, env);
+    unsigned long long before = 0, after = 0;
+    size_t at = last_output.find("clock ");
+    ASSERT_NE(at, std::string::npos) << last_output;
+    ASSERT_EQ(sscanf(last_output.c_str() + at, "clock %llu %llu", &before, &after), 2);
+    const hd_live_block *b = t.FindSize(7777);
+    ASSERT_NE(b, nullptr);
+    uint64_t slack = precise ? 0 : 10000000;
+    EXPECT_GE(b->timestamp + slack, before) << (precise ? "precise" : "coarse");
+    EXPECT_LE(b->timestamp, after) << (precise ? "precise" : "coarse");
+  }
+}
+
 TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {
   Tables t;
   RunChild({"thread-churn"}, &t);
