@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "collector_internal.h"
+#include "contents.h"
 #include "heapdump_client.bindings.h"
 #include "heapdump_process.bindings.h"
 
@@ -131,11 +132,7 @@ void hd_process_release(hd_process *p) {
   free(p);
 }
 
-bool hd_process_alive(const hd_process *p) {
-  if (p->pidfd < 0) return true;
-  struct pollfd pfd = {.fd = p->pidfd, .events = POLLIN};
-  return poll(&pfd, 1, 0) == 0;
-}
+bool hd_process_alive(const hd_process *p) { return hd_pidfd_alive(p->pidfd); }
 
 static hd_process *find_locked(hd_collector *c, pid_t pid) {
   for (size_t i = 0; i < c->process_count; i++) {

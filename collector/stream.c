@@ -1,6 +1,6 @@
 /* Snapshot streams: each runs on a thread of its own, picks the processes (after a rescan of
  * /proc, at most once a second), reads their tables (or a stored snapshot) and sends batches,
- * waiting for each acknowledgement before the next. */
+ * with up to HD_BATCH_WINDOW of them unacknowledged. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "collector_internal.h"
+#include "contents.h"
 #include "heapdump_client.bindings.h"
 
 /* A client that does not acknowledge a batch for this long is dropped. */
@@ -87,22 +87,9 @@ static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
   return hd_batch_add(w, &e);
 }
 
-static hd_status add_contents(hd_process *p, const hd_live_block *b, hd_batch_writer *w) {
-  if (b->size == 0 || b->size > MAX_CONTENTS_BLOCK) return HD_OK;
-  uint8_t *buf = malloc(b->size);
-  if (buf == NULL) return HD_OK;
-  struct iovec local = {buf, b->size};
-  struct iovec remote = {(void *)(uintptr_t)b->address, b->size};
-  ssize_t n = process_vm_readv(p->pid, &local, 1, &remote, 1, 0);
-  hd_status status = HD_OK;
-  /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. Bytes
-   * read after the process exited may be another process's that reused the pid: the exit comes
-   * before any reuse, so a process still alive after the read was the one read. */
-  if (n == (ssize_t)b->size && hd_process_alive(p)) {
-    status = hd_batch_add_block_contents(w, b->address, buf, b->size);
-  }
-  free(buf);
-  return status;
+static hd_status add_contents(void *writer, uint64_t address, const uint8_t *bytes,
+                              uint64_t size) {
+  return hd_batch_add_block_contents(writer, address, bytes, size);
 }
 
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
@@ -130,8 +117,8 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   hd_live_block *blocks = NULL;
   size_t count = 0;
   pthread_mutex_lock(&p->read_lock);
-  hd_read_status rs = hd_alloc_reader_snapshot(snapshot_alloc ? snapshot_alloc : p->alloc, &blocks,
-                                               &count);
+  hd_read_status rs = hd_alloc_reader_snapshot_unordered(snapshot_alloc ? snapshot_alloc : p->alloc,
+                                                         &blocks, &count);
   if (rs != HD_READ_OK) {
     pthread_mutex_unlock(&p->read_lock);
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
@@ -147,12 +134,10 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
       rc = -ENOMEM;
       break;
     }
-    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_allocation_tag;
-    e.element.allocation = (heapdump_client_Allocation){
-        true, b->address, true, b->size, true, b->stack_key, true, (int64_t)b->timestamp,
-        true, b->thread_key, false, 0};
-    status = hd_batch_add(w, &e);
+    const heapdump_client_Allocation a = {true, b->address, true, b->size, true, b->stack_key,
+                                          true, (int64_t)b->timestamp, true, b->thread_key,
+                                          false, 0};
+    status = hd_batch_add_allocation(w, &a);
   }
   for (size_t i = 0; i < threads.count && status == HD_OK && rc == 0; i++) {
     hd_thread_info t;
@@ -204,8 +189,10 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   free(entry);
   if (status == HD_OK && rc == 0) status = add_stats(p, w);
   pthread_mutex_unlock(&p->read_lock);
-  for (size_t i = 0; with_contents && i < count && status == HD_OK && rc == 0; i++) {
-    status = add_contents(p, &blocks[i], w);
+  /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
+  if (with_contents && status == HD_OK && rc == 0) {
+    status = hd_read_block_contents(p->pid, p->pidfd, blocks, count, MAX_CONTENTS_BLOCK,
+                                    add_contents, w);
   }
   free(blocks);
   key_set_free(&stacks);
@@ -216,24 +203,26 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
 
 /* ---- stream threads ---- */
 
-static void report_error(int fd, heapdump_client_CollectorError error) {
-  hd_message *msg = malloc(sizeof *msg);
-  if (msg == NULL) return;
+/* Reports error on the receiver channel, once the batches sent so far are answered (the
+ * report's answer must be the only one due). */
+static void report_error(hd_batch_channel *ch, heapdump_client_CollectorError error) {
   heapdump_client_SnapshotReceiverReportErrorRequest req =
       heapdump_client_SnapshotReceiverReportErrorRequest_init_zero;
   req.has_error = true;
   req.error = error;
   heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
-  hd_status status = hd_snapshot_receiver_report_error(fd, msg, &req, NULL, 0, &ack);
+  hd_status status = hd_batch_channel_drain(ch);
+  if (status == HD_OK) {
+    status = hd_snapshot_receiver_report_error(ch->channel, ch->scratch, &req, NULL, 0, &ack);
+  }
   (void)status; /* the client may be gone; nothing else to tell it */
-  free(msg);
 }
 
-static void stream_live(hd_stream_job *job, hd_batch_writer *w) {
+static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_writer *w) {
   hd_collector *c = job->c;
   hd_process **processes = malloc(HD_MAX_PROCESSES * sizeof *processes);
   if (processes == NULL) {
-    report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+    report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
     return;
   }
   hd_discover_processes(c, false);
@@ -243,7 +232,7 @@ static void stream_live(hd_stream_job *job, hd_batch_writer *w) {
                           processes, &count);
   int rc = 0;
   if (error != heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
-    report_error(job->receiver, error);
+    report_error(ch, error);
   }
   for (size_t i = 0; i < count && rc == 0; i++) {
     hd_process *p = processes[i];
@@ -258,7 +247,7 @@ static void stream_live(hd_stream_job *job, hd_batch_writer *w) {
     }
     if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w);
     if (rc == -EIO || rc == -ENOMEM) {
-      report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+      report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
     } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {
       rc = -EPIPE;
     }
@@ -269,10 +258,10 @@ static void stream_live(hd_stream_job *job, hd_batch_writer *w) {
   free(processes);
 }
 
-static void stream_stored(hd_stream_job *job, hd_batch_writer *w) {
+static void stream_stored(hd_stream_job *job, hd_batch_channel *ch, hd_batch_writer *w) {
   int rc = hd_storage_stream(job->c, job->stored_id, job->peer_uid, w);
   if (rc == -ENOENT) {
-    report_error(job->receiver, heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND);
+    report_error(ch, heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND);
   } else if (rc == 0 && hd_batch_end(w) != HD_OK) {
     rc = -EPIPE;
   }
@@ -289,15 +278,17 @@ static void *run_stream(void *arg) {
   setsockopt(job->receiver, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
   hd_message *scratch = malloc(sizeof *scratch);
   hd_batch_writer *w = malloc(sizeof *w);
-  hd_batch_channel channel = {job->receiver, scratch};
-  if (scratch == NULL || w == NULL) {
-    report_error(job->receiver, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
-  } else {
+  hd_batch_channel channel;
+  hd_batch_channel_init(&channel, job->receiver, scratch);
+  /* Without a message to report with, closing the channel tells the client. */
+  if (scratch != NULL && w == NULL) {
+    report_error(&channel, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
+  } else if (scratch != NULL) {
     hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
     if (job->stored) {
-      stream_stored(job, w);
+      stream_stored(job, &channel, w);
     } else {
-      stream_live(job, w);
+      stream_live(job, &channel, w);
     }
   }
   close(job->receiver);

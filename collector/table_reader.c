@@ -138,16 +138,51 @@ typedef struct {
   size_t n, cap;
 } block_vec;
 
+static bool reserve(block_vec *bv, size_t cap) {
+  if (cap <= bv->cap) return true;
+  hd_live_block *v = realloc(bv->v, cap * sizeof(*v));
+  if (!v) return false;
+  bv->v = v;
+  bv->cap = cap;
+  return true;
+}
+
 static bool push(block_vec *bv, const hd_live_block *b) {
-  if (bv->n == bv->cap) {
-    size_t cap = bv->cap ? bv->cap * 2 : 1024;
-    hd_live_block *v = realloc(bv->v, cap * sizeof(*v));
-    if (!v) return false;
-    bv->v = v;
-    bv->cap = cap;
-  }
+  if (bv->n == bv->cap && !reserve(bv, bv->cap ? bv->cap * 2 : 1024)) return false;
   bv->v[bv->n++] = *b;
   return true;
+}
+
+/* Room for the whole live set up front, so that the copy is not moved as it grows: every live
+ * node is below the high-water mark, plus a margin for nodes handed out during the walk. The
+ * header is hostile, so the node capacity bounds it (a walk never yields more nodes than that);
+ * pages of the reservation that are never written cost no memory. */
+static size_t expected_blocks(const hd_alloc_reader *r) {
+  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
+  uint64_t high_water = LOAD(&h->node_high_water);
+  uint64_t capacity = r->h.node_capacity;
+  uint64_t expected = high_water < capacity ? high_water + high_water / 16 + 1024 : capacity;
+  return (size_t)(expected < capacity ? expected : capacity);
+}
+
+/* Equal addresses hash to the same bucket and a node found in any other bucket is refused, so a
+ * duplicate can only be within one chain. Chains are short (the writer keeps about two nodes per
+ * bucket); a long one, which only a hostile writer makes, is sorted. */
+static bool chain_has_duplicate(hd_live_block *chain, size_t n) {
+  enum { kShortChain = 16 };
+  if (n <= kShortChain) {
+    for (size_t i = 1; i < n; i++) {
+      for (size_t j = 0; j < i; j++) {
+        if (chain[i].address == chain[j].address) return true;
+      }
+    }
+    return false;
+  }
+  qsort(chain, n, sizeof(*chain), cmp_block);
+  for (size_t i = 1; i < n; i++) {
+    if (chain[i].address == chain[i - 1].address) return true;
+  }
+  return false;
 }
 
 static uint64_t monotonic_ns(void) {
@@ -168,8 +203,8 @@ static void backoff(unsigned attempt) {
   }
 }
 
-hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
-                                        size_t *count) {
+hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_block **blocks,
+                                                  size_t *count) {
   if (!r || !blocks || !count) return HD_READ_ERR_ARG;
   *blocks = NULL;
   *count = 0;
@@ -180,6 +215,7 @@ hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **bloc
   const uint64_t capacity = r->h.node_capacity;
   block_vec bv = {0};
   hd_read_status st = HD_READ_ERR_BUSY;
+  if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
   for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
     bv.n = 0;
     uint32_t rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
@@ -214,6 +250,7 @@ hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **bloc
         uint64_t steps = 0;
         if (LOAD(&h->bucket_log2) != log2) resized = true;
         for (uint64_t b = slot; b < nb && !bad && !resized; b += HD_SEQ_SLOTS) {
+          size_t chain_start = bv.n;
           for (uint32_t link = LOAD(&buckets[b]); link != HD_LINK_NONE;) {
             /* Out-of-range link, or more steps than nodes exist: a cycle. */
             if (link > capacity || ++steps > capacity || mark + steps > capacity) {
@@ -239,6 +276,10 @@ hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **bloc
             }
             link = LOAD(&n->next);
           }
+          const size_t chain_length = bv.n - chain_start;
+          if (!bad && chain_length > 1 && chain_has_duplicate(bv.v + chain_start, chain_length)) {
+            bad = true;
+          }
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
         uint32_t s2 = LOAD(&seq[slot]);
@@ -256,19 +297,19 @@ hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **bloc
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (resized || LOAD(&h->resize_seq) != rs1 || LOAD(&h->bucket_log2) != log2) continue;
-    if (bv.n > 1) qsort(bv.v, bv.n, sizeof(*bv.v), cmp_block);
-    for (size_t i = 1; i < bv.n; i++) {
-      if (bv.v[i].address == bv.v[i - 1].address) {
-        st = HD_READ_ERR_CORRUPT;
-        goto out;
-      }
-    }
     *blocks = bv.v;
     *count = bv.n;
     return HD_READ_OK;
   }
 out:
   free(bv.v);
+  return st;
+}
+
+hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
+                                        size_t *count) {
+  hd_read_status st = hd_alloc_reader_snapshot_unordered(r, blocks, count);
+  if (st == HD_READ_OK && *count > 1) qsort(*blocks, *count, sizeof(**blocks), cmp_block);
   return st;
 }
 

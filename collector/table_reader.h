@@ -65,7 +65,11 @@ void hd_alloc_reader_close(hd_alloc_reader *r);
 hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) HD_READ_WUR;
 /* Consistent copy of the live set without stopping the writer (see the layout header):
  * every block live during the whole call appears exactly once, no block freed before the call
- * appears. *blocks (sorted by address) is malloc'd; free() it. On error *blocks is NULL. */
+ * appears, no two blocks have the same address. *blocks is malloc'd, in table order (no order a
+ * caller can use); free() it. On error *blocks is NULL. */
+hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_block **blocks,
+                                                  size_t *count) HD_READ_WUR;
+/* The same copy, sorted by address. */
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
                                         size_t *count) HD_READ_WUR;
 

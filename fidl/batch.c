@@ -1,4 +1,5 @@
-/* Batch writer (measured packing and chunking of snapshot elements) and streaming batch reader. */
+/* Batch writer (packing and chunking of snapshot elements, each encoded once), the windowed
+ * channel sender, and the streaming batch reader. */
 #include "heapdump/fidl/batch.h"
 
 #include <pb_decode.h>
@@ -9,8 +10,11 @@
 
 /* Every length inside a batch is below 2^21, so its varint takes at most 3 bytes. */
 #define MAX_LENGTH_VARINT 3u
-/* Field 1 of SnapshotReceiverBatchRequest, wire type 2 (length-delimited): one byte. */
-#define BATCH_FIELD_TAG 0x0Au
+/* The key of a field: its number and wire type. Every field number used here is below 16, so a
+ * key is one byte. */
+#define KEY(field, wire_type) ((uint8_t)((field) << 3 | (wire_type)))
+/* Field 1 of SnapshotReceiverBatchRequest, length-delimited. */
+#define BATCH_FIELD_KEY KEY(1, PB_WT_STRING)
 
 static size_t varint_size(uint64_t v) {
   size_t n = 1;
@@ -20,6 +24,18 @@ static size_t varint_size(uint64_t v) {
   }
   return n;
 }
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = (uint8_t)v;
+  return p;
+}
+
+/* Bytes a length-delimited field with a one-byte key takes for a payload of `size` bytes. */
+static size_t delimited_size(size_t size) { return 1 + varint_size(size) + size; }
 
 void hd_batch_writer_init(hd_batch_writer *w, hd_batch_send_fn send, void *ctx) {
   w->send = send;
@@ -53,29 +69,75 @@ hd_status hd_batch_end(hd_batch_writer *w) {
   return w->send(w->ctx, w->buf, 0);
 }
 
-/* Encodes e at the end of buf; the caller has checked it fits. */
-static hd_status encode_at_end(hd_batch_writer *w, const heapdump_client_SnapshotElement *e,
-                               size_t size) {
-  pb_ostream_t out = pb_ostream_from_buffer(w->buf + w->used, HD_BATCH_CAPACITY - w->used);
-  if (!pb_encode_tag(&out, PB_WT_STRING, 1) || !pb_encode_varint(&out, size) ||
-      !pb_encode(&out, heapdump_client_SnapshotElement_fields, e)) {
-    return HD_ERR_ENCODE;
-  }
-  w->used += out.bytes_written;
-  w->element_count++;
+/* Makes room for an element of `total` bytes (key and length included): flushes if it does not
+ * fit behind the elements already in the batch. */
+static hd_status make_room(hd_batch_writer *w, size_t total) {
+  if (total > HD_BATCH_CAPACITY) return HD_ERR_ENCODE;
+  if (w->used + total > HD_BATCH_CAPACITY) return hd_batch_flush(w);
   return HD_OK;
 }
 
-static hd_status add_measured(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
-  size_t size;
-  if (!pb_get_encoded_size(&size, heapdump_client_SnapshotElement_fields, e)) return HD_ERR_ENCODE;
-  size_t total = 1 + varint_size(size) + size;
-  if (total > HD_BATCH_CAPACITY) return HD_ERR_ENCODE;
-  if (w->used + total > HD_BATCH_CAPACITY) {
-    hd_status status = hd_batch_flush(w);
-    if (status != HD_OK) return status;
+/* Starts an element whose encoding (after its own key and length) takes `size` bytes; returns
+ * where that encoding goes. The caller has made room. */
+static uint8_t *begin_element(hd_batch_writer *w, size_t size) {
+  uint8_t *p = w->buf + w->used;
+  *p++ = BATCH_FIELD_KEY;
+  p = put_varint(p, size);
+  w->used += delimited_size(size);
+  w->element_count++;
+  return p;
+}
+
+/* Encodes e with nanopb into w->element, then copies it into the batch: each element is encoded
+ * once, and the batch is filled exactly up to the limit. */
+static hd_status add_encoded(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
+  pb_ostream_t out = pb_ostream_from_buffer(w->element, sizeof w->element);
+  if (!pb_encode(&out, heapdump_client_SnapshotElement_fields, e)) return HD_ERR_ENCODE;
+  hd_status status = make_room(w, delimited_size(out.bytes_written));
+  if (status != HD_OK) return status;
+  memcpy(begin_element(w, out.bytes_written), w->element, out.bytes_written);
+  return HD_OK;
+}
+
+/* ---- Allocation: one per live block, so written directly (the bytes nanopb would write) ---- */
+
+static size_t allocation_size(const heapdump_client_Allocation *a) {
+  size_t n = 0;
+  if (a->has_address) n += 1 + varint_size(a->address);
+  if (a->has_size) n += 1 + varint_size(a->size);
+  if (a->has_stack_trace_key) n += 1 + varint_size(a->stack_trace_key);
+  if (a->has_timestamp) n += 1 + varint_size((uint64_t)a->timestamp);
+  if (a->has_thread_info_key) n += 1 + varint_size(a->thread_info_key);
+  if (a->has_count) n += 1 + varint_size(a->count);
+  return n;
+}
+
+static uint8_t *put_varint_field(uint8_t *p, uint8_t field, uint64_t value) {
+  *p++ = KEY(field, PB_WT_VARINT);
+  return put_varint(p, value);
+}
+
+hd_status hd_batch_add_allocation(hd_batch_writer *w, const heapdump_client_Allocation *a) {
+  size_t body = allocation_size(a);
+  size_t element = delimited_size(body);
+  hd_status status = make_room(w, delimited_size(element));
+  if (status != HD_OK) return status;
+  uint8_t *p = begin_element(w, element);
+  *p++ = KEY(heapdump_client_SnapshotElement_allocation_tag, PB_WT_STRING);
+  p = put_varint(p, body);
+  if (a->has_address) p = put_varint_field(p, heapdump_client_Allocation_address_tag, a->address);
+  if (a->has_size) p = put_varint_field(p, heapdump_client_Allocation_size_tag, a->size);
+  if (a->has_stack_trace_key) {
+    p = put_varint_field(p, heapdump_client_Allocation_stack_trace_key_tag, a->stack_trace_key);
   }
-  return encode_at_end(w, e, size);
+  if (a->has_timestamp) {
+    p = put_varint_field(p, heapdump_client_Allocation_timestamp_tag, (uint64_t)a->timestamp);
+  }
+  if (a->has_thread_info_key) {
+    p = put_varint_field(p, heapdump_client_Allocation_thread_info_key_tag, a->thread_info_key);
+  }
+  if (a->has_count) put_varint_field(p, heapdump_client_Allocation_count_tag, a->count);
+  return HD_OK;
 }
 
 hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
@@ -84,8 +146,13 @@ hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_SnapshotElement
       e->which_element == heapdump_client_SnapshotElement_block_contents_tag) {
     return HD_ERR_INVALID_ARGS;
   }
-  return add_measured(w, e);
+  if (e->which_element == heapdump_client_SnapshotElement_allocation_tag) {
+    return hd_batch_add_allocation(w, &e->element.allocation);
+  }
+  return add_encoded(w, e);
 }
+
+/* ---- stack traces: split by address count ---- */
 
 typedef struct u64_slice {
   const uint64_t *values;
@@ -106,19 +173,8 @@ static bool encode_packed_u64(pb_ostream_t *stream, const pb_field_t *field, voi
   return true;
 }
 
-typedef struct byte_slice {
-  const uint8_t *bytes;
-  size_t size;
-} byte_slice;
-
-static bool encode_bytes(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
-  const byte_slice *slice = *arg;
-  return pb_encode_tag_for_field(stream, field) &&
-         pb_encode_string(stream, slice->bytes, slice->size);
-}
-
 /* Room left in the current batch for a chunk's payload, given the encoded size of the element
- * without payload: the element's own length prefixes may grow, and the payload brings a tag and a
+ * without payload: the element's own length prefixes may grow, and the payload brings a key and a
  * length. Zero if not even that overhead fits. */
 static size_t payload_room(const hd_batch_writer *w, size_t empty_element_size) {
   size_t overhead = 1 + MAX_LENGTH_VARINT + empty_element_size + 2 * (MAX_LENGTH_VARINT - 1) + 1 +
@@ -157,44 +213,67 @@ hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint6
     }
     slice.values = count > 0 ? addresses + done : addresses; /* no arithmetic on NULL */
     slice.count = n;
-    hd_status status = add_measured(w, &e);
+    hd_status status = add_encoded(w, &e);
     if (status != HD_OK) return status;
     done += n;
   } while (done < count);
   return HD_OK;
 }
 
+/* ---- block contents: one per live block with contents, so written directly; split by bytes ---- */
+
+/* BlockContents {address, contents} of n bytes, in its SnapshotElement variant. */
+static size_t block_contents_size(uint64_t address, size_t n) {
+  return 1 + varint_size(address) + delimited_size(n);
+}
+
+static size_t block_contents_total(uint64_t address, size_t n) {
+  return delimited_size(delimited_size(block_contents_size(address, n)));
+}
+
+/* The most of `left` bytes a chunk can carry in `room` bytes of batch. */
+static size_t contents_chunk(uint64_t address, size_t left, size_t room) {
+  /* Start from the bound where every length takes its longest varint, then take back the bytes
+   * that overestimated: at most two per length, so a few steps. */
+  size_t overhead = block_contents_total(address, 0) + 3 * (MAX_LENGTH_VARINT - 1);
+  size_t n = room > overhead ? room - overhead : 0;
+  if (n > left) n = left;
+  while (n < left && block_contents_total(address, n + 1) <= room) n++;
+  return n;
+}
+
 hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address, const uint8_t *bytes,
                                       size_t size) {
-  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-  e.which_element = heapdump_client_SnapshotElement_block_contents_tag;
-  e.element.block_contents.has_address = true;
-  e.element.block_contents.address = address;
-  byte_slice slice = {bytes, 0};
-  e.element.block_contents.contents.funcs.encode = encode_bytes;
-  e.element.block_contents.contents.arg = &slice;
-  size_t empty_size;
-  if (!pb_get_encoded_size(&empty_size, heapdump_client_SnapshotElement_fields, &e)) {
-    return HD_ERR_ENCODE;
-  }
   size_t done = 0;
   do {
-    size_t room = payload_room(w, empty_size);
-    size_t n = size - done < room ? size - done : room;
-    if (n == 0 && size > 0) {
+    size_t room = HD_BATCH_CAPACITY - w->used;
+    size_t n = contents_chunk(address, size - done, room);
+    /* Flush rather than write a chunk of nothing, unless the block is empty. */
+    if ((n == 0 && size > 0) || block_contents_total(address, n) > room) {
       if (w->element_count == 0) return HD_ERR_ENCODE;
       hd_status status = hd_batch_flush(w);
       if (status != HD_OK) return status;
       continue;
     }
-    slice.bytes = size > 0 ? bytes + done : bytes;
-    slice.size = n;
-    hd_status status = add_measured(w, &e);
-    if (status != HD_OK) return status;
+    size_t inner = block_contents_size(address, n);
+    uint8_t *p = begin_element(w, delimited_size(inner));
+    *p++ = KEY(heapdump_client_SnapshotElement_block_contents_tag, PB_WT_STRING);
+    p = put_varint(p, inner);
+    p = put_varint_field(p, heapdump_client_BlockContents_address_tag, address);
+    *p++ = KEY(heapdump_client_BlockContents_contents_tag, PB_WT_STRING);
+    p = put_varint(p, n);
+    if (n > 0) memcpy(p, bytes + done, n);
     done += n;
   } while (done < size);
   return HD_OK;
 }
+
+/* ---- the channel sender ---- */
+
+typedef struct byte_slice {
+  const uint8_t *bytes;
+  size_t size;
+} byte_slice;
 
 static bool encode_raw_body(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
   (void)field;
@@ -202,15 +281,58 @@ static bool encode_raw_body(pb_ostream_t *stream, const pb_field_t *field, void 
   return pb_write(stream, body->bytes, body->size);
 }
 
+void hd_batch_channel_init(hd_batch_channel *ch, int channel, hd_message *scratch) {
+  ch->channel = channel;
+  ch->scratch = scratch;
+  ch->unanswered_count = 0;
+}
+
+/* Receives one answer, which must be to one of the unanswered calls. */
+static hd_status receive_answer(hd_batch_channel *ch) {
+  hd_message *msg = ch->scratch;
+  hd_status status = hd_message_recv(ch->channel, msg);
+  if (status != HD_OK) return status;
+  size_t i = 0;
+  while (i < ch->unanswered_count && ch->unanswered[i] != msg->txid) i++;
+  if (!(msg->flags & HD_FLAG_RESPONSE) || msg->ordinal != HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH ||
+      i == ch->unanswered_count) {
+    hd_message_close_fds(msg);
+    return HD_ERR_UNEXPECTED_MESSAGE;
+  }
+  heapdump_client_Empty answer = heapdump_client_Empty_init_zero;
+  status = hd_message_decode_body(msg, heapdump_client_Empty_fields, &answer);
+  if (status != HD_OK) return status;
+  ch->unanswered[i] = ch->unanswered[--ch->unanswered_count];
+  return HD_OK;
+}
+
+hd_status hd_batch_channel_drain(hd_batch_channel *ch) {
+  while (ch->unanswered_count > 0) {
+    hd_status status = receive_answer(ch);
+    if (status != HD_OK) return status;
+  }
+  return HD_OK;
+}
+
 hd_status hd_batch_send_on_channel(void *hd_batch_channel_ctx, const uint8_t *body, size_t size) {
   hd_batch_channel *ch = hd_batch_channel_ctx;
+  if (ch->unanswered_count == HD_BATCH_WINDOW) {
+    hd_status status = receive_answer(ch);
+    if (status != HD_OK) return status;
+  }
   heapdump_client_SnapshotReceiverBatchRequest request =
       heapdump_client_SnapshotReceiverBatchRequest_init_zero;
   byte_slice slice = {body, size};
   request.batch.funcs.encode = encode_raw_body;
   request.batch.arg = &slice;
-  heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
-  return hd_snapshot_receiver_batch(ch->channel, ch->scratch, &request, NULL, 0, &ack);
+  uint32_t txid = hd_next_txid();
+  hd_status status =
+      hd_message_encode(ch->scratch, txid, 0, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH,
+                        heapdump_client_SnapshotReceiverBatchRequest_fields, &request, 0);
+  if (status == HD_OK) status = hd_message_send(ch->channel, ch->scratch, NULL, 0);
+  if (status != HD_OK) return status;
+  ch->unanswered[ch->unanswered_count++] = txid;
+  return size == 0 ? hd_batch_channel_drain(ch) : HD_OK;
 }
 
 /* ---- reader ---- */
@@ -253,15 +375,136 @@ static bool prepare_variant(pb_istream_t *stream, const pb_field_t *field, void 
   return true;
 }
 
-static bool decode_element(pb_istream_t *stream, const pb_field_t *field, void **arg) {
-  (void)field;
-  hd_batch_reader *r = *arg;
+/* A varint of at most ten bytes whose value fits 64 bits. False for anything else, which is left
+ * to nanopb to refuse. */
+static bool read_varint(const uint8_t *p, size_t end, size_t *pos, uint64_t *value) {
+  uint64_t v = 0;
+  for (unsigned shift = 0; shift < 64 && *pos < end; shift += 7) {
+    uint8_t byte = p[(*pos)++];
+    if (shift == 63 && byte > 1) return false;
+    v |= (uint64_t)(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) {
+      *value = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* The body of the only variant of a SnapshotElement: [*begin, end) once the key matched. */
+static bool only_variant(const uint8_t *p, size_t size, uint8_t key, size_t *begin) {
+  uint64_t length;
+  *begin = 1;
+  return size > 0 && p[0] == key && read_varint(p, size, begin, &length) &&
+         length == size - *begin;
+}
+
+static bool decode_allocation(const uint8_t *p, size_t size, heapdump_client_Allocation *a) {
+  size_t pos;
+  if (!only_variant(p, size, KEY(heapdump_client_SnapshotElement_allocation_tag, PB_WT_STRING),
+                    &pos)) {
+    return false;
+  }
+  *a = (heapdump_client_Allocation)heapdump_client_Allocation_init_zero;
+  while (pos < size) {
+    uint8_t key = p[pos++];
+    uint64_t v;
+    if (!read_varint(p, size, &pos, &v)) return false;
+    switch (key) {
+      case KEY(heapdump_client_Allocation_address_tag, PB_WT_VARINT):
+        a->has_address = true;
+        a->address = v;
+        break;
+      case KEY(heapdump_client_Allocation_size_tag, PB_WT_VARINT):
+        a->has_size = true;
+        a->size = v;
+        break;
+      case KEY(heapdump_client_Allocation_stack_trace_key_tag, PB_WT_VARINT):
+        a->has_stack_trace_key = true;
+        a->stack_trace_key = v;
+        break;
+      case KEY(heapdump_client_Allocation_timestamp_tag, PB_WT_VARINT):
+        a->has_timestamp = true;
+        a->timestamp = (int64_t)v;
+        break;
+      case KEY(heapdump_client_Allocation_thread_info_key_tag, PB_WT_VARINT):
+        a->has_thread_info_key = true;
+        a->thread_info_key = v;
+        break;
+      case KEY(heapdump_client_Allocation_count_tag, PB_WT_VARINT):
+        a->has_count = true;
+        a->count = v;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+/* BlockContents with at most one contents field, which e then points to inside p. */
+static bool decode_block_contents(const uint8_t *p, size_t size, hd_element *e,
+                                  heapdump_client_BlockContents *b) {
+  size_t pos;
+  if (!only_variant(p, size, KEY(heapdump_client_SnapshotElement_block_contents_tag, PB_WT_STRING),
+                    &pos)) {
+    return false;
+  }
+  *b = (heapdump_client_BlockContents)heapdump_client_BlockContents_init_zero;
+  bool has_contents = false;
+  while (pos < size) {
+    uint8_t key = p[pos++];
+    uint64_t v;
+    if (!read_varint(p, size, &pos, &v)) return false;
+    if (key == KEY(heapdump_client_BlockContents_address_tag, PB_WT_VARINT)) {
+      b->has_address = true;
+      b->address = v;
+    } else if (key == KEY(heapdump_client_BlockContents_contents_tag, PB_WT_STRING) &&
+               !has_contents && v <= size - pos) {
+      has_contents = true;
+      e->contents = p + pos;
+      e->contents_size = (size_t)v;
+      pos += (size_t)v;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+/* The elements a snapshot holds one of per block, in the form writers produce them, decoded
+ * without nanopb's walk of the field descriptors; false for anything else (another variant,
+ * unknown fields, odd encodings), which nanopb then decodes or refuses. */
+static bool decode_per_block(hd_batch_reader *r, const uint8_t *p, size_t size, hd_element *e) {
+  heapdump_client_SnapshotElement *element = &r->per_block;
+  if (decode_allocation(p, size, &element->element.allocation)) {
+    element->which_element = heapdump_client_SnapshotElement_allocation_tag;
+  } else if (decode_block_contents(p, size, e, &element->element.block_contents)) {
+    element->which_element = heapdump_client_SnapshotElement_block_contents_tag;
+  } else {
+    return false;
+  }
+  e->element = element;
+  return true;
+}
+
+static hd_status deliver(hd_batch_reader *r, const hd_element *e) {
+  r->element_count++;
+  hd_status status = r->on_element(r->ctx, e);
+  if (status != HD_OK) r->status = status;
+  return status;
+}
+
+static bool decode_with_nanopb(pb_istream_t *outer, hd_batch_reader *r, size_t size) {
   heapdump_client_SnapshotElement element = heapdump_client_SnapshotElement_init_zero;
   element.cb_element.funcs.decode = prepare_variant;
   element.cb_element.arg = r;
   r->address_count = 0;
   r->contents_size = 0;
-  if (!pb_decode(stream, heapdump_client_SnapshotElement_fields, &element)) return false;
+  pb_istream_t in = pb_istream_from_buffer(r->element_bytes, size);
+  if (!pb_decode(&in, heapdump_client_SnapshotElement_fields, &element)) {
+    PB_RETURN_ERROR(outer, PB_GET_ERROR(&in));
+  }
   hd_element e = {.element = &element};
   if (element.which_element == heapdump_client_SnapshotElement_stack_trace_tag) {
     e.addresses = r->addresses;
@@ -270,13 +513,18 @@ static bool decode_element(pb_istream_t *stream, const pb_field_t *field, void *
     e.contents = r->contents;
     e.contents_size = r->contents_size;
   }
-  r->element_count++;
-  hd_status status = r->on_element(r->ctx, &e);
-  if (status != HD_OK) {
-    r->status = status;
-    return false;
-  }
-  return true;
+  return deliver(r, &e) == HD_OK;
+}
+
+static bool decode_element(pb_istream_t *stream, const pb_field_t *field, void **arg) {
+  (void)field;
+  hd_batch_reader *r = *arg;
+  size_t size = stream->bytes_left;
+  if (size > sizeof r->element_bytes) PB_RETURN_ERROR(stream, "element too long");
+  if (!pb_read(stream, r->element_bytes, size)) return false;
+  hd_element e = {0};
+  if (decode_per_block(r, r->element_bytes, size, &e)) return deliver(r, &e) == HD_OK;
+  return decode_with_nanopb(stream, r, size);
 }
 
 void hd_batch_reader_init(hd_batch_reader *r, hd_element_fn on_element, void *ctx) {

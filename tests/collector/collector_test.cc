@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +197,46 @@ TEST_F(CollectorTest, ManySmallBlocksSpanManyBatches) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(Blocks(s, 32, "").blocks, kBlocks);
   EXPECT_GT(result->ra.batches_received, 10u);
+}
+
+// The collector keeps up to HD_BATCH_WINDOW batches unanswered: a client may read that many
+// before answering any, and answer them in any order. (A collector that waited for each answer
+// would leave the second read waiting: the receive timeout turns that into a failure.)
+TEST_F(CollectorTest, BatchesInFlightMayBeAnsweredLaterAndInAnyOrder) {
+  const size_t kBlocks = 50000;
+  Workload workload(collector.socket, {"many", std::to_string(kBlocks)});
+  Call call(collector.socket);
+  heapdump_client_CollectorTakeLiveSnapshotRequest req =
+      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+  req.has_process_selector = true;
+  req.process_selector = ByPid(workload.pid);
+  req.has_receiver = true;
+  req.receiver = {true, 0};
+  auto msg = std::make_unique<hd_message>();
+  ASSERT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  call.SentTheirEnd();
+  struct timeval guard = {60, 0};
+  ASSERT_EQ(setsockopt(call.ends[0], SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard), 0);
+  Result result;
+  auto reader = std::make_unique<hd_batch_reader>();
+  hd_batch_reader_init(reader.get(), hd_reassembler_add, &result.ra);
+  std::vector<uint32_t> unanswered;
+  for (unsigned i = 0; i < HD_BATCH_WINDOW; i++) {
+    ASSERT_EQ(hd_message_recv(call.ends[0], msg.get()), HD_OK) << "batch " << i;
+    ASSERT_EQ(msg->ordinal, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
+    ASSERT_EQ(hd_batch_reader_decode(reader.get(), msg.get()), HD_OK);
+    ASSERT_GT(reader->element_count, 0u);
+    unanswered.push_back(msg->txid);
+  }
+  heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+  for (auto it = unanswered.rbegin(); it != unanswered.rend(); ++it) {
+    ASSERT_EQ(hd_snapshot_receiver_batch_reply(call.ends[0], msg.get(), *it, &empty), HD_OK);
+  }
+  ASSERT_EQ(hd_snapshot_receive(call.ends[0], false, &result.ra, &result.error), HD_OK);
+  EXPECT_EQ(result.error, 0u);
+  ASSERT_EQ(hd_reassembler_finish(&result.ra), HD_OK) << result.ra.error;
+  ASSERT_NE(result.only(), nullptr);
+  EXPECT_EQ(Blocks(result.only(), 32, "").blocks, kBlocks);
 }
 
 // Opens the memfd named `name` of process pid for reading and writing, through /proc.

@@ -255,7 +255,8 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
       ASSERT_GT(n, 16);
       uint32_t txid;
       memcpy(&txid, buf, 4);
-      Bytes reply = i % 6 == 0   ? Header(txid + 1, 1, 0, 1, 0x201)  // another transaction's
+      // (txid + 1 may be the next batch's, already in flight: txid - 1 never was this channel's.)
+      Bytes reply = i % 6 == 0   ? Header(txid - 1, 1, 0, 1, 0x201)  // another transaction's
                     : i % 6 == 2 ? Header(txid, 1, 0, 1, 0x202)      // another method's
                                  : Random(rng, 1 + rng() % 40);
       SendRaw(ends[0], reply);

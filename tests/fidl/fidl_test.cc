@@ -1,11 +1,13 @@
 // Tests of the fidl/ layer over real sockets: framing, handles, bindings, batching, reassembly and
 // every malformed-input path.
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -465,7 +467,8 @@ size_t Deliver(const Capture &capture, hd_reassembler *out, hd_status *final_sta
     }
   });
   auto scratch = NewMessage();
-  hd_batch_channel ch = {pair.a, scratch.get()};
+  hd_batch_channel ch;
+  hd_batch_channel_init(&ch, pair.a, scratch.get());
   for (const auto &body : capture.bodies) {
     EXPECT_EQ(hd_batch_send_on_channel(&ch, body.data(), body.size()), HD_OK);
   }
@@ -718,6 +721,206 @@ TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
   ASSERT_EQ(b->size, block.size());
   EXPECT_EQ(0, memcmp(b->bytes, block.data(), block.size()));
   hd_reassembler_destroy(&ra);
+}
+
+// A batch element as nanopb (and protoc) encodes it: key of field 1, its length, the element.
+std::vector<uint8_t> NanopbElement(const heapdump_client_SnapshotElement &e) {
+  std::vector<uint8_t> element(HD_BATCH_CAPACITY);
+  pb_ostream_t out = pb_ostream_from_buffer(element.data(), element.size());
+  EXPECT_TRUE(pb_encode(&out, heapdump_client_SnapshotElement_fields, &e));
+  std::vector<uint8_t> framed = {0x0a};
+  for (size_t n = out.bytes_written;; n >>= 7) {
+    framed.push_back(static_cast<uint8_t>(n < 0x80 ? n : (n & 0x7f) | 0x80));
+    if (n < 0x80) break;
+  }
+  framed.insert(framed.end(), element.begin(), element.begin() + out.bytes_written);
+  return framed;
+}
+
+struct Bytes {
+  const uint8_t *data;
+  size_t size;
+};
+
+bool EncodeBytes(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
+  const Bytes *bytes = static_cast<const Bytes *>(*arg);
+  return pb_encode_tag_for_field(stream, field) &&
+         pb_encode_string(stream, bytes->data, bytes->size);
+}
+
+// Allocations and block contents are written without nanopb, one per block: their bytes must be
+// the ones nanopb writes, for every field present or absent and every varint length.
+TEST(Batch, DirectlyWrittenElementsAreWhatNanopbWrites) {
+  std::mt19937_64 rng(99);
+  auto value = [&] { return rng() >> (rng() % 64); };
+  for (int i = 0; i < 2000; i++) {
+    auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
+    auto &a = e.element.allocation;
+    a = {rng() % 2 == 0, value(), rng() % 2 == 0, value(), rng() % 2 == 0, value(),
+         rng() % 2 == 0, static_cast<int64_t>(value()) * (rng() % 2 ? 1 : -1),
+         rng() % 2 == 0, value(), rng() % 2 == 0, value()};
+    Capture capture;
+    auto w = NewWriter(&capture);
+    ASSERT_EQ(hd_batch_add_allocation(w.get(), &a), HD_OK);
+    ASSERT_EQ(hd_batch_flush(w.get()), HD_OK);
+    ASSERT_EQ(capture.bodies.size(), 1u);
+    ASSERT_EQ(capture.bodies[0], NanopbElement(e)) << "allocation " << i;
+  }
+  std::vector<uint8_t> payload(40000);
+  for (auto &b : payload) b = static_cast<uint8_t>(rng());
+  for (uint64_t address : {uint64_t{0}, uint64_t{1}, uint64_t{0x7fff12345670}, UINT64_MAX}) {
+    for (size_t size : {0, 1, 127, 128, 300, 16383, 16384, 40000}) {
+      auto e = Element(heapdump_client_SnapshotElement_block_contents_tag);
+      e.element.block_contents.has_address = true;
+      e.element.block_contents.address = address;
+      Bytes bytes = {payload.data(), size};
+      e.element.block_contents.contents.funcs.encode = EncodeBytes;
+      e.element.block_contents.contents.arg = &bytes;
+      Capture capture;
+      auto w = NewWriter(&capture);
+      ASSERT_EQ(hd_batch_add_block_contents(w.get(), address, payload.data(), size), HD_OK);
+      ASSERT_EQ(hd_batch_flush(w.get()), HD_OK);
+      ASSERT_EQ(capture.bodies.size(), 1u);
+      ASSERT_EQ(capture.bodies[0], NanopbElement(e)) << address << " " << size;
+    }
+  }
+}
+
+TEST(Batch, ContentsChunksFillEveryBatchButTheLast) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  std::vector<uint8_t> block(600 * 1024, 0x5a);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x7fff00001230, block.data(), block.size()),
+            HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  ASSERT_GE(capture.bodies.size(), 11u);
+  // A chunk one byte longer would not fit: its lengths grow by at most one byte each.
+  for (size_t i = 0; i + 2 < capture.bodies.size(); i++) {
+    EXPECT_GE(capture.bodies[i].size(), HD_BATCH_CAPACITY - 3) << "batch " << i;
+    EXPECT_LE(capture.bodies[i].size(), HD_BATCH_CAPACITY) << "batch " << i;
+  }
+}
+
+// What a reader passed on for one element.
+struct Decoded {
+  pb_size_t which = 0;
+  heapdump_client_Allocation allocation = heapdump_client_Allocation_init_zero;
+  uint64_t address = 0;
+  std::vector<uint8_t> contents;
+};
+
+hd_status Record(void *ctx, const hd_element *e) {
+  Decoded d;
+  d.which = e->element->which_element;
+  if (d.which == heapdump_client_SnapshotElement_allocation_tag) {
+    d.allocation = e->element->element.allocation;
+  } else if (d.which == heapdump_client_SnapshotElement_block_contents_tag) {
+    d.address = e->element->element.block_contents.address;
+    d.contents.assign(e->contents, e->contents + e->contents_size);
+  }
+  static_cast<std::vector<Decoded> *>(ctx)->push_back(d);
+  return HD_OK;
+}
+
+hd_status DecodeBody(const std::vector<uint8_t> &body, std::vector<Decoded> *out) {
+  auto msg = NewMessage();
+  msg->size = HD_HEADER_BYTES + body.size();
+  memcpy(msg->bytes + HD_HEADER_BYTES, body.data(), body.size());
+  auto reader = std::make_unique<hd_batch_reader>();
+  hd_batch_reader_init(reader.get(), Record, out);
+  return hd_batch_reader_decode(reader.get(), msg.get());
+}
+
+// Allocations and block contents are decoded without nanopb when they look as writers make them;
+// anything else still decodes as protobuf says (nanopb does it), or is refused.
+TEST(Batch, ReaderDecodesUnusualPerBlockElementsAsProtobufSays) {
+  std::vector<Decoded> got;
+  // Allocation {address 5, an unknown field 9, size 7}: the unknown field is skipped.
+  ASSERT_EQ(DecodeBody({0x0a, 0x08, 0x0a, 0x06, 0x08, 0x05, 0x48, 0x01, 0x10, 0x07}, &got), HD_OK);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].which, heapdump_client_SnapshotElement_allocation_tag);
+  EXPECT_TRUE(got[0].allocation.has_address && got[0].allocation.has_size);
+  EXPECT_EQ(got[0].allocation.address, 5u);
+  EXPECT_EQ(got[0].allocation.size, 7u);
+  EXPECT_FALSE(got[0].allocation.has_count);
+  // The address twice, the second one a non-minimal varint: the last one counts.
+  got.clear();
+  ASSERT_EQ(DecodeBody({0x0a, 0x07, 0x0a, 0x05, 0x08, 0x05, 0x08, 0x81, 0x00}, &got), HD_OK);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].allocation.address, 1u);
+  // Two variants in one element: the last one counts.
+  got.clear();
+  ASSERT_EQ(DecodeBody({0x0a, 0x08, 0x0a, 0x02, 0x08, 0x05, 0x2a, 0x02, 0x08, 0x03}, &got), HD_OK);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].which, heapdump_client_SnapshotElement_thread_info_tag);
+  // BlockContents with its payload in two fields: they are concatenated.
+  got.clear();
+  ASSERT_EQ(DecodeBody({0x0a, 0x0b, 0x22, 0x09, 0x08, 0x10, 0x12, 0x02, 'a', 'b', 0x12, 0x01, 'c'},
+                       &got),
+            HD_OK);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].which, heapdump_client_SnapshotElement_block_contents_tag);
+  EXPECT_EQ(got[0].address, 0x10u);
+  EXPECT_EQ(got[0].contents, (std::vector<uint8_t>{'a', 'b', 'c'}));
+  // Refused: an address of the wrong wire type, an eleven-byte varint, a payload past its end.
+  got.clear();
+  EXPECT_EQ(DecodeBody({0x0a, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0x00}, &got), HD_ERR_DECODE);
+  EXPECT_EQ(DecodeBody({0x0a, 0x0e, 0x0a, 0x0c, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                        0xff, 0xff, 0xff, 0x01},
+                       &got),
+            HD_ERR_DECODE);
+  EXPECT_EQ(DecodeBody({0x0a, 0x06, 0x22, 0x04, 0x12, 0x05, 'a', 'b'}, &got), HD_ERR_DECODE);
+  EXPECT_TRUE(got.empty());
+}
+
+// The channel sender leaves up to HD_BATCH_WINDOW batches unanswered, and no more. Its end is
+// non-blocking here, so that a wait for an answer that has not come fails at once (HD_ERR_IO).
+TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
+  Pair pair;
+  ASSERT_EQ(fcntl(pair.a, F_SETFL, O_NONBLOCK), 0);
+  auto scratch = NewMessage();
+  hd_batch_channel ch;
+  hd_batch_channel_init(&ch, pair.a, scratch.get());
+  const uint8_t body[] = {0x0a, 0x00};  // one element with nothing set
+  for (unsigned i = 0; i < HD_BATCH_WINDOW; i++) {
+    ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
+  }
+  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_ERR_IO);
+  auto in = NewMessage();
+  std::vector<uint32_t> txids;
+  for (unsigned i = 0; i < HD_BATCH_WINDOW; i++) {
+    ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+    EXPECT_EQ(in->ordinal, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
+    EXPECT_EQ(std::count(txids.begin(), txids.end(), in->txid), 0);
+    txids.push_back(in->txid);
+  }
+  char more;
+  EXPECT_EQ(recv(pair.b, &more, 1, MSG_DONTWAIT), -1) << "a batch beyond the window was sent";
+  heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
+  // One answer, to the latest batch, opens the window by one.
+  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), txids.back(), &empty), HD_OK);
+  txids.pop_back();
+  ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
+  ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+  txids.push_back(in->txid);
+  // Answers in any order; drain consumes every one.
+  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_IO);
+  for (auto it = txids.rbegin(); it != txids.rend(); ++it) {
+    ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), *it, &empty), HD_OK);
+  }
+  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_OK);
+  EXPECT_EQ(ch.unanswered_count, 0u);
+  // The empty batch waits for its own answer too.
+  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, 0), HD_ERR_IO);
+  ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+  EXPECT_EQ(in->size, HD_HEADER_BYTES);
+  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid, &empty), HD_OK);
+  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_OK);
+  // An answer to a call never made is refused.
+  ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
+  ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
+  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid + 1, &empty), HD_OK);
+  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_UNEXPECTED_MESSAGE);
 }
 
 TEST(Reassembler, SkipsUnknownVariantsOfTheFlexibleUnion) {

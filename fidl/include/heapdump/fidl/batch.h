@@ -1,7 +1,8 @@
 /* SnapshotReceiver.Batch streaming: a writer that packs SnapshotElements into batches up to the
- * message limit (measuring each encoded element), splitting stack traces and block contents that
- * would not fit into several elements with the same key / address; and a reader that decodes a
- * Batch body element by element without building it in memory. */
+ * message limit (encoding each element once), splitting stack traces and block contents that
+ * would not fit into several elements with the same key / address; a sender that keeps a few
+ * batches in flight on a channel; and a reader that decodes a Batch body element by element
+ * without building it in memory. */
 #ifndef HEAPDUMP_FIDL_BATCH_H
 #define HEAPDUMP_FIDL_BATCH_H
 
@@ -20,7 +21,7 @@ extern "C" {
 /* A Batch body is the concatenation of its encoded elements, so it may use the whole body. */
 #define HD_BATCH_CAPACITY HD_MAX_BODY_BYTES
 
-/* Sends one batch body (size 0 = the empty batch) and waits for its acknowledgement. */
+/* Sends one batch body (size 0 = the empty batch). The body is only borrowed for the call. */
 typedef hd_status (*hd_batch_send_fn)(void *ctx, const uint8_t *body, size_t size);
 
 typedef struct hd_batch_writer {
@@ -30,6 +31,8 @@ typedef struct hd_batch_writer {
   size_t element_count;  /* elements in buf */
   uint64_t batches_sent; /* including empty ones */
   uint8_t buf[HD_BATCH_CAPACITY];
+  /* An element nanopb encoded, held until its size tells whether it still fits in buf. */
+  uint8_t element[HD_BATCH_CAPACITY];
 } hd_batch_writer;
 
 void hd_batch_writer_init(hd_batch_writer *w, hd_batch_send_fn send, void *ctx);
@@ -37,6 +40,9 @@ void hd_batch_writer_init(hd_batch_writer *w, hd_batch_send_fn send, void *ctx);
 /* Appends an element whose size is bounded by the IDL (allocation, thread info, executable
  * region, snapshot header), flushing first if it would not fit. */
 HD_MUST_CHECK hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_SnapshotElement *e);
+/* Appends an allocation: what hd_batch_add does for one, without a SnapshotElement to fill. */
+HD_MUST_CHECK hd_status hd_batch_add_allocation(hd_batch_writer *w,
+                                                const heapdump_client_Allocation *allocation);
 /* Appends a stack trace, split into several elements with the same key if needed. */
 HD_MUST_CHECK hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key,
                                                  const uint64_t *addresses, size_t count);
@@ -51,13 +57,28 @@ HD_MUST_CHECK hd_status hd_batch_flush(hd_batch_writer *w);
 /* Sends the pending elements, if any, then an empty batch. */
 HD_MUST_CHECK hd_status hd_batch_end(hd_batch_writer *w);
 
+/* Batch calls a channel sender leaves unanswered at most (docs/wire-protocol.md states it). With
+ * several in flight the receiver decodes one batch while the next is being encoded; the kernel's
+ * socket buffer holds them, so the sender's memory does not grow with the window. */
+#define HD_BATCH_WINDOW 4u
+
 /* A sender for hd_batch_writer that calls SnapshotReceiver.Batch on a channel. */
 typedef struct hd_batch_channel {
   int channel;
   hd_message *scratch;
+  uint32_t unanswered[HD_BATCH_WINDOW]; /* txids of the calls sent and not yet answered */
+  size_t unanswered_count;
 } hd_batch_channel;
+
+void hd_batch_channel_init(hd_batch_channel *ch, int channel, hd_message *scratch);
+/* An hd_batch_send_fn: sends the batch without waiting for its answer, after waiting for one
+ * answer if HD_BATCH_WINDOW calls are unanswered. An empty batch (the end of a stream, or of one
+ * process's snapshot) returns once every batch sent has been answered. Answers may come in any
+ * order; anything else on the channel is HD_ERR_UNEXPECTED_MESSAGE. */
 HD_MUST_CHECK hd_status hd_batch_send_on_channel(void *hd_batch_channel_ctx, const uint8_t *body,
                                                  size_t size);
+/* Waits for the answers to every batch sent: before another call on the channel or closing it. */
+HD_MUST_CHECK hd_status hd_batch_channel_drain(hd_batch_channel *ch);
 
 /* One decoded element. Stack trace addresses and block bytes live in the reader's buffers and
  * are valid only during the callback. */
@@ -84,6 +105,10 @@ typedef struct hd_batch_reader {
   size_t contents_size;
   uint64_t addresses[HD_READER_MAX_ADDRESSES];
   uint8_t contents[HD_READER_MAX_CONTENTS];
+  uint8_t element_bytes[HD_BATCH_CAPACITY]; /* the element being decoded */
+  /* Allocations and block contents, one per block, are decoded into this without nanopb; only
+   * which_element and that variant are written. */
+  heapdump_client_SnapshotElement per_block;
 } hd_batch_reader;
 
 void hd_batch_reader_init(hd_batch_reader *r, hd_element_fn on_element, void *ctx);

@@ -1,0 +1,206 @@
+// The table reader on allocations tables written by hand as shm_layout.h lays them out (not by
+// the library's writer), so that each test can put exactly the chains it needs: long chains,
+// duplicate addresses, nodes in a bucket their address does not select, hostile header fields.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "heapdump/internal/shm_layout.h"
+#include "table_reader.h"
+
+namespace {
+
+class HandTable {
+ public:
+  static constexpr uint32_t kLog2 = HD_MIN_BUCKET_LOG2;
+  static constexpr uint32_t kCapacity = 8192;
+
+  HandTable() {
+    const uint64_t seq_offset = sizeof(hd_alloc_header);
+    const uint64_t buckets_offset = seq_offset + 4ull * HD_SEQ_SLOTS;
+    const uint64_t nodes_offset = buckets_offset + (4ull << kLog2);
+    size_ = (nodes_offset + kCapacity * sizeof(hd_alloc_node) + 4095) & ~size_t{4095};
+    fd_ = memfd_create("hand-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd_, 0);
+    EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(size_)), 0);
+    EXPECT_EQ(fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    void *base = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    EXPECT_NE(base, MAP_FAILED);
+    base_ = static_cast<uint8_t *>(base);
+    header_ = reinterpret_cast<hd_alloc_header *>(base_);
+    header_->magic = HD_ALLOC_MAGIC;
+    header_->version = HD_LAYOUT_VERSION;
+    header_->header_size = sizeof(hd_alloc_header);
+    header_->total_size = size_;
+    header_->node_size = sizeof(hd_alloc_node);
+    header_->seq_slots = HD_SEQ_SLOTS;
+    header_->max_bucket_log2 = kLog2;
+    header_->bucket_log2 = kLog2;
+    header_->node_capacity = kCapacity;
+    header_->seq_offset = seq_offset;
+    header_->buckets_offset = buckets_offset;
+    header_->nodes_offset = nodes_offset;
+    header_->pid = static_cast<uint32_t>(getpid());
+    buckets_ = reinterpret_cast<uint32_t *>(base_ + buckets_offset);
+    nodes_ = reinterpret_cast<hd_alloc_node *>(base_ + nodes_offset);
+  }
+  ~HandTable() {
+    munmap(base_, size_);
+    close(fd_);
+  }
+
+  static uint64_t BucketOf(uint64_t address) {
+    return hd_alloc_hash(address) & ((uint64_t{1} << kLog2) - 1);
+  }
+
+  // Links a node for address at the head of a bucket: its own unless another is given.
+  void Add(uint64_t address, uint64_t size, int64_t bucket = -1) {
+    ASSERT_LT(used_, kCapacity);
+    hd_alloc_node &node = nodes_[used_];
+    node = hd_alloc_node{};
+    node.address = address;
+    node.size = size;
+    node.timestamp = 1;
+    const uint64_t b = bucket < 0 ? BucketOf(address) : static_cast<uint64_t>(bucket);
+    node.next = buckets_[b];
+    buckets_[b] = ++used_;
+    header_->node_high_water = used_;
+  }
+
+  void SetHighWater(uint32_t value) { header_->node_high_water = value; }
+
+  hd_read_status Snapshot(std::vector<hd_live_block> *out, bool sorted) const {
+    hd_alloc_reader *reader = nullptr;
+    hd_read_status status = hd_alloc_reader_open(fd_, &reader);
+    if (status != HD_READ_OK) return status;
+    hd_live_block *blocks = nullptr;
+    size_t count = 0;
+    status = sorted ? hd_alloc_reader_snapshot(reader, &blocks, &count)
+                    : hd_alloc_reader_snapshot_unordered(reader, &blocks, &count);
+    if (status == HD_READ_OK) {
+      out->assign(blocks, blocks + count);
+    } else {
+      EXPECT_EQ(blocks, nullptr);
+    }
+    free(blocks);
+    hd_alloc_reader_close(reader);
+    return status;
+  }
+
+ private:
+  int fd_ = -1;
+  size_t size_ = 0;
+  uint8_t *base_ = nullptr;
+  hd_alloc_header *header_ = nullptr;
+  uint32_t *buckets_ = nullptr;
+  hd_alloc_node *nodes_ = nullptr;
+  uint32_t used_ = 0;
+};
+
+// n distinct 16-aligned addresses whose bucket is `bucket`.
+std::vector<uint64_t> AddressesInBucket(uint64_t bucket, size_t n) {
+  std::vector<uint64_t> out;
+  for (uint64_t address = 0x10000; out.size() < n; address += 16) {
+    if (HandTable::BucketOf(address) == bucket) out.push_back(address);
+  }
+  return out;
+}
+
+std::vector<uint64_t> RandomAddresses(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::set<uint64_t> distinct;
+  while (distinct.size() < n) distinct.insert((rng() & 0x7fffffffff0) + 0x100000);
+  return {distinct.begin(), distinct.end()};
+}
+
+std::multiset<uint64_t> AddressesOf(const std::vector<hd_live_block> &blocks) {
+  std::multiset<uint64_t> out;
+  for (const auto &b : blocks) out.insert(b.address);
+  return out;
+}
+
+TEST(TableReader, EveryBlockOnceInTableOrderOrSortedWithLongChains) {
+  HandTable table;
+  std::multiset<uint64_t> expected;
+  for (uint64_t address : RandomAddresses(3000, 1)) {
+    table.Add(address, 24);
+    expected.insert(address);
+  }
+  // Chains longer than the reader checks pair by pair, and exactly that long.
+  for (auto [bucket, length] : {std::pair<uint64_t, size_t>{7, 40}, {9, 16}, {11, 17}}) {
+    for (uint64_t address : AddressesInBucket(bucket, length)) {
+      if (expected.count(address) == 0) {
+        table.Add(address, 8);
+        expected.insert(address);
+      }
+    }
+  }
+  std::vector<hd_live_block> unordered, sorted;
+  ASSERT_EQ(table.Snapshot(&unordered, false), HD_READ_OK);
+  ASSERT_EQ(table.Snapshot(&sorted, true), HD_READ_OK);
+  EXPECT_EQ(AddressesOf(unordered), expected);
+  EXPECT_EQ(AddressesOf(sorted), expected);
+  EXPECT_TRUE(std::is_sorted(sorted.begin(), sorted.end(),
+                             [](const hd_live_block &a, const hd_live_block &b) {
+                               return a.address < b.address;
+                             }));
+}
+
+TEST(TableReader, DuplicateAddressInAShortChainIsCorrupt) {
+  HandTable table;
+  for (uint64_t address : RandomAddresses(500, 2)) table.Add(address, 24);
+  const std::vector<uint64_t> chain = AddressesInBucket(3, 3);
+  table.Add(chain[0], 8);
+  table.Add(chain[1], 8);
+  table.Add(chain[0], 16);
+  std::vector<hd_live_block> blocks;
+  EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(table.Snapshot(&blocks, true), HD_READ_ERR_CORRUPT);
+}
+
+TEST(TableReader, DuplicateAddressInALongChainIsCorrupt) {
+  HandTable table;
+  const std::vector<uint64_t> chain = AddressesInBucket(5, 40);
+  table.Add(chain[39], 8);  // at the end of the chain, as nodes are linked at its head
+  for (uint64_t address : chain) table.Add(address, 8);
+  std::vector<hd_live_block> blocks;
+  EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT);
+}
+
+// A node linked into a bucket its address does not select: refused even when its address is not
+// otherwise in the table, and so also when it duplicates a block of its own bucket (which a
+// reader that looked for duplicates only within chains would otherwise miss).
+TEST(TableReader, NodeInAnotherBucketIsCorrupt) {
+  const uint64_t address = AddressesInBucket(21, 1)[0];
+  for (bool also_in_its_own_bucket : {false, true}) {
+    HandTable table;
+    for (uint64_t a : RandomAddresses(200, 3)) table.Add(a, 24);
+    if (also_in_its_own_bucket) table.Add(address, 8);
+    table.Add(address, 8, 22);
+    std::vector<hd_live_block> blocks;
+    EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT) << also_in_its_own_bucket;
+  }
+}
+
+// The high-water mark only sizes the reader's first reservation (bounded by the node capacity):
+// whatever its value, the same blocks are read.
+TEST(TableReader, HighWaterMarkOnlySizesTheReservation) {
+  for (uint32_t high_water : {0u, 1u, 2999u, HandTable::kCapacity, UINT32_MAX}) {
+    HandTable table;
+    for (uint64_t address : RandomAddresses(3000, 4)) table.Add(address, 24);
+    table.SetHighWater(high_water);
+    std::vector<hd_live_block> blocks;
+    ASSERT_EQ(table.Snapshot(&blocks, false), HD_READ_OK) << high_water;
+    EXPECT_EQ(blocks.size(), 3000u) << high_water;
+  }
+}
+
+}  // namespace
