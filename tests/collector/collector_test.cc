@@ -199,9 +199,10 @@ TEST_F(CollectorTest, ManySmallBlocksSpanManyBatches) {
   EXPECT_GT(result->ra.batches_received, 10u);
 }
 
-// The collector keeps up to HD_BATCH_WINDOW batches unanswered: a client may read that many
-// before answering any, and answer them in any order. (A collector that waited for each answer
-// would leave the second read waiting: the receive timeout turns that into a failure.)
+// The collector keeps HD_BATCH_WINDOW batches unanswered (one: each batch is acknowledged before
+// the next): a client may read that many before answering any, answer them in any order, and the
+// stream then goes on. (A collector that waited for fewer answers would leave a read waiting: the
+// receive timeout turns that into a failure.)
 TEST_F(CollectorTest, BatchesInFlightMayBeAnsweredLaterAndInAnyOrder) {
   const size_t kBlocks = 50000;
   Workload workload(collector.socket, {"many", std::to_string(kBlocks)});

@@ -873,8 +873,9 @@ TEST(Batch, ReaderDecodesUnusualPerBlockElementsAsProtobufSays) {
   EXPECT_TRUE(got.empty());
 }
 
-// The channel sender leaves up to HD_BATCH_WINDOW batches unanswered, and no more. Its end is
-// non-blocking here, so that a wait for an answer that has not come fails at once (HD_ERR_IO).
+// The channel sender leaves up to HD_BATCH_WINDOW batches unanswered (one, as the protocol has it),
+// and no more. Its end is non-blocking here, so that a wait for an answer that has not come fails
+// at once (HD_ERR_IO).
 TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   Pair pair;
   ASSERT_EQ(fcntl(pair.a, F_SETFL, O_NONBLOCK), 0);

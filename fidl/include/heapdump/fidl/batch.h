@@ -57,10 +57,11 @@ HD_MUST_CHECK hd_status hd_batch_flush(hd_batch_writer *w);
 /* Sends the pending elements, if any, then an empty batch. */
 HD_MUST_CHECK hd_status hd_batch_end(hd_batch_writer *w);
 
-/* Batch calls a channel sender leaves unanswered at most (docs/wire-protocol.md states it). With
- * several in flight the receiver decodes one batch while the next is being encoded; the kernel's
- * socket buffer holds them, so the sender's memory does not grow with the window. */
-#define HD_BATCH_WINDOW 4u
+/* Batch calls a channel sender leaves unanswered at most. The protocol acknowledges each batch
+ * before the next is sent (docs/wire-protocol.md), as the original collector does; measured, a
+ * window of 4 saved about 15% of a 10^6-block snapshot on 2 cores, not enough to change the
+ * protocol's flow control for. The sender is written for any window. */
+#define HD_BATCH_WINDOW 1u
 
 /* A sender for hd_batch_writer that calls SnapshotReceiver.Batch on a channel. */
 typedef struct hd_batch_channel {
