@@ -218,12 +218,18 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
   if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
   for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
     bv.n = 0;
+    /* A doubling in progress is waited out (for up to kSlotPatienceNs, like a busy slot) rather
+     * than counted as a restart: one doubling of a big table outlasts many quick retries. Only
+     * passes that a doubling invalidated count, and a table doubles at most 31 times. */
     uint32_t rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
-    uint32_t log2 = LOAD(&h->bucket_log2);
-    if (rs1 & 1) {
-      backoff(restart + 17);
-      continue;
+    uint64_t give_up_at = 0;
+    for (unsigned wait = 0; rs1 & 1; wait++) {
+      if (wait == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
+      if (wait > 16 && wait % 64 == 0 && monotonic_ns() > give_up_at) goto out;
+      backoff(wait);
+      rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
     }
+    uint32_t log2 = LOAD(&h->bucket_log2);
     if (log2 < HD_MIN_BUCKET_LOG2 || log2 > r->h.max_bucket_log2) {
       st = HD_READ_ERR_CORRUPT;
       goto out;
