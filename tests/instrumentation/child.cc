@@ -520,6 +520,33 @@ static void scenario_clock() {
          (unsigned long long)after.tv_sec * 1000000000ull + (unsigned long long)after.tv_nsec);
 }
 
+// 2048 call paths, one per k: bit i of k picks which of two functions makes level i's call.
+// Every path allocates 11000 + k bytes, twice: once in order and once in a scattered order, so
+// a thread's trace cache both hits and evicts.
+static const int kPathLevels = 11, kPaths = 1 << kPathLevels;
+// The two differ in what they count, so that the compiler cannot fold them into one.
+static void *path_step(int k, int level);
+static volatile int g_left_calls, g_right_calls;
+__attribute__((noinline)) static void *path_left(int k, int level) {
+  g_left_calls = g_left_calls + 1;
+  return opaque(path_step(k, level));
+}
+__attribute__((noinline)) static void *path_right(int k, int level) {
+  g_right_calls = g_right_calls + 1;
+  return opaque(path_step(k, level));
+}
+__attribute__((noinline)) static void *path_step(int k, int level) {
+  if (level == kPathLevels) return opaque(malloc(11000 + (size_t)k));
+  return (k >> level) & 1 ? path_right(k, level + 1) : path_left(k, level + 1);
+}
+
+static void scenario_paths() {
+  for (int i = 0; i < 2 * kPaths; i++) {  // one call site for both rounds
+    int k = i < kPaths ? i : (i * 1031) % kPaths;
+    keep(path_step(k, 0));
+  }
+}
+
 static void scenario_dlopen(const char *lib) {
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
@@ -546,6 +573,7 @@ int main(int argc, char **argv) {
   else if (mode == "cap") scenario_cap();
   else if (mode == "comm-rename") scenario_comm_rename();
   else if (mode == "clock") scenario_clock();
+  else if (mode == "paths") scenario_paths();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {

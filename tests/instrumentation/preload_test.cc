@@ -321,6 +321,31 @@ TEST_P(Preload, TimestampsAreMonotonicClockAtTheChosenResolution) {
   }
 }
 
+// 2048 distinct call paths, each allocating twice far apart: the two blocks of a path share
+// a trace, no two paths do, and each trace counts exactly its two allocations.
+TEST_P(Preload, EachCallPathHasItsOwnTrace) {
+  Tables t;
+  RunChild({"paths"}, &t);
+  std::map<uint64_t, std::vector<uint32_t>> keys_by_size;
+  for (auto &b : t.blocks)
+    if (b.size >= 11000 && b.size < 11000 + 2048) keys_by_size[b.size].push_back(b.stack_key);
+  ASSERT_EQ(keys_by_size.size(), 2048u);
+  std::map<uint32_t, uint64_t> size_by_key;
+  for (auto &[size, keys] : keys_by_size) {
+    ASSERT_EQ(keys.size(), 2u) << size;
+    EXPECT_EQ(keys[0], keys[1]) << "path " << size - 11000;
+    EXPECT_NE(keys[0], 0u);
+    auto [it, fresh] = size_by_key.emplace(keys[0], size);
+    EXPECT_TRUE(fresh) << "paths " << it->second - 11000 << " and " << size - 11000 << " share a trace";
+    uint64_t frames[64], blocks = 0, bytes = 0;
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+    EXPECT_GE(n, 12u);  // malloc's caller and 11 levels of the path
+    EXPECT_EQ(blocks, 2u);
+    EXPECT_EQ(bytes, 2 * size);
+  }
+}
+
 TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {
   Tables t;
   RunChild({"thread-churn"}, &t);
