@@ -168,6 +168,8 @@ static void describe_profiler(FILE *out) {
             has_opt && opt_prof);
     if (has_sample) fprintf(out, " jemalloc_lg_prof_sample=%zu", lg_sample);
   }
+  int (*unwind_floor_active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "hd_unwind_floor_active");
+  if (unwind_floor_active != NULL) fprintf(out, " unwind_floor=%d", unwind_floor_active());
   int (*heap_profiler_running)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "IsHeapProfilerRunning");
   if (heap_profiler_running != NULL) {
     fprintf(out, " gperftools_heap_profiler=%d", heap_profiler_running());
