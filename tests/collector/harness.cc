@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "listener.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -57,25 +58,6 @@ bool BecomeUser(uid_t uid, gid_t gid) {
 }
 
 namespace {
-
-// Waits until something accepts connections at path (a stale socket file does not count), or
-// the owner exits (left for the caller to reap).
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 1000; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    siginfo_t info = {};
-    if (waitid(P_PID, static_cast<id_t>(owner), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == owner) {
-      return false;
-    }
-    usleep(20000);
-  }
-  return false;
-}
 
 std::vector<char *> CStrings(const std::vector<std::string> &strings) {
   std::vector<char *> out;

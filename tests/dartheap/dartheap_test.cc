@@ -29,6 +29,7 @@ extern "C" {
 #include "heapdump/tools/symbolize.h"
 #include "heapdump_client.bindings.h"
 }
+#include "listener.h"
 
 namespace {
 
@@ -672,20 +673,6 @@ std::string TempDir() {
   return mkdtemp(tmpl);
 }
 
-// Waits until something accepts connections at path (a stale socket file does not count).
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
-
 struct Collector {
   std::string dir, socket, storage;
   pid_t pid = -1;
@@ -700,7 +687,7 @@ struct Collector {
             storage.c_str(), "--log-level", "warn", (char *)nullptr);
       _exit(127);
     }
-    ASSERT_TRUE(WaitForListener(socket, pid)) << "collector did not start";
+    ASSERT_TRUE(hdtest::WaitForListener(socket, pid)) << "collector did not start";
   }
   ~Collector() {
     if (pid > 0) {

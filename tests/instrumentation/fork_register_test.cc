@@ -19,22 +19,9 @@ extern "C" {
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump_client.bindings.h"
 }
+#include "listener.h"
 
 namespace {
-
-// Waits until something accepts connections at path, or the process `owner` has died.
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
 
 class CollectorProcess {
  public:
@@ -58,7 +45,7 @@ class CollectorProcess {
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
   }
-  bool Ready() const { return pid_ > 0 && WaitForListener(socket_, pid_); }
+  bool Ready() const { return pid_ > 0 && hdtest::WaitForListener(socket_, pid_); }
   const std::string &socket() const { return socket_; }
 
  private:

@@ -32,6 +32,7 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 #include "profile.pb.h"
 }
+#include "listener.h"
 
 namespace {
 
@@ -1018,20 +1019,6 @@ TEST_F(PprofTest, ErrorsAreReportedWithAMessage) {
 
 // ---- real programs under LD_PRELOAD, a real collector ----
 
-// Waits until something accepts connections at path (a stale socket file does not count).
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
-
 // In a forked child: if the test dies before it stops the child (a crash, a sanitizer report),
 // the child must not outlive it, holding the test's output pipes open.
 void DieWithTheTest() { prctl(PR_SET_PDEATHSIG, SIGKILL); }
@@ -1049,7 +1036,7 @@ struct Collector {
             storage.c_str(), "--log-level", "warn", (char *)nullptr);
       _exit(127);
     }
-    ASSERT_TRUE(WaitForListener(socket, pid)) << "collector did not start";
+    ASSERT_TRUE(hdtest::WaitForListener(socket, pid)) << "collector did not start";
   }
   ~Collector() {
     if (pid > 0) {

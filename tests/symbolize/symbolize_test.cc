@@ -30,6 +30,7 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 #include "symbolize_fixture.h"
 }
+#include "listener.h"
 
 // Known code of the test program itself, for names as the linker sees them.
 extern "C" __attribute__((noinline)) int hd_symbolize_test_c_function(int x) { return x * 3 + 1; }
@@ -644,19 +645,6 @@ TEST(SymbolizeApiTest, CreateRejectsANullDebugDir) {
 
 // ---- End to end: a real program under LD_PRELOAD and a real collector -----------------------
 
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
-
 // A forked process, killed and reaped when the test leaves its scope (also on a failed ASSERT).
 struct Process {
   pid_t pid = -1;
@@ -712,7 +700,7 @@ TEST(SymbolizeEndToEndTest, SnapshotStacksResolveToTheAllocatingCode) {
           storage.c_str(), "--log-level", "warn", (char *)nullptr);
     _exit(127);
   }
-  ASSERT_TRUE(WaitForListener(socket, collector.pid)) << "collector did not start";
+  ASSERT_TRUE(hdtest::WaitForListener(socket, collector.pid)) << "collector did not start";
 
   // Close-on-exec pipes: the child keeps only its stdin and stdout, so it sees EOF if we die.
   int to_child[2], from_child[2];

@@ -23,6 +23,7 @@
 extern "C" {
 #include "heapdump/fidl/channel.h"
 }
+#include "listener.h"
 
 namespace {
 
@@ -96,19 +97,6 @@ Output RunProgram(const std::vector<std::string> &argv, const std::string &cwd,
   return o;
 }
 
-bool WaitForListener(const std::string &path, pid_t owner) {
-  for (int i = 0; i < 400; i++) {
-    int fd;
-    if (hd_channel_connect(path.c_str(), &fd) == HD_OK) {
-      close(fd);
-      return true;
-    }
-    if (waitpid(owner, nullptr, WNOHANG) == owner) return false;
-    usleep(25000);
-  }
-  return false;
-}
-
 // A program under LD_PRELOAD that stays alive, after printing "ready", until Finish().
 struct Live {
   pid_t pid = -1;
@@ -171,7 +159,7 @@ class CliTest : public ::testing::Test {
             storage.c_str(), "--log-level", "warn", (char *)nullptr);
       _exit(127);
     }
-    ASSERT_TRUE(WaitForListener(socket, collector));
+    ASSERT_TRUE(hdtest::WaitForListener(socket, collector));
   }
   void TearDown() override {
     if (collector > 0) {
