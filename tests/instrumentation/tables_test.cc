@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -93,6 +94,26 @@ TEST_F(AllocTable, GrowsBucketsAndKeepsEveryRecord) {
   auto b = Snapshot(t.fd);
   ASSERT_EQ(b.size(), n);
   for (uint64_t i = 0; i < n; i++) ASSERT_EQ(b[i].size, i);
+}
+
+// The two properties the bucket hash is chosen for: any regular address pattern spreads evenly
+// (page-aligned blocks at several strides, and dense small blocks), and the blocks of one page
+// share one aligned group of 256 buckets, so neighbouring frees find their bucket heads cached.
+TEST(AllocHash, SpreadsRegularPatternsAndKeepsAPageTogether) {
+  constexpr uint64_t kBuckets = 1 << 16, kBlocks = 1 << 18, kBase = 0x7f3a12340000;
+  for (uint64_t stride : {16u, 48u, 4096u, 8192u, 65536u, 1u << 21}) {
+    std::vector<uint32_t> chain(kBuckets);
+    for (uint64_t i = 0; i < kBlocks; i++) chain[hd_alloc_hash(kBase + i * stride) & (kBuckets - 1)]++;
+    // 4 per bucket on average; a uniform hash keeps the longest chain far below 32.
+    uint32_t longest = *std::max_element(chain.begin(), chain.end());
+    EXPECT_LT(longest, 32u) << "stride " << stride;
+  }
+  for (uint64_t page = 0; page < 1000; page++) {
+    uint64_t first = hd_alloc_hash(kBase + page * 4096) & (kBuckets - 1);
+    for (uint64_t off = 16; off < 4096; off += 16)
+      ASSERT_EQ((hd_alloc_hash(kBase + page * 4096 + off) & (kBuckets - 1)) / 256, first / 256)
+          << "page " << page << " offset " << off;
+  }
 }
 
 TEST(AllocTableCap, FullIsCountedNotFatalAndFreedNodesAreReused) {

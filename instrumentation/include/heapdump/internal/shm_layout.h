@@ -13,7 +13,7 @@
  *   +--------------------------+ 0            +------------------------+ 0
  *   | hd_alloc_header          |              | hd_res_header (stats)  |
  *   +--------------------------+ seq_offset   +------------------------+ records_offset
- *   | u32 slot_seq[65536]      |              | record | record | ...   | append-only log,
+ *   | u32 slot_seq[4096]       |              | record | record | ...   | append-only log,
  *   +--------------------------+ buckets_off  |   ...                  | 8-byte aligned records;
  *   | u32 bucket[max_buckets]  | (first       |                        | key = byte offset
  *   |   only 2^bucket_log2 used|  2^log2 used)+------------------------+ used (published)
@@ -84,7 +84,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 3u
+#define HD_LAYOUT_VERSION 4u
 #define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
 #define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
 
@@ -102,11 +102,16 @@ extern "C" {
 /* hd_alloc_header.flags */
 #define HD_ALLOC_FLAG_SNAPSHOT 1u /* a frozen copy (sealed F_SEAL_WRITE), not a live table */
 
-/* Address hash: drop the always-zero low bits, multiply by 2^64/phi and fold the high half in so
- * the low bits used for the bucket depend on every address bit (Fuchsia used (addr>>4)%buckets). */
+/* Address hash. The page number is mixed (multiply by 2^64/phi, fold the high half in) so that
+ * pages spread evenly over the buckets; the 16-byte granule within the page is XORed into the low
+ * 8 bits, so the blocks of one page fall into one aligned group of 256 buckets (16 cache lines of
+ * bucket heads and seq slots). Programs tend to free and allocate neighbouring blocks together;
+ * with the whole address mixed, every insert and erase in a big table was a cache and TLB miss
+ * on the bucket array; now neighbours share lines. XOR with a fixed granule is a bijection, so
+ * buckets stay uniform. */
 static inline uint64_t hd_alloc_hash(uint64_t address) {
-  uint64_t h = (address >> 4) * UINT64_C(0x9E3779B97F4A7C15);
-  return h ^ (h >> 29);
+  uint64_t h = (address >> 12) * UINT64_C(0x9E3779B97F4A7C15);
+  return (h ^ (h >> 29)) ^ ((address >> 4) & 0xffu);
 }
 
 typedef struct hd_alloc_header {
