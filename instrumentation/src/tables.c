@@ -204,13 +204,18 @@ static void node_free(hd_alloc_table *t, hd_writer_thread *w, uint32_t idx) {
   free_list_push(t, idx, idx);
 }
 
-static void node_write(hd_alloc_node *n, const hd_alloc_info *i) {
+/* Everything but the address, which is what marks a node as linked (see maybe_grow). */
+static void node_write_payload(hd_alloc_node *n, const hd_alloc_info *i) {
   STORE(&n->thread_key, i->thread_key);
   STORE(&n->stack_key, i->stack_key);
   STORE(&n->flags, i->flags);
-  STORE(&n->address, i->address);
   STORE(&n->size, i->size);
   STORE(&n->timestamp, i->timestamp);
+}
+
+static void node_write(hd_alloc_node *n, const hd_alloc_info *i) {
+  node_write_payload(n, i);
+  STORE(&n->address, i->address);
 }
 
 static void node_read(const hd_alloc_node *n, hd_alloc_info *i) {
@@ -234,7 +239,13 @@ static void unlock_slots(hd_alloc_table *t, uint32_t log2) {
   for (uint64_t s = 0; s < n; s++) slot_unlock(&t->seq[s]);
 }
 
-/* Doubles the bucket array in place: chain i splits into i and i + old_count. */
+/* Doubles the bucket array. The chains are rebuilt from the node array, read in index order:
+ * a node is linked exactly when its address is non-zero (an insert stores the address only
+ * when it links the node, under its slot lock, and an erase clears it when it unlinks), and
+ * every slot lock is held here. Following the old chains instead visits the nodes in hash
+ * order, a cache and TLB miss per node: a pause of tens of milliseconds for every allocating
+ * thread at a million blocks. Free nodes are not touched (their `next` belongs to the free
+ * list, which node_alloc pops without a slot lock). */
 static void maybe_grow(hd_alloc_table *t) {
   hd_alloc_header *h = t->hdr;
   if (pthread_mutex_trylock(&t->world_lock) != 0) return; /* someone else is at it */
@@ -246,25 +257,18 @@ static void maybe_grow(hd_alloc_table *t) {
   lock_slots(t, log2 + 1);
   STORE(&h->resize_seq, LOAD(&h->resize_seq) + 1);
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  uint64_t old_n = (uint64_t)1 << log2;
-  for (uint64_t i = 0; i < old_n; i++) {
-    uint32_t lo = HD_LINK_NONE, hi = HD_LINK_NONE, *lo_tail = &lo, *hi_tail = &hi;
-    for (uint32_t link = LOAD(&t->buckets[i]); link != HD_LINK_NONE;) {
-      hd_alloc_node *n = &t->nodes[link - 1];
-      uint32_t next = LOAD(&n->next);
-      if (hd_alloc_hash(LOAD(&n->address)) & old_n) {
-        STORE(hi_tail, link);
-        hi_tail = &n->next;
-      } else {
-        STORE(lo_tail, link);
-        lo_tail = &n->next;
-      }
-      link = next;
-    }
-    STORE(lo_tail, HD_LINK_NONE);
-    STORE(hi_tail, HD_LINK_NONE);
-    STORE(&t->buckets[i], lo);
-    STORE(&t->buckets[i + old_n], hi);
+  const uint64_t new_n = (uint64_t)2 << log2, mask = new_n - 1;
+  memset(t->buckets, 0, new_n * sizeof(t->buckets[0])); /* HD_LINK_NONE; resize_seq is odd */
+  /* Nodes past this high-water mark were handed out after the locks were taken, so are not
+   * linked yet. */
+  const uint32_t high_water = LOAD(&h->node_high_water);
+  for (uint32_t idx = 0; idx < high_water; idx++) {
+    hd_alloc_node *n = &t->nodes[idx];
+    uint64_t address = LOAD(&n->address);
+    if (address == 0) continue;
+    uint32_t *head = &t->buckets[hd_alloc_hash(address) & mask];
+    STORE(&n->next, LOAD(head));
+    STORE(head, idx + 1);
   }
   STORE(&h->bucket_log2, log2 + 1);
   __atomic_store_n(&h->resize_seq, LOAD(&h->resize_seq) + 1, __ATOMIC_RELEASE);
@@ -281,7 +285,7 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
   uint32_t idx = node_alloc(t, w);
   if (idx == UINT32_MAX) return HD_INSERT_FULL;
   hd_alloc_node *node = &t->nodes[idx];
-  node_write(node, info); /* not reachable yet */
+  node_write_payload(node, info); /* not reachable yet; the address is stored when linked */
   uint64_t hash = hd_alloc_hash(info->address);
   uint32_t *seq;
   uint32_t b = lock_bucket(t, hash, &seq);
@@ -302,6 +306,7 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
     }
   }
   STORE(&node->next, head);
+  STORE(&node->address, info->address);
   STORE(&t->buckets[b], idx + 1);
   slot_unlock(seq);
   /* Live blocks never outnumber the nodes handed out, so the bucket array follows the
@@ -321,6 +326,7 @@ bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t addre
     if (LOAD(&n->address) == address) {
       if (out) node_read(n, out);
       STORE(prev, LOAD(&n->next));
+      STORE(&n->address, 0); /* unlinked (see maybe_grow) */
       slot_unlock(seq);
       node_free(t, w, link - 1);
       return true;

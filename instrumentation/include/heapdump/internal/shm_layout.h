@@ -37,8 +37,10 @@
  *     R3  __atomic_thread_fence(__ATOMIC_ACQUIRE) then s2 = load slot_seq[s] (__ATOMIC_RELAXED);
  *         s1 != s2: discard the copy, retry (bounded; give up with a "busy" error)
  *   Growth of the bucket array (doubling when live > 2 * buckets) is done by a writer holding
- *   every slot lock: resize_seq goes odd (relaxed store + release fence), each chain i is split
- *   into i and i + 2^old_log2 in place, bucket_log2 is incremented, resize_seq goes even
+ *   every slot lock: resize_seq goes odd (relaxed store + release fence), every chain is rebuilt
+ *   for 2^(old_log2 + 1) buckets from the nodes in index order (a node is linked exactly when
+ *   its address is non-zero: a writer stores the address when it links a node and zero when it
+ *   unlinks one, both inside W1..W3), bucket_log2 is incremented, resize_seq goes even
  *   (__ATOMIC_RELEASE). A reader loads resize_seq (__ATOMIC_ACQUIRE) before its first slot and
  *   (after an acquire fence) again after its last slot, and restarts if it changed or was odd.
  *   Node storage: nodes [0, node_high_water) have been handed out; node_high_water grows with
