@@ -117,8 +117,9 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   hd_live_block *blocks = NULL;
   size_t count = 0;
   pthread_mutex_lock(&p->read_lock);
-  hd_read_status rs = hd_alloc_reader_snapshot_unordered(snapshot_alloc ? snapshot_alloc : p->alloc,
-                                                         &blocks, &count);
+  hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
+  hd_read_status rs = hd_alloc_reader_snapshot_unordered(table, &blocks, &count);
+  hd_alloc_reader_release_pages(table); /* the copy is all this snapshot needs from now on */
   if (rs != HD_READ_OK) {
     pthread_mutex_unlock(&p->read_lock);
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,

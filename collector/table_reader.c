@@ -116,6 +116,10 @@ void hd_alloc_reader_close(hd_alloc_reader *r) {
   free(r);
 }
 
+void hd_alloc_reader_release_pages(hd_alloc_reader *r) {
+  if (r) (void)madvise((void *)r->base, r->size, MADV_DONTNEED); /* advice only: no error path */
+}
+
 hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) {
   if (!r || !out) return HD_READ_ERR_ARG;
   const hd_alloc_header *h = (const hd_alloc_header *)r->base;
