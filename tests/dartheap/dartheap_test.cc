@@ -3,7 +3,6 @@
 // the independent reader (dartheap_reader.h), whose Check() must find nothing wrong. Also tests
 // that the reader's Check() catches each broken invariant.
 #include <errno.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,7 +29,8 @@ extern "C" {
 #include "heapdump/tools/symbolize.h"
 #include "heapdump_client.bindings.h"
 }
-#include "listener.h"
+#include "client.h"
+#include "process.h"
 
 namespace {
 
@@ -668,140 +669,37 @@ TEST(DartheapReader, ChecksEveryInvariant) {
 
 // ---- a real process ----
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/hd-dartheap-test-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-struct Collector {
-  std::string dir, socket, storage;
-  pid_t pid = -1;
-  explicit Collector(const std::string &base) : dir(base) {
-    socket = dir + "/run/collector.sock";
-    storage = dir + "/state";
-  }
-  void Start() {
-    pid = fork();
-    if (pid == 0) {
-      execl(HD_COLLECTOR, HD_COLLECTOR, "--foreground", "--socket", socket.c_str(), "--storage",
-            storage.c_str(), "--log-level", "warn", (char *)nullptr);
-      _exit(127);
-    }
-    ASSERT_TRUE(hdtest::WaitForListener(socket, pid)) << "collector did not start";
-  }
-  ~Collector() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
 // The dartheap_child under LD_PRELOAD, stopped after printing its structures until Finish().
 struct Child {
-  pid_t pid = -1;
-  int in = -1;  // its stdin
+  hdtest::Program program;
+  pid_t pid;
   std::map<std::string, std::vector<uint64_t>> structures;  // "list", "tree", "ring", "interior"
-  explicit Child(const std::string &socket) {
-    int to_child[2], from_child[2];
-    EXPECT_EQ(pipe(to_child), 0);
-    EXPECT_EQ(pipe(from_child), 0);
-    pid = fork();
-    if (pid == 0) {
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
-      setenv("HEAPDUMP_SOCKET", socket.c_str(), 1);
-      execl(HD_CHILD, HD_CHILD, (char *)nullptr);
-      _exit(127);
+  explicit Child(const std::string &socket)
+      : program({HD_CHILD}, hdtest::InstrumentedEnv(socket)), pid(program.pid) {
+    EXPECT_EQ(program.ReadLine(), "ready " + std::to_string(pid));
+    for (std::string line; (line = program.ReadLine()) != "" && line != "end";) {
+      std::istringstream words(line);
+      std::string name, word;
+      words >> name;
+      while (words >> word) structures[name].push_back(std::stoull(word, nullptr, 16));
     }
-    close(to_child[0]);
-    close(from_child[1]);
-    in = to_child[1];
-    FILE *out = fdopen(from_child[0], "r");
-    int reported = 0;
-    EXPECT_EQ(fscanf(out, "ready %d\n", &reported), 1);
-    EXPECT_EQ(reported, pid);
-    char line[1024];
-    while (fgets(line, sizeof line, out) != nullptr && strncmp(line, "end", 3) != 0) {
-      char *save = nullptr;
-      std::string name = strtok_r(line, " \n", &save);
-      for (char *word; (word = strtok_r(nullptr, " \n", &save)) != nullptr;) {
-        structures[name].push_back(strtoull(word, nullptr, 16));
-      }
-    }
-    fclose(out);
   }
   void Finish() {
-    if (pid <= 0) return;
-    EXPECT_EQ(write(in, "go\n", 3), 3);
-    close(in);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    if (program.pid <= 0) return;
+    program.Send("go");
+    int status = program.Finish();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    pid = -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
   }
 };
 
-struct Result {
-  hd_status status = HD_OK;
-  uint32_t error = 0;
-  hd_reassembler ra;
-  Result() { hd_reassembler_init(&ra); }
-  ~Result() { hd_reassembler_destroy(&ra); }
-};
-
-// A connection to the collector plus a fresh channel pair: ends[1] is passed with a request.
-struct Call {
-  int fd = -1;
-  int ends[2] = {-1, -1};
-  explicit Call(const std::string &socket) {
-    EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-    EXPECT_EQ(hd_channel_pair(ends), HD_OK);
-  }
-  void SentTheirEnd() {
-    close(ends[1]);
-    ends[1] = -1;
-  }
-  ~Call() {
-    for (int f : {fd, ends[0], ends[1]}) {
-      if (f >= 0) close(f);
-    }
-  }
-};
-
-std::unique_ptr<Result> TakeLiveSnapshotWithContents(const std::string &socket, pid_t pid) {
-  auto result = std::make_unique<Result>();
-  Call call(socket);
-  heapdump_client_CollectorTakeLiveSnapshotRequest req =
-      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
-  req.has_process_selector = true;
-  req.process_selector.which_selector = heapdump_client_ProcessSelector_by_koid_tag;
-  req.process_selector.selector.by_koid = static_cast<uint64_t>(pid);
-  req.has_receiver = true;
-  req.receiver = {true, 0};
-  req.has_with_contents = req.has_multi_process = true;
-  req.with_contents = true;
-  req.multi_process = false;
-  auto msg = std::make_unique<hd_message>();
-  EXPECT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
-  call.SentTheirEnd();
-  result->status = hd_snapshot_receive(call.ends[0], false, &result->ra, &result->error);
-  if (result->status == HD_OK && result->error == 0) {
-    result->status = hd_reassembler_finish(&result->ra);
-  }
-  return result;
+std::unique_ptr<hdtest::Result> TakeLiveSnapshotWithContents(const std::string &socket, pid_t pid) {
+  heapdump_client_ProcessSelector selector = hdtest::ByPid(pid);
+  return hdtest::TakeLiveSnapshot(socket, &selector, true);
 }
 
 TEST(DartheapRealProcess, PointerStructuresOfALiveProcess) {
-  std::string dir = TempDir();
-  Collector collector(dir);
+  std::string dir = hdtest::TempDir("dartheap-test");
+  hdtest::Collector collector(dir);
   collector.Start();
   Child child(collector.socket);
   const auto &list = child.structures["list"], &tree = child.structures["tree"],

@@ -3,9 +3,6 @@
 // collector. Each profile is decoded here with nanopb for structural checks, and read back with
 // `go tool pprof` (skipped when go is not installed: CI installs golang-go).
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,15 +29,14 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 #include "profile.pb.h"
 }
-#include "listener.h"
+#include "client.h"
+#include "process.h"
 
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/hd-pprof-test-XXXXXX";
-  char *dir = mkdtemp(tmpl);
-  return dir != nullptr ? dir : "";
-}
+using hdtest::Collector;
+
+std::string TempDir() { return hdtest::TempDir("pprof-test"); }
 
 // ---- snapshots from elements ----
 
@@ -1019,116 +1015,37 @@ TEST_F(PprofTest, ErrorsAreReportedWithAMessage) {
 
 // ---- real programs under LD_PRELOAD, a real collector ----
 
-// In a forked child: if the test dies before it stops the child (a crash, a sanitizer report),
-// the child must not outlive it, holding the test's output pipes open.
-void DieWithTheTest() { prctl(PR_SET_PDEATHSIG, SIGKILL); }
-
-struct Collector {
-  std::string socket, storage;
-  pid_t pid = -1;
-  explicit Collector(const std::string &dir)
-      : socket(dir + "/run/collector.sock"), storage(dir + "/state") {}
-  void Start() {
-    pid = fork();
-    if (pid == 0) {
-      DieWithTheTest();
-      execl(HD_COLLECTOR, HD_COLLECTOR, "--foreground", "--socket", socket.c_str(), "--storage",
-            storage.c_str(), "--log-level", "warn", (char *)nullptr);
-      _exit(127);
-    }
-    ASSERT_TRUE(hdtest::WaitForListener(socket, pid)) << "collector did not start";
-  }
-  ~Collector() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
 // A pprof_child under LD_PRELOAD, stopped at "ready" until Finish().
 struct Child {
-  pid_t pid = -1;
-  int in = -1;  // its stdin
-  explicit Child(const std::string &socket) {
-    int to_child[2], from_child[2];
-    EXPECT_EQ(pipe(to_child), 0);
-    EXPECT_EQ(pipe(from_child), 0);
-    pid = fork();
-    if (pid == 0) {
-      DieWithTheTest();
-      dup2(to_child[0], 0);
-      dup2(from_child[1], 1);
-      setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
-      setenv("HEAPDUMP_SOCKET", socket.c_str(), 1);
-      execl(HD_CHILD, HD_CHILD, (char *)nullptr);
-      _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    in = to_child[1];
-    FILE *out = fdopen(from_child[0], "r");
-    int reported = 0;
-    EXPECT_EQ(fscanf(out, "ready %d", &reported), 1);
-    EXPECT_EQ(reported, pid);
-    fclose(out);
+  hdtest::Program program;
+  pid_t pid;
+  explicit Child(const std::string &socket)
+      : program({HD_CHILD}, hdtest::InstrumentedEnv(socket)), pid(program.pid) {
+    EXPECT_EQ(program.ReadLine(), "ready " + std::to_string(pid));
   }
   void Finish() {
-    if (pid <= 0) return;
-    EXPECT_EQ(write(in, "go\n", 3), 3);
-    close(in);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    if (program.pid <= 0) return;
+    program.Send("go");
+    int status = program.Finish();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    pid = -1;
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      close(in);
-    }
   }
 };
 
-// A live snapshot through the generated bindings: TakeLiveSnapshot, then SnapshotReceiver.
-void TakeLiveSnapshot(const std::string &socket, const heapdump_client_ProcessSelector &selector,
-                      bool multi_process, hd_reassembler *r) {
-  int fd = -1, ends[2] = {-1, -1};
-  ASSERT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-  ASSERT_EQ(hd_channel_pair(ends), HD_OK);
-  heapdump_client_CollectorTakeLiveSnapshotRequest req =
-      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
-  req.has_process_selector = true;
-  req.process_selector = selector;
-  req.has_receiver = true;
-  req.receiver = {true, 0};
-  req.has_multi_process = true;
-  req.multi_process = multi_process;
-  auto msg = std::make_unique<hd_message>();
-  EXPECT_EQ(hd_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1), HD_OK);
-  close(ends[1]);
-  uint32_t error = 0;
-  EXPECT_EQ(hd_snapshot_receive(ends[0], multi_process, r, &error), HD_OK) << r->error;
-  EXPECT_EQ(error, 0u);
-  EXPECT_EQ(hd_reassembler_finish(r), HD_OK) << r->error;
-  close(ends[0]);
-  close(fd);
-}
+using hdtest::ByName;
+using hdtest::ByPid;
 
-heapdump_client_ProcessSelector ByPid(pid_t pid) {
-  heapdump_client_ProcessSelector s = heapdump_client_ProcessSelector_init_zero;
-  s.which_selector = heapdump_client_ProcessSelector_by_koid_tag;
-  s.selector.by_koid = static_cast<uint64_t>(pid);
-  return s;
-}
-
-heapdump_client_ProcessSelector ByName(const char *name) {
-  heapdump_client_ProcessSelector s = heapdump_client_ProcessSelector_init_zero;
-  s.which_selector = heapdump_client_ProcessSelector_by_name_tag;
-  snprintf(s.selector.by_name, sizeof s.selector.by_name, "%s", name);
-  return s;
-}
+// A live snapshot through the shared client (generated bindings), checked; r is what it
+// reassembled.
+struct LiveSnapshot {
+  std::unique_ptr<hdtest::Result> result;
+  hd_reassembler &r;
+  LiveSnapshot(const std::string &socket, const heapdump_client_ProcessSelector &selector,
+               bool multi_process)
+      : result(hdtest::TakeLiveSnapshot(socket, &selector, false, multi_process)), r(result->ra) {
+    EXPECT_EQ(result->status, HD_OK) << r.error;
+    EXPECT_EQ(result->error, 0u);
+  }
+};
 
 // The GNU build ID of an ELF file, as hex, from readelf.
 std::string ElfBuildId(const char *path) {
@@ -1180,8 +1097,7 @@ const std::map<std::string, Values> kChildSites = {
 
 TEST_F(LivePprofTest, SymbolizedProfileOfARealProcess) {
   Child child(collector.socket);
-  Stream s;
-  TakeLiveSnapshot(collector.socket, ByPid(child.pid), false, &s.r);
+  LiveSnapshot s(collector.socket, ByPid(child.pid), false);
   child.Finish();
   ASSERT_EQ(s.r.snapshot_count, 1u);
   const hd_snapshot *snap = s.r.snapshots[0];
@@ -1285,8 +1201,7 @@ TEST_F(LivePprofTest, SymbolizedProfileOfARealProcess) {
 // ID) are right if pprof can symbolize it itself from the ELF file.
 TEST_F(LivePprofTest, UnsymbolizedProfileIsSymbolizedByPprof) {
   Child child(collector.socket);
-  Stream s;
-  TakeLiveSnapshot(collector.socket, ByPid(child.pid), false, &s.r);
+  LiveSnapshot s(collector.socket, ByPid(child.pid), false);
   child.Finish();
   std::string path = Path("addresses.pb.gz");
   WriteResult w = WriteProfile(&s.r, hd_pprof_options{}, path);
@@ -1319,8 +1234,7 @@ TEST_F(LivePprofTest, UnsymbolizedProfileIsSymbolizedByPprof) {
 TEST_F(LivePprofTest, MultiProcessSnapshotWithTags) {
   Child first(collector.socket), second(collector.socket);
   const pid_t pids[2] = {first.pid, second.pid};
-  Stream s;
-  TakeLiveSnapshot(collector.socket, ByName("pprof_child"), true, &s.r);
+  LiveSnapshot s(collector.socket, ByName("pprof_child"), true);
   first.Finish();
   second.Finish();
   ASSERT_EQ(s.r.snapshot_count, 2u);

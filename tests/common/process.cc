@@ -1,0 +1,224 @@
+#include "process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "listener.h"
+
+namespace hdtest {
+
+std::string TempDir(const std::string &prefix) {
+  std::string path = "/tmp/hd-" + prefix + "-XXXXXX";
+  return mkdtemp(&path[0]) != nullptr ? path : "";
+}
+
+RemoveWhenPassed::~RemoveWhenPassed() {
+  if (::testing::Test::HasFailure()) {
+    fprintf(stderr, "kept %s\n", path.c_str());
+    return;
+  }
+  auto remove_one = [](const char *file, const struct stat *, int, struct FTW *) {
+    return remove(file);
+  };
+  nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+bool WaitUntil(const std::function<bool()> &pred, double seconds) {
+  for (int i = 0; i < seconds * 50; i++) {
+    if (pred()) return true;
+    usleep(20000);
+  }
+  return pred();
+}
+
+std::string ReadFile(const std::string &path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool BecomeUser(uid_t uid, gid_t gid) {
+  return setgroups(0, nullptr) == 0 && setgid(gid) == 0 && setuid(uid) == 0;
+}
+
+namespace {
+
+// In a forked child, after any change of user (which clears it): if the test dies before it
+// stops the child (a crash, a sanitizer report), the child must not outlive it, holding the
+// test's output pipes open.
+void DieWithTheTest() { prctl(PR_SET_PDEATHSIG, SIGKILL); }
+
+std::vector<char *> CStrings(const std::vector<std::string> &strings) {
+  std::vector<char *> out;
+  for (const std::string &s : strings) out.push_back(const_cast<char *>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+Collector::Collector(const std::string &base) : dir(base) {
+  socket = dir + "/run/collector.sock";
+  storage = dir + "/state";
+  log = dir + "/collector.log";
+}
+
+// A clean stop, checked: in the sanitizer build LeakSanitizer then checks the daemon for leaks.
+Collector::~Collector() { Stop(SIGTERM); }
+
+void Collector::Start() {
+  std::vector<std::string> argv = {HD_COLLECTOR, "--foreground", "--socket", socket, "--storage",
+                                   storage, "--log-level", "debug"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) dup2(fd, 2);
+    for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+    if (uid != kSameUser && !BecomeUser(uid, gid)) _exit(126);
+    DieWithTheTest();
+    execv(HD_COLLECTOR, CStrings(argv).data());
+    _exit(127);
+  }
+  bool listening = WaitForListener(socket, pid);
+  if (!listening) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  ASSERT_TRUE(listening) << "collector did not start:\n" << Log();
+}
+
+void Collector::Stop(int sig) {
+  if (pid <= 0) return;
+  kill(pid, sig);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (sig == SIGTERM) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "collector status " << status << ":\n" << Log();
+  }
+  pid = -1;
+}
+
+size_t Collector::SettledFdCount() const {
+  size_t count = Fds().size();
+  for (int same = 0, i = 0; same < 10 && i < 500; i++) {
+    usleep(50000);
+    size_t now = Fds().size();
+    same = now == count ? same + 1 : 0;
+    count = now;
+  }
+  return count;
+}
+
+std::vector<std::string> Collector::Fds() const {
+  std::string path = "/proc/" + std::to_string(pid) + "/fd";
+  std::vector<std::string> fds;
+  if (DIR *d = opendir(path.c_str())) {
+    while (struct dirent *e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char target[256];
+      ssize_t n = readlink((path + "/" + e->d_name).c_str(), target, sizeof target - 1);
+      size_t length = n > 0 ? static_cast<size_t>(n) : 0;
+      fds.push_back(std::string(e->d_name) + " -> " + std::string(target, length));
+    }
+    closedir(d);
+  }
+  return fds;
+}
+
+// Makes the next fork likely to get pid: the kernel hands out ns_last_pid + 1 next.
+static bool AimNextPid(pid_t pid) {
+  int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string text = std::to_string(pid - 1);
+  bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  return ok;
+}
+
+Program::Program(const std::vector<std::string> &argv, const std::vector<std::string> &env,
+                 uid_t uid, gid_t gid, pid_t want_pid) {
+  int to_child[2], from_child[2];
+  EXPECT_EQ(pipe2(to_child, O_CLOEXEC), 0);
+  EXPECT_EQ(pipe2(from_child, O_CLOEXEC), 0);
+  for (int attempt = 0; attempt < 1000; attempt++) {
+    if (want_pid != 0 && !AimNextPid(want_pid)) break;
+    pid = fork();
+    if (pid == 0) {
+      if (want_pid != 0 && getpid() != want_pid) _exit(0);
+      dup2(to_child[0], 0);
+      dup2(from_child[1], 1);
+      for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+      if (uid != kSameUser && !BecomeUser(uid, gid)) _exit(126);
+      DieWithTheTest();
+      execv(argv[0].c_str(), CStrings(argv).data());
+      _exit(127);
+    }
+    if (want_pid == 0 || pid == want_pid) break;
+    waitpid(pid, nullptr, 0);  // another process took the pid first
+    pid = -1;
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  in = to_child[1];
+  out = fdopen(from_child[0], "r");
+}
+
+Program::~Program() {
+  Kill();
+  if (in >= 0) close(in);
+  if (out != nullptr) fclose(out);
+}
+
+std::string Program::ReadLine() {
+  char line[256];
+  if (fgets(line, sizeof line, out) == nullptr) return "";
+  line[strcspn(line, "\n")] = '\0';
+  return line;
+}
+
+void Program::Send(const std::string &line) {
+  std::string text = line + "\n";
+  EXPECT_EQ(write(in, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+}
+
+int Program::Finish() {
+  if (in >= 0) close(in);
+  in = -1;
+  int status = -1;
+  if (pid > 0) waitpid(pid, &status, 0);
+  pid = -1;
+  return status;
+}
+
+void Program::Kill() {
+  if (pid <= 0) return;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  pid = -1;
+}
+
+std::vector<std::string> InstrumentedEnv(const std::string &socket, bool exit_snapshot) {
+  std::vector<std::string> env = {std::string("LD_PRELOAD=") + HD_PRELOAD_LIB,
+                                  "HEAPDUMP_SOCKET=" + socket};
+  if (exit_snapshot) env.push_back("HEAPDUMP_EXIT_SNAPSHOT=1");
+  return env;
+}
+
+}  // namespace hdtest
