@@ -258,7 +258,9 @@ static void maybe_grow(hd_alloc_table *t) {
   STORE(&h->resize_seq, LOAD(&h->resize_seq) + 1);
   __atomic_thread_fence(__ATOMIC_RELEASE);
   const uint64_t new_n = (uint64_t)2 << log2, mask = new_n - 1;
-  memset(t->buckets, 0, new_n * sizeof(t->buckets[0])); /* HD_LINK_NONE; resize_seq is odd */
+  /* Emptied with atomic stores like every other shared word: readers may be reading them (and
+   * will discard what they read, as resize_seq is odd). */
+  for (uint64_t b = 0; b < new_n; b++) STORE(&t->buckets[b], HD_LINK_NONE);
   /* Nodes past this high-water mark were handed out after the locks were taken, so are not
    * linked yet. */
   const uint32_t high_water = LOAD(&h->node_high_water);
