@@ -82,6 +82,7 @@ struct hd_collector {
   size_t stored_count, stored_capacity;
   uint32_t next_id;
   int active_streams;
+  struct hd_stream_job *streams; /* the running streams, so a stop can cut their clients off */
   pthread_cond_t streams_done;
   pthread_mutex_t scan_lock; /* one /proc scan at a time; protects last_scan_ns */
   uint64_t last_scan_ns;
@@ -145,6 +146,7 @@ void hd_discover_processes(hd_collector *c, bool force);
 
 typedef struct hd_stream_job {
   hd_collector *c;
+  struct hd_stream_job *next, *prev; /* in c->streams while it runs */
   int receiver;
   uid_t peer_uid;
   bool stored; /* DownloadStoredSnapshot, else TakeLiveSnapshot */
@@ -155,6 +157,8 @@ typedef struct hd_stream_job {
 
 /* Takes ownership of job; runs it on a thread of its own. */
 void hd_start_stream(hd_stream_job *job);
+/* Waits for the running streams: a short grace to finish, then their clients are cut off (a
+ * stopping collector must not wait on a client's pace). */
 void hd_wait_streams(hd_collector *c);
 /* Writes the elements of one process's snapshot: the live table when snapshot_alloc is NULL, else
  * a frozen copy. Returns 0, or -EIO if the tables are corrupt or unreadable. */

@@ -1,17 +1,38 @@
 /* heapdump-collector: the daemon instrumented processes register with and clients ask for
- * snapshots. */
+ * snapshots.
+ *
+ * Detaching forks before the collector exists: its threads (storage workers) must be created in
+ * the process that serves, since a fork keeps only the thread that called it. The parent waits
+ * until the daemon listens, so "started" means "reachable", and reports its pid or its error. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "heapdump/collector.h"
+#include "heapdump/heapdump.h"
+
+/* Defaults of the storage caps: a daemon left running for weeks must not fill the disk. */
+#define DEFAULT_MAX_STORED 1000
+#define DEFAULT_MAX_STORAGE_BYTES ((uint64_t)1 << 30)
+/* A log bigger than this at start-up is moved aside (one old generation is kept). */
+#define LOG_ROTATE_BYTES ((off_t)16 << 20)
+/* How long --stop waits for the daemon to finish its stored snapshots and exit. */
+#define STOP_WAIT_SECONDS 15
 
 static hd_collector *running;
 
@@ -23,18 +44,30 @@ static void on_signal(int sig) {
 static void usage(FILE *out) {
   fprintf(out,
           "usage: heapdump-collector [--socket PATH] [--storage DIR] [--max-stored N]\n"
-          "                          [--max-storage-bytes B] [--foreground] [--log-level L]\n"
+          "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
+          "                          [--log-level L]\n"
+          "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
-          "Serves heap snapshots of processes running with libheapdump.so preloaded.\n"
+          "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
+          "once it listens, prints its pid, and writes it to a pid file beside the socket\n"
+          "(collector.sock -> collector.pid).\n"
           "  --socket PATH          listen here (default: $HEAPDUMP_SOCKET, else\n"
           "                         $XDG_RUNTIME_DIR/heapdump/collector.sock, else\n"
           "                         /tmp/heapdump-$UID/collector.sock)\n"
           "  --storage DIR          stored snapshots (default: $XDG_STATE_HOME/heapdump, else\n"
           "                         ~/.local/state/heapdump)\n"
           "  --max-stored N         keep at most N stored snapshots, evicting the oldest\n"
-          "  --max-storage-bytes B  keep at most B bytes of stored snapshots\n"
-          "  --foreground           stay attached to the terminal (default: detach)\n"
-          "  --log-level L          error, warn, info (default) or debug; logs go to stderr\n");
+          "                         (default %d; 0: no limit)\n"
+          "  --max-storage-bytes B  keep at most B bytes of stored snapshots (default %llu,\n"
+          "                         1 GiB; 0: no limit)\n"
+          "  --foreground           stay attached; logs go to stderr (for systemd and terminals)\n"
+          "  --log-file FILE        write the log here (default when detached: beside the socket,\n"
+          "                         collector.sock -> collector.log)\n"
+          "  --log-level L          error, warn, info (default) or debug\n"
+          "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
+          "                         pid file, then wait until it has exited (up to %d s)\n"
+          "  --version              print the version\n",
+          DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES, STOP_WAIT_SECONDS);
 }
 
 /* A decimal count in [0, max]: no sign, no suffix, no overflow. */
@@ -54,19 +87,192 @@ static int parse_level(const char *s) {
   return -1;
 }
 
+/* The daemon changes to "/": relative paths given on the command line are made absolute first. */
+static bool make_absolute(const char *path, char *out, size_t size) {
+  if (path[0] == '/') return snprintf(out, size, "%s", path) < (int)size;
+  char cwd[PATH_MAX];
+  if (getcwd(cwd, sizeof cwd) == NULL) return false;
+  return snprintf(out, size, "%s/%s", cwd, path) < (int)size;
+}
+
+/* FILE beside the socket: its name without a ".sock" suffix, then ext (collector.sock ->
+ * collector.pid). */
+static bool beside_socket(const char *socket_path, const char *ext, char *out, size_t size) {
+  size_t n = strlen(socket_path);
+  if (n > 5 && strcmp(socket_path + n - 5, ".sock") == 0) n -= 5;
+  return snprintf(out, size, "%.*s%s", (int)n, socket_path, ext) < (int)size;
+}
+
+/* ---- the pid file ---- */
+
+/* The daemon holds an exclusive lock on its pid file for as long as it runs, so a pid file
+ * nobody holds is stale, whatever pid it names (pids are reused). */
+static int pid_file_create(const char *path) {
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "heapdump-collector: cannot create the pid file %s: %s\n", path,
+            strerror(errno));
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    fprintf(stderr, "heapdump-collector: %s is held by another collector\n", path);
+    close(fd);
+    return -1;
+  }
+  char text[32];
+  int n = snprintf(text, sizeof text, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) {
+    fprintf(stderr, "heapdump-collector: cannot write the pid file %s: %s\n", path,
+            strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void pid_file_remove(const char *path, int fd) {
+  if (fd < 0) return;
+  unlink(path); /* before the lock goes: no window where another daemon's file is unlinked */
+  close(fd);
+}
+
+static int stop_daemon(const char *socket_path) {
+  char pid_path[PATH_MAX];
+  if (!beside_socket(socket_path, ".pid", pid_path, sizeof pid_path)) return 2;
+  int fd = open(pid_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    fprintf(stderr, "heapdump-collector: no collector is running for %s (no pid file %s)\n",
+            socket_path, pid_path);
+    return 3;
+  }
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    fprintf(stderr, "heapdump-collector: no collector is running for %s (stale pid file %s)\n",
+            socket_path, pid_path);
+    close(fd);
+    return 3;
+  }
+  char text[32] = {0};
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  long pid = n > 0 ? strtol(text, NULL, 10) : 0;
+  int pidfd = pid > 0 ? (int)syscall(SYS_pidfd_open, (pid_t)pid, 0) : -1;
+  /* The lock still held after pidfd_open: the pidfd names the daemon, not a reused pid. */
+  bool held = flock(fd, LOCK_SH | LOCK_NB) != 0;
+  close(fd);
+  if (pidfd < 0 || !held) {
+    if (pidfd >= 0) close(pidfd);
+    fprintf(stderr, "heapdump-collector: the collector for %s has just exited\n", socket_path);
+    return 0;
+  }
+  if (syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, NULL, 0) != 0) {
+    fprintf(stderr, "heapdump-collector: cannot signal pid %ld: %s\n", pid, strerror(errno));
+    close(pidfd);
+    return errno == EPERM ? 6 : 1;
+  }
+  struct pollfd p = {.fd = pidfd, .events = POLLIN};
+  int ready;
+  do {
+    ready = poll(&p, 1, STOP_WAIT_SECONDS * 1000);
+  } while (ready < 0 && errno == EINTR);
+  close(pidfd);
+  if (ready <= 0) {
+    fprintf(stderr, "heapdump-collector: pid %ld did not exit within %d s\n", pid,
+            STOP_WAIT_SECONDS);
+    return 1;
+  }
+  printf("heapdump-collector: stopped pid %ld\n", pid);
+  return 0;
+}
+
+/* ---- detaching ---- */
+
+/* Opens the log, moving a big one aside first. */
+static int open_log(const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > LOG_ROTATE_BYTES) {
+    char old[PATH_MAX + 8];
+    snprintf(old, sizeof old, "%s.old", path);
+    rename(path, old);
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "heapdump-collector: cannot open the log file %s: %s\n", path,
+            strerror(errno));
+  }
+  return fd;
+}
+
+/* Forks; the parent waits for the daemon's word and exits with 0 (it listens: its pid is
+ * printed) or 1 (it failed: it printed why). Returns in the daemon with *ready_fd to write its
+ * pid to once it listens. */
+static void detach(int *ready_fd) {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) {
+    fprintf(stderr, "heapdump-collector: cannot detach: %s\n", strerror(errno));
+    exit(1);
+  }
+  fflush(NULL);
+  pid_t child = fork();
+  if (child < 0) {
+    fprintf(stderr, "heapdump-collector: cannot detach: %s\n", strerror(errno));
+    exit(1);
+  }
+  if (child == 0) {
+    close(pipefd[0]);
+    setsid();
+    *ready_fd = pipefd[1];
+    return;
+  }
+  close(pipefd[1]);
+  int pid = 0;
+  ssize_t n;
+  do {
+    n = read(pipefd[0], &pid, sizeof pid);
+  } while (n < 0 && errno == EINTR);
+  if (n == (ssize_t)sizeof pid) exit(0);
+  int status;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) continue;
+  exit(1);
+}
+
+/* The daemon's last step before serving: stdio away from the terminal, the parent told. */
+static void finish_detaching(int ready_fd, int log_fd, const char *socket_path,
+                             const char *log_path) {
+  int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd >= 0) {
+    dup2(null_fd, STDIN_FILENO);
+    close(null_fd);
+  }
+  printf("heapdump-collector: pid %d, listening on %s, log %s\n", (int)getpid(), socket_path,
+         log_path);
+  fflush(stdout);
+  dup2(log_fd, STDOUT_FILENO);
+  dup2(log_fd, STDERR_FILENO);
+  if (chdir("/") != 0) { /* keeps no directory busy; every path is absolute by now */
+  }
+  int pid = (int)getpid();
+  if (write(ready_fd, &pid, sizeof pid) != (ssize_t)sizeof pid) { /* the parent is gone */
+  }
+  close(ready_fd);
+}
+
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"socket", required_argument, 0, 's'},      {"storage", required_argument, 0, 'd'},
       {"max-stored", required_argument, 0, 'n'},  {"max-storage-bytes", required_argument, 0, 'b'},
       {"foreground", no_argument, 0, 'f'},        {"log-level", required_argument, 0, 'l'},
-      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-  hd_collector_options options = {.log_level = HD_LOG_INFO};
-  int foreground = 0, opt;
+      {"log-file", required_argument, 0, 'L'},    {"stop", no_argument, 0, 'S'},
+      {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  hd_collector_options options = {.log_level = HD_LOG_INFO,
+                                  .max_stored = DEFAULT_MAX_STORED,
+                                  .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES};
+  int foreground = 0, stop = 0, opt;
+  const char *log_file = NULL, *socket_arg = NULL, *storage_arg = NULL;
   unsigned long long count;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
-      case 's': options.socket_path = optarg; break;
-      case 'd': options.storage_dir = optarg; break;
+      case 's': socket_arg = optarg; break;
+      case 'd': storage_arg = optarg; break;
       case 'n':
         if (!parse_count(optarg, UINT32_MAX, &count)) {
           fprintf(stderr, "heapdump-collector: bad --max-stored: %s (a count, 0 for no limit)\n",
@@ -84,6 +290,8 @@ int main(int argc, char **argv) {
         options.max_storage_bytes = count;
         break;
       case 'f': foreground = 1; break;
+      case 'L': log_file = optarg; break;
+      case 'S': stop = 1; break;
       case 'l':
         options.log_level = parse_level(optarg);
         if (options.log_level < 0) {
@@ -91,6 +299,7 @@ int main(int argc, char **argv) {
           return 2;
         }
         break;
+      case 'V': printf("heapdump-collector %s\n", HEAPDUMP_VERSION_STRING); return 0;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -99,18 +308,55 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  char socket_path[PATH_MAX], storage[PATH_MAX], log_path[PATH_MAX] = "", pid_path[PATH_MAX];
+  if (socket_arg != NULL) {
+    if (!make_absolute(socket_arg, socket_path, sizeof socket_path)) {
+      fprintf(stderr, "heapdump-collector: --socket path too long\n");
+      return 2;
+    }
+  } else if (hd_default_socket_path(socket_path, sizeof socket_path) != 0) {
+    fprintf(stderr, "heapdump-collector: the default socket path is too long\n");
+    return 2;
+  }
+  if (stop) return stop_daemon(socket_path);
+  if (storage_arg != NULL) {
+    if (!make_absolute(storage_arg, storage, sizeof storage)) {
+      fprintf(stderr, "heapdump-collector: --storage path too long\n");
+      return 2;
+    }
+    options.storage_dir = storage;
+  }
+  options.socket_path = socket_path;
+  if (!beside_socket(socket_path, ".pid", pid_path, sizeof pid_path) ||
+      (log_file != NULL && !make_absolute(log_file, log_path, sizeof log_path)) ||
+      (log_file == NULL && !foreground &&
+       !beside_socket(socket_path, ".log", log_path, sizeof log_path))) {
+    fprintf(stderr, "heapdump-collector: path too long\n");
+    return 2;
+  }
+
+  int ready_fd = -1;
+  if (!foreground) detach(&ready_fd);
+  /* Errors up to here reach the terminal (the detaching parent still waits); the log after. */
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
   if (rc != 0) {
     fprintf(stderr, "heapdump-collector: cannot start: %s\n", strerror(-rc));
     return 1;
   }
-  /* Detach only once the socket is listening, so that "started" means "reachable". */
-  if (!foreground && daemon(0, 1) != 0) {
-    fprintf(stderr, "heapdump-collector: cannot detach: %s\n", strerror(errno));
+  int log_fd = log_path[0] ? open_log(log_path) : -1;
+  int pid_fd = log_path[0] && log_fd < 0 ? -1 : pid_file_create(pid_path);
+  if (pid_fd < 0) {
+    if (log_fd >= 0) close(log_fd);
     hd_collector_destroy(c);
     return 1;
   }
+  if (!foreground) {
+    finish_detaching(ready_fd, log_fd, socket_path, log_path);
+  } else if (log_fd >= 0) {
+    dup2(log_fd, STDERR_FILENO);
+  }
+  if (log_fd >= 0) close(log_fd);
   running = c;
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
@@ -120,5 +366,6 @@ int main(int argc, char **argv) {
   rc = hd_collector_run(c);
   running = NULL;
   hd_collector_destroy(c);
+  pid_file_remove(pid_path, pid_fd);
   return rc == 0 ? 0 : 1;
 }

@@ -16,6 +16,8 @@
 
 /* A client that does not acknowledge a batch for this long is dropped. */
 #define ACK_TIMEOUT_SECONDS 60
+/* How long a stopping collector lets running streams finish before it cuts their clients off. */
+#define STOP_GRACE_SECONDS 2
 /* Blocks larger than this are sent without contents. */
 #define MAX_CONTENTS_BLOCK (256u << 20)
 
@@ -271,6 +273,15 @@ static void stream_stored(hd_stream_job *job, hd_batch_channel *ch, hd_batch_wri
   }
 }
 
+static void unlink_stream(hd_collector *c, hd_stream_job *job) {
+  if (job->prev != NULL) {
+    job->prev->next = job->next;
+  } else {
+    c->streams = job->next;
+  }
+  if (job->next != NULL) job->next->prev = job->prev;
+}
+
 static void *run_stream(void *arg) {
   hd_stream_job *job = arg;
   hd_collector *c = job->c;
@@ -292,13 +303,14 @@ static void *run_stream(void *arg) {
       stream_live(job, &channel, w);
     }
   }
-  close(job->receiver);
+  pthread_mutex_lock(&c->lock);
+  unlink_stream(c, job);
+  close(job->receiver); /* under the lock: a stop never shuts down a reused descriptor */
+  if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+  pthread_mutex_unlock(&c->lock);
   free(scratch);
   free(w);
   free(job);
-  pthread_mutex_lock(&c->lock);
-  if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
-  pthread_mutex_unlock(&c->lock);
   return NULL;
 }
 
@@ -306,6 +318,10 @@ void hd_start_stream(hd_stream_job *job) {
   hd_collector *c = job->c;
   pthread_mutex_lock(&c->lock);
   c->active_streams++;
+  job->prev = NULL;
+  job->next = c->streams;
+  if (c->streams != NULL) c->streams->prev = job;
+  c->streams = job;
   pthread_mutex_unlock(&c->lock);
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -315,17 +331,30 @@ void hd_start_stream(hd_stream_job *job) {
     /* Closing the receiver tells the client; an error report would wait for its answer on the
      * poll thread. */
     hd_log(c, HD_LOG_ERROR, "cannot start a stream thread; dropping a request");
-    close(job->receiver);
-    free(job);
     pthread_mutex_lock(&c->lock);
+    unlink_stream(c, job);
+    close(job->receiver);
     if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
     pthread_mutex_unlock(&c->lock);
+    free(job);
   }
   pthread_attr_destroy(&attr);
 }
 
 void hd_wait_streams(hd_collector *c) {
+  struct timespec grace;
+  clock_gettime(CLOCK_REALTIME, &grace);
+  grace.tv_sec += STOP_GRACE_SECONDS;
   pthread_mutex_lock(&c->lock);
+  while (c->active_streams > 0) {
+    if (pthread_cond_timedwait(&c->streams_done, &c->lock, &grace) == ETIMEDOUT) break;
+  }
+  if (c->active_streams > 0) {
+    hd_log(c, HD_LOG_INFO, "stopping: cutting off %d client stream(s)", c->active_streams);
+    for (hd_stream_job *job = c->streams; job != NULL; job = job->next) {
+      shutdown(job->receiver, SHUT_RDWR);
+    }
+  }
   while (c->active_streams > 0) pthread_cond_wait(&c->streams_done, &c->lock);
   pthread_mutex_unlock(&c->lock);
 }

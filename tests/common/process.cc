@@ -80,19 +80,48 @@ Collector::Collector(const std::string &base) : dir(base) {
 // A clean stop, checked: in the sanitizer build LeakSanitizer then checks the daemon for leaks.
 Collector::~Collector() { Stop(SIGTERM); }
 
+bool DetachedCollectors() {
+  const char *mode = getenv("HD_TEST_COLLECTOR_MODE");
+  return mode != nullptr && strcmp(mode, "detached") == 0;
+}
+
 void Collector::Start() {
-  std::vector<std::string> argv = {HD_COLLECTOR, "--foreground", "--socket", socket, "--storage",
-                                   storage, "--log-level", "debug"};
+  bool detached = DetachedCollectors();
+  std::vector<std::string> argv = {HD_COLLECTOR, "--socket", socket, "--storage", storage,
+                                   "--log-level", "debug"};
+  if (detached) {
+    // As a user starts it: it forks, the daemon outlives the starter. As the daemon's subreaper
+    // this test still reaps it, and sees its exit status.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    argv.insert(argv.end(), {"--log-file", log});
+  } else {
+    argv.insert(argv.begin() + 1, "--foreground");
+  }
   argv.insert(argv.end(), args.begin(), args.end());
-  pid = fork();
-  if (pid == 0) {
+  pid_t starter = fork();
+  if (starter == 0) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) dup2(fd, 2);
+    if (fd >= 0 && detached) dup2(fd, 1);
     for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
     if (uid != kSameUser && !BecomeUser(uid, gid)) _exit(126);
     DieWithTheTest();
     execv(HD_COLLECTOR, CStrings(argv).data());
     _exit(127);
+  }
+  pid = starter;
+  if (detached) {
+    int status = 0;
+    waitpid(starter, &status, 0);
+    pid = -1;
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "detaching collector status " << status << ":\n" << Log();
+    std::string pid_file = socket.substr(0, socket.size() - 5) + ".pid";
+    pid = atoi(ReadFile(pid_file).c_str());
+    ASSERT_GT(pid, 0) << "no pid in " << pid_file << ":\n" << Log();
+    ASSERT_NE(Log().find("heapdump-collector: pid " + std::to_string(pid) + ", listening on"),
+              std::string::npos)
+        << Log();
   }
   bool listening = WaitForListener(socket, pid);
   if (!listening) {

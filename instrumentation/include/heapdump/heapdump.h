@@ -27,6 +27,13 @@
 extern "C" {
 #endif
 
+/* The version of heapdump this header belongs to; every heapdump program prints it with
+ * --version. */
+#define HEAPDUMP_VERSION_MAJOR 0
+#define HEAPDUMP_VERSION_MINOR 1
+#define HEAPDUMP_VERSION_PATCH 0
+#define HEAPDUMP_VERSION_STRING "0.1.0"
+
 #define HEAPDUMP_OK 0
 /* An argument is NULL or out of range. */
 #define HEAPDUMP_ERROR_INVALID_ARGUMENT (-1)

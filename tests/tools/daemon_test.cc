@@ -1,0 +1,233 @@
+// The collector daemon as users run it: started without options (it detaches), found through
+// its default socket and pid file, stopped with --stop, run by its systemd unit, installed with
+// `cmake --install`. The README's quick start runs here verbatim, through bash.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "client.h"
+#include "listener.h"
+#include "process.h"
+
+namespace {
+
+using hdtest::ReadFile;
+using hdtest::RemoveWhenPassed;
+using hdtest::TempDir;
+using hdtest::WaitUntil;
+
+struct Output {
+  int status = -1;  // exit status, or 128+signal
+  std::string out;
+};
+
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// The daemons detach from the shells that start them; this test is their subreaper, so they
+// become its children, and one that exited is reaped here rather than seen as a zombie.
+bool Alive(pid_t pid) {
+  if (pid <= 0) return false;
+  waitpid(pid, nullptr, WNOHANG);
+  return kill(pid, 0) == 0;
+}
+
+// A user's shell: HOME and XDG_RUNTIME_DIR inside the test's directory, the two programs on
+// PATH, no HEAPDUMP_SOCKET (the default socket is used). stdout and stderr together.
+class DaemonTest : public ::testing::Test {
+ protected:
+  std::string dir = TempDir("daemon");
+  RemoveWhenPassed cleanup{dir};
+  std::string home = dir + "/home", runtime = dir + "/xdg", bin = dir + "/bin";
+  std::string socket = runtime + "/heapdump/collector.sock";
+  std::string pid_file = runtime + "/heapdump/collector.pid";
+
+  void SetUp() override {
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    ASSERT_EQ(mkdir(home.c_str(), 0700), 0);
+    ASSERT_EQ(mkdir(runtime.c_str(), 0700), 0);
+    ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
+    ASSERT_EQ(symlink(HD_CLI, (bin + "/heapdump").c_str()), 0);
+    ASSERT_EQ(symlink(HD_COLLECTOR, (bin + "/heapdump-collector").c_str()), 0);
+  }
+  void TearDown() override {
+    pid_t pid = DaemonPid();
+    if (pid != getpid() && Alive(pid)) kill(pid, SIGKILL);  // no daemon outlives a failed test
+  }
+  pid_t DaemonPid() const { return atoi(ReadFile(pid_file).c_str()); }
+
+  Output Shell(const std::string &script) const {
+    std::string path = dir + "/script.sh";
+    std::ofstream(path) << "set -e\n" << script;
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return {};
+    pid_t pid = fork();
+    if (pid == 0) {
+      dup2(pipefd[1], 1);
+      dup2(pipefd[1], 2);
+      close(pipefd[0]);
+      close(pipefd[1]);
+      if (chdir(dir.c_str()) != 0) _exit(125);
+      std::vector<std::string> env = {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime,
+                                      "PATH=" + bin + ":/usr/bin:/bin",
+                                      std::string("LIB=") + HD_PRELOAD_LIB,
+                                      std::string("LEAKY=") + HD_LEAKY,
+                                      std::string("LEAK_CHILD=") + HD_LEAK_CHILD};
+      std::vector<char *> envp;
+      for (auto &e : env) envp.push_back(&e[0]);
+      envp.push_back(nullptr);
+      execle("/bin/bash", "bash", path.c_str(), (char *)nullptr, envp.data());
+      _exit(127);
+    }
+    close(pipefd[1]);
+    Output o;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(pipefd[0], buf, sizeof buf)) > 0) o.out.append(buf, static_cast<size_t>(n));
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return o;
+  }
+};
+
+// The README's "With a collector daemon" lines as written, with the demo program as the server
+// (it stores a named snapshot through the API) and `sleep` as a program that keeps running.
+TEST_F(DaemonTest, ReadmeQuickStartWorksWithTheDetachedDaemon) {
+  Output o = Shell(
+      "heapdump-collector\n"
+      "heapdump run -- \"$LEAKY\"\n"
+      "LD_PRELOAD=$LIB sleep 30 &\n"
+      "for i in $(seq 100); do heapdump list >/dev/null && "
+      "  heapdump snapshot --name sleep -o now.pb.gz 2>/dev/null && break; sleep 0.1; done\n"
+      "heapdump snapshot --name sleep --contents -o now.dartheap\n"
+      "heapdump list; heapdump download 1 -o stored.pb.gz\n"
+      "kill %1\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  // The daemon detached and said where it is; its pid file names a live process.
+  EXPECT_NE(o.out.find("heapdump-collector: pid "), std::string::npos) << o.out;
+  pid_t pid = DaemonPid();
+  ASSERT_TRUE(Alive(pid)) << o.out;
+  // The API's named snapshot reached it, and so did the exit snapshot, each stored.
+  EXPECT_NE(o.out.find("heapdump_take_named_snapshot(\"after-build\") = 0"), std::string::npos)
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +after-build +leaky\[)"))) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n2 +exit +leaky\[)"))) << o.out;
+  EXPECT_NE(o.out.find("leaky["), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("did not load"), std::string::npos) << o.out;
+  struct stat st;
+  EXPECT_EQ(stat((dir + "/now.dartheap").c_str(), &st), 0) << o.out;
+  EXPECT_EQ(stat((dir + "/stored.pb.gz").c_str(), &st), 0) << o.out;
+  // It logs to the documented file, not to the terminal that started it.
+  std::string log = ReadFile(runtime + "/heapdump/collector.log");
+  EXPECT_NE(log.find("stored snapshot 2 \"exit\" of leaky"), std::string::npos) << log;
+
+  double start = Now();
+  Output stop = Shell("heapdump-collector --stop\n");
+  EXPECT_EQ(stop.status, 0) << stop.out;
+  EXPECT_LT(Now() - start, 5.0);
+  EXPECT_FALSE(Alive(pid));
+  EXPECT_NE(access(pid_file.c_str(), F_OK), 0) << "pid file left behind";
+  EXPECT_NE(access(socket.c_str(), F_OK), 0) << "socket left behind";
+  // Stopping again: nothing runs, a distinct status.
+  EXPECT_EQ(Shell("heapdump-collector --stop\n").status, 3);
+}
+
+TEST_F(DaemonTest, StartReportsErrorsOnTheTerminalAndAStalePidFileIsNotTrusted) {
+  ASSERT_EQ(Shell("heapdump-collector\n").status, 0);
+  pid_t pid = DaemonPid();
+  // A second one refuses, saying why, on the terminal.
+  Output again = Shell("heapdump-collector\n");
+  EXPECT_EQ(again.status, 1) << again.out;
+  EXPECT_NE(again.out.find("already listening"), std::string::npos) << again.out;
+  EXPECT_TRUE(Alive(pid));
+  ASSERT_EQ(Shell("heapdump-collector --stop\n").status, 0);
+  // A pid file nobody holds (a daemon killed with SIGKILL leaves one) names no collector, even
+  // when its pid is alive: this test's own.
+  std::ofstream(pid_file) << getpid() << "\n";
+  Output stale = Shell("heapdump-collector --stop\n");
+  EXPECT_EQ(stale.status, 3) << stale.out;
+  EXPECT_NE(stale.out.find("stale"), std::string::npos) << stale.out;
+}
+
+// SIGTERM ends the daemon within a few seconds even while a client that never acknowledges a
+// batch holds a snapshot stream open.
+TEST_F(DaemonTest, StopDoesNotWaitForAStalledClient) {
+  ASSERT_EQ(Shell("heapdump-collector\n").status, 0);
+  pid_t pid = DaemonPid();
+  hdtest::Program server({"/bin/sleep", "30"}, hdtest::InstrumentedEnv(socket));
+  auto by_pid = hdtest::ByPid(server.pid);
+  ASSERT_TRUE(WaitUntil([&] { return hdtest::TakeLiveSnapshot(socket, &by_pid)->only(); }));
+  hdtest::Call stalled(socket);
+  heapdump_client_CollectorTakeLiveSnapshotRequest req =
+      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+  req.has_process_selector = true;
+  req.process_selector = by_pid;
+  req.has_receiver = true;
+  req.receiver = {true, 0};
+  hd_message msg;
+  ASSERT_EQ(hd_collector_take_live_snapshot(stalled.fd, &msg, &req, &stalled.ends[1], 1), HD_OK);
+  stalled.SentTheirEnd();
+  usleep(300 * 1000);  // the first batch is sent and waits for an acknowledgement never given
+  double start = Now();
+  Output stop = Shell("heapdump-collector --stop\n");
+  EXPECT_EQ(stop.status, 0) << stop.out;
+  EXPECT_LT(Now() - start, 6.0) << stop.out;
+  EXPECT_FALSE(Alive(pid));
+  server.Kill();
+}
+
+// The systemd user unit shipped in the tree, run as systemd would: its ExecStart with %t
+// expanded, in the foreground; SIGTERM (systemd's stop) ends it cleanly.
+TEST_F(DaemonTest, SystemdUnitServesTheDefaultSocket) {
+  std::string unit = ReadFile(std::string(HD_SOURCE_DIR) + "/collector/systemd/heapdump-collector.service");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(unit, m, std::regex("\nExecStart=(\\S+)( [^\n]*)\n"))) << unit;
+  EXPECT_EQ(m[1].str(), "/usr/local/bin/heapdump-collector");
+  std::string args = std::regex_replace(m[2].str(), std::regex("%t"), runtime);
+  Output o = Shell("heapdump-collector" + args + " &\n"
+                   "for i in $(seq 100); do heapdump list >/dev/null 2>&1 && break; sleep 0.1; done\n"
+                   "heapdump run -- \"$LEAK_CHILD\" || true\n"
+                   "heapdump list\n"
+                   "kill -TERM %1; wait %1\n");
+  EXPECT_EQ(o.status, 0) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +exit +leak_child\[)"))) << o.out;
+  EXPECT_NE(access(socket.c_str(), F_OK), 0);
+}
+
+#ifdef HD_CMAKE_COMMAND
+// The documented install step, then the installed programs used from the install tree only.
+TEST_F(DaemonTest, InstalledTreeRunsAndShipsTheUnit) {
+  std::string prefix = dir + "/prefix";
+  std::string install = std::string(HD_CMAKE_COMMAND) + " --install " + HD_BUILD_DIR +
+                        " --prefix " + prefix + " >/dev/null\n";
+  Output o = Shell(install + "PATH=" + prefix + "/bin:/usr/bin:/bin\n"
+                   "heapdump run -- \"$LEAK_CHILD\" || test $? = 3\n"
+                   "grep ExecStart " + prefix + "/share/systemd/user/heapdump-collector.service\n");
+  EXPECT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("leak_small"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("ExecStart=" + prefix + "/bin/heapdump-collector --foreground"),
+            std::string::npos)
+      << o.out;
+}
+#endif
+
+}  // namespace
