@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -27,24 +28,41 @@ static hd_status fill_address(const char *path, struct sockaddr_un *addr) {
   return HD_OK;
 }
 
-hd_status hd_channel_connect(const char *path, int *out_fd) {
+hd_status hd_channel_set_timeout(int fd, double seconds) {
+  if (seconds < 0) return HD_ERR_INVALID_ARGS;
+  struct timeval tv = {(time_t)seconds, (suseconds_t)((seconds - (double)(time_t)seconds) * 1e6)};
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+    return HD_ERR_IO;
+  }
+  return HD_OK;
+}
+
+hd_status hd_channel_connect_timeout(const char *path, double seconds, int *out_fd) {
   struct sockaddr_un addr;
   hd_status status = fill_address(path, &addr);
   if (status != HD_OK) return status;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return HD_ERR_IO;
-  int rc;
-  do {
-    rc = connect(fd, (const struct sockaddr *)&addr, sizeof addr);
-  } while (rc != 0 && errno == EINTR);
+  /* Set before connect: a Unix socket's connect waits for backlog room as long as a send. */
+  status = seconds > 0 ? hd_channel_set_timeout(fd, seconds) : HD_OK;
+  int rc = status == HD_OK ? 0 : -1;
+  while (rc == 0 && (rc = connect(fd, (const struct sockaddr *)&addr, sizeof addr)) != 0 &&
+         errno == EINTR) {
+    rc = 0;
+  }
   if (rc != 0) {
     int saved = errno;
     close(fd);
     errno = saved;
-    return HD_ERR_IO;
+    return saved == EAGAIN ? HD_ERR_TIMED_OUT : HD_ERR_IO;
   }
   *out_fd = fd;
   return HD_OK;
+}
+
+hd_status hd_channel_connect(const char *path, int *out_fd) {
+  return hd_channel_connect_timeout(path, 0, out_fd);
 }
 
 hd_status hd_channel_listen(const char *path, int backlog, int *out_fd) {
@@ -88,6 +106,7 @@ hd_status hd_channel_send(int fd, const void *bytes, size_t size, const int *fds
   do {
     sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
+  if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return HD_ERR_TIMED_OUT;
   if (sent < 0) return (errno == EPIPE || errno == ECONNRESET) ? HD_ERR_PEER_CLOSED : HD_ERR_IO;
   return (size_t)sent == size ? HD_OK : HD_ERR_IO;
 }
@@ -135,6 +154,7 @@ hd_status hd_channel_recv(int fd, void *bytes, size_t capacity, size_t *size, in
   do {
     got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
   } while (got < 0 && errno == EINTR);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return HD_ERR_TIMED_OUT;
   if (got < 0) return errno == ECONNRESET ? HD_ERR_PEER_CLOSED : HD_ERR_IO;
   bool all_kept = collect_fds(&msg, fds, max_fds, fd_count);
   if (got == 0 && *fd_count == 0 && !(msg.msg_flags & MSG_TRUNC)) return HD_ERR_PEER_CLOSED;

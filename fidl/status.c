@@ -20,6 +20,7 @@ const char *hd_status_str(hd_status status) {
     case HD_ERR_REASSEMBLY: return "snapshot stream is inconsistent";
     case HD_ERR_NO_MEMORY: return "out of memory";
     case HD_ERR_CANCELED: return "canceled";
+    case HD_ERR_TIMED_OUT: return "timed out";
   }
   return "unknown status";
 }

@@ -65,7 +65,7 @@ static bool register_locked(void) {
     snprintf(path, sizeof path, "/tmp/heapdump-%u/collector.sock", (unsigned)getuid());
   }
   int fd, sink[2];
-  if (hd_channel_connect(path, &fd) != HD_OK) return false;
+  if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &fd) != HD_OK) return false;
   if (hd_channel_pair(sink) != HD_OK) {
     close(fd);
     return false;

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -193,6 +195,49 @@ TEST_F(DaemonTest, StopDoesNotWaitForAStalledClient) {
   EXPECT_LT(Now() - start, 6.0) << stop.out;
   EXPECT_FALSE(Alive(pid));
   server.Kill();
+}
+
+// A collector that accepted the connection but never answers (here: stopped with SIGSTOP, and a
+// socket that listens but is no collector) makes every call give up with status 7 after
+// --timeout, and instrumented programs go on after their bounded waits.
+TEST_F(DaemonTest, NothingHangsOnACollectorThatDoesNotAnswer) {
+  ASSERT_EQ(Shell("heapdump-collector\n").status, 0);
+  pid_t pid = DaemonPid();
+  ASSERT_EQ(Shell("heapdump run -- \"$LEAK_CHILD\" || true\n").status, 0);  // stores snapshot 1
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  for (const char *call : {"list", "snapshot --pid 1", "download 1 -o x.pb.gz", "list --json"}) {
+    double start = Now();
+    Output o = Shell(std::string("heapdump ") + call + " --timeout 1\n");
+    EXPECT_EQ(o.status, 7) << call << ": " << o.out;
+    EXPECT_NE(o.out.find("did not"), std::string::npos) << call << ": " << o.out;
+    EXPECT_LT(Now() - start, 5.0) << call;
+  }
+  double start = Now();  // the default timeout
+  EXPECT_EQ(Shell("heapdump list\n").status, 7);
+  EXPECT_LT(Now() - start, 15.0);
+  // The library's waits are bounded too: the program runs, its named snapshot fails.
+  start = Now();
+  Output leaky = Shell("LD_PRELOAD=$LIB \"$LEAKY\"\n");
+  EXPECT_EQ(leaky.status, 0) << leaky.out;
+  EXPECT_NE(leaky.out.find("heapdump_take_named_snapshot(\"after-build\") = -3"), std::string::npos)
+      << leaky.out;
+  EXPECT_LT(Now() - start, 30.0);
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  EXPECT_EQ(Shell("heapdump list --timeout 1\n").status, 0);
+  EXPECT_EQ(Shell("heapdump-collector --stop\n").status, 0);
+
+  // Something else listens at the socket and never accepts.
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  start = Now();
+  Output o = Shell("heapdump list --timeout 1 || echo status=$?\n");
+  EXPECT_NE(o.out.find("status=7"), std::string::npos) << o.out;
+  EXPECT_LT(Now() - start, 5.0);
+  close(fd);
 }
 
 // The systemd user unit shipped in the tree, run as systemd would: its ExecStart with %t

@@ -22,6 +22,7 @@ enum {
   EXIT_NOT_FOUND = 4,    /* no matching process, unknown snapshot id */
   EXIT_AMBIGUOUS = 5,    /* several processes match and one is needed */
   EXIT_PERMISSION = 6,   /* the collector or a file refused us */
+  EXIT_TIMEOUT = 7,      /* the collector accepted but did not answer in time */
   EXIT_RUN_FAILED = 125, /* `run`: heapdump failed before the command could run */
 };
 
@@ -44,6 +45,9 @@ typedef struct cli_options {
   uint64_t pid;
   const char *name;
   double interval;
+  /* --timeout: seconds a collector may take to answer a call or to send the next batch of a
+   * stream; 0 waits forever. */
+  double timeout;
   size_t top;
   size_t max_frames; /* text: frames shown per group */
   hd_report_by by;
@@ -58,9 +62,11 @@ extern bool cli_quiet;
 
 /* ---- talking to the collector (client.c) ---- */
 
-/* Connects to the collector; on failure prints why (and how to start one) and returns the exit
- * code, else 0. */
+/* Connects to the collector with o->timeout on the connection; on failure prints why (and how to
+ * start one) and returns the exit code, else 0. */
 int cli_connect(const cli_options *o, int *fd);
+/* Says that the collector did not `what` within o->timeout; returns EXIT_TIMEOUT. */
+int cli_timed_out(const cli_options *o, const char *what);
 /* A live snapshot of the process(es) o selects into r (finished). Returns an exit code. */
 int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
 typedef struct cli_stored {

@@ -12,10 +12,33 @@
 #include "heapdump/fidl/channel.h"
 #include "heapdump_client.bindings.h"
 
+int cli_timed_out(const cli_options *o, const char *what) {
+  cli_error("the collector at %s did not %s within %g s: it is stopped, stuck, or not a heapdump "
+            "collector (--timeout changes the wait)",
+            o->socket, what, o->timeout);
+  return EXIT_TIMEOUT;
+}
+
+/* A channel end of ours that waits on the collector at most o->timeout per message. */
+static int new_channel(const cli_options *o, int ends[2]) {
+  if (hd_channel_pair(ends) != HD_OK) {
+    cli_error("cannot create a channel: %s", strerror(errno));
+    return EXIT_FAILURE_;
+  }
+  if (hd_channel_set_timeout(ends[0], o->timeout) != HD_OK) {
+    close(ends[0]);
+    close(ends[1]);
+    cli_error("cannot set a timeout on a channel: %s", strerror(errno));
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
 int cli_connect(const cli_options *o, int *fd) {
   errno = 0;
-  hd_status status = hd_channel_connect(o->socket, fd);
+  hd_status status = hd_channel_connect_timeout(o->socket, o->timeout, fd);
   if (status == HD_OK) return 0;
+  if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, "accept the connection");
   int err = errno;
   if (err == EACCES || err == EPERM) {
     cli_error("permission denied connecting to the collector at %s", o->socket);
@@ -62,10 +85,9 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
   int fd, rc = cli_connect(o, &fd);
   if (rc != 0) return rc;
   int ends[2];
-  if (hd_channel_pair(ends) != HD_OK) {
+  if ((rc = new_channel(o, ends)) != 0) {
     close(fd);
-    cli_error("cannot create a channel: %s", strerror(errno));
-    return EXIT_FAILURE_;
+    return rc;
   }
   hd_message *msg = malloc(sizeof *msg);
   hd_status status = HD_ERR_NO_MEMORY;
@@ -97,6 +119,7 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
   free(msg);
   close(ends[0]);
   close(fd);
+  if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, "send the next part of the snapshot");
   if (status != HD_OK) {
     if (status == HD_ERR_REASSEMBLY || status == HD_ERR_DECODE) {
       cli_error("the collector sent a malformed snapshot: %s",
@@ -220,10 +243,9 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
   int fd, rc = cli_connect(o, &fd);
   if (rc != 0) return rc;
   int ends[2];
-  if (hd_channel_pair(ends) != HD_OK) {
+  if ((rc = new_channel(o, ends)) != 0) {
     close(fd);
-    cli_error("cannot create a channel: %s", strerror(errno));
-    return EXIT_FAILURE_;
+    return rc;
   }
   hd_message *msg = malloc(sizeof *msg);
   list_state st = {0};
@@ -262,6 +284,10 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
   free(msg);
   close(ends[0]);
   close(fd);
+  if (status == HD_ERR_TIMED_OUT) {
+    free(st.items);
+    return cli_timed_out(o, "answer the listing");
+  }
   if (status != HD_OK) {
     free(st.items);
     cli_error("listing stored snapshots failed: %s",

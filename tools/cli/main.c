@@ -55,6 +55,8 @@ static const char kCommonHelp[] =
     "      --socket PATH     the collector's socket (default: $HEAPDUMP_SOCKET, else\n"
     "                        $XDG_RUNTIME_DIR/heapdump/collector.sock, else\n"
     "                        /tmp/heapdump-$UID/collector.sock)\n"
+    "      --timeout S       give up when the collector does not answer, or sends nothing of\n"
+    "                        a snapshot, for S seconds (default 10; 0: wait forever)\n"
     "  -h, --help            this help\n";
 
 static const struct {
@@ -120,7 +122,8 @@ static void command_help(size_t i) {
   if (kCommands[i].output_options) printf("%s", kOutputHelp);
   printf("%s", kCommonHelp);
   printf("\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
-         "process or snapshot, 5 ambiguous process name, 6 permission denied%s.\n",
+         "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
+         "did not answer in time%s.\n",
          strcmp(kCommands[i].name, "run") == 0
              ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump could "
                "not start it, 126/127 if it\ncould not be executed / found"
@@ -146,7 +149,12 @@ enum {
   OPT_TOP,
   OPT_BY,
   OPT_JSON,
+  OPT_TIMEOUT,
 };
+
+/* How long a collector may take to answer: it answers calls at once and sends a 10^6-block
+ * snapshot's batches in well under a second, so a silent one is stuck, stopped or not one. */
+#define DEFAULT_TIMEOUT_SECONDS 10
 
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
@@ -161,7 +169,8 @@ int main(int argc, char **argv) {
   if (command == SIZE_MAX) return usage_error("unknown command '%s'", argv[1]);
   const char *name = kCommands[command].name;
 
-  cli_options o = {.symbolize = true, .top = 20, .max_frames = 8};
+  cli_options o = {.symbolize = true, .top = 20, .max_frames = 8,
+                   .timeout = DEFAULT_TIMEOUT_SECONDS};
   static const struct option kLong[] = {
       {"help", no_argument, NULL, 'h'},
       {"output", required_argument, NULL, 'o'},
@@ -180,6 +189,7 @@ int main(int argc, char **argv) {
       {"top", required_argument, NULL, OPT_TOP},
       {"by", required_argument, NULL, OPT_BY},
       {"json", no_argument, NULL, OPT_JSON},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {NULL, 0, NULL, 0},
   };
   /* run: "+" stops at the first non-option, so COMMAND's own options are left alone; the other
@@ -282,6 +292,16 @@ int main(int argc, char **argv) {
       case OPT_JSON:
         o.json = true;
         break;
+      case OPT_TIMEOUT: {
+        char *end;
+        errno = 0;
+        o.timeout = strtod(optarg, &end);
+        if (errno != 0 || end == optarg || *end != '\0' || !(o.timeout >= 0) || o.timeout > 1e6) {
+          return usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
+                             optarg);
+        }
+        break;
+      }
       default:
         if (optopt != 0 && optopt < 256) {
           return usage_error("%s: option -%c is unknown or needs a value", name, optopt);

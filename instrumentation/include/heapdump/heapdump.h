@@ -84,7 +84,10 @@ HEAPDUMP_DECL int heapdump_get_stats(struct heapdump_stats *out);
  * Returns HEAPDUMP_OK when the collector has it; HEAPDUMP_ERROR_INVALID_ARGUMENT for a bad
  * name; HEAPDUMP_ERROR_NOT_RECORDING; HEAPDUMP_ERROR_NO_MEMORY; HEAPDUMP_ERROR_NO_COLLECTOR
  * if no collector answered; HEAPDUMP_ERROR_COLLECTOR_REFUSED if it could not store it. The
- * snapshot is downloadable from the collector after the program exits. */
+ * snapshot is downloadable from the collector after the program exits. The call never waits
+ * unboundedly on the collector: each step (connecting, registering, storing) gives up after
+ * 2 s without an answer, and a failed attempt is retried once (the collector may have
+ * restarted), so a stuck collector costs the caller at most about 12 s. */
 HEAPDUMP_DECL int heapdump_take_named_snapshot(const char *name);
 
 #if defined(HEAPDUMP_WEAK_API)

@@ -25,6 +25,15 @@ HD_MUST_CHECK hd_status hd_channel_pair(int ends[2]);
 /* Connects to a listening socket at path. */
 HD_MUST_CHECK hd_status hd_channel_connect(const char *path, int *out_fd);
 
+/* As hd_channel_connect, and every later send and receive on the channel (connect too, when the
+ * listener's backlog is full) gives up with HD_ERR_TIMED_OUT after `seconds` without progress;
+ * 0 waits forever. */
+HD_MUST_CHECK hd_status hd_channel_connect_timeout(const char *path, double seconds, int *out_fd);
+
+/* Makes sends and receives on fd give up with HD_ERR_TIMED_OUT after `seconds` without
+ * progress (0: wait forever). */
+HD_MUST_CHECK hd_status hd_channel_set_timeout(int fd, double seconds);
+
 /* Binds and listens at path (removing a stale socket file first). */
 HD_MUST_CHECK hd_status hd_channel_listen(const char *path, int backlog, int *out_fd);
 

@@ -27,6 +27,7 @@ typedef enum hd_status {
   HD_ERR_REASSEMBLY,         /* chunks or references of a snapshot stream do not add up */
   HD_ERR_NO_MEMORY,          /* an allocation failed (receiver side only) */
   HD_ERR_CANCELED,           /* a callback asked to stop */
+  HD_ERR_TIMED_OUT,          /* nothing arrived or could be sent within the channel's timeout */
 } hd_status;
 
 /* A constant, human-readable description of a status. */
