@@ -166,10 +166,12 @@ static bool remove_locked(hd_collector *c, hd_process *p) {
   return true;
 }
 
-/* After p left the live set: the exit snapshot, and the live set's reference. */
-static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot) {
-  hd_log(c, HD_LOG_INFO, "process %s[%u] exited", p->name, (unsigned)p->pid);
-  if (exit_snapshot) hd_queue_exit_snapshot(c, p);
+/* After p left the live set: its last snapshot ("exit", or "exec" when the process lives on
+ * as another image), and the live set's reference. */
+static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot, bool exec) {
+  hd_log(c, HD_LOG_INFO, "process %s[%u] %s", p->name, (unsigned)p->pid,
+         exec ? "exec'd another program" : "exited");
+  if (exit_snapshot) hd_queue_exit_snapshot(c, p, exec ? HD_EXEC_SNAPSHOT_NAME : HD_EXIT_SNAPSHOT_NAME);
   hd_process_release(p);
 }
 
@@ -177,13 +179,14 @@ void hd_process_exited(hd_collector *c, hd_process *p) {
   pthread_mutex_lock(&c->lock);
   bool removed = remove_locked(c, p);
   bool exit_snapshot = p->exit_snapshot;
+  if (removed && exit_snapshot) hd_worker_reserve_exit(c);
   pthread_mutex_unlock(&c->lock);
-  if (removed) finish_exit(c, p, exit_snapshot);
+  if (removed) finish_exit(c, p, exit_snapshot, false);
 }
 
 hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *absorbed) {
   hd_process *entry = NULL, *stale = NULL;
-  bool stale_exit_snapshot = false;
+  bool stale_exit_snapshot = false, exec = false;
   *absorbed = false;
   pthread_mutex_lock(&c->lock);
   hd_process *existing = find_locked(c, p->pid);
@@ -193,10 +196,14 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *
     entry = hd_process_retain(existing);
     *absorbed = true;
   } else {
-    if (existing != NULL) { /* its pid now names another process: it has exited */
+    if (existing != NULL) {
+      /* Its pid registers new tables: the process is still alive, so it exec'd another program,
+       * or it exited and its pid names another process now. */
+      exec = existing->pidfd >= 0 && hd_process_alive(existing);
       remove_locked(c, existing);
       stale = existing;
       stale_exit_snapshot = existing->exit_snapshot;
+      if (stale_exit_snapshot) hd_worker_reserve_exit(c);
     }
     if (c->process_count < HD_MAX_PROCESSES) {
       p->live = true;
@@ -207,7 +214,7 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *
     }
   }
   pthread_mutex_unlock(&c->lock);
-  if (stale != NULL) finish_exit(c, stale, stale_exit_snapshot);
+  if (stale != NULL) finish_exit(c, stale, stale_exit_snapshot, exec);
   hd_process_release(p);
   return entry;
 }
@@ -688,6 +695,26 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
 void hd_collector_stop(hd_collector *c) {
   atomic_store(&c->stop_requested, true); /* lock-free, so async-signal-safe */
   hd_wake_poll_thread(c);
+}
+
+void hd_collector_take_census(hd_collector *c, hd_collector_census *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->process_count; i++) {
+    const hd_process *p = c->processes[i];
+    if (hd_process_alive(p)) {
+      if (out->running < sizeof out->running_list / sizeof out->running_list[0]) {
+        out->running_list[out->running].pid = (uint32_t)p->pid;
+        snprintf(out->running_list[out->running].name, sizeof out->running_list[0].name, "%s",
+                 p->name);
+      }
+      out->running++;
+    } else {
+      out->exited_unhandled++;
+    }
+  }
+  out->exits_pending = hd_worker_exits_pending(c); /* under the lock: see hd_worker_reserve_exit */
+  pthread_mutex_unlock(&c->lock);
 }
 
 /* The live processes with a pidfd, retained, into out (HD_MAX_PROCESSES entries). */

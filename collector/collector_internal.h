@@ -171,7 +171,13 @@ int hd_worker_start(hd_collector *c);
 /* Returns once every queued job is done. */
 void hd_worker_stop(hd_collector *c);
 /* Queues p's exit snapshot (p is retained by the queue). */
-void hd_queue_exit_snapshot(hd_collector *c, hd_process *p);
+/* Counts an exit snapshot as pending: called under hd_collector.lock in the same critical
+ * section that takes its process out of the live set, so a census never misses it. */
+void hd_worker_reserve_exit(hd_collector *c);
+/* Queues p's exit snapshot (reserved before) under name; p is retained by the queue. */
+void hd_queue_exit_snapshot(hd_collector *c, hd_process *p, const char *name);
+/* Exit snapshots queued or being stored. */
+unsigned hd_worker_exits_pending(hd_collector *c);
 /* Queues storing a named snapshot from `memfd` (taken) and answering StoreNamedSnapshot with
  * `txid` on `reply_fd` (taken). False if it could not be queued: nothing is taken. */
 bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,

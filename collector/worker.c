@@ -34,6 +34,7 @@ typedef struct hd_worker {
   pthread_cond_t wake;
   job_queue named, at_exit;
   bool discovery_queued;
+  unsigned exits_pending; /* exit snapshots queued or being stored */
   bool stopping;
   hd_message *scratch;
 } hd_worker;
@@ -117,12 +118,15 @@ static void *run_exits(void *arg) {
       continue;
     }
     uint32_t id;
-    if (hd_store_snapshot(c, j->process, "exit", -1, &id) != 0) {
-      hd_log(c, HD_LOG_WARN, "no exit snapshot for %s[%u]", j->process->name,
+    if (hd_store_snapshot(c, j->process, j->name, -1, &id) != 0) {
+      hd_log(c, HD_LOG_WARN, "no %s snapshot for %s[%u]", j->name, j->process->name,
              (unsigned)j->process->pid);
     }
     hd_process_release(j->process);
     free(j);
+    pthread_mutex_lock(&w->lock);
+    w->exits_pending--;
+    pthread_mutex_unlock(&w->lock);
   }
   return NULL;
 }
@@ -185,15 +189,33 @@ static void enqueue(hd_worker *w, job_queue *q, job *j) {
   pthread_mutex_unlock(&w->lock);
 }
 
-void hd_queue_exit_snapshot(hd_collector *c, hd_process *p) {
+void hd_queue_exit_snapshot(hd_collector *c, hd_process *p, const char *name) {
   job *j = calloc(1, sizeof *j);
   if (j == NULL) {
-    hd_log(c, HD_LOG_ERROR, "out of memory: no exit snapshot for %s[%u]", p->name, (unsigned)p->pid);
+    hd_log(c, HD_LOG_ERROR, "out of memory: no %s snapshot for %s[%u]", name, p->name,
+           (unsigned)p->pid);
+    pthread_mutex_lock(&c->worker->lock);
+    c->worker->exits_pending--;
+    pthread_mutex_unlock(&c->worker->lock);
     return;
   }
   j->process = hd_process_retain(p);
   j->memfd = j->reply_fd = -1;
+  snprintf(j->name, sizeof j->name, "%s", name);
   enqueue(c->worker, &c->worker->at_exit, j);
+}
+
+void hd_worker_reserve_exit(hd_collector *c) {
+  pthread_mutex_lock(&c->worker->lock);
+  c->worker->exits_pending++;
+  pthread_mutex_unlock(&c->worker->lock);
+}
+
+unsigned hd_worker_exits_pending(hd_collector *c) {
+  pthread_mutex_lock(&c->worker->lock);
+  unsigned n = c->worker->exits_pending;
+  pthread_mutex_unlock(&c->worker->lock);
+  return n;
 }
 
 bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,

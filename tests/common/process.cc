@@ -250,4 +250,29 @@ std::vector<std::string> InstrumentedEnv(const std::string &socket, bool exit_sn
   return env;
 }
 
+ShellOutput RunShell(const std::string &script, const std::string &cwd,
+                     const std::vector<std::string> &env) {
+  ShellOutput o;
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return o;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    if (chdir(cwd.c_str()) != 0) _exit(125);
+    std::vector<std::string> envp = env;
+    execle("/bin/bash", "bash", "-e", "-c", script.c_str(), (char *)nullptr, CStrings(envp).data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) o.out.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
 }  // namespace hdtest

@@ -70,6 +70,17 @@ struct Program {
   void Kill();
 };
 
+// What a shell script printed (stdout and stderr together) and its exit status (128+N if a
+// signal N ended it).
+struct ShellOutput {
+  int status = -1;
+  std::string out;
+};
+// Runs script with `bash -e` in cwd with exactly the environment env (NAME=VALUE), as a user's
+// shell would run the lines of the documentation.
+ShellOutput RunShell(const std::string &script, const std::string &cwd,
+                     const std::vector<std::string> &env);
+
 // The environment that instruments a program for the collector at socket.
 std::vector<std::string> InstrumentedEnv(const std::string &socket, bool exit_snapshot = false);
 

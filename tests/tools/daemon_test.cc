@@ -32,10 +32,7 @@ using hdtest::RemoveWhenPassed;
 using hdtest::TempDir;
 using hdtest::WaitUntil;
 
-struct Output {
-  int status = -1;  // exit status, or 128+signal
-  std::string out;
-};
+using Output = hdtest::ShellOutput;
 
 double Now() {
   timespec ts;
@@ -76,38 +73,11 @@ class DaemonTest : public ::testing::Test {
   pid_t DaemonPid() const { return atoi(ReadFile(pid_file).c_str()); }
 
   Output Shell(const std::string &script) const {
-    std::string path = dir + "/script.sh";
-    std::ofstream(path) << "set -e\n" << script;
-    int pipefd[2];
-    if (pipe(pipefd) != 0) return {};
-    pid_t pid = fork();
-    if (pid == 0) {
-      dup2(pipefd[1], 1);
-      dup2(pipefd[1], 2);
-      close(pipefd[0]);
-      close(pipefd[1]);
-      if (chdir(dir.c_str()) != 0) _exit(125);
-      std::vector<std::string> env = {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime,
-                                      "PATH=" + bin + ":/usr/bin:/bin",
-                                      std::string("LIB=") + HD_PRELOAD_LIB,
-                                      std::string("LEAKY=") + HD_LEAKY,
-                                      std::string("LEAK_CHILD=") + HD_LEAK_CHILD};
-      std::vector<char *> envp;
-      for (auto &e : env) envp.push_back(&e[0]);
-      envp.push_back(nullptr);
-      execle("/bin/bash", "bash", path.c_str(), (char *)nullptr, envp.data());
-      _exit(127);
-    }
-    close(pipefd[1]);
-    Output o;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(pipefd[0], buf, sizeof buf)) > 0) o.out.append(buf, static_cast<size_t>(n));
-    close(pipefd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return o;
+    return hdtest::RunShell(script, dir,
+                            {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime,
+                             "PATH=" + bin + ":/usr/bin:/bin", std::string("LIB=") + HD_PRELOAD_LIB,
+                             std::string("LEAKY=") + HD_LEAKY,
+                             std::string("LEAK_CHILD=") + HD_LEAK_CHILD});
   }
 };
 

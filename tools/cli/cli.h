@@ -44,6 +44,8 @@ typedef struct cli_options {
   bool has_pid;
   uint64_t pid;
   const char *name;
+  const char *children_dir; /* run: --children-dir */
+  bool verbose;             /* run: --verbose */
   double interval;
   /* --timeout: seconds a collector may take to answer a call or to send the next batch of a
    * stream; 0 waits forever. */

@@ -74,7 +74,16 @@ static const struct {
      "  -i, --interval SECONDS  also write a live snapshot every SECONDS seconds\n"
      "                          (FILE.1.pb.gz, FILE.2.pb.gz, ...)\n"
      "  -c, --contents          live snapshots carry the blocks' contents (exit snapshots\n"
-     "                          cannot: the process is gone)\n",
+     "                          cannot: the process is gone)\n"
+     "      --children-dir DIR  where the snapshots of the processes COMMAND started go\n"
+     "                          (default: FILE's stem with .d, e.g. heapdump.make.4242.d/)\n"
+     "      --verbose           list every file written for those processes\n"
+     "\n"
+     "COMMAND is followed across exec (env, nice, sh -c 'exec ...', wrapper scripts): the\n"
+     "report and FILE are of its last program. With the collector run starts itself, the\n"
+     "processes COMMAND starts are profiled too (HEAPDUMP_FOLLOW_CHILDREN=0 in the environment\n"
+     "profiles COMMAND alone); run waits until each has its exit snapshot written, then prints\n"
+     "one summary line and the top ones by peak live bytes.\n",
      true},
     {"snapshot", "heapdump snapshot [--pid PID | --name NAME] [--all] [--contents] [OPTIONS]",
      "Takes a live snapshot of a running instrumented process, without stopping it, and writes\n"
@@ -150,6 +159,8 @@ enum {
   OPT_BY,
   OPT_JSON,
   OPT_TIMEOUT,
+  OPT_CHILDREN_DIR,
+  OPT_VERBOSE,
 };
 
 /* How long a collector may take to answer: it answers calls at once and sends a 10^6-block
@@ -190,6 +201,8 @@ int main(int argc, char **argv) {
       {"by", required_argument, NULL, OPT_BY},
       {"json", no_argument, NULL, OPT_JSON},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"children-dir", required_argument, NULL, OPT_CHILDREN_DIR},
+      {"verbose", no_argument, NULL, OPT_VERBOSE},
       {NULL, 0, NULL, 0},
   };
   /* run: "+" stops at the first non-option, so COMMAND's own options are left alone; the other
@@ -291,6 +304,12 @@ int main(int argc, char **argv) {
         break;
       case OPT_JSON:
         o.json = true;
+        break;
+      case OPT_CHILDREN_DIR:
+        o.children_dir = optarg;
+        break;
+      case OPT_VERBOSE:
+        o.verbose = true;
         break;
       case OPT_TIMEOUT: {
         char *end;

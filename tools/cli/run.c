@@ -24,9 +24,16 @@
 #include "heapdump/collector.h"
 #include "heapdump/fidl/channel.h"
 
-#define EXIT_SNAPSHOT_NAME "exit"
-/* How long the exit snapshot may take to be stored after the command exits. */
+/* How long the exit snapshots may take to be stored after the command exits (a 10^7-block
+ * process takes seconds). */
 #define EXIT_SNAPSHOT_WAIT_SECONDS 30
+/* With a daemon, how long to wait for the command's exit snapshot: unlike the embedded
+ * collector, a daemon cannot be asked whether the command ever registered. */
+#define DAEMON_EXIT_WAIT_SECONDS 10
+/* How long processes of the run still running when the command exited get to exit. */
+#define CHILD_GRACE_SECONDS 2
+/* Child processes listed by peak live bytes after the report. */
+#define TOP_CHILDREN 5
 
 static bool is_file(const char *path) {
   struct stat st;
@@ -289,25 +296,6 @@ static int wait_for(const cli_options *o, pid_t pid, cli_format f) {
   }
 }
 
-static int find_stored(const cli_options *o, uint32_t after, pid_t pid, cli_stored **items,
-                       size_t *count, const cli_stored **exit_snapshot) {
-  cli_options all = *o;
-  all.has_pid = false;
-  all.name = NULL;
-  *items = NULL;
-  *count = 0;
-  *exit_snapshot = NULL;
-  int rc = cli_list(&all, items, count);
-  if (rc != 0) return rc;
-  for (size_t i = 0; i < *count; i++) {
-    const cli_stored *s = &(*items)[i];
-    if (s->id > after && s->pid == (uint64_t)pid && strcmp(s->name, EXIT_SNAPSHOT_NAME) == 0) {
-      *exit_snapshot = s;
-    }
-  }
-  return 0;
-}
-
 static uint32_t newest_id(const cli_options *o) {
   cli_stored *items = NULL;
   size_t count = 0;
@@ -321,14 +309,86 @@ static uint32_t newest_id(const cli_options *o) {
   return newest;
 }
 
-static void print_report(const cli_options *o, const hd_reassembler *r, const char *command,
+/* What the collector stored for this run: the snapshots after `baseline`. */
+typedef struct run_results {
+  cli_stored *items;
+  size_t count;
+  const cli_stored *main_exit; /* the exit snapshot of the command's last image */
+  const cli_stored *exec_from; /* the first image of the command's pid, when it exec'd */
+} run_results;
+
+static int collect_results(const cli_options *o, uint32_t baseline, pid_t pid, run_results *out) {
+  cli_options all = *o;
+  all.has_pid = false;
+  all.name = NULL;
+  cli_stored *items = NULL;
+  size_t count = 0;
+  int rc = cli_list(&all, &items, &count);
+  if (rc != 0) return rc;
+  free(out->items);
+  *out = (run_results){0};
+  for (size_t i = 0; i < count; i++) {
+    if (items[i].id > baseline) items[out->count++] = items[i];
+  }
+  out->items = items;
+  for (size_t i = 0; i < out->count; i++) {
+    const cli_stored *s = &items[i];
+    if (s->pid != (uint64_t)pid) continue;
+    if (strcmp(s->name, HD_EXIT_SNAPSHOT_NAME) == 0) out->main_exit = s;
+    if (strcmp(s->name, HD_EXEC_SNAPSHOT_NAME) == 0 && out->exec_from == NULL) out->exec_from = s;
+  }
+  return 0;
+}
+
+/* The embedded collector: waits until every process of the run that exited has its exit
+ * snapshot stored. Processes still running get CHILD_GRACE_SECONDS to exit; those that do not
+ * are left in *census (they are reported as lost). */
+static void settle_embedded(embedded *e, hd_collector_census *census) {
+  double grace_end = now_seconds() + CHILD_GRACE_SECONDS;
+  double deadline = now_seconds() + EXIT_SNAPSHOT_WAIT_SECONDS;
+  bool told = false;
+  for (;;) {
+    hd_collector_take_census(e->collector, census);
+    bool storing = census->exited_unhandled > 0 || census->exits_pending > 0;
+    if (!storing && (census->running == 0 || now_seconds() > grace_end)) return;
+    if (now_seconds() > deadline) return;
+    if (storing && !told && now_seconds() - (deadline - EXIT_SNAPSHOT_WAIT_SECONDS) > 2) {
+      fprintf(stderr, "heapdump: storing the exit snapshots of %u process(es)...\n",
+              census->exited_unhandled + census->exits_pending);
+      told = true;
+    }
+    sleep_seconds(0.01);
+  }
+}
+
+/* A daemon: waits until the exit snapshot of the command's pid is stored. */
+static void wait_for_daemon(const cli_options *o, uint32_t baseline, pid_t pid, const char *command,
+                            run_results *results) {
+  double started = now_seconds();
+  bool told = false;
+  for (;;) {
+    if (collect_results(o, baseline, pid, results) != 0) return;
+    if (results->main_exit != NULL || now_seconds() - started > DAEMON_EXIT_WAIT_SECONDS) return;
+    if (!told && now_seconds() - started > 2) {
+      fprintf(stderr, "heapdump: waiting for the exit snapshot of %s[%d]...\n", command, (int)pid);
+      told = true;
+    }
+    sleep_seconds(0.02);
+  }
+}
+
+static void print_report(const cli_options *o, const hd_reassembler *r, const run_results *res,
                          pid_t pid, int status) {
+  char from[64] = "";
+  if (res->exec_from != NULL) {
+    snprintf(from, sizeof from, " (exec'd from %s)", res->exec_from->process_name);
+  }
   if (WIFEXITED(status)) {
-    fprintf(stderr, "\nheapdump: %s[%d] exited with status %d. Still live at exit:\n", command,
-            (int)pid, WEXITSTATUS(status));
+    fprintf(stderr, "\nheapdump: %s[%d]%s exited with status %d. Still live at exit:\n",
+            res->main_exit->process_name, (int)pid, from, WEXITSTATUS(status));
   } else {
-    fprintf(stderr, "\nheapdump: %s[%d] was killed by signal %d. Still live at exit:\n", command,
-            (int)pid, WTERMSIG(status));
+    fprintf(stderr, "\nheapdump: %s[%d]%s was killed by signal %d. Still live at exit:\n",
+            res->main_exit->process_name, (int)pid, from, WTERMSIG(status));
   }
   cli_options report = *o;
   report.json = false;
@@ -341,28 +401,125 @@ static void print_report(const cli_options *o, const hd_reassembler *r, const ch
   fflush(stderr);
 }
 
-/* Writes the other snapshots the embedded collector stored (named snapshots, exit snapshots of
- * the command's children): its storage is about to go. */
-static void save_others(const cli_options *o, const cli_stored *items, size_t count,
-                        const cli_stored *main_exit, cli_format f) {
-  for (size_t i = 0; i < count; i++) {
-    const cli_stored *s = &items[i];
-    if (s == main_exit) continue;
+/* The run's directory for the snapshots of other processes: --children-dir, else the output's
+ * stem with ".d" (heapdump.make.4242.d). Created on first use. */
+static bool children_dir(const cli_options *o, cli_format f, const char *main_name, pid_t pid,
+                         char *out, size_t size) {
+  if (o->children_dir != NULL) {
+    snprintf(out, size, "%s", o->children_dir);
+  } else {
+    char stem[4200];
+    output_path(o, f, main_name, (uint64_t)pid, "d", stem, sizeof stem);
+    size_t n = strlen(stem), m = strlen(cli_format_extension(f));
+    if (n > m) stem[n - m] = '\0';
+    snprintf(out, size, "%s", stem);
+  }
+  if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+    cli_error("cannot create %s: %s", out, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+typedef struct child_peak {
+  const cli_stored *snapshot;
+  uint64_t peak;
+  char path[4200];
+} child_peak;
+
+static int by_peak_descending(const void *a, const void *b) {
+  const child_peak *x = a, *y = b;
+  return x->peak < y->peak ? 1 : x->peak > y->peak ? -1 : 0;
+}
+
+/* Writes the other snapshots the embedded collector stored, before its storage goes: the
+ * command's own named snapshots beside the output, everything of other processes (and of
+ * images the command exec'd away from) in the run's directory, under names made unique by the
+ * snapshot id. Prints one summary line, the files with --verbose, and the top children by peak
+ * live bytes. */
+static void save_others(const cli_options *o, const run_results *res, pid_t pid, cli_format f,
+                        const hd_collector_census *census) {
+  char dir[4200] = "";
+  child_peak *children = calloc(res->count + 1, sizeof *children);
+  size_t child_count = 0, exec_images = 0, files = 0, failed = 0;
+  const char *main_name = res->main_exit ? res->main_exit->process_name : "process";
+  for (size_t i = 0; i < res->count && children != NULL; i++) {
+    const cli_stored *s = &res->items[i];
+    if (s == res->main_exit) continue;
+    bool is_exit = strcmp(s->name, HD_EXIT_SNAPSHOT_NAME) == 0;
+    bool is_exec = strcmp(s->name, HD_EXEC_SNAPSHOT_NAME) == 0;
+    bool ours = s->pid == (uint64_t)pid && !is_exit && !is_exec;
+    if (!ours && dir[0] == '\0' && !children_dir(o, f, main_name, pid, dir, sizeof dir)) break;
     hd_reassembler r;
     hd_reassembler_init(&r);
+    char path[4200];
     if (cli_download(o, s, &r) == 0) {
-      char path[4200];
-      bool is_exit = strcmp(s->name, EXIT_SNAPSHOT_NAME) == 0;
-      cli_options named = *o;
-      named.output = NULL;
-      output_path(&named, f, s->process_name, s->pid, is_exit ? NULL : s->name, path, sizeof path);
-      if (write_file(o, &r, f, path) == 0) {
-        fprintf(stderr, "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path,
-                is_exit ? "exit" : s->name, s->process_name, s->pid);
+      if (ours) {
+        cli_options named = *o;
+        named.output = NULL;
+        output_path(&named, f, s->process_name, s->pid, s->name, path, sizeof path);
+      } else {
+        char name[40], snap[40];
+        cli_safe_name(name, sizeof name, s->process_name);
+        cli_safe_name(snap, sizeof snap, s->name);
+        snprintf(path, sizeof path, "%s/%s.%" PRIu64 ".%s.%" PRIu32 "%s", dir, name, s->pid, snap,
+                 s->id, cli_format_extension(f));
       }
+      if (write_file(o, &r, f, path) == 0) {
+        files++;
+        if (ours || o->verbose) {
+          fprintf(stderr, "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path, s->name,
+                  s->process_name, s->pid);
+        }
+        if (is_exec && s->pid == (uint64_t)pid) exec_images++;
+        if (!ours && is_exit && s->pid != (uint64_t)pid) {
+          child_peak *c = &children[child_count++];
+          c->snapshot = s;
+          const hd_snapshot *snap0 = r.snapshot_count == 1 ? r.snapshots[0] : NULL;
+          c->peak = snap0 && snap0->has_stats ? snap0->stats.peak_live_bytes : 0;
+          snprintf(c->path, sizeof c->path, "%s", path);
+        }
+      } else {
+        failed++;
+      }
+    } else {
+      failed++;
     }
     hd_reassembler_destroy(&r);
   }
+  unsigned lost = census != NULL ? census->running : 0;
+  if (dir[0] != '\0' || lost > 0) {
+    char images[64] = "";
+    if (exec_images > 0) {
+      snprintf(images, sizeof images, " and %zu program%s it exec'd away from", exec_images,
+               exec_images == 1 ? "" : "s");
+    }
+    fprintf(stderr, "heapdump: %zu child process%s%s: %zu snapshot%s in %s/%s\n",
+            child_count + lost, child_count + lost == 1 ? "" : "es", images, files,
+            files == 1 ? "" : "s", dir[0] ? dir : ".",
+            failed ? " (some could not be written: see above)" : "");
+  }
+  for (unsigned i = 0; census != NULL && i < census->running; i++) {
+    if (i < sizeof census->running_list / sizeof census->running_list[0]) {
+      fprintf(stderr, "heapdump: lost %s[%u]: still running %d s after the command exited\n",
+              census->running_list[i].name, census->running_list[i].pid, CHILD_GRACE_SECONDS);
+    } else {
+      fprintf(stderr, "heapdump: lost %u more still running\n", census->running - i);
+      break;
+    }
+  }
+  if (child_count > 0) {
+    qsort(children, child_count, sizeof *children, by_peak_descending);
+    size_t top = child_count < TOP_CHILDREN ? child_count : TOP_CHILDREN;
+    fprintf(stderr, "\nheapdump: top child processes by peak live bytes:\n");
+    for (size_t i = 0; i < top; i++) {
+      char who[64];
+      snprintf(who, sizeof who, "%s[%" PRIu64 "]", children[i].snapshot->process_name,
+               children[i].snapshot->pid);
+      fprintf(stderr, "  %14" PRIu64 "  %-28s %s\n", children[i].peak, who, children[i].path);
+    }
+  }
+  free(children);
 }
 
 int cmd_run(cli_options *o, int argc, char **argv) {
@@ -418,42 +575,31 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     return command_rc;
   }
 
-  cli_stored *items = NULL;
-  size_t count = 0;
-  const cli_stored *exit_snapshot = NULL;
-  double deadline = now_seconds() + EXIT_SNAPSHOT_WAIT_SECONDS;
-  bool told = false;
-  double started = now_seconds();
-  for (;;) {
-    free(items);
-    if (find_stored(o, baseline, pid, &items, &count, &exit_snapshot) != 0) break;
-    if (exit_snapshot != NULL || now_seconds() > deadline) break;
-    if (!told && now_seconds() - started > 2) {
-      fprintf(stderr, "heapdump: waiting for the exit snapshot of %s[%d]...\n", argv[0], (int)pid);
-      told = true;
-    }
-    sleep_seconds(0.05);
+  run_results results = {0};
+  hd_collector_census census;
+  if (e.running) {
+    settle_embedded(&e, &census);
+    collect_results(o, baseline, pid, &results);
+  } else {
+    wait_for_daemon(o, baseline, pid, argv[0], &results);
   }
-  if (exit_snapshot == NULL) {
-    cli_error("no exit snapshot of %s[%d] arrived: the command did not load libheapdump.so "
+  if (results.main_exit == NULL) {
+    cli_error("no exit snapshot of %s[%d] %s: the command did not load libheapdump.so "
               "(statically linked, setuid, or LD_PRELOAD removed?)",
-              argv[0], (int)pid);
+              argv[0], (int)pid, e.running ? "was stored" : "arrived");
   } else {
     hd_reassembler r;
     hd_reassembler_init(&r);
-    if (cli_download(o, exit_snapshot, &r) == 0) {
+    if (cli_download(o, results.main_exit, &r) == 0) {
       char path[4200];
-      output_path(o, f, exit_snapshot->process_name, (uint64_t)pid, NULL, path, sizeof path);
-      bool to_stdout = strcmp(path, "-") == 0;
-      if (write_file(o, &r, f, path) == 0 && !to_stdout) {
-        fprintf(stderr, "heapdump: wrote %s\n", path);
-      }
-      print_report(o, &r, exit_snapshot->process_name, pid, status);
+      output_path(o, f, results.main_exit->process_name, (uint64_t)pid, NULL, path, sizeof path);
+      if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
+      print_report(o, &r, &results, pid, status);
     }
     hd_reassembler_destroy(&r);
   }
-  if (e.running) save_others(o, items, count, exit_snapshot, f);
-  free(items);
+  if (e.running) save_others(o, &results, pid, f, &census);
+  free(results.items);
   embedded_stop(&e);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGQUIT, &old_quit, NULL);

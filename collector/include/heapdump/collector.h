@@ -15,6 +15,12 @@ extern "C" {
 
 typedef struct hd_collector hd_collector;
 
+/* The names of the snapshots the collector stores by itself, for processes registered with exit
+ * snapshots on: their live blocks when they exited, and when they exec'd another program (the
+ * new image registers anew under the same pid, and gets its own exit snapshot). */
+#define HD_EXIT_SNAPSHOT_NAME "exit"
+#define HD_EXEC_SNAPSHOT_NAME "exec"
+
 enum hd_log_level { HD_LOG_ERROR = 0, HD_LOG_WARN = 1, HD_LOG_INFO = 2, HD_LOG_DEBUG = 3 };
 
 typedef struct hd_collector_options {
@@ -29,6 +35,19 @@ typedef struct hd_collector_options {
  * $XDG_RUNTIME_DIR/heapdump/collector.sock, else /tmp/heapdump-$UID/collector.sock. Writes at most
  * size bytes; returns 0 or -ENAMETOOLONG. */
 int hd_default_socket_path(char *out, unsigned long size);
+
+/* What the collector still owes, for a caller that must not stop it before every exit snapshot
+ * is stored: processes it serves that still run (up to 16 of them named in `running_list`),
+ * processes that exited and whose exit it has not handled yet, and exit snapshots queued or
+ * being stored. */
+typedef struct hd_collector_census {
+  unsigned running, exited_unhandled, exits_pending;
+  struct {
+    uint32_t pid;
+    char name[33];
+  } running_list[16];
+} hd_collector_census;
+void hd_collector_take_census(hd_collector *c, hd_collector_census *out);
 
 int hd_collector_create(const hd_collector_options *options, hd_collector **out);
 int hd_collector_run(hd_collector *c);
