@@ -114,6 +114,19 @@ void hd_reassembler_destroy(hd_reassembler *r) {
   memset(r, 0, sizeof *r);
 }
 
+void hd_reassembler_keep(hd_reassembler *r, bool (*keep)(const hd_snapshot *s, void *ctx),
+                         void *ctx) {
+  size_t kept = 0;
+  for (size_t i = 0; i < r->snapshot_count; i++) {
+    if (keep(r->snapshots[i], ctx)) {
+      r->snapshots[kept++] = r->snapshots[i];
+    } else {
+      snapshot_free(r->snapshots[i]);
+    }
+  }
+  r->snapshot_count = kept;
+}
+
 static hd_snapshot *new_snapshot(hd_reassembler *r) {
   if (!RESERVE(r, snapshots, snapshot_count, snapshot_capacity)) return NULL;
   hd_snapshot *s = calloc(1, sizeof *s);

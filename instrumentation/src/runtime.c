@@ -42,6 +42,31 @@ extern const ElfW(Ehdr) __ehdr_start; /* this module's ELF header, set by the st
 
 /* ------------------------------------------------------------------ configuration */
 
+static const char *early_getenv(const char *name);
+
+/* `heapdump run --children` chooses which of its command's descendants are profiled:
+ * HEAPDUMP_PROFILE_ROOT is the command's pid (profiled whatever program it runs, across exec)
+ * and HEAPDUMP_PROFILE_ONLY the programs profiled among its descendants, comma-separated ("":
+ * none). A process not chosen keeps the library in LD_PRELOAD for its own children but records
+ * nothing and never registers. Names compare as the kernel keeps them: 15 bytes at most. */
+static bool program_selected(pid_t pid) {
+  const char *only = early_getenv("HEAPDUMP_PROFILE_ONLY");
+  if (only == NULL) return true;
+  const char *root = early_getenv("HEAPDUMP_PROFILE_ROOT");
+  if (root != NULL && strtol(root, NULL, 10) == (long)pid) return true;
+  char comm[16] = {0};
+  syscall(SYS_prctl, PR_GET_NAME, comm, 0, 0, 0); /* not prctl(): we interpose it */
+  size_t comm_len = strlen(comm);
+  for (const char *p = only; *p;) {
+    size_t n = strcspn(p, ",");
+    size_t compared = n < sizeof comm - 1 ? n : sizeof comm - 1;
+    if (n > 0 && compared == comm_len && strncmp(p, comm, compared) == 0) return true;
+    p += n;
+    if (*p == ',') p++;
+  }
+  return false;
+}
+
 /* getenv that works before libc has set `environ` (the first malloc may come from ld.so):
  * falls back to a raw read of /proc/self/environ into a static buffer. No allocation. */
 static const char *early_getenv(const char *name) {
@@ -135,7 +160,9 @@ void hd_init_slow(void) {
   uintptr_t lo, hi;
   own_text_range(&lo, &hi);
   int state = HD_STATE_OFF;
-  if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, "heapdump-allocations") == 0) {
+  if (!program_selected(getpid())) {
+    /* not chosen: stay off, tables never created */
+  } else if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, "heapdump-allocations") == 0) {
     if (hd_res_table_create(&g_res, max_mem / 4, "heapdump-resources") == 0) {
       hd_stack_configure(method, max_frames, lo, hi);
       state = HD_STATE_READY;
@@ -473,7 +500,10 @@ static void fork_prepare(void) {
   pthread_mutex_lock(&g_res.lock);
   hd_alloc_table_lock_all(&g_alloc);
   g_fork_copied = 0;
-  if (hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, "heapdump-allocations") == 0) {
+  /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
+   * is not known yet, but it is not the root: only its program (ours) decides. */
+  if (program_selected(0) &&
+      hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, "heapdump-allocations") == 0) {
     if (hd_res_table_clone_locked(&g_res, &g_fork_res, "heapdump-resources") == 0) {
       uint64_t live_blocks, live_bytes;
       hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
@@ -513,7 +543,8 @@ static void fork_child(void) {
     hd_alloc_table_destroy(&old_alloc);
     hd_res_table_destroy(&old_res);
   } else {
-    /* Could not copy: stop recording rather than write into the parent's tables. */
+    /* Not chosen, or could not copy: stop recording rather than write into the parent's
+     * tables. */
     __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
   }
   /* The cached free nodes were numbered in the parent's table; the counters record is copied. */

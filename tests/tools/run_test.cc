@@ -149,6 +149,32 @@ TEST_P(RunTest, ACommandThatNeverRegistersIsReportedAtOnce) {
   EXPECT_LT(took, WithDaemon() ? 15.0 : 3.0) << o.out;
 }
 
+// --children chooses the descendants profiled; --interval snapshots cover exactly those.
+TEST_P(RunTest, ChildrenChoosesWhichDescendantsAreProfiled) {
+  ShellOutput none = Shell("heapdump run --children=none -o none.pb.gz -- "
+                           "bash -c '\"$LEAK_CHILD\" | cat' || true\n"
+                           "ls none.d 2>/dev/null | wc -l\n");
+  EXPECT_NE(none.out.find("heapdump: bash["), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("child process"), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.substr(none.out.size() - 2), "0\n") << none.out;
+
+  ShellOutput o = Shell("heapdump run --children=cat --interval 0.3 -o out.heapdump -- "
+                        "bash -c 'sleep 1.5 | cat'\n"
+                        "ls out.d 2>/dev/null || true\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  // The interval snapshot holds the chosen program alone: not the shell, not sleep.
+  std::string report = Shell("heapdump report out.2.heapdump --top 1\n").out;
+  EXPECT_TRUE(std::regex_search(report, std::regex(R"((^|\n)cat\[[0-9]+\]: )"))) << report;
+  EXPECT_EQ(report.find("bash["), std::string::npos) << report;
+  EXPECT_EQ(report.find("sleep["), std::string::npos) << report;
+  if (!WithDaemon()) {
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\ncat\.[0-9]+\.exit\.[0-9]+\.heapdump\n)")))
+        << o.out;
+    EXPECT_EQ(o.out.find("sleep."), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("1 child process: 1 snapshot in out.d/"), std::string::npos) << o.out;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Collectors, RunTest, ::testing::Values(false, true),
                          [](const auto &info) { return info.param ? "daemon" : "embedded"; });
 

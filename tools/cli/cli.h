@@ -44,6 +44,7 @@ typedef struct cli_options {
   bool has_pid;
   uint64_t pid;
   const char *name;
+  const char *children;     /* run: --children all|none|NAME[,NAME...] (NULL: all) */
   const char *children_dir; /* run: --children-dir */
   bool verbose;             /* run: --verbose */
   double interval;

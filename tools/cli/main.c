@@ -75,15 +75,19 @@ static const struct {
      "                          (FILE.1.pb.gz, FILE.2.pb.gz, ...)\n"
      "  -c, --contents          live snapshots carry the blocks' contents (exit snapshots\n"
      "                          cannot: the process is gone)\n"
+     "      --children WHICH    the processes COMMAND starts that are profiled: all (the\n"
+     "                          default), none, or program names, e.g. cc1plus,ld (15 bytes\n"
+     "                          compared, as process names); COMMAND itself always is.\n"
+     "                          --interval snapshots cover the ones chosen (COMMAND only when\n"
+     "                          all, none, or named)\n"
      "      --children-dir DIR  where the snapshots of the processes COMMAND started go\n"
      "                          (default: FILE's stem with .d, e.g. heapdump.make.4242.d/)\n"
      "      --verbose           list every file written for those processes\n"
      "\n"
      "COMMAND is followed across exec (env, nice, sh -c 'exec ...', wrapper scripts): the\n"
      "report and FILE are of its last program. With the collector run starts itself, the\n"
-     "processes COMMAND starts are profiled too (HEAPDUMP_FOLLOW_CHILDREN=0 in the environment\n"
-     "profiles COMMAND alone); run waits until each has its exit snapshot written, then prints\n"
-     "one summary line and the top ones by peak live bytes.\n",
+     "processes COMMAND starts are profiled too (see --children); run waits until each has its\n"
+     "exit snapshot written, then prints one summary line and the top ones by peak live bytes.\n",
      true},
     {"snapshot", "heapdump snapshot [--pid PID | --name NAME] [--all] [--contents] [OPTIONS]",
      "Takes a live snapshot of a running instrumented process, without stopping it, and writes\n"
@@ -159,6 +163,7 @@ enum {
   OPT_BY,
   OPT_JSON,
   OPT_TIMEOUT,
+  OPT_CHILDREN,
   OPT_CHILDREN_DIR,
   OPT_VERBOSE,
 };
@@ -201,6 +206,7 @@ int main(int argc, char **argv) {
       {"by", required_argument, NULL, OPT_BY},
       {"json", no_argument, NULL, OPT_JSON},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"children", required_argument, NULL, OPT_CHILDREN},
       {"children-dir", required_argument, NULL, OPT_CHILDREN_DIR},
       {"verbose", no_argument, NULL, OPT_VERBOSE},
       {NULL, 0, NULL, 0},
@@ -304,6 +310,15 @@ int main(int argc, char **argv) {
         break;
       case OPT_JSON:
         o.json = true;
+        break;
+      case OPT_CHILDREN:
+        if (optarg[0] == '\0' || optarg[strspn(optarg, "abcdefghijklmnopqrstuvwxyz"
+                                                      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,")] !=
+                                      '\0') {
+          return usage_error("--children wants all, none or program names separated by commas, "
+                             "not '%s'", optarg);
+        }
+        o.children = optarg;
         break;
       case OPT_CHILDREN_DIR:
         o.children_dir = optarg;

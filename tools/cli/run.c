@@ -162,7 +162,8 @@ static void forward_signal(int sig) {
 
 /* Starts argv with the instrumentation. Reports exec failures through a close-on-exec pipe, so
  * "command not found" is told apart from a command that ran and failed. */
-static pid_t spawn(char **argv, const char *library, const char *socket, int *exec_errno) {
+static pid_t spawn(char **argv, const char *library, const char *socket, const char *children,
+                   int *exec_errno) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) return -1;
   pid_t pid = fork();
@@ -185,6 +186,16 @@ static pid_t spawn(char **argv, const char *library, const char *socket, int *ex
     setenv("LD_PRELOAD", preload, 1);
     setenv("HEAPDUMP_SOCKET", socket, 1);
     setenv("HEAPDUMP_EXIT_SNAPSHOT", "1", 1);
+    /* --children: see the library's program_selected(). */
+    if (children == NULL || strcmp(children, "all") == 0) {
+      unsetenv("HEAPDUMP_PROFILE_ONLY");
+      unsetenv("HEAPDUMP_PROFILE_ROOT");
+    } else {
+      char root[24];
+      snprintf(root, sizeof root, "%d", (int)getpid());
+      setenv("HEAPDUMP_PROFILE_ROOT", root, 1);
+      setenv("HEAPDUMP_PROFILE_ONLY", strcmp(children, "none") == 0 ? "" : children, 1);
+    }
     execvp(argv[0], argv);
     int err = errno;
     if (write(pipefd[1], &err, sizeof err) != (ssize_t)sizeof err) _exit(127);
@@ -248,34 +259,98 @@ static int write_file(const cli_options *o, const hd_reassembler *r, cli_format 
   return cli_output_commit(&out);
 }
 
-static void interval_snapshot(const cli_options *o, pid_t pid, unsigned seq, cli_format f,
-                              bool *warned) {
+/* Whether name is in the comma-separated list, compared as the kernel keeps process names (15
+ * bytes), as the library does. */
+static bool name_listed(const char *list, const char *name) {
+  size_t len = strnlen(name, 15);
+  for (const char *p = list; *p;) {
+    size_t n = strcspn(p, ",");
+    size_t compared = n < 15 ? n : 15;
+    if (n > 0 && compared == len && strncmp(p, name, compared) == 0) return true;
+    p += n;
+    if (*p == ',') p++;
+  }
+  return false;
+}
+
+/* The parent of pid from /proc, 0 if gone. */
+static pid_t parent_of(pid_t pid) {
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  const char *after_name = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+  int ppid = 0;
+  if (after_name == NULL || sscanf(after_name + 1, " %*c %d", &ppid) != 1) return 0;
+  return (pid_t)ppid;
+}
+
+typedef struct interval_scope {
+  const cli_options *o;
+  pid_t root;
+  bool embedded; /* every process of the embedded collector is one of the run's */
+} interval_scope;
+
+/* The processes --children selects: the command's pid (with "all" and "none", or when its name
+ * is listed) and its descendants (all of them with "all", the listed ones with a list). */
+static bool in_interval_scope(const hd_snapshot *s, void *ctx) {
+  const interval_scope *scope = ctx;
+  const char *spec = scope->o->children != NULL ? scope->o->children : "all";
+  bool all = strcmp(spec, "all") == 0, none = strcmp(spec, "none") == 0;
+  if (s->pid == (uint64_t)scope->root) return all || none || name_listed(spec, s->process_name);
+  if (none || (!all && !name_listed(spec, s->process_name))) return false;
+  if (scope->embedded) return true;
+  pid_t p = (pid_t)s->pid;
+  for (int depth = 0; depth < 64 && p > 1; depth++) {
+    p = parent_of(p);
+    if (p == scope->root) return true;
+  }
+  return false;
+}
+
+/* One live snapshot of every process in scope, in one multi-process file FILE-STEM.SEQ.EXT. */
+static void interval_snapshot(const cli_options *o, pid_t pid, const char *command,
+                              bool embedded, unsigned seq, cli_format f, bool *warned) {
   hd_reassembler r;
   hd_reassembler_init(&r);
   cli_options live = *o;
-  live.all = false;
+  live.all = true;
   live.name = NULL;
+  live.has_pid = false;
   /* The command may not have registered yet, or already be exiting: one line says so below. */
   cli_quiet = true;
-  int rc = cli_take_live_snapshot(&live, (uint64_t)pid, &r);
+  int rc = cli_take_live_snapshot(&live, 0, &r);
   cli_quiet = false;
-  if (rc == 0 && r.snapshot_count == 1) {
+  interval_scope scope = {o, pid, embedded};
+  if (rc == 0) hd_reassembler_keep(&r, in_interval_scope, &scope);
+  if (rc == 0 && r.snapshot_count > 0) {
     char suffix[32], path[4200];
     snprintf(suffix, sizeof suffix, "%u", seq);
-    const hd_snapshot *s = r.snapshots[0];
-    output_path(o, f, s->process_name[0] ? s->process_name : "process", (uint64_t)pid, suffix,
-                path, sizeof path);
-    if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
+    /* Named after the command, like the exit snapshot, whichever processes it holds. */
+    const char *name = strrchr(command, '/') ? strrchr(command, '/') + 1 : command;
+    for (size_t i = 0; i < r.snapshot_count; i++) {
+      if (r.snapshots[i]->pid == (uint64_t)pid) name = r.snapshots[i]->process_name;
+    }
+    output_path(o, f, name, (uint64_t)pid, suffix, path, sizeof path);
+    if (write_file(o, &r, f, path) == 0) {
+      fprintf(stderr, "heapdump: wrote %s (%zu process%s)\n", path, r.snapshot_count,
+              r.snapshot_count == 1 ? "" : "es");
+    }
   } else if (!*warned) {
     *warned = true;
-    fprintf(stderr, "heapdump: live snapshot %u of pid %d failed (not registered yet?)\n", seq,
-            (int)pid);
+    fprintf(stderr, "heapdump: live snapshot %u of %d and its children failed (none registered "
+            "yet?)\n", seq, (int)pid);
   }
   hd_reassembler_destroy(&r);
 }
 
 /* Waits for the command, taking interval snapshots meanwhile. Returns its wait status. */
-static int wait_for(const cli_options *o, pid_t pid, cli_format f) {
+static int wait_for(const cli_options *o, pid_t pid, const char *command, bool embedded,
+                    cli_format f) {
   int status = 0;
   if (o->interval <= 0) {
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -289,7 +364,7 @@ static int wait_for(const cli_options *o, pid_t pid, cli_format f) {
     pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid || (done < 0 && errno != EINTR)) return status;
     if (now_seconds() >= next) {
-      interval_snapshot(o, pid, ++seq, f, &warned);
+      interval_snapshot(o, pid, command, embedded, ++seq, f, &warned);
       next = now_seconds() + o->interval;
     }
     sleep_seconds(0.02);
@@ -552,7 +627,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   uint32_t baseline = e.running ? 0 : newest_id(o);
 
   int exec_errno = 0;
-  pid_t pid = spawn(argv, library, o->socket, &exec_errno);
+  pid_t pid = spawn(argv, library, o->socket, o->children, &exec_errno);
   if (pid < 0) {
     cli_error("cannot start %s: %s", argv[0], strerror(errno));
     embedded_stop(&e);
@@ -567,7 +642,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGHUP, &forward, &old_hup);
 
-  int status = wait_for(o, pid, f);
+  int status = wait_for(o, pid, argv[0], e.running, f);
   int command_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (exec_errno != 0) {
     cli_error("cannot run %s: %s", argv[0], strerror(exec_errno));

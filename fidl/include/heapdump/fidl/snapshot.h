@@ -97,6 +97,10 @@ typedef struct hd_reassembler {
 
 void hd_reassembler_init(hd_reassembler *r);
 void hd_reassembler_destroy(hd_reassembler *r);
+/* Drops every snapshot keep() says no to (for a caller that asked for more processes than it
+ * wants). */
+void hd_reassembler_keep(hd_reassembler *r, bool (*keep)(const hd_snapshot *s, void *ctx),
+                         void *ctx);
 /* Adds one element (an hd_element_fn: pass the reassembler as ctx). */
 HD_MUST_CHECK hd_status hd_reassembler_add(void *reassembler, const hd_element *e);
 /* Checks every snapshot: each block's reassembled size equals its allocation's size and each
