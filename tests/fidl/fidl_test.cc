@@ -875,7 +875,7 @@ TEST(Batch, ReaderDecodesUnusualPerBlockElementsAsProtobufSays) {
 
 // The channel sender leaves up to HD_BATCH_WINDOW batches unanswered (one, as the protocol has it),
 // and no more. Its end is non-blocking here, so that a wait for an answer that has not come fails
-// at once (HD_ERR_IO).
+// at once (HD_ERR_TIMED_OUT, as a timeout of zero).
 TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   Pair pair;
   ASSERT_EQ(fcntl(pair.a, F_SETFL, O_NONBLOCK), 0);
@@ -886,7 +886,7 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   for (unsigned i = 0; i < HD_BATCH_WINDOW; i++) {
     ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
   }
-  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_ERR_IO);
+  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_ERR_TIMED_OUT);
   auto in = NewMessage();
   std::vector<uint32_t> txids;
   for (unsigned i = 0; i < HD_BATCH_WINDOW; i++) {
@@ -905,14 +905,14 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
   txids.push_back(in->txid);
   // Answers in any order; drain consumes every one.
-  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_IO);
+  EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_TIMED_OUT);
   for (auto it = txids.rbegin(); it != txids.rend(); ++it) {
     ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), *it, &empty), HD_OK);
   }
   EXPECT_EQ(hd_batch_channel_drain(&ch), HD_OK);
   EXPECT_EQ(ch.unanswered_count, 0u);
   // The empty batch waits for its own answer too.
-  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, 0), HD_ERR_IO);
+  EXPECT_EQ(hd_batch_send_on_channel(&ch, body, 0), HD_ERR_TIMED_OUT);
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
   EXPECT_EQ(in->size, HD_HEADER_BYTES);
   ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid, &empty), HD_OK);

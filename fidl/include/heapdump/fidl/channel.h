@@ -44,7 +44,8 @@ HD_MUST_CHECK hd_status hd_channel_send(int fd, const void *bytes, size_t size, 
 /* Receives one message into bytes[capacity] and up to max_fds descriptors. Never leaks a
  * descriptor: on any error every descriptor that arrived is closed and *fd_count is 0.
  * A message larger than capacity gives HD_ERR_TOO_LARGE, more descriptors than max_fds
- * HD_ERR_TOO_MANY_FDS, an orderly shutdown of the peer HD_ERR_PEER_CLOSED. */
+ * HD_ERR_TOO_MANY_FDS, an orderly shutdown of the peer HD_ERR_PEER_CLOSED, nothing within the
+ * channel's timeout (at once on a non-blocking socket) HD_ERR_TIMED_OUT. */
 HD_MUST_CHECK hd_status hd_channel_recv(int fd, void *bytes, size_t capacity, size_t *size,
                                         int *fds, size_t max_fds, size_t *fd_count);
 
