@@ -103,6 +103,8 @@ void Collector::Start() {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) dup2(fd, 2);
     if (fd >= 0 && detached) dup2(fd, 1);
+    // A detached daemon opens the log itself (--log-file), as the user it runs as.
+    if (fd >= 0 && uid != kSameUser && fchown(fd, uid, gid) != 0) _exit(125);
     for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
     if (uid != kSameUser && !BecomeUser(uid, gid)) _exit(126);
     DieWithTheTest();
