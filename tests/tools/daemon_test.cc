@@ -123,6 +123,48 @@ TEST_F(DaemonTest, ReadmeQuickStartWorksWithTheDetachedDaemon) {
   EXPECT_EQ(Shell("heapdump-collector --stop\n").status, 3);
 }
 
+// The README's "Using it" blocks, line by line as written, with a program and a server in the
+// places of ./your-program and ./your-server (the server starts the demo program, which stores
+// a named snapshot, then stays). Only the snapshot line is retried until the server registered,
+// as a person would; `go tool pprof` is not run (Go is not a dependency).
+TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
+  std::string readme = ReadFile(std::string(HD_SOURCE_DIR) + "/README.md");
+  size_t start = readme.find("## Using it\n");
+  ASSERT_NE(start, std::string::npos);
+  std::string section = readme.substr(start, readme.find("\n## ", start + 1) - start);
+  std::string script = "trap 'kill %1 2>/dev/null || true' EXIT\n";
+  std::istringstream lines(section);
+  int commands = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("    ", 0) != 0) continue;
+    line = std::regex_replace(line.substr(4), std::regex(" +#.*"), "");
+    if (line.rfind("go tool pprof", 0) == 0) continue;
+    commands++;
+    if (line.find("heapdump snapshot") == 0) {
+      script += "for i in $(seq 100); do " + line + " 2>/dev/null && break; sleep 0.1; done\n";
+    }
+    // run passes on its command's status, and your-program exits with 3.
+    script += line + (line.find("heapdump run") == 0 ? " || test $? = 3" : "") + "\n";
+  }
+  ASSERT_EQ(commands, 7) << section;
+  ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
+                  "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
+                  "cp \"$LEAK_CHILD\" your-program\n"
+                  "printf '#!/bin/sh\\n\"$LEAKY\"\\nsleep 30\\n' > your-server\n"
+                  "chmod +x your-server\n")
+                .status,
+            0);
+  Output o = Shell(script);
+  EXPECT_EQ(o.status, 0) << script << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(your-program\[[0-9]+\] exited with status 3)")))
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +after-build +leaky\[)"))) << o.out;
+  EXPECT_NE(o.out.find("heapdump-collector: stopped pid"), std::string::npos) << o.out;
+  struct stat st;
+  EXPECT_EQ(stat((dir + "/now.dartheap").c_str(), &st), 0) << o.out;
+  EXPECT_EQ(stat((dir + "/stored.pb.gz").c_str(), &st), 0) << o.out;
+}
+
 TEST_F(DaemonTest, StartReportsErrorsOnTheTerminalAndAStalePidFileIsNotTrusted) {
   ASSERT_EQ(Shell("heapdump-collector\n").status, 0);
   pid_t pid = DaemonPid();
