@@ -499,7 +499,7 @@ static bool children_dir(const cli_options *o, cli_format f, const char *main_na
 typedef struct child_peak {
   const cli_stored *snapshot;
   uint64_t peak;
-  char path[4200];
+  char path[4400];
 } child_peak;
 
 static int by_peak_descending(const void *a, const void *b) {
@@ -527,7 +527,7 @@ static void save_others(const cli_options *o, const run_results *res, pid_t pid,
     if (!ours && dir[0] == '\0' && !children_dir(o, f, main_name, pid, dir, sizeof dir)) break;
     hd_reassembler r;
     hd_reassembler_init(&r);
-    char path[4200];
+    char path[4400]; /* the directory, then a name of bounded parts */
     if (cli_download(o, s, &r) == 0) {
       if (ours) {
         cli_options named = *o;
