@@ -125,7 +125,7 @@ TEST_F(DaemonTest, ReadmeQuickStartWorksWithTheDetachedDaemon) {
 
 // The README's "Using it" blocks, line by line as written, with a program and a server in the
 // places of ./your-program and ./your-server (the server starts the demo program, which stores
-// a named snapshot, then stays). Only the snapshot line is retried until the server registered,
+// a named snapshot, then stays; its sleep must not hold the test's output pipe open). Only the snapshot line is retried until the server registered,
 // as a person would; `go tool pprof` is not run (Go is not a dependency).
 TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   std::string readme = ReadFile(std::string(HD_SOURCE_DIR) + "/README.md");
@@ -150,7 +150,7 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
                   "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
                   "cp \"$LEAK_CHILD\" your-program\n"
-                  "printf '#!/bin/sh\\n\"$LEAKY\"\\nsleep 30\\n' > your-server\n"
+                  "printf '#!/bin/sh\\nexec 2>/dev/null\\n\"$LEAKY\"\\nsleep 30 >/dev/null\\n' > your-server\n"
                   "chmod +x your-server\n")
                 .status,
             0);
