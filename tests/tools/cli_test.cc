@@ -22,6 +22,7 @@
 
 extern "C" {
 #include "heapdump/fidl/channel.h"
+#include "heapdump/heapdump.h"
 }
 #include "listener.h"
 
@@ -169,10 +170,13 @@ class CliTest : public ::testing::Test {
     std::string cmd = "rm -rf " + dir;
     EXPECT_EQ(system(cmd.c_str()), 0);
   }
-  // The heapdump command with --socket of this test's collector.
+  // The heapdump command, with --socket of this test's collector for the commands that talk to
+  // one (the others refuse the option).
   Output Heapdump(std::vector<std::string> args, const std::vector<std::string> &env = {}) {
+    bool talks = args[0] == "run" || args[0] == "snapshot" || args[0] == "list" ||
+                 args[0] == "download";
     args.insert(args.begin(), HD_CLI);
-    args.insert(args.begin() + 2, "--socket=" + socket);
+    if (talks) args.insert(args.begin() + 2, "--socket=" + socket);
     return RunProgram(args, dir, env);
   }
 };
@@ -454,6 +458,55 @@ TEST_F(CliTest, BadInputsAndOutputs) {
   Output bf = Heapdump({"convert", "ok.heapdump", "-f", "svg"});
   EXPECT_EQ(bf.status, 2);
   EXPECT_NE(bf.err.find("unknown format 'svg'"), std::string::npos);
+}
+
+// Options a command does not take are usage errors, not silently ignored; outputs that would
+// mix or mislabel what is written are refused; convert never overwrites without --force.
+TEST_F(CliTest, OptionsAndOutputsAreCheckedPerCommand) {
+  struct Refused {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const Refused &r : std::vector<Refused>{
+           {{"list", "--tags"}, "list does not take --tags"},
+           {{"list", "-o", "x.txt"}, "list does not take --output"},
+           {{"report", "x.heapdump", "--socket=/x"}, "report does not take --socket"},
+           {{"report", "x.heapdump", "--tags"}, "report does not take --tags"},
+           {{"convert", "x.heapdump", "--interval", "1"}, "convert does not take --interval"},
+           {{"snapshot", "--children=all"}, "snapshot does not take --children"},
+           {{"download", "1", "--force"}, "download does not take --force"},
+           {{"report", "x.heapdump", "-o", "x.pb.gz"}, "heapdump convert writes other formats"},
+           {{"run", "-o", "-", "--", HD_LEAK_CHILD}, "--output - would mix"},
+       }) {
+    std::vector<std::string> argv = {HD_CLI};
+    argv.insert(argv.end(), r.args.begin(), r.args.end());
+    Output o = RunProgram(argv, dir);
+    EXPECT_EQ(o.status, 2) << r.args[0] << " " << r.args[1] << ": " << o.err;
+    EXPECT_NE(o.err.find(r.says), std::string::npos) << o.err;
+  }
+  EXPECT_FALSE(Exists(dir + "/x.pb.gz"));
+  for (const char *command : {"run", "snapshot", "list", "download", "convert", "report"}) {
+    Output v = RunProgram({HD_CLI, command, "--version"}, dir);
+    EXPECT_EQ(v.status, 0) << command;
+    EXPECT_EQ(v.out, "heapdump " HEAPDUMP_VERSION_STRING "\n");
+  }
+  EXPECT_EQ(RunProgram({HD_CLI, "--version"}, dir).out, "heapdump " HEAPDUMP_VERSION_STRING "\n");
+  EXPECT_EQ(RunProgram({HD_COLLECTOR, "--version"}, dir).out,
+            "heapdump-collector " HEAPDUMP_VERSION_STRING "\n");
+
+  ASSERT_EQ(Heapdump({"run", "-o", "ok.heapdump", "--", HD_LEAK_CHILD}).status, 3);
+  ASSERT_EQ(Heapdump({"convert", "ok.heapdump", "-o", "ok.pb.gz"}).status, 0);
+  std::string first = ReadFile(dir + "/ok.pb.gz");
+  std::ofstream(dir + "/ok.pb.gz") << "mine";
+  Output again = Heapdump({"convert", "ok.heapdump", "-f", "pprof"});
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.err.find("ok.pb.gz exists; --force overwrites it"), std::string::npos)
+      << again.err;
+  EXPECT_EQ(ReadFile(dir + "/ok.pb.gz"), "mine");
+  EXPECT_EQ(Heapdump({"convert", "ok.heapdump", "-o", "ok.pb.gz", "--force"}).status, 0);
+  std::string forced = ReadFile(dir + "/ok.pb.gz");
+  EXPECT_EQ(forced.substr(0, 2), first.substr(0, 2));  // gzip again, not "mine"
+  EXPECT_GT(forced.size(), 100u);
 }
 
 TEST_F(CliTest, EveryCommandHasHelp) {

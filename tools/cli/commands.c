@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -19,20 +20,22 @@ void cli_safe_name(char *out, size_t size, const char *name) {
   if (n == 0) snprintf(out, size, "process");
 }
 
-/* Writes r to o->output, or to default_path when there is none (text and folded then go to
- * stdout). Prints where it went on stderr. */
+/* Where a result goes: o->output, else default_stem with the format's extension (text and
+ * folded: stdout, "-"). path holds the name made. */
+static const char *result_path(const cli_options *o, const char *default_stem, char *path,
+                               size_t size) {
+  cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
+  if (o->output != NULL) return o->output;
+  if (f == FORMAT_TEXT || f == FORMAT_FOLDED) return "-";
+  snprintf(path, size, "%s%s", default_stem, cli_format_extension(f));
+  return path;
+}
+
+/* Writes r to result_path(). Prints where it went on stderr. */
 static int write_result(const cli_options *o, const hd_reassembler *r, const char *default_stem) {
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
-  char path[4096];
-  const char *output = o->output;
-  if (output == NULL) {
-    if (f == FORMAT_TEXT || f == FORMAT_FOLDED) {
-      output = "-";
-    } else {
-      snprintf(path, sizeof path, "%s%s", default_stem, cli_format_extension(f));
-      output = path;
-    }
-  }
+  char path[4200];
+  const char *output = result_path(o, default_stem, path, sizeof path);
   cli_output out;
   int rc = cli_output_open(&out, output);
   if (rc != 0) return rc;
@@ -170,7 +173,15 @@ int cmd_convert(cli_options *o, const char *input) {
     snprintf(stem, sizeof stem, "%s", strcmp(input, "-") == 0 ? "heapdump" : input);
     size_t n = strlen(stem), m = strlen(cli_format_extension(FORMAT_RAW));
     if (n > m && strcmp(stem + n - m, cli_format_extension(FORMAT_RAW)) == 0) stem[n - m] = '\0';
-    rc = write_result(o, &r, stem);
+    char path[4200];
+    const char *target = result_path(o, stem, path, sizeof path);
+    struct stat st;
+    if (!o->force && strcmp(target, "-") != 0 && stat(target, &st) == 0) {
+      cli_error("convert: %s exists; --force overwrites it", target);
+      rc = EXIT_FAILURE_;
+    } else {
+      rc = write_result(o, &r, stem);
+    }
   }
   hd_reassembler_destroy(&r);
   return rc;

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "heapdump/collector.h"
+#include "heapdump/heapdump.h"
 
 bool cli_quiet;
 
@@ -51,13 +52,30 @@ static const char kOutputHelp[] =
     "      --by B            text: group by site (default), stack or thread\n"
     "      --json            text: JSON instead of a table\n";
 
-static const char kCommonHelp[] =
+static const char kCollectorHelp[] =
     "      --socket PATH     the collector's socket (default: $HEAPDUMP_SOCKET, else\n"
     "                        $XDG_RUNTIME_DIR/heapdump/collector.sock, else\n"
     "                        /tmp/heapdump-$UID/collector.sock)\n"
     "      --timeout S       give up when the collector does not answer, or sends nothing of\n"
-    "                        a snapshot, for S seconds (default 10; 0: wait forever)\n"
-    "  -h, --help            this help\n";
+    "                        a snapshot, for S seconds (default 10; 0: wait forever)\n";
+
+static const char kGeneralHelp[] =
+    "  -h, --help            this help\n"
+    "      --version         heapdump's version\n";
+
+/* One bit per command, for the table of which command takes which option. */
+enum {
+  CMD_RUN = 1 << 0,
+  CMD_SNAPSHOT = 1 << 1,
+  CMD_LIST = 1 << 2,
+  CMD_DOWNLOAD = 1 << 3,
+  CMD_CONVERT = 1 << 4,
+  CMD_REPORT = 1 << 5,
+};
+#define CMD_ALL (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT)
+#define CMD_WRITERS (CMD_RUN | CMD_SNAPSHOT | CMD_DOWNLOAD | CMD_CONVERT)   /* any format */
+#define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT)                              /* text too */
+#define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD)    /* talk to one */
 
 static const struct {
   const char *name;
@@ -111,13 +129,24 @@ static const struct {
      true},
     {"convert", "heapdump convert INPUT --format F [--output FILE] [OPTIONS]",
      "Converts a raw snapshot file (INPUT '-': stdin) to format F. The output defaults to INPUT\n"
-     "with the format's extension (text and folded: stdout).\n",
+     "with the format's extension (text and folded: stdout). An existing file is not\n"
+     "overwritten unless --force.\n"
+     "\n"
+     "      --force       overwrite the output if it exists\n",
      true},
     {"report", "heapdump report INPUT [--top N] [--by site|stack|thread] [--json]",
      "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file by live\n"
      "bytes and blocks, with the bytes and blocks allocated since start where recorded, and\n"
-     "symbolized stacks.\n",
-     true},
+     "symbolized stacks.\n"
+     "\n"
+     "  -o, --output FILE     where to write (default: stdout); text or JSON only (.txt, .json)\n"
+     "      --top N           groups shown per process (default 20; 0: all)\n"
+     "      --by B            group by site (default), stack or thread\n"
+     "      --json            JSON instead of a table\n"
+     "      --symbolize       function names, files and lines where symbols are found (default)\n"
+     "      --no-symbolize    addresses only\n"
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     false},
 };
 
 static int usage_error(const char *fmt, ...) {
@@ -133,7 +162,8 @@ static int usage_error(const char *fmt, ...) {
 static void command_help(size_t i) {
   printf("usage: %s\n\n%s\n", kCommands[i].usage, kCommands[i].description);
   if (kCommands[i].output_options) printf("%s", kOutputHelp);
-  printf("%s", kCommonHelp);
+  if ((1u << i) & CMD_COLLECTOR) printf("%s", kCollectorHelp);
+  printf("%s", kGeneralHelp);
   printf("\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
          "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
          "did not answer in time%s.\n",
@@ -166,13 +196,59 @@ enum {
   OPT_CHILDREN,
   OPT_CHILDREN_DIR,
   OPT_VERBOSE,
+  OPT_FORCE,
+  OPT_VERSION,
 };
+
+/* Which command takes which option: anything else is a usage error, never silently ignored. */
+static const struct {
+  int option;
+  const char *name;
+  unsigned commands;
+} kOptionCommands[] = {
+    {'o', "--output", CMD_OUTPUT},
+    {'f', "--format", CMD_WRITERS},
+    {'p', "--pid", CMD_SNAPSHOT | CMD_LIST},
+    {'n', "--name", CMD_SNAPSHOT | CMD_LIST},
+    {'a', "--all", CMD_SNAPSHOT},
+    {'c', "--contents", CMD_RUN | CMD_SNAPSHOT},
+    {'i', "--interval", CMD_RUN},
+    {OPT_SOCKET, "--socket", CMD_COLLECTOR},
+    {OPT_TIMEOUT, "--timeout", CMD_COLLECTOR},
+    {OPT_SYMBOLIZE, "--symbolize", CMD_OUTPUT},
+    {OPT_NO_SYMBOLIZE, "--no-symbolize", CMD_OUTPUT},
+    {OPT_DEBUG_DIR, "--debug-dir", CMD_OUTPUT},
+    {OPT_TAGS, "--tags", CMD_WRITERS},
+    {OPT_SAMPLE_INDEX, "--sample-index", CMD_WRITERS},
+    {OPT_TOP, "--top", CMD_OUTPUT},
+    {OPT_BY, "--by", CMD_OUTPUT},
+    {OPT_JSON, "--json", CMD_OUTPUT | CMD_LIST},
+    {OPT_CHILDREN, "--children", CMD_RUN},
+    {OPT_CHILDREN_DIR, "--children-dir", CMD_RUN},
+    {OPT_VERBOSE, "--verbose", CMD_RUN},
+    {OPT_FORCE, "--force", CMD_CONVERT},
+    {OPT_VERSION, "--version", CMD_ALL},
+};
+
+/* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
+static const char *option_refused(int option, size_t command) {
+  for (size_t i = 0; i < sizeof kOptionCommands / sizeof kOptionCommands[0]; i++) {
+    if (kOptionCommands[i].option == option) {
+      return (kOptionCommands[i].commands & (1u << command)) ? NULL : kOptionCommands[i].name;
+    }
+  }
+  return NULL;
+}
 
 /* How long a collector may take to answer: it answers calls at once and sends a 10^6-block
  * snapshot's batches in well under a second, so a silent one is stuck, stopped or not one. */
 #define DEFAULT_TIMEOUT_SECONDS 10
 
 int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+    printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
+    return EXIT_OK;
+  }
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
       strcmp(argv[1], "help") == 0) {
     fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -209,6 +285,8 @@ int main(int argc, char **argv) {
       {"children", required_argument, NULL, OPT_CHILDREN},
       {"children-dir", required_argument, NULL, OPT_CHILDREN_DIR},
       {"verbose", no_argument, NULL, OPT_VERBOSE},
+      {"force", no_argument, NULL, OPT_FORCE},
+      {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0},
   };
   /* run: "+" stops at the first non-option, so COMMAND's own options are left alone; the other
@@ -221,6 +299,11 @@ int main(int argc, char **argv) {
   int c;
   uint64_t number;
   while ((c = getopt_long(argc, argv, short_options, kLong, NULL)) != -1) {
+    const char *refused = option_refused(c, command);
+    if (refused != NULL) {
+      return usage_error("%s does not take %s (heapdump %s --help lists its options)", name, refused,
+                         name);
+    }
     switch (c) {
       case 'h':
         command_help(command);
@@ -326,6 +409,12 @@ int main(int argc, char **argv) {
       case OPT_VERBOSE:
         o.verbose = true;
         break;
+      case OPT_FORCE:
+        o.force = true;
+        break;
+      case OPT_VERSION:
+        printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
+        return EXIT_OK;
       case OPT_TIMEOUT: {
         char *end;
         errno = 0;
@@ -349,6 +438,15 @@ int main(int argc, char **argv) {
       return EXIT_USAGE;
     }
     o.socket = o.socket_buf;
+  }
+  if (command == 0 && o.output != NULL && strcmp(o.output, "-") == 0) {
+    return usage_error("run: --output - would mix the profile into COMMAND's own output; give a "
+                       "file");
+  }
+  if (strcmp(name, "report") == 0 && o.output != NULL &&
+      cli_output_format(&o, o.output, FORMAT_TEXT) != FORMAT_TEXT) {
+    return usage_error("report writes text or JSON, not '%s' (heapdump convert writes other "
+                       "formats)", o.output);
   }
   int rest = argc - optind;
   char **args = argv + optind;
