@@ -166,6 +166,71 @@ static bool remove_locked(hd_collector *c, hd_process *p) {
   return true;
 }
 
+/* Remembers that p left the live set. Called with c->lock held. */
+static void record_exit_locked(hd_collector *c, hd_process *p, bool exit_snapshot) {
+  uint64_t seq = ++c->exit_seq;
+  hd_exit_record *r = &c->exit_records[seq % HD_EXIT_RECORDS];
+  *r = (hd_exit_record){
+      .seq = seq,
+      .pid = p->pid,
+      .uid = p->uid,
+      .state = exit_snapshot ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
+                             : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT,
+  };
+  snprintf(r->name, sizeof r->name, "%s", p->name);
+  p->exit_record = seq;
+}
+
+void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32_t snapshot_id) {
+  pthread_mutex_lock(&c->lock);
+  hd_exit_record *r = &c->exit_records[p->exit_record % HD_EXIT_RECORDS];
+  if (p->exit_record != 0 && r->seq == p->exit_record) {
+    r->state = ok ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED
+                  : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
+    r->snapshot_id = snapshot_id;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Where process pid stands, as uid (0 sees every process) may know it. */
+static heapdump_client_CollectorGetProcessStateResponse process_state(hd_collector *c, pid_t pid,
+                                                                      uid_t uid) {
+  heapdump_client_CollectorGetProcessStateResponse out = {
+      .has_state = true,
+      .state = heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN,
+  };
+  pthread_mutex_lock(&c->lock);
+  const hd_process *p = find_locked(c, pid);
+  if (p != NULL && (uid == 0 || p->uid == uid)) {
+    /* Exited, and the poll thread has not handled it yet: what it will do is known. */
+    out.state = hd_process_alive(p) ? heapdump_client_ProcessState_PROCESS_STATE_RUNNING
+                : p->exit_snapshot
+                    ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
+                    : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
+    out.has_process_name = true;
+    snprintf(out.process_name, sizeof out.process_name, "%s", p->name);
+  } else {
+    const hd_exit_record *latest = NULL;
+    for (size_t i = 0; i < HD_EXIT_RECORDS; i++) {
+      const hd_exit_record *r = &c->exit_records[i];
+      if (r->seq != 0 && r->pid == pid && (uid == 0 || r->uid == uid) &&
+          (latest == NULL || r->seq > latest->seq)) {
+        latest = r;
+      }
+    }
+    if (latest != NULL) {
+      out.state = latest->state;
+      out.has_exit_snapshot_id =
+          latest->state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED;
+      out.exit_snapshot_id = latest->snapshot_id;
+      out.has_process_name = true;
+      snprintf(out.process_name, sizeof out.process_name, "%s", latest->name);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  return out;
+}
+
 /* After p left the live set: its last snapshot ("exit", or "exec" when the process lives on
  * as another image), and the live set's reference. */
 static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot, bool exec) {
@@ -179,6 +244,7 @@ void hd_process_exited(hd_collector *c, hd_process *p) {
   pthread_mutex_lock(&c->lock);
   bool removed = remove_locked(c, p);
   bool exit_snapshot = p->exit_snapshot;
+  if (removed) record_exit_locked(c, p, exit_snapshot);
   if (removed && exit_snapshot) hd_worker_reserve_exit(c);
   pthread_mutex_unlock(&c->lock);
   if (removed) finish_exit(c, p, exit_snapshot, false);
@@ -203,6 +269,7 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *
       remove_locked(c, existing);
       stale = existing;
       stale_exit_snapshot = existing->exit_snapshot;
+      record_exit_locked(c, existing, stale_exit_snapshot);
       if (stale_exit_snapshot) hd_worker_reserve_exit(c);
     }
     if (c->process_count < HD_MAX_PROCESSES) {
@@ -539,6 +606,41 @@ static hd_status on_list(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
+static hd_status on_delete(void *ctx, hd_message *msg,
+                           heapdump_client_CollectorDeleteStoredSnapshotRequest *req) {
+  handler_ctx *h = ctx;
+  h->k->kind = CONN_CLIENT;
+  hd_message_close_fds(msg);
+  heapdump_client_CollectorDeleteStoredSnapshotResult result =
+      heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
+  if (req->has_snapshot_id && hd_storage_delete(h->c, req->snapshot_id, h->k->peer.uid) == 0) {
+    result.which_result = heapdump_client_CollectorDeleteStoredSnapshotResult_response_tag;
+  } else {
+    result.which_result = heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag;
+    result.result.err = heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND;
+  }
+  uint32_t txid = msg->txid;
+  return hd_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);
+}
+
+static hd_status on_get_process_state(void *ctx, hd_message *msg,
+                                      heapdump_client_CollectorGetProcessStateRequest *req) {
+  handler_ctx *h = ctx;
+  h->k->kind = CONN_CLIENT;
+  hd_message_close_fds(msg);
+  heapdump_client_CollectorGetProcessStateResult result =
+      heapdump_client_CollectorGetProcessStateResult_init_zero;
+  if (!req->has_process_koid || req->process_koid == 0 || req->process_koid > INT32_MAX) {
+    result.which_result = heapdump_client_CollectorGetProcessStateResult_err_tag;
+    result.result.err = heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  } else {
+    result.which_result = heapdump_client_CollectorGetProcessStateResult_response_tag;
+    result.result.response = process_state(h->c, (pid_t)req->process_koid, h->k->peer.uid);
+  }
+  uint32_t txid = msg->txid;
+  return hd_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
+}
+
 static hd_status on_get_next(void *ctx, hd_message *msg,
                              heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
   (void)req;
@@ -560,7 +662,9 @@ static const hd_snapshot_sink_server sink_server = {.store_named_snapshot = on_s
 static const hd_collector_server collector_server = {
     .take_live_snapshot = on_take_live_snapshot,
     .list_stored_snapshots = on_list,
-    .download_stored_snapshot = on_download};
+    .download_stored_snapshot = on_download,
+    .delete_stored_snapshot = on_delete,
+    .get_process_state = on_get_process_state};
 static const hd_stored_snapshot_iterator_server iterator_server = {.get_next = on_get_next};
 
 /* Handles one readable connection; returns false if it must be closed. */
@@ -642,7 +746,8 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   c->wake[0] = c->wake[1] = -1;
   c->conns = calloc(1, sizeof *c->conns);
   c->scratch = malloc(sizeof *c->scratch);
-  if (c->conns == NULL || c->scratch == NULL) {
+  c->exit_records = calloc(HD_EXIT_RECORDS, sizeof *c->exit_records);
+  if (c->conns == NULL || c->scratch == NULL || c->exit_records == NULL) {
     hd_collector_destroy(c);
     return -ENOMEM;
   }
@@ -810,6 +915,7 @@ void hd_collector_destroy(hd_collector *c) {
   hd_storage_close(c);
   free(c->conns);
   free(c->scratch);
+  free(c->exit_records);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->scan_lock);
   pthread_cond_destroy(&c->streams_done);

@@ -43,7 +43,20 @@ typedef struct hd_process {
   bool exit_snapshot;
   bool live;         /* in the live set */
   int open_channels; /* registry connections and sinks attached to this entry */
+  uint64_t exit_record; /* its hd_exit_record's seq once it has left the live set */
 } hd_process;
+
+/* What the collector remembers of a process that left the live set, for GetProcessState: a
+ * client that waits for an exit snapshot learns at once that none will come. */
+#define HD_EXIT_RECORDS 4096
+typedef struct hd_exit_record {
+  uint64_t seq; /* 0: an empty slot; else slot = seq % HD_EXIT_RECORDS */
+  pid_t pid;
+  uid_t uid;
+  char name[33];
+  heapdump_client_ProcessState state;
+  uint32_t snapshot_id;
+} hd_exit_record;
 
 typedef struct hd_stored_snapshot_info {
   uint32_t id;
@@ -51,7 +64,9 @@ typedef struct hd_stored_snapshot_info {
   char process_name[33];
   uint64_t pid;
   uid_t uid;
-  uint64_t bytes;
+  uint64_t bytes; /* the file's size */
+  uint64_t taken_at_unix_ns; /* 0: unknown (stored by an older collector) */
+  uint64_t live_bytes, live_blocks;
 } hd_stored_snapshot_info;
 
 typedef struct hd_stored_list {
@@ -87,6 +102,8 @@ struct hd_collector {
   pthread_mutex_t scan_lock; /* one /proc scan at a time; protects last_scan_ns */
   uint64_t last_scan_ns;
   bool scanned;
+  hd_exit_record *exit_records; /* HD_EXIT_RECORDS of them, a ring */
+  uint64_t exit_seq;            /* the last record's seq */
   struct hd_worker *worker;
   struct conn_table *conns;
   hd_message *scratch;
@@ -162,8 +179,14 @@ void hd_start_stream(hd_stream_job *job);
 void hd_wait_streams(hd_collector *c);
 /* Writes the elements of one process's snapshot: the live table when snapshot_alloc is NULL, else
  * a frozen copy. Returns 0, or -EIO if the tables are corrupt or unreadable. */
+typedef struct hd_snapshot_totals {
+  uint64_t live_bytes, live_blocks;
+} hd_snapshot_totals;
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        bool with_contents, hd_batch_writer *w);
+                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals);
+
+/* Records the outcome of p's last snapshot: stored as snapshot_id, or (ok false) not stored. */
+void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32_t snapshot_id);
 
 /* ---- the storage workers (worker.c) ---- */
 
@@ -198,5 +221,7 @@ hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing)
 /* Streams stored snapshot id to w (without the final empty batch). -ENOENT if unknown or not
  * visible to uid. */
 int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *w);
+/* Deletes stored snapshot id; -ENOENT if unknown or not visible to uid (0 sees all). */
+int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid);
 
 #endif

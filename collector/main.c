@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -201,6 +202,19 @@ static int open_log(const char *path) {
   return fd;
 }
 
+/* Appends what start_log holds to fd, and closes start_log. */
+static void copy_start_log(int start_log, int fd) {
+  if (start_log < 0) return;
+  char buf[4096];
+  ssize_t n;
+  off_t offset = 0;
+  while (fd >= 0 && (n = pread(start_log, buf, sizeof buf, offset)) > 0) {
+    if (write(fd, buf, (size_t)n) != n) break;
+    offset += n;
+  }
+  close(start_log);
+}
+
 /* Forks; the parent waits for the daemon's word and exits with 0 (it listens: its pid is
  * printed) or 1 (it failed: it printed why). Returns in the daemon with *ready_fd to write its
  * pid to once it listens. */
@@ -335,16 +349,30 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  int ready_fd = -1;
-  if (!foreground) detach(&ready_fd);
-  /* Errors up to here reach the terminal (the detaching parent still waits); the log after. */
+  int ready_fd = -1, terminal_fd = -1, start_log = -1;
+  if (!foreground) {
+    detach(&ready_fd);
+    /* What the collector logs while it starts goes to its log file, which lives in the socket's
+     * directory that starting creates: held in memory until then, and shown on the terminal
+     * instead if starting fails. */
+    terminal_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    start_log = memfd_create("heapdump-collector-start", MFD_CLOEXEC);
+    if (terminal_fd >= 0 && start_log >= 0) dup2(start_log, STDERR_FILENO);
+  }
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
+  if (terminal_fd >= 0) {
+    fflush(stderr);
+    dup2(terminal_fd, STDERR_FILENO);
+    close(terminal_fd);
+  }
   if (rc != 0) {
+    copy_start_log(start_log, STDERR_FILENO);
     fprintf(stderr, "heapdump-collector: cannot start: %s\n", strerror(-rc));
     return 1;
   }
   int log_fd = log_path[0] ? open_log(log_path) : -1;
+  copy_start_log(start_log, log_fd);
   int pid_fd = log_path[0] && log_fd < 0 ? -1 : pid_file_create(pid_path);
   if (pid_fd < 0) {
     if (log_fd >= 0) close(log_fd);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collector_internal.h"
@@ -124,6 +125,10 @@ static int load_info(const char *path, hd_stored_snapshot_info *info) {
         info->pid = s.process_koid;
         info->uid = uid;
         info->bytes = (uint64_t)st.st_size;
+        /* Files stored before these fields existed lack them: zero reads as unknown. */
+        info->taken_at_unix_ns = s.taken_at_unix_ns;
+        info->live_bytes = s.live_bytes;
+        info->live_blocks = s.live_blocks;
       }
     }
   }
@@ -251,6 +256,13 @@ static hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
   return sink->ok ? HD_OK : HD_ERR_IO;
 }
 
+static bool encode_meta(const heapdump_client_StoredSnapshot *meta, uint8_t *buf, uint32_t *len) {
+  pb_ostream_t out = pb_ostream_from_buffer(buf, heapdump_client_StoredSnapshot_size);
+  if (!pb_encode(&out, heapdump_client_StoredSnapshot_fields, meta)) return false;
+  *len = (uint32_t)out.bytes_written;
+  return true;
+}
+
 int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
                       uint32_t *out_id) {
   hd_alloc_reader *frozen = NULL;
@@ -279,30 +291,46 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     hd_alloc_reader_close(frozen);
     return -EIO;
   }
-  heapdump_client_StoredSnapshot meta = heapdump_client_StoredSnapshot_init_zero;
-  meta.has_snapshot_id = meta.has_snapshot_name = meta.has_process_koid = meta.has_process_name = true;
-  meta.snapshot_id = id;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  heapdump_client_StoredSnapshot meta = {
+      .has_snapshot_id = true,
+      .snapshot_id = id,
+      .has_snapshot_name = true,
+      .has_process_koid = true,
+      .process_koid = (uint64_t)p->pid,
+      .has_process_name = true,
+      .has_taken_at_unix_ns = true,
+      .taken_at_unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec,
+      /* Rewritten in place once known: fixed64, so the message keeps its size. */
+      .has_live_bytes = true,
+      .has_live_blocks = true,
+  };
   snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
-  meta.process_koid = (uint64_t)p->pid;
   snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
-  uint8_t meta_buf[256];
-  pb_ostream_t out = pb_ostream_from_buffer(meta_buf, sizeof meta_buf);
-  bool ok = pb_encode(&out, heapdump_client_StoredSnapshot_fields, &meta);
-  uint32_t uid = (uint32_t)p->uid, meta_len = (uint32_t)out.bytes_written;
+  uint8_t meta_buf[heapdump_client_StoredSnapshot_size];
+  uint32_t meta_len = 0;
+  bool ok = encode_meta(&meta, meta_buf, &meta_len);
+  uint32_t uid = (uint32_t)p->uid;
   ok = ok && write_all(fd, kMagic, 8) && write_all(fd, &uid, 4) && write_all(fd, &meta_len, 4) &&
        write_all(fd, meta_buf, meta_len);
   hd_batch_writer *w = malloc(sizeof *w);
   file_sink sink = {fd, ok};
+  hd_snapshot_totals totals = {0};
   if (w == NULL) {
     sink.ok = false;
   } else {
     hd_batch_writer_init(w, append_batch, &sink);
-    rc = hd_produce_snapshot(c, p, frozen, false, w);
+    rc = hd_produce_snapshot(c, p, frozen, false, w, &totals);
     if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
   }
   free(w);
   hd_alloc_reader_close(frozen);
-  ok = sink.ok && rc == 0 && fsync(fd) == 0;
+  meta.live_bytes = totals.live_bytes;
+  meta.live_blocks = totals.live_blocks;
+  uint32_t final_len = 0;
+  ok = sink.ok && rc == 0 && encode_meta(&meta, meta_buf, &final_len) && final_len == meta_len &&
+       pwrite(fd, meta_buf, meta_len, 16) == (ssize_t)meta_len && fsync(fd) == 0;
   close(fd);
   hd_stored_snapshot_info info;
   if (!ok || rename(tmp, path) != 0 || load_info(path, &info) != 0) {
@@ -354,7 +382,22 @@ static bool encode_page(pb_ostream_t *stream, const pb_field_t *field, void *con
   const page *pg = *arg;
   for (size_t i = pg->listing->next; i < pg->end; i++) {
     const hd_stored_snapshot_info *s = &pg->listing->items[i];
-    heapdump_client_StoredSnapshot m = {true, s->id, true, "", true, s->pid, true, ""};
+    heapdump_client_StoredSnapshot m = {
+        .has_snapshot_id = true,
+        .snapshot_id = s->id,
+        .has_snapshot_name = true,
+        .has_process_koid = true,
+        .process_koid = s->pid,
+        .has_process_name = true,
+        .has_taken_at_unix_ns = s->taken_at_unix_ns != 0,
+        .taken_at_unix_ns = s->taken_at_unix_ns,
+        .has_live_bytes = s->taken_at_unix_ns != 0,
+        .live_bytes = s->live_bytes,
+        .has_live_blocks = s->taken_at_unix_ns != 0,
+        .live_blocks = s->live_blocks,
+        .has_stored_bytes = true,
+        .stored_bytes = s->bytes,
+    };
     snprintf(m.snapshot_name, sizeof m.snapshot_name, "%s", s->name);
     snprintf(m.process_name, sizeof m.process_name, "%s", s->process_name);
     if (!pb_encode_tag_for_field(stream, field) ||
@@ -379,6 +422,30 @@ hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing)
   hd_status status = hd_stored_snapshot_iterator_get_next_reply(fd, msg, txid, &result);
   if (status == HD_OK) listing->next = pg.end;
   return status;
+}
+
+int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid) {
+  hd_stored_snapshot_info found = {0};
+  pthread_mutex_lock(&c->lock);
+  size_t i = 0;
+  while (i < c->stored_count && c->stored[i].id != id) i++;
+  bool visible = i < c->stored_count && (uid == 0 || c->stored[i].uid == uid);
+  if (visible) {
+    found = c->stored[i];
+    memmove(c->stored + i, c->stored + i + 1, (c->stored_count - i - 1) * sizeof *c->stored);
+    c->stored_count--;
+    /* Unlinked under the lock so that no listing shows an id whose file is gone; a download
+     * already streaming it keeps its open file. */
+    char path[4200];
+    snapshot_path(c, id, path, sizeof path);
+    unlink(path);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (!visible) return -ENOENT;
+  fsync_dir(c->storage_dir);
+  hd_log(c, HD_LOG_INFO, "deleted stored snapshot %u (%s of %s[%llu]) at uid %u's request", id,
+         found.name, found.process_name, (unsigned long long)found.pid, (unsigned)uid);
+  return 0;
 }
 
 int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *w) {

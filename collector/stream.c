@@ -115,7 +115,7 @@ static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
 }
 
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        bool with_contents, hd_batch_writer *w) {
+                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals) {
   hd_live_block *blocks = NULL;
   size_t count = 0;
   pthread_mutex_lock(&p->read_lock);
@@ -137,10 +137,23 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
       rc = -ENOMEM;
       break;
     }
-    const heapdump_client_Allocation a = {true, b->address, true, b->size, true, b->stack_key,
-                                          true, (int64_t)b->timestamp, true, b->thread_key,
-                                          false, 0};
+    const heapdump_client_Allocation a = {
+        .has_address = true,
+        .address = b->address,
+        .has_size = true,
+        .size = b->size,
+        .has_stack_trace_key = true,
+        .stack_trace_key = b->stack_key,
+        .has_timestamp = true,
+        .timestamp = (int64_t)b->timestamp,
+        .has_thread_info_key = true,
+        .thread_info_key = b->thread_key,
+    };
     status = hd_batch_add_allocation(w, &a);
+    if (totals != NULL) {
+      totals->live_bytes += b->size;
+      totals->live_blocks++;
+    }
   }
   for (size_t i = 0; i < threads.count && status == HD_OK && rc == 0; i++) {
     hd_thread_info t;
@@ -248,7 +261,7 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
       e.element.snapshot_header.process_koid = (uint64_t)p->pid;
       if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
     }
-    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w);
+    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w, NULL);
     if (rc == -EIO || rc == -ENOMEM) {
       report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
     } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {

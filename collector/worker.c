@@ -117,11 +117,13 @@ static void *run_exits(void *arg) {
       hd_discover_processes(c, false);
       continue;
     }
-    uint32_t id;
-    if (hd_store_snapshot(c, j->process, j->name, -1, &id) != 0) {
+    uint32_t id = 0;
+    bool stored = hd_store_snapshot(c, j->process, j->name, -1, &id) == 0;
+    if (!stored) {
       hd_log(c, HD_LOG_WARN, "no %s snapshot for %s[%u]", j->name, j->process->name,
              (unsigned)j->process->pid);
     }
+    hd_exit_record_finish(c, j->process, stored, id);
     hd_process_release(j->process);
     free(j);
     pthread_mutex_lock(&w->lock);
@@ -194,6 +196,7 @@ void hd_queue_exit_snapshot(hd_collector *c, hd_process *p, const char *name) {
   if (j == NULL) {
     hd_log(c, HD_LOG_ERROR, "out of memory: no %s snapshot for %s[%u]", name, p->name,
            (unsigned)p->pid);
+    hd_exit_record_finish(c, p, false, 0);
     pthread_mutex_lock(&c->worker->lock);
     c->worker->exits_pending--;
     pthread_mutex_unlock(&c->worker->lock);

@@ -133,6 +133,17 @@ TEST_F(PermissionTest, ClientSeesOnlyItsOwnUidsProcessesAndSnapshots) {
         Error(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND)) {
       return 4;
     }
+    // Nor delete it, nor learn whether root's process runs.
+    if (Delete(socket, roots_id).error !=
+        Error(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND)) {
+      return 5;
+    }
+    if (GetProcessState(socket, root_pid).state !=
+            heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN ||
+        GetProcessState(socket, their_pid).state !=
+            heapdump_client_ProcessState_PROCESS_STATE_RUNNING) {
+      return 6;
+    }
     return 0;
   });
   EXPECT_EQ(outcome, 0) << collector.Log();

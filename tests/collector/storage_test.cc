@@ -2,6 +2,7 @@
 // files are reported and skipped at start, and ids are never reused, across restarts and
 // evictions alike.
 #include <fcntl.h>
+#include <pb_encode.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,10 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+
+extern "C" {
+#include "heapdump_client.pb.h"
+}
 
 namespace hdtest {
 namespace {
@@ -162,6 +167,148 @@ TEST_F(StorageTest, DamagedFilesAreReportedAndSkipped) {
   EXPECT_GT(StoredId(List(collector.socket), "new"), 903u);
   EXPECT_EQ(ReadFile(SnapshotFile(900)), garbage);
   child.Finish();
+}
+
+uint64_t RealtimeNs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+const Stored *Find(const Listing &listing, uint32_t id) {
+  for (const Stored &s : listing.items) {
+    if (s.id == id) return &s;
+  }
+  return nullptr;
+}
+
+// `heapdump list`'s columns: when each snapshot was taken, what the process had live then, and
+// what it costs on disk, kept across restarts (they live in the file).
+TEST_F(StorageTest, ListingsCarryTimeLiveTotalsAndSize) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  uint64_t before = RealtimeNs();
+  uint32_t id = Store(child, "named");
+  uint64_t after = RealtimeNs();
+  child.Finish();
+  ASSERT_NE(id, 0u);
+  for (int restart = 0; restart < 2; restart++) {
+    SCOPED_TRACE(restart ? "after a restart" : "as stored");
+    Listing listing = List(collector.socket);
+    const Stored *s = Find(listing, id);
+    ASSERT_NE(s, nullptr);
+    ASSERT_TRUE(s->has_totals);
+    EXPECT_GE(s->taken_at_unix_ns, before);
+    EXPECT_LE(s->taken_at_unix_ns, after);
+    EXPECT_EQ(static_cast<off_t>(s->stored_bytes), FileSize(SnapshotFile(id)));
+    auto snapshot = Download(collector.socket, id);
+    ASSERT_EQ(snapshot->status, HD_OK) << snapshot->ra.error;
+    const hd_snapshot *only = snapshot->only();
+    ASSERT_NE(only, nullptr);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < only->allocation_count; i++) bytes += only->allocations[i].size;
+    EXPECT_EQ(s->live_blocks, only->allocation_count);
+    EXPECT_EQ(s->live_bytes, bytes);
+    EXPECT_GE(s->live_blocks, 10u);  // alpha_leaks' ten blocks at least
+    collector.Stop();
+    collector.Start();
+  }
+}
+
+// A file an older collector stored (its metadata without the totals) is still listed and
+// served, with the totals absent rather than zero.
+TEST_F(StorageTest, FilesWithoutTotalsAreListedWithoutThem) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  uint32_t id = Store(child, "old");
+  child.Finish();
+  ASSERT_NE(id, 0u);
+  collector.Stop();
+  const std::string whole = ReadFile(SnapshotFile(id));
+  uint32_t meta_len;
+  memcpy(&meta_len, whole.data() + 12, 4);
+  heapdump_client_StoredSnapshot meta = heapdump_client_StoredSnapshot_init_zero;
+  meta.has_snapshot_id = meta.has_snapshot_name = meta.has_process_koid = true;
+  meta.has_process_name = true;
+  meta.snapshot_id = id + 100;
+  strcpy(meta.snapshot_name, "older");
+  meta.process_koid = 42;
+  strcpy(meta.process_name, "legacy");
+  uint8_t buf[heapdump_client_StoredSnapshot_size];
+  pb_ostream_t out = pb_ostream_from_buffer(buf, sizeof buf);
+  ASSERT_TRUE(pb_encode(&out, heapdump_client_StoredSnapshot_fields, &meta));
+  uint32_t new_len = static_cast<uint32_t>(out.bytes_written);
+  std::string older = whole.substr(0, 12) + std::string(reinterpret_cast<char *>(&new_len), 4) +
+                      std::string(reinterpret_cast<char *>(buf), new_len) +
+                      whole.substr(16 + meta_len);
+  WriteFile(SnapshotFile(id + 100), older);
+  collector.Start();
+  const Stored *s = Find(List(collector.socket), id + 100);
+  ASSERT_NE(s, nullptr) << collector.Log();
+  EXPECT_FALSE(s->has_totals);
+  EXPECT_EQ(s->name, "older");
+  EXPECT_EQ(static_cast<off_t>(s->stored_bytes), FileSize(SnapshotFile(id + 100)));
+  auto snapshot = Download(collector.socket, id + 100);
+  ASSERT_EQ(snapshot->status, HD_OK) << snapshot->ra.error;
+  EXPECT_EQ(Blocks(snapshot->only(), 100, "alpha_leaks").in_function, 10u);
+}
+
+// DeleteStoredSnapshot removes the file and the listing entry for good; unknown ids are
+// refused; ids are never reused afterwards.
+TEST_F(StorageTest, DeleteRemovesASnapshotForGood) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  uint32_t keep = Store(child, "keep"), gone = Store(child, "gone");
+  ASSERT_NE(keep, 0u);
+  ASSERT_NE(gone, 0u);
+  CallResult deleted = Delete(collector.socket, gone);
+  EXPECT_EQ(deleted.status, HD_OK);
+  EXPECT_EQ(deleted.error, 0u);
+  EXPECT_EQ(Names(), (std::set<std::string>{"keep"}));
+  EXPECT_EQ(FileSize(SnapshotFile(gone)), -1);
+  EXPECT_EQ(Download(collector.socket, gone)->error,
+            Error(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND));
+  for (uint32_t id : {gone, 0u, 12345u}) {
+    CallResult again = Delete(collector.socket, id);
+    EXPECT_EQ(again.status, HD_OK) << id;
+    EXPECT_EQ(again.error, Error(heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND)) << id;
+  }
+  EXPECT_TRUE(Logged("deleted stored snapshot " + std::to_string(gone) + " "));
+  collector.Stop();
+  collector.Start();
+  EXPECT_EQ(Names(), (std::set<std::string>{"keep"}));
+  EXPECT_GT(Store(child, "next"), gone);
+  child.Finish();
+}
+
+// GetProcessState: a registered process is running; once it exits, its exit snapshot's id is
+// told; a pid that never registered is unknown, at once.
+TEST_F(StorageTest, ProcessStateFollowsAProcessToItsExitSnapshot) {
+  collector.Start();
+  Child child(collector.socket, nullptr, /*exit_snapshot=*/true);
+  pid_t pid = child.pid;
+  ProcessStatus running = GetProcessState(collector.socket, pid);
+  ASSERT_EQ(running.status, HD_OK);
+  EXPECT_EQ(running.state, heapdump_client_ProcessState_PROCESS_STATE_RUNNING);
+  EXPECT_FALSE(running.process_name.empty());
+  child.Finish();
+  ProcessStatus exited;
+  for (int i = 0; i < 500; i++) {
+    exited = GetProcessState(collector.socket, pid);
+    if (exited.state != heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+        exited.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING) {
+      break;
+    }
+    usleep(10000);
+  }
+  EXPECT_EQ(exited.state, heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED);
+  EXPECT_EQ(exited.exit_snapshot_id, StoredId(List(collector.socket), "exit"));
+  EXPECT_EQ(exited.process_name, running.process_name);
+  // This test's own pid never registered.
+  EXPECT_EQ(GetProcessState(collector.socket, getpid()).state,
+            heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN);
+  EXPECT_EQ(GetProcessState(collector.socket, 0).error,
+            Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
 }
 
 }  // namespace

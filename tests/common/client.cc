@@ -76,8 +76,17 @@ namespace {
 bool DecodeStored(pb_istream_t *stream, const pb_field_t *, void **arg) {
   heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
   if (!pb_decode(stream, heapdump_client_StoredSnapshot_fields, &s)) return false;
-  static_cast<std::vector<Stored> *>(*arg)->push_back(
-      {s.snapshot_id, s.snapshot_name, s.process_name, s.process_koid});
+  Stored out;
+  out.id = s.snapshot_id;
+  out.name = s.snapshot_name;
+  out.process_name = s.process_name;
+  out.pid = s.process_koid;
+  out.has_totals = s.has_taken_at_unix_ns && s.has_live_bytes && s.has_live_blocks;
+  out.taken_at_unix_ns = s.taken_at_unix_ns;
+  out.live_bytes = s.live_bytes;
+  out.live_blocks = s.live_blocks;
+  out.stored_bytes = s.stored_bytes;
+  static_cast<std::vector<Stored> *>(*arg)->push_back(out);
   return true;
 }
 
@@ -125,6 +134,44 @@ Listing List(const std::string &socket, const heapdump_client_ProcessSelector *s
     if (listing.items.size() == before) break;
   }
   return listing;
+}
+
+CallResult Delete(const std::string &socket, uint32_t id) {
+  CallResult out;
+  Call call(socket);
+  auto msg = std::make_unique<hd_message>();
+  heapdump_client_CollectorDeleteStoredSnapshotRequest req =
+      heapdump_client_CollectorDeleteStoredSnapshotRequest_init_zero;
+  req.has_snapshot_id = true;
+  req.snapshot_id = id;
+  heapdump_client_CollectorDeleteStoredSnapshotResult result =
+      heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
+  out.status = hd_collector_delete_stored_snapshot(call.fd, msg.get(), &req, nullptr, 0, &result);
+  if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag) {
+    out.error = static_cast<uint32_t>(result.result.err);
+  }
+  return out;
+}
+
+ProcessStatus GetProcessState(const std::string &socket, pid_t pid) {
+  ProcessStatus out;
+  Call call(socket);
+  auto msg = std::make_unique<hd_message>();
+  heapdump_client_CollectorGetProcessStateRequest req =
+      heapdump_client_CollectorGetProcessStateRequest_init_zero;
+  req.has_process_koid = true;
+  req.process_koid = static_cast<uint64_t>(pid);
+  heapdump_client_CollectorGetProcessStateResult result =
+      heapdump_client_CollectorGetProcessStateResult_init_zero;
+  out.status = hd_collector_get_process_state(call.fd, msg.get(), &req, nullptr, 0, &result);
+  if (result.which_result == heapdump_client_CollectorGetProcessStateResult_err_tag) {
+    out.error = static_cast<uint32_t>(result.result.err);
+  } else if (out.status == HD_OK) {
+    out.state = result.result.response.state;
+    out.exit_snapshot_id = result.result.response.exit_snapshot_id;
+    out.process_name = result.result.response.process_name;
+  }
+  return out;
 }
 
 uint32_t StoredId(const Listing &listing, const std::string &name) {

@@ -42,9 +42,11 @@ std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
 std::unique_ptr<Result> Download(const std::string &socket, uint32_t id);
 
 struct Stored {
-  uint32_t id;
+  uint32_t id = 0;
   std::string name, process_name;
-  uint64_t pid;
+  uint64_t pid = 0;
+  bool has_totals = false;  // taken_at_unix_ns, live_bytes and live_blocks all present
+  uint64_t taken_at_unix_ns = 0, live_bytes = 0, live_blocks = 0, stored_bytes = 0;
 };
 struct Listing {
   hd_status status = HD_OK;
@@ -52,6 +54,22 @@ struct Listing {
   std::vector<Stored> items;
 };
 Listing List(const std::string &socket, const heapdump_client_ProcessSelector *selector = nullptr);
+// A two-way call's transport status and, when the collector refused, its CollectorError.
+struct CallResult {
+  hd_status status = HD_OK;
+  uint32_t error = 0;
+};
+CallResult Delete(const std::string &socket, uint32_t id);
+
+struct ProcessStatus {
+  hd_status status = HD_OK;
+  uint32_t error = 0;
+  heapdump_client_ProcessState state = heapdump_client_ProcessState_PROCESS_STATE_UNSPECIFIED;
+  uint32_t exit_snapshot_id = 0;
+  std::string process_name;
+};
+ProcessStatus GetProcessState(const std::string &socket, pid_t pid);
+
 // The id of the only stored snapshot called name, or 0.
 uint32_t StoredId(const Listing &listing, const std::string &name);
 

@@ -120,6 +120,10 @@ const hd_collector_server kCollector = {
     .list_stored_snapshots = nullptr,
     .download_stored_snapshot_prepare = nullptr,
     .download_stored_snapshot = nullptr,
+    .delete_stored_snapshot_prepare = nullptr,
+    .delete_stored_snapshot = nullptr,
+    .get_process_state_prepare = nullptr,
+    .get_process_state = nullptr,
 };
 
 TEST(Channel, OneWayCallCarriesTheReceiverEnd) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -174,7 +175,7 @@ class CliTest : public ::testing::Test {
   // one (the others refuse the option).
   Output Heapdump(std::vector<std::string> args, const std::vector<std::string> &env = {}) {
     bool talks = args[0] == "run" || args[0] == "snapshot" || args[0] == "list" ||
-                 args[0] == "download";
+                 args[0] == "download" || args[0] == "delete";
     args.insert(args.begin(), HD_CLI);
     if (talks) args.insert(args.begin() + 2, "--socket=" + socket);
     return RunProgram(args, dir, env);
@@ -238,6 +239,21 @@ TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
   EXPECT_NE(lines[0].find("PROCESS"), std::string::npos);
   EXPECT_NE(lines[1].find("exit"), std::string::npos);
   EXPECT_NE(lines[1].find("leak_child["), std::string::npos);
+  // TAKEN (local time), LIVE BYTES, BLOCKS, STORED: the run's report says what was live.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(lines[0], std::regex("TAKEN +LIVE BYTES +BLOCKS +STORED$")))
+      << lines[0];
+  ASSERT_TRUE(std::regex_search(
+      lines[1], m,
+      std::regex(R"(\] +(20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}) +([0-9]+) +([0-9]+) +([0-9]+)$)")))
+      << lines[1];
+  std::smatch live;
+  ASSERT_TRUE(std::regex_search(o.err, live,
+                                std::regex(R"(([0-9]+) live blocks, ([0-9]+) live bytes)")))
+      << o.err;
+  EXPECT_EQ(m[2].str(), live[2].str()) << l.out << o.err;
+  EXPECT_EQ(m[3].str(), live[1].str()) << l.out << o.err;
+  EXPECT_GT(std::stoull(m[4].str()), 100u);
   std::string id = lines[1].substr(0, lines[1].find(' '));
   Output d = Heapdump({"download", id, "-o", "d.heapdump"});
   ASSERT_EQ(d.status, 0) << d.err;
@@ -247,9 +263,46 @@ TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
   EXPECT_NE(j.out.find("\"id\":" + id + ",\"name\":\"exit\",\"process_name\":\"leak_child\""),
             std::string::npos)
       << j.out;
+  EXPECT_TRUE(std::regex_search(
+      j.out, std::regex(R"("taken_at":"20[0-9-]{8}T[0-9:]{8}\.[0-9]{3}Z","taken_at_unix_ns":[0-9]+,)"
+                        R"("live_bytes":)" + live[2].str() + R"(,"live_blocks":)" +
+                        live[1].str() + R"(,"stored_bytes":[0-9]+\})")))
+      << j.out;
   Output none = Heapdump({"list", "--pid", "999999999"});
   EXPECT_EQ(none.status, 0);
   EXPECT_EQ(Lines(none.out).size(), 1u) << none.out;
+}
+
+// heapdump delete: the ids given, or --all of a selection; an unknown id is reported, exit 4,
+// and the others are still deleted.
+TEST_F(CliTest, DeleteRemovesStoredSnapshots) {
+  StartCollector();
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(Heapdump({"run", "-o", "x.pb.gz", "--", HD_LEAK_CHILD}).status, 3);
+  }
+  ASSERT_EQ(Heapdump({"run", "-o", "y.pb.gz", "--", "/bin/true"}).status, 0);
+  auto ids = [&] {
+    std::vector<std::string> out;
+    auto lines = Lines(Heapdump({"list"}).out);
+    for (size_t i = 1; i < lines.size(); i++) out.push_back(lines[i].substr(0, lines[i].find(' ')));
+    return out;
+  };
+  auto before = ids();
+  ASSERT_EQ(before.size(), 4u);
+  Output one = Heapdump({"delete", before[0], "424242"});
+  EXPECT_EQ(one.status, 4) << one.err;
+  EXPECT_NE(one.err.find("no stored snapshot 424242"), std::string::npos) << one.err;
+  EXPECT_EQ(one.out, "deleted 1 snapshot\n");
+  EXPECT_EQ(ids(), std::vector<std::string>(before.begin() + 1, before.end()));
+  Output named = Heapdump({"delete", "--all", "--name", "leak_child"});
+  EXPECT_EQ(named.status, 0) << named.err;
+  EXPECT_EQ(named.out, "deleted 2 snapshots\n");
+  EXPECT_EQ(ids(), std::vector<std::string>{before[3]});
+  EXPECT_EQ(Heapdump({"delete", "--all"}).out, "deleted 1 snapshot\n");
+  EXPECT_TRUE(ids().empty());
+  EXPECT_EQ(Heapdump({"delete"}).status, 2);
+  EXPECT_EQ(Heapdump({"delete", "x"}).status, 2);
+  EXPECT_EQ(Heapdump({"delete", "--name", "a", "1"}).status, 2);
 }
 
 TEST_F(CliTest, RunWithIntervalWritesLiveSnapshots) {
@@ -485,7 +538,8 @@ TEST_F(CliTest, OptionsAndOutputsAreCheckedPerCommand) {
     EXPECT_NE(o.err.find(r.says), std::string::npos) << o.err;
   }
   EXPECT_FALSE(Exists(dir + "/x.pb.gz"));
-  for (const char *command : {"run", "snapshot", "list", "download", "convert", "report"}) {
+  for (const char *command :
+       {"run", "snapshot", "list", "download", "convert", "report", "delete"}) {
     Output v = RunProgram({HD_CLI, command, "--version"}, dir);
     EXPECT_EQ(v.status, 0) << command;
     EXPECT_EQ(v.out, "heapdump " HEAPDUMP_VERSION_STRING "\n");
@@ -510,7 +564,8 @@ TEST_F(CliTest, OptionsAndOutputsAreCheckedPerCommand) {
 }
 
 TEST_F(CliTest, EveryCommandHasHelp) {
-  for (const char *command : {"run", "snapshot", "list", "download", "convert", "report"}) {
+  for (const char *command :
+       {"run", "snapshot", "list", "download", "convert", "report", "delete"}) {
     Output o = RunProgram({HD_CLI, command, "--help"}, dir);
     EXPECT_EQ(o.status, 0) << command;
     EXPECT_EQ(o.out.rfind(std::string("usage: heapdump ") + command, 0), 0u) << o.out;

@@ -146,7 +146,7 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
     // run passes on its command's status, and your-program exits with 3.
     script += line + (line.find("heapdump run") == 0 ? " || test $? = 3" : "") + "\n";
   }
-  ASSERT_EQ(commands, 7) << section;
+  ASSERT_EQ(commands, 8) << section;
   ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
                   "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
                   "cp \"$LEAK_CHILD\" your-program\n"
@@ -159,7 +159,10 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(your-program\[[0-9]+\] exited with status 3)")))
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +after-build +leaky\[)"))) << o.out;
+  EXPECT_NE(o.out.find("deleted 1 snapshot\n"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("heapdump-collector: stopped pid"), std::string::npos) << o.out;
+  // The daemon's terminal shows its one line; what it logs while starting is in its log.
+  EXPECT_EQ(o.out.find("info: listening"), std::string::npos) << o.out;
   struct stat st;
   EXPECT_EQ(stat((dir + "/now.dartheap").c_str(), &st), 0) << o.out;
   EXPECT_EQ(stat((dir + "/stored.pb.gz").c_str(), &st), 0) << o.out;

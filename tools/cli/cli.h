@@ -78,6 +78,10 @@ typedef struct cli_stored {
   char name[33];
   char process_name[33];
   uint64_t pid;
+  bool has_totals; /* false for snapshots an older collector stored */
+  uint64_t taken_at_unix_ns;
+  uint64_t live_bytes, live_blocks;
+  uint64_t stored_bytes;
 } cli_stored;
 
 /* Stored snapshot meta->id into r (finished), labelled with meta's process. Returns an exit
@@ -86,6 +90,13 @@ int cli_download(const cli_options *o, const cli_stored *meta, hd_reassembler *r
 /* Every stored snapshot matching the selector in o (if any). *out is malloc'ed. Returns an exit
  * code. */
 int cli_list(const cli_options *o, cli_stored **out, size_t *count);
+/* Deletes stored snapshot id. Returns an exit code (EXIT_NOT_FOUND if the collector has no such
+ * snapshot of ours). */
+int cli_delete(const cli_options *o, uint32_t id);
+/* Where process pid stands with the collector. Returns an exit code, without a message: a
+ * collector that cannot tell (an older one) is not an error for the callers. */
+int cli_process_state(const cli_options *o, uint64_t pid,
+                      heapdump_client_CollectorGetProcessStateResponse *out);
 
 /* ---- writing results (output.c) ---- */
 
@@ -121,6 +132,7 @@ int cmd_run(cli_options *o, int argc, char **argv);
 int cmd_snapshot(cli_options *o);
 int cmd_list(cli_options *o);
 int cmd_download(cli_options *o, const char *id);
+int cmd_delete(cli_options *o, int argc, char **argv);
 int cmd_convert(cli_options *o, const char *input);
 int cmd_report(cli_options *o, const char *input);
 

@@ -221,10 +221,17 @@ static bool decode_stored(pb_istream_t *stream, const pb_field_t *field, void **
     st->capacity = capacity;
   }
   cli_stored *out = &st->items[st->count++];
-  out->id = s.snapshot_id;
+  *out = (cli_stored){
+      .id = s.snapshot_id,
+      .pid = s.process_koid,
+      .has_totals = s.has_taken_at_unix_ns,
+      .taken_at_unix_ns = s.taken_at_unix_ns,
+      .live_bytes = s.live_bytes,
+      .live_blocks = s.live_blocks,
+      .stored_bytes = s.stored_bytes,
+  };
   snprintf(out->name, sizeof out->name, "%s", s.snapshot_name);
   snprintf(out->process_name, sizeof out->process_name, "%s", s.process_name);
-  out->pid = s.process_koid;
   st->in_response++;
   return true;
 }
@@ -296,5 +303,67 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
   }
   *out = st.items;
   *count = st.count;
+  return 0;
+}
+
+/* Connects for one two-way call whose answer may take o->timeout. */
+static int connect_for_call(const cli_options *o, int *fd) {
+  int rc = cli_connect(o, fd);
+  if (rc == 0 && hd_channel_set_timeout(*fd, o->timeout) != HD_OK) {
+    cli_error("cannot set a timeout on a channel: %s", strerror(errno));
+    close(*fd);
+    rc = EXIT_FAILURE_;
+  }
+  return rc;
+}
+
+int cli_delete(const cli_options *o, uint32_t id) {
+  int fd, rc = connect_for_call(o, &fd);
+  if (rc != 0) return rc;
+  hd_message *msg = malloc(sizeof *msg);
+  heapdump_client_CollectorDeleteStoredSnapshotResult result =
+      heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
+  hd_status status = HD_ERR_NO_MEMORY;
+  if (msg != NULL) {
+    heapdump_client_CollectorDeleteStoredSnapshotRequest req = {.has_snapshot_id = true,
+                                                                .snapshot_id = id};
+    status = hd_collector_delete_stored_snapshot(fd, msg, &req, NULL, 0, &result);
+  }
+  free(msg);
+  close(fd);
+  if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, "answer the deletion");
+  if (status != HD_OK) {
+    cli_error("deleting snapshot %" PRIu32 " failed: %s", id, hd_status_str(status));
+    return EXIT_FAILURE_;
+  }
+  if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag) {
+    cli_error("no stored snapshot %" PRIu32 " (see `heapdump list`)", id);
+    return EXIT_NOT_FOUND;
+  }
+  return 0;
+}
+
+int cli_process_state(const cli_options *o, uint64_t pid,
+                      heapdump_client_CollectorGetProcessStateResponse *out) {
+  int fd, rc = connect_for_call(o, &fd);
+  if (rc != 0) return rc;
+  hd_message *msg = malloc(sizeof *msg);
+  heapdump_client_CollectorGetProcessStateResult result =
+      heapdump_client_CollectorGetProcessStateResult_init_zero;
+  hd_status status = HD_ERR_NO_MEMORY;
+  if (msg != NULL) {
+    heapdump_client_CollectorGetProcessStateRequest req = {.has_process_koid = true,
+                                                           .process_koid = pid};
+    status = hd_collector_get_process_state(fd, msg, &req, NULL, 0, &result);
+  }
+  free(msg);
+  close(fd);
+  /* Quiet: the caller falls back to waiting when the collector cannot say. */
+  if (status == HD_ERR_TIMED_OUT) return EXIT_TIMEOUT;
+  if (status != HD_OK ||
+      result.which_result != heapdump_client_CollectorGetProcessStateResult_response_tag) {
+    return EXIT_FAILURE_;
+  }
+  *out = result.result.response;
   return 0;
 }

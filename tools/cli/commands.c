@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -78,6 +79,23 @@ int cmd_snapshot(cli_options *o) {
   return rc;
 }
 
+/* Local time for people (2026-11-24 10:31:05), UTC RFC 3339 for JSON. */
+static void format_time(uint64_t unix_ns, bool rfc3339, char *out, size_t size) {
+  time_t seconds = (time_t)(unix_ns / 1000000000u);
+  struct tm tm;
+  if ((rfc3339 ? gmtime_r(&seconds, &tm) : localtime_r(&seconds, &tm)) == NULL) {
+    snprintf(out, size, "-");
+    return;
+  }
+  if (rfc3339) {
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out, size, "%s.%03uZ", date, (unsigned)(unix_ns / 1000000u % 1000u));
+  } else {
+    strftime(out, size, "%Y-%m-%d %H:%M:%S", &tm);
+  }
+}
+
 int cmd_list(cli_options *o) {
   cli_stored *items = NULL;
   size_t count = 0;
@@ -86,18 +104,39 @@ int cmd_list(cli_options *o) {
   if (o->json) {
     printf("[");
     for (size_t i = 0; i < count; i++) {
-      printf("%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "", items[i].id);
-      hd_json_string(stdout, items[i].name);
+      const cli_stored *s = &items[i];
+      printf("%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "", s->id);
+      hd_json_string(stdout, s->name);
       printf(",\"process_name\":");
-      hd_json_string(stdout, items[i].process_name);
-      printf(",\"pid\":%" PRIu64 "}", items[i].pid);
+      hd_json_string(stdout, s->process_name);
+      printf(",\"pid\":%" PRIu64, s->pid);
+      if (s->has_totals) {
+        char when[40];
+        format_time(s->taken_at_unix_ns, true, when, sizeof when);
+        printf(",\"taken_at\":\"%s\",\"taken_at_unix_ns\":%" PRIu64 ",\"live_bytes\":%" PRIu64
+               ",\"live_blocks\":%" PRIu64,
+               when, s->taken_at_unix_ns, s->live_bytes, s->live_blocks);
+      } else {
+        printf(",\"taken_at\":null,\"taken_at_unix_ns\":null,\"live_bytes\":null,"
+               "\"live_blocks\":null");
+      }
+      printf(",\"stored_bytes\":%" PRIu64 "}", s->stored_bytes);
     }
     printf("]\n");
   } else {
-    printf("%-8s %-33s %s\n", "ID", "NAME", "PROCESS");
+    printf("%-8s %-20s %-26s %-19s %14s %10s %12s\n", "ID", "NAME", "PROCESS", "TAKEN",
+           "LIVE BYTES", "BLOCKS", "STORED");
     for (size_t i = 0; i < count; i++) {
-      printf("%-8" PRIu32 " %-33s %s[%" PRIu64 "]\n", items[i].id, items[i].name,
-             items[i].process_name, items[i].pid);
+      const cli_stored *s = &items[i];
+      char process[64], when[40] = "-", bytes[24] = "-", blocks[24] = "-";
+      snprintf(process, sizeof process, "%s[%" PRIu64 "]", s->process_name, s->pid);
+      if (s->has_totals) {
+        format_time(s->taken_at_unix_ns, false, when, sizeof when);
+        snprintf(bytes, sizeof bytes, "%" PRIu64, s->live_bytes);
+        snprintf(blocks, sizeof blocks, "%" PRIu64, s->live_blocks);
+      }
+      printf("%-8" PRIu32 " %-20s %-26s %-19s %14s %10s %12" PRIu64 "\n", s->id, s->name, process,
+             when, bytes, blocks, s->stored_bytes);
     }
   }
   free(items);
@@ -156,6 +195,56 @@ int cmd_download(cli_options *o, const char *id_text) {
   }
   hd_reassembler_destroy(&r);
   return rc;
+}
+
+int cmd_delete(cli_options *o, int argc, char **argv) {
+  if ((argc > 0) == o->all) {
+    cli_error("delete: give snapshot IDs, or --all (with --pid or --name: only theirs)");
+    return EXIT_USAGE;
+  }
+  if (argc > 0 && (o->has_pid || o->name != NULL)) {
+    cli_error("delete: --pid and --name choose what --all deletes; IDs need neither");
+    return EXIT_USAGE;
+  }
+  uint32_t *ids = calloc(argc > 0 ? (size_t)argc : 1, sizeof *ids);
+  if (ids == NULL) return EXIT_FAILURE_;
+  for (int i = 0; i < argc; i++) {
+    if (!parse_id(argv[i], &ids[i])) {
+      cli_error("delete: '%s' is not a snapshot id (a positive number; see `heapdump list`)",
+                argv[i]);
+      free(ids);
+      return EXIT_USAGE;
+    }
+  }
+  size_t count = (size_t)argc;
+  if (o->all) {
+    cli_stored *items = NULL;
+    int rc = cli_list(o, &items, &count);
+    if (rc != 0) {
+      free(ids);
+      return rc;
+    }
+    free(ids);
+    ids = calloc(count + 1, sizeof *ids);
+    for (size_t i = 0; ids != NULL && i < count; i++) ids[i] = items[i].id;
+    free(items);
+    if (ids == NULL) return EXIT_FAILURE_;
+  }
+  /* Every id is tried: one unknown id does not keep the others. */
+  int status = 0;
+  size_t deleted = 0;
+  for (size_t i = 0; i < count; i++) {
+    int rc = cli_delete(o, ids[i]);
+    if (rc == 0) {
+      deleted++;
+    } else if (status == 0 || rc != EXIT_NOT_FOUND) {
+      status = rc;
+    }
+    if (rc == EXIT_NO_COLLECTOR || rc == EXIT_TIMEOUT || rc == EXIT_PERMISSION) break;
+  }
+  free(ids);
+  printf("deleted %zu snapshot%s\n", deleted, deleted == 1 ? "" : "s");
+  return status;
 }
 
 int cmd_convert(cli_options *o, const char *input) {

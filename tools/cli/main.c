@@ -30,6 +30,7 @@ static const char kUsage[] =
     "  snapshot  take a live snapshot of a running instrumented process\n"
     "  list      list the snapshots the collector stored\n"
     "  download  download a stored snapshot\n"
+    "  delete    delete stored snapshots\n"
     "  convert   convert a raw snapshot file to another format\n"
     "  report    print the top allocation sites of a raw snapshot file\n"
     "\n"
@@ -71,12 +72,15 @@ enum {
   CMD_DOWNLOAD = 1 << 3,
   CMD_CONVERT = 1 << 4,
   CMD_REPORT = 1 << 5,
+  CMD_DELETE = 1 << 6,
 };
-#define CMD_ALL (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT)
+#define CMD_ALL \
+  (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT | CMD_DELETE)
 #define CMD_WRITERS (CMD_RUN | CMD_SNAPSHOT | CMD_DOWNLOAD | CMD_CONVERT)   /* any format */
 #define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT)                              /* text too */
-#define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD)    /* talk to one */
+#define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_DELETE)
 
+/* In the order of the CMD_ bits. */
 static const struct {
   const char *name;
   const char *usage;
@@ -117,8 +121,9 @@ static const struct {
      "  -c, --contents    include each block's bytes (needed for dartheap references)\n",
      true},
     {"list", "heapdump list [--pid PID | --name NAME] [--json]",
-     "Lists the snapshots the collector stored (named snapshots and exit snapshots): ID, NAME,\n"
-     "PROCESS.\n"
+     "Lists the snapshots the collector stored (named snapshots and exit snapshots), oldest\n"
+     "first: ID, NAME, PROCESS[PID], TAKEN (local time), LIVE BYTES and BLOCKS (what the process\n"
+     "had live then), STORED (bytes on the collector's disk).\n"
      "\n"
      "  -p, --pid PID     only those of this pid\n"
      "  -n, --name NAME   only those of processes with this name\n"
@@ -146,6 +151,15 @@ static const struct {
      "      --symbolize       function names, files and lines where symbols are found (default)\n"
      "      --no-symbolize    addresses only\n"
      "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     false},
+    {"delete", "heapdump delete ID... | heapdump delete --all [--pid PID | --name NAME]",
+     "Deletes stored snapshots: the IDs given (see heapdump list), or with --all every one\n"
+     "stored of your processes (of those --pid or --name select). Root deletes anyone's.\n"
+     "Unknown IDs are reported and the others still deleted (exit status 4).\n"
+     "\n"
+     "  -a, --all         every stored snapshot (of the processes --pid or --name select)\n"
+     "  -p, --pid PID     with --all: only those of this pid\n"
+     "  -n, --name NAME   with --all: only those of processes with this name\n",
      false},
 };
 
@@ -208,9 +222,9 @@ static const struct {
 } kOptionCommands[] = {
     {'o', "--output", CMD_OUTPUT},
     {'f', "--format", CMD_WRITERS},
-    {'p', "--pid", CMD_SNAPSHOT | CMD_LIST},
-    {'n', "--name", CMD_SNAPSHOT | CMD_LIST},
-    {'a', "--all", CMD_SNAPSHOT},
+    {'p', "--pid", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
+    {'n', "--name", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
+    {'a', "--all", CMD_SNAPSHOT | CMD_DELETE},
     {'c', "--contents", CMD_RUN | CMD_SNAPSHOT},
     {'i', "--interval", CMD_RUN},
     {OPT_SOCKET, "--socket", CMD_COLLECTOR},
@@ -461,6 +475,7 @@ int main(int argc, char **argv) {
     if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
     return strcmp(name, "list") == 0 ? cmd_list(&o) : cmd_snapshot(&o);
   }
+  if (strcmp(name, "delete") == 0) return cmd_delete(&o, rest, args);
   if (rest != 1) {
     return usage_error("%s: wants exactly one %s", name,
                        strcmp(name, "download") == 0 ? "snapshot ID" : "INPUT file");

@@ -27,8 +27,8 @@
 /* How long the exit snapshots may take to be stored after the command exits (a 10^7-block
  * process takes seconds). */
 #define EXIT_SNAPSHOT_WAIT_SECONDS 30
-/* With a daemon, how long to wait for the command's exit snapshot: unlike the embedded
- * collector, a daemon cannot be asked whether the command ever registered. */
+/* With a daemon too old to say whether the command registered, how long to wait for its exit
+ * snapshot. */
 #define DAEMON_EXIT_WAIT_SECONDS 10
 /* How long processes of the run still running when the command exited get to exit. */
 #define CHILD_GRACE_SECONDS 2
@@ -436,14 +436,39 @@ static void settle_embedded(embedded *e, hd_collector_census *census) {
   }
 }
 
-/* A daemon: waits until the exit snapshot of the command's pid is stored. */
-static void wait_for_daemon(const cli_options *o, uint32_t baseline, pid_t pid, const char *command,
-                            run_results *results) {
-  double started = now_seconds();
+/* A daemon: waits until the exit snapshot of the command's pid is stored, asking the daemon where
+ * the process stands, so that a command that never registered is reported at once. Returns why
+ * no exit snapshot came, or NULL. */
+static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_t pid,
+                                   const char *command, run_results *results) {
+  static const char kNotLoaded[] = "the command did not load libheapdump.so (statically linked, "
+                                   "setuid, or LD_PRELOAD removed?)";
+  double started = now_seconds(), limit = EXIT_SNAPSHOT_WAIT_SECONDS;
   bool told = false;
   for (;;) {
-    if (collect_results(o, baseline, pid, results) != 0) return;
-    if (results->main_exit != NULL || now_seconds() - started > DAEMON_EXIT_WAIT_SECONDS) return;
+    if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
+    if (results->main_exit != NULL) return NULL;
+    heapdump_client_CollectorGetProcessStateResponse state;
+    if (cli_process_state(o, (uint64_t)pid, &state) != 0) {
+      limit = DAEMON_EXIT_WAIT_SECONDS;
+    } else if (state.state != heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+               state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING) {
+      /* Settled: what the listing shows now is all there will be. */
+      if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
+      if (results->main_exit != NULL) return NULL;
+      switch (state.state) {
+        case heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN:
+          return kNotLoaded;
+        case heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT:
+          return "the collector could not store it (its log says why)";
+        default:
+          return "it was stored, then deleted or evicted at once (see the collector's "
+                 "--max-stored and --max-storage-bytes)";
+      }
+    }
+    if (now_seconds() - started > limit) {
+      return limit == DAEMON_EXIT_WAIT_SECONDS ? kNotLoaded : "the collector is still storing it";
+    }
     if (!told && now_seconds() - started > 2) {
       fprintf(stderr, "heapdump: waiting for the exit snapshot of %s[%d]...\n", command, (int)pid);
       told = true;
@@ -652,16 +677,17 @@ int cmd_run(cli_options *o, int argc, char **argv) {
 
   run_results results = {0};
   hd_collector_census census;
+  const char *missing = "the command did not load libheapdump.so (statically linked, setuid, or "
+                        "LD_PRELOAD removed?)";
   if (e.running) {
     settle_embedded(&e, &census);
     collect_results(o, baseline, pid, &results);
   } else {
-    wait_for_daemon(o, baseline, pid, argv[0], &results);
+    missing = wait_for_daemon(o, baseline, pid, argv[0], &results);
   }
   if (results.main_exit == NULL) {
-    cli_error("no exit snapshot of %s[%d] %s: the command did not load libheapdump.so "
-              "(statically linked, setuid, or LD_PRELOAD removed?)",
-              argv[0], (int)pid, e.running ? "was stored" : "arrived");
+    cli_error("no exit snapshot of %s[%d]: %s", argv[0], (int)pid,
+              missing != NULL ? missing : "it was not stored");
   } else {
     hd_reassembler r;
     hd_reassembler_init(&r);
