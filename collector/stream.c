@@ -100,10 +100,12 @@ static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
                                  bool only_if_allocated, hd_batch_writer *w) {
   size_t n = 0;
   uint64_t blocks_allocated = 0, bytes_allocated = 0;
+  bool truncated = false;
   bool known = key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n,
-                                               &blocks_allocated, &bytes_allocated) == HD_READ_OK;
+                                               &blocks_allocated, &bytes_allocated,
+                                               &truncated) == HD_READ_OK;
   if (only_if_allocated && (!known || blocks_allocated == 0)) return HD_OK;
-  hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0);
+  hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0, known && truncated);
   if (status == HD_OK && known) {
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;

@@ -430,7 +430,7 @@ static hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t e
 
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
                                    size_t *count, uint64_t *alloc_blocks,
-                                   uint64_t *alloc_bytes) {
+                                   uint64_t *alloc_bytes, bool *truncated) {
   if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
   *count = 0;
   uint64_t end = published_end(r);
@@ -465,6 +465,7 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
   if (alloc_blocks) *alloc_blocks = LOAD(&live->alloc_blocks);
   if (alloc_bytes) *alloc_bytes = LOAD(&live->alloc_bytes);
+  if (truncated) *truncated = (rec.flags & HD_STACK_TRUNCATED) != 0;
   *count = rec.frame_count;
   return rec.frame_count > max ? HD_READ_ERR_NO_SPACE : HD_READ_OK;
 }

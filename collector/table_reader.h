@@ -10,6 +10,7 @@
 #define HEAPDUMP_COLLECTOR_TABLE_READER_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -119,10 +120,11 @@ uint32_t hd_res_reader_pid(const hd_res_reader *r);
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_READ_WUR;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
- * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. */
+ * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. truncated (nullable):
+ * the library's walk was cut at its frame limit. */
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
-                                   size_t *count, uint64_t *alloc_blocks,
-                                   uint64_t *alloc_bytes) HD_READ_WUR;
+                                   size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
+                                   bool *truncated) HD_READ_WUR;
 hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
                                     hd_thread_info *out) HD_READ_WUR;
 /* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */

@@ -184,11 +184,13 @@ static size_t payload_room(const hd_batch_writer *w, size_t empty_element_size) 
 }
 
 hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint64_t *addresses,
-                                   size_t count) {
+                                   size_t count, bool truncated) {
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_stack_trace_tag;
   e.element.stack_trace.has_stack_trace_key = true;
   e.element.stack_trace.stack_trace_key = key;
+  e.element.stack_trace.has_truncated = truncated;
+  e.element.stack_trace.truncated = truncated;
   u64_slice slice = {addresses, 0};
   e.element.stack_trace.program_addresses.funcs.encode = encode_packed_u64;
   e.element.stack_trace.program_addresses.arg = &slice;

@@ -173,9 +173,10 @@ static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
 }
 
 static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
-                                 const uint64_t *addresses, size_t count) {
+                                 const uint64_t *addresses, size_t count, bool truncated) {
   hd_snapshot_stack_trace *t = stack_trace_slot(s, key);
   if (t == NULL) return HD_ERR_NO_MEMORY;
+  t->truncated = t->truncated || truncated;
   if (count == 0) return HD_OK;
   if (t->count + count > (size_t)1 << 24) {
     return fail(r, HD_ERR_REASSEMBLY, "stack trace %llu too long", (unsigned long long)key);
@@ -233,7 +234,8 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
         return fail(r, HD_ERR_REASSEMBLY, "stack trace without a key");
       }
       return add_stack_trace(r, s, el->element.stack_trace.stack_trace_key, e->addresses,
-                             e->address_count);
+                             e->address_count,
+                             el->element.stack_trace.has_truncated && el->element.stack_trace.truncated);
     case heapdump_client_SnapshotElement_block_contents_tag:
       if (!el->element.block_contents.has_address) {
         return fail(r, HD_ERR_REASSEMBLY, "block contents without an address");

@@ -219,8 +219,10 @@ static inline uint64_t fold_mul(uint64_t a, uint64_t b) {
 }
 
 /* Two independent lanes, each over every frame, each 64 bits: the lanes run in parallel. */
-static void trace_fingerprint(const uint64_t *frames, unsigned n, uint64_t *lo, uint64_t *hi) {
-  uint64_t a = UINT64_C(0x243F6A8885A308D3) ^ n, b = UINT64_C(0x13198A2E03707344) ^ ((uint64_t)n << 32);
+static void trace_fingerprint(const uint64_t *frames, unsigned n, unsigned flags, uint64_t *lo,
+                              uint64_t *hi) {
+  uint64_t seed = n | (uint64_t)flags << 16;
+  uint64_t a = UINT64_C(0x243F6A8885A308D3) ^ seed, b = UINT64_C(0x13198A2E03707344) ^ (seed << 32);
   unsigned i = 0;
   for (; i + 1 < n; i += 2) {
     uint64_t f0 = frames[i], f1 = frames[i + 1];
@@ -236,12 +238,12 @@ static void trace_fingerprint(const uint64_t *frames, unsigned n, uint64_t *lo, 
 }
 
 /* The key of a trace, through this thread's cache of recently used ones. */
-static uint32_t trace_key(const uint64_t *frames, unsigned n) {
+static uint32_t trace_key(const uint64_t *frames, unsigned n, unsigned flags) {
   uint64_t lo, hi;
-  trace_fingerprint(frames, n, &lo, &hi);
+  trace_fingerprint(frames, n, flags, &lo, &hi);
   hd_trace_cache_entry *e = &hd_tls.traces[lo & (HD_TRACE_CACHE_ENTRIES - 1)];
   if (e->key != 0 && e->print_lo == lo && e->print_hi == (uint32_t)(hi >> 32)) return e->key;
-  uint32_t key = hd_res_intern_stack(&g_res, frames, n);
+  uint32_t key = hd_res_intern_stack(&g_res, frames, n, flags);
   if (key != 0) {
     e->key = key;
     e->print_lo = lo;
@@ -254,10 +256,11 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
   /* The bucket is a likely cache miss in a big table: fetch it while the stack is walked. */
   hd_alloc_table_prefetch(&g_alloc, (uint64_t)(uintptr_t)p);
   uint64_t frames[HD_MAX_FRAMES];
-  unsigned n = hd_capture_stack(frames, false);
+  bool truncated;
+  unsigned n = hd_capture_stack(frames, false, &truncated);
   info->address = (uint64_t)(uintptr_t)p;
   info->size = size;
-  info->stack_key = trace_key(frames, n);
+  info->stack_key = trace_key(frames, n, truncated ? HD_STACK_TRUNCATED : 0);
   info->thread_key = current_thread_key();
   info->timestamp = now_ns();
   info->flags = lg_align & HD_NODE_ALIGN_MASK;
@@ -370,8 +373,11 @@ static void defer_record(void *p, size_t size, unsigned lg_align) {
   hd_pending_op op = {.ptr = p, .size = size, .lg_align = lg_align & HD_NODE_ALIGN_MASK,
                       .thread_key = hd_tls.thread_key, .timestamp = now_ns()};
   uint64_t frames[HD_MAX_FRAMES];
-  unsigned n = hd_capture_stack(frames, true);
-  if (n > 0) op.stack_key = hd_res_intern_stack_nowait(&g_res, frames, n);
+  bool truncated;
+  unsigned n = hd_capture_stack(frames, true, &truncated);
+  if (n > 0) {
+    op.stack_key = hd_res_intern_stack_nowait(&g_res, frames, n, truncated ? HD_STACK_TRUNCATED : 0);
+  }
   if (!queue_pending(&op)) hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
 }
 

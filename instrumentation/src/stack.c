@@ -40,7 +40,7 @@ static void thread_bounds(void) {
   hd_tls.guard--;
 }
 
-__attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
+__attribute__((noinline)) static unsigned capture_fp(uint64_t *frames, bool *truncated) {
   if (hd_tls.stack_hi == 0) thread_bounds();
   uintptr_t lo = hd_tls.stack_lo, hi = hd_tls.stack_hi;
   uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
@@ -49,12 +49,16 @@ __attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
   /* Each frame must lie inside this thread's stack, be aligned and above the previous one:
    * a garbage rbp (code built without frame pointers, alternate signal stack) ends the walk
    * instead of faulting. */
-  while (n < g_max && fp >= lo && fp % 8 == 0 && hi >= 16 && fp <= hi - 16) {
+  while (fp >= lo && fp % 8 == 0 && hi >= 16 && fp <= hi - 16) {
     uintptr_t next = ((const uintptr_t *)fp)[0];
     uintptr_t ret = ((const uintptr_t *)fp)[1];
     if (ret == 0) break;
     if (!(skipping && own_frame(ret))) {
       skipping = 0;
+      if (n == g_max) {
+        *truncated = true;
+        break;
+      }
       frames[n++] = ret;
     }
     if (next <= fp) break;
@@ -63,17 +67,21 @@ __attribute__((noinline)) static unsigned capture_fp(uint64_t *frames) {
   return n;
 }
 
-__attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames) {
-  void *ips[HD_MAX_FRAMES + 16];
-  int got = unw_backtrace(ips, (int)(g_max + 16));
+__attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool *truncated) {
+  /* Room for our own frames (a few) and one past the limit, to tell a cut trace from one that
+   * ends exactly there. */
+  void *ips[HD_MAX_FRAMES + 17];
+  int got = unw_backtrace(ips, (int)(g_max + 17));
   unsigned n = 0;
   int i = 0;
   while (i < got && own_frame((uintptr_t)ips[i])) i++;
   for (; i < got && n < g_max; i++) frames[n++] = (uint64_t)(uintptr_t)ips[i];
+  *truncated = i < got;
   return n;
 }
 
-unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler) {
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) {
+  *truncated = false;
   /* A handler that interrupted a capture must not re-enter the unwinder (its per-thread cache is
    * mid-update), nor compute stack bounds (pthread_getattr_np is not async-signal-safe). */
   if (in_signal_handler &&
@@ -81,7 +89,8 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler) {
     return 0;
   hd_tls.in_unwind++;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  unsigned n = g_method == HD_UNWIND_FP ? capture_fp(frames) : capture_unwind(frames);
+  unsigned n = g_method == HD_UNWIND_FP ? capture_fp(frames, truncated)
+                                        : capture_unwind(frames, truncated);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   hd_tls.in_unwind--;
   return n;

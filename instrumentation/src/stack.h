@@ -11,7 +11,8 @@ enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1 };
 /* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
 /* Fills frames[0..HD_MAX_FRAMES) with return addresses, innermost first; returns the count.
- * in_signal_handler: called from a nested call, so 0 when capturing now could not be safe. */
-unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler) HD_HIDDEN;
+ * *truncated: the frame limit cut the walk short. in_signal_handler: called from a nested call,
+ * so 0 when capturing now could not be safe. */
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) HD_HIDDEN;
 
 #endif

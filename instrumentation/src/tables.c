@@ -543,6 +543,9 @@ size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out) {
   return (size_t)(p - out);
 }
 
+/* What a trace's hash is seeded with: its frame count and flags, both part of its identity. */
+static unsigned trace_seed(unsigned count, unsigned flags) { return count | flags << 16; }
+
 static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
   uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
   while (n >= 8) {
@@ -584,7 +587,8 @@ static bool dedup_grow(hd_res_table *t) {
     if (e == 0) continue;
     /* The slot keeps only the hash's high half: the position comes from the record. */
     const hd_rec_stack *r = (const hd_rec_stack *)(t->base + (uint32_t)e);
-    uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len, r->frame_count) & d->mask;
+    uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len,
+                            trace_seed(r->frame_count, r->flags)) & d->mask;
     while (d->slots[j] != 0) j = (j + 1) & d->mask;
     d->slots[j] = e;
   }
@@ -594,25 +598,25 @@ static bool dedup_grow(hd_res_table *t) {
 }
 
 static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc, size_t len,
-                        unsigned count) {
+                        unsigned count, unsigned flags) {
   const hd_rec_stack *r = (const hd_rec_stack *)(t->base + key);
-  return r->frame_count == count && r->encoded_len == len &&
+  return r->frame_count == count && r->flags == flags && r->encoded_len == len &&
          memcmp((const uint8_t *)(r + 1), enc, len) == 0;
 }
 
 static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
-                             bool may_wait) {
+                             unsigned flags, bool may_wait) {
   uint8_t enc[HD_MAX_FRAMES * 10];
   if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
   size_t len = hd_encode_frames(frames, count, enc);
-  uint64_t h = hash_bytes(enc, len, count);
+  uint64_t h = hash_bytes(enc, len, trace_seed(count, flags));
   uint32_t tag = (uint32_t)(h >> 32);
   /* Lock-free lookup: entries are published with release stores after their records. */
   const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);
   for (uint64_t i = h & d->mask;; i = (i + 1) & d->mask) {
     uint64_t e = __atomic_load_n(&d->slots[i], __ATOMIC_ACQUIRE);
     if (e == 0) break;
-    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count))
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags))
       return (uint32_t)e;
   }
   if (!may_wait) {
@@ -628,7 +632,7 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   for (;; i = (i + 1) & idx->mask) {
     uint64_t e = LOAD(&idx->slots[i]);
     if (e == 0) break;
-    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count)) {
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags)) {
       pthread_mutex_unlock(&t->lock);
       return (uint32_t)e;
     }
@@ -654,6 +658,7 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   r->h.type = HD_REC_STACK;
   r->h.size = size;
   r->frame_count = (uint16_t)count;
+  r->flags = (uint16_t)flags;
   r->encoded_len = (uint32_t)len;
   memcpy(r + 1, enc, len);
   publish(t, off, size);
@@ -663,12 +668,14 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   return off;
 }
 
-uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count) {
-  return intern_stack(t, frames, count, true);
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             unsigned flags) {
+  return intern_stack(t, frames, count, flags, true);
 }
 
-uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count) {
-  return intern_stack(t, frames, count, false);
+uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
+                                    unsigned flags) {
+  return intern_stack(t, frames, count, flags, false);
 }
 
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp) {

@@ -129,11 +129,14 @@ void hd_res_table_destroy(hd_res_table *t);
 int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_WUR;
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
 
-/* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). */
-uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count);
+/* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). flags:
+ * HD_STACK_* (part of the trace's identity). */
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             unsigned flags);
 /* Same, for signal handlers: a trace not yet stored whose lock is taken (possibly by the code
  * the handler interrupted) gets key 0, counted as dropped, instead of waiting. */
-uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count);
+uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
+                                    unsigned flags);
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp);
 typedef struct hd_region_info {
   uint64_t address, size, file_offset, vaddr;

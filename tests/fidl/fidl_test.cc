@@ -511,7 +511,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   strcpy(r.name, "/usr/bin/demo");
   ASSERT_EQ(hd_batch_add(w.get(), &region), HD_OK);
   const uint64_t addrs[] = {0x400100, UINT64_MAX, 0};
-  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 7, addrs, 3), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 7, addrs, 3, false), HD_OK);
   const uint8_t bytes[24] = {1, 2, 3, 0, 5};
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
   auto counters = Element(heapdump_client_SnapshotElement_stack_trace_counters_tag);
@@ -585,7 +585,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsAbsent) {
   auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
   alloc.element.allocation.has_address = true;  // the one field a receiver needs
   ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
-  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 0, nullptr, 0), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 0, nullptr, 0, false), HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   hd_reassembler ra;
   hd_reassembler_init(&ra);
@@ -634,7 +634,7 @@ TEST(Batch, RandomMixesNeverExceedTheMessageLimit) {
         case 1: {
           addrs.resize(rng() % 9000);
           for (auto &a : addrs) a = rng() >> (rng() % 64);
-          ASSERT_EQ(hd_batch_add_stack_trace(w.get(), rng() % 100, addrs.data(), addrs.size()),
+          ASSERT_EQ(hd_batch_add_stack_trace(w.get(), rng() % 100, addrs.data(), addrs.size(), false),
                     HD_OK);
           break;
         }
@@ -684,7 +684,7 @@ TEST(Batch, StackTraceFourTimesTheMessageSizeIsChunkedAndReassembled) {
   thread.element.thread_info = {true, 1, true, 1, true, "main"};
   ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
   ASSERT_EQ(hd_batch_add(w.get(), &thread), HD_OK);
-  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 99, addrs.data(), addrs.size()), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 99, addrs.data(), addrs.size(), false), HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   EXPECT_GE(capture.bodies.size(), 5u);
   hd_reassembler ra;
@@ -712,7 +712,7 @@ TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
   thread.element.thread_info = {true, 1, true, 1, true, "main"};
   ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
   ASSERT_EQ(hd_batch_add(w.get(), &thread), HD_OK);
-  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0, false), HD_OK);
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0xabc0, block.data(), block.size()), HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   EXPECT_GE(capture.bodies.size(), 11u);
@@ -961,7 +961,7 @@ TEST(Reassembler, RejectsInconsistentStreams) {
     auto t = Element(heapdump_client_SnapshotElement_thread_info_tag);
     t.element.thread_info = {true, 1, true, 1, true, "main"};
     ASSERT_EQ(hd_batch_add(w, &t), HD_OK);
-    ASSERT_EQ(hd_batch_add_stack_trace(w, 1, nullptr, 0), HD_OK);
+    ASSERT_EQ(hd_batch_add_stack_trace(w, 1, nullptr, 0, false), HD_OK);
   };
   const uint8_t bytes[16] = {};
   std::vector<Case> cases = {

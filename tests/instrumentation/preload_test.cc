@@ -191,7 +191,7 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
     EXPECT_EQ(names[b->thread_key], "worker-" + std::to_string(th));
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_OK);
     ASSERT_GE(n, 1u);
     // The innermost frame is the caller of malloc, in the child's own executable.
     EXPECT_NE(t.RegionOf(frames[0]).find("hd_child"), std::string::npos)
@@ -205,7 +205,7 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   const hd_live_block *b = t.FindSize(7700);
   uint64_t frames[64], blocks = 0, bytes = 0;
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
   EXPECT_EQ(blocks, 8u * 20000);
   EXPECT_EQ(bytes, 20000u * (8 * 7700 + 28));
 }
@@ -339,7 +339,7 @@ TEST_P(Preload, EachCallPathHasItsOwnTrace) {
     EXPECT_TRUE(fresh) << "paths " << it->second - 11000 << " and " << size - 11000 << " share a trace";
     uint64_t frames[64], blocks = 0, bytes = 0;
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
     EXPECT_GE(n, 12u);  // malloc's caller and 11 levels of the path
     EXPECT_EQ(blocks, 2u);
     EXPECT_EQ(bytes, 2 * size);
@@ -370,7 +370,7 @@ TEST_P(Preload, MemoryCapDropsRecordsAndTheProgramGoesOn) {
     if (b.stack_key == 0) continue;
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_OK);
   }
 }
 

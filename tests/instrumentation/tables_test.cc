@@ -345,20 +345,24 @@ struct ResTable : ::testing::Test {
 TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   std::vector<uint64_t> a = {0x7f0000001234, 0x7f0000001000, 0x401000, 0xffffffffffffffff, 0};
   std::vector<uint64_t> b = {0x401000};
-  uint32_t ka = hd_res_intern_stack(&t, a.data(), (unsigned)a.size());
-  uint32_t kb = hd_res_intern_stack(&t, b.data(), 1);
+  uint32_t ka = hd_res_intern_stack(&t, a.data(), (unsigned)a.size(), 0);
+  uint32_t kb = hd_res_intern_stack(&t, b.data(), 1, 0);
   ASSERT_NE(ka, 0u);
   ASSERT_NE(kb, 0u);
   EXPECT_NE(ka, kb);
-  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), (unsigned)a.size()), ka);
-  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), 4), hd_res_intern_stack(&t, a.data(), 4));
-  EXPECT_NE(hd_res_intern_stack(&t, a.data(), 4), ka);
+  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), (unsigned)a.size(), 0), ka);
+  EXPECT_EQ(hd_res_intern_stack(&t, a.data(), 4, 0), hd_res_intern_stack(&t, a.data(), 4, 0));
+  EXPECT_NE(hd_res_intern_stack(&t, a.data(), 4, 0), ka);
+  // A trace cut at the frame limit is not the whole trace with the same frames.
+  uint32_t cut = hd_res_intern_stack(&t, a.data(), 4, HD_STACK_TRUNCATED);
+  EXPECT_NE(cut, hd_res_intern_stack(&t, a.data(), 4, 0));
+  EXPECT_EQ(cut, hd_res_intern_stack(&t, a.data(), 4, HD_STACK_TRUNCATED));
   // Many distinct traces, each interned twice.
   std::set<uint32_t> keys;
   for (uint64_t i = 0; i < 2000; i++) {
     uint64_t f[3] = {i, i * 7919, 0x400000 + i};
-    uint32_t k = hd_res_intern_stack(&t, f, 3);
-    ASSERT_EQ(hd_res_intern_stack(&t, f, 3), k);
+    uint32_t k = hd_res_intern_stack(&t, f, 3, 0);
+    ASSERT_EQ(hd_res_intern_stack(&t, f, 3, 0), k);
     keys.insert(k);
   }
   EXPECT_EQ(keys.size(), 2000u);
@@ -366,22 +370,28 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   hd_res_count_alloc(&t, nullptr, ka, 50);
   uint64_t frames[64], blocks, bytes;
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &blocks, &bytes), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
   ASSERT_EQ(n, a.size());
   for (size_t i = 0; i < n; i++) EXPECT_EQ(frames[i], a[i]);
   EXPECT_EQ(blocks, 2u);
   EXPECT_EQ(bytes, 150u);
-  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr), HD_READ_ERR_NO_SPACE);
-  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  bool truncated = true;
+  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, nullptr, nullptr, &truncated), HD_READ_OK);
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(hd_res_reader_stack(r, cut, frames, 64, &n, nullptr, nullptr, &truncated), HD_READ_OK);
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(n, 4u);
+  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NO_SPACE);
+  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
   // Damage the varint stream: the reader must notice.
   auto *rec = (hd_rec_stack *)(t.base + kb);
   rec->frame_count = 3;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_CORRUPT);
   rec->frame_count = 1;
   rec->encoded_len = 100000;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_CORRUPT);
 }
 
 TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
@@ -433,18 +443,18 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
 
 TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
   uint64_t known[2] = {0x401000, 0x402000}, fresh[2] = {0x403000, 0x404000};
-  uint32_t k = hd_res_intern_stack(&t, known, 2);
+  uint32_t k = hd_res_intern_stack(&t, known, 2, 0);
   ASSERT_NE(k, 0u);
   ASSERT_EQ(pthread_mutex_lock(&t.lock), 0);  // as if the interrupted code held it
-  EXPECT_EQ(hd_res_intern_stack_nowait(&t, known, 2), k);
-  EXPECT_EQ(hd_res_intern_stack_nowait(&t, fresh, 2), 0u);
+  EXPECT_EQ(hd_res_intern_stack_nowait(&t, known, 2, 0), k);
+  EXPECT_EQ(hd_res_intern_stack_nowait(&t, fresh, 2, 0), 0u);
   ASSERT_EQ(pthread_mutex_unlock(&t.lock), 0);
   hd_table_stats stats;
   ASSERT_EQ(hd_res_reader_stats(r, &stats), HD_READ_OK);
   EXPECT_EQ(stats.dropped_stack_traces, 1u);
-  uint32_t fresh_key = hd_res_intern_stack_nowait(&t, fresh, 2);
+  uint32_t fresh_key = hd_res_intern_stack_nowait(&t, fresh, 2, 0);
   EXPECT_NE(fresh_key, 0u);
-  EXPECT_EQ(hd_res_intern_stack(&t, fresh, 2), fresh_key);
+  EXPECT_EQ(hd_res_intern_stack(&t, fresh, 2, 0), fresh_key);
 }
 
 TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
@@ -561,12 +571,12 @@ TEST(ResTableIndex, GrowsAndKeepsFindingEveryTrace) {
   std::vector<uint32_t> keys(n);
   for (uint64_t i = 0; i < n; i++) {
     uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
-    keys[i] = hd_res_intern_stack(&t, f, 2);
+    keys[i] = hd_res_intern_stack(&t, f, 2, 0);
     ASSERT_NE(keys[i], 0u);
   }
   for (uint64_t i = 0; i < n; i++) {
     uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
-    ASSERT_EQ(hd_res_intern_stack(&t, f, 2), keys[i]) << i;
+    ASSERT_EQ(hd_res_intern_stack(&t, f, 2, 0), keys[i]) << i;
   }
   EXPECT_EQ(t.hdr->stats.dropped_stack_traces, 0u);
   hd_res_table_destroy(&t);
@@ -578,7 +588,7 @@ TEST(ResTableCap, FullTableDropsAndCounts) {
   uint32_t dropped_at = 0;
   for (uint64_t i = 0; i < 100000 && !dropped_at; i++) {
     uint64_t f[8] = {i, i + 1, i + 2, i + 3, i + 4, i + 5, i + 6, i + 7};
-    if (hd_res_intern_stack(&t, f, 8) == 0) dropped_at = (uint32_t)i;
+    if (hd_res_intern_stack(&t, f, 8, 0) == 0) dropped_at = (uint32_t)i;
   }
   EXPECT_GT(dropped_at, 0u);
   EXPECT_EQ(t.hdr->stats.dropped_stack_traces, 1u);

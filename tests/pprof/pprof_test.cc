@@ -91,11 +91,14 @@ struct Stream {
     Add(e);
   }
   // A stack trace, leaf first, sent in chunks of at most `chunk` addresses.
-  void Trace(uint64_t key, const std::vector<uint64_t> &addresses, size_t chunk = 2) {
+  void Trace(uint64_t key, const std::vector<uint64_t> &addresses, size_t chunk = 2,
+             bool truncated = false) {
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_stack_trace_tag;
     e.element.stack_trace.has_stack_trace_key = true;
     e.element.stack_trace.stack_trace_key = key;
+    e.element.stack_trace.has_truncated = truncated;
+    e.element.stack_trace.truncated = truncated;
     if (addresses.empty()) Add(e);
     for (size_t i = 0; i < addresses.size(); i += chunk) {
       Add(e, std::vector<uint64_t>(addresses.begin() + i,
@@ -777,6 +780,48 @@ TEST_F(PprofTest, OneSamplePerStackTraceWithLiveAndCumulativeValues) {
   ASSERT_EQ(traces.status, 0) << traces.err;
   EXPECT_NE(traces.out.find("libfoo.so"), std::string::npos) << traces.out;
   EXPECT_NE(traces.out.find("prog"), std::string::npos) << traces.out;
+}
+
+// A trace cut at the frame limit ends at its root in a location saying so, with no address or
+// mapping, shared by every trace cut at the same count; whole traces get none.
+TEST_F(PprofTest, TruncatedTracesEndInAMarkerLocation) {
+  Stream s;
+  s.Region(kProgram, 0x10000, 0x1000, "/opt/example/bin/prog", kBuildId);
+  s.Thread(1, 100, "main");
+  s.Trace(1, kStack1, 2, /*truncated=*/true);
+  s.Trace(2, {kProgram + 0x500, kProgram + 0x600, kProgram + 0x700}, 1, /*truncated=*/true);
+  s.Trace(3, kStack2);
+  s.Allocation(0x10000000, 100, 1, 1, 1000);
+  s.Allocation(0x10000100, 200, 2, 1, 2000);
+  s.Allocation(0x10000200, 300, 3, 1, 3000);
+  s.Finish();
+  std::string path = Path("cut.pb.gz");
+  WriteResult w = WriteProfile(&s.r, hd_pprof_options{}, path);
+  ASSERT_EQ(w.rc, 0) << w.error;
+  Profile p;
+  ASSERT_TRUE(Load(path, &p));
+  ExpectWellFormed(p);
+  ASSERT_EQ(p.samples.size(), 3u);
+  uint64_t marker = 0;
+  for (const Sample &sample : p.samples) {
+    ASSERT_FALSE(sample.location_ids.empty());
+    const Location *root = p.FindLocation(sample.location_ids.back());
+    ASSERT_NE(root, nullptr);
+    if (sample.values[1] == 300) {  // the whole trace
+      EXPECT_EQ(sample.location_ids.size(), kStack2.size());
+      EXPECT_NE(root->address, 0u);
+      continue;
+    }
+    EXPECT_EQ(sample.location_ids.size(), 4u);
+    EXPECT_EQ(root->address, 0u);
+    EXPECT_EQ(root->mapping_id, 0u);
+    ASSERT_EQ(root->lines.size(), 1u);
+    const perftools_profiles_Function *f = p.FindFunction(root->lines[0].function_id);
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(p.Str(f->name), "... truncated at 3 frames");
+    if (marker == 0) marker = root->id;
+    EXPECT_EQ(root->id, marker) << "traces cut at one count share their marker";
+  }
 }
 
 TEST_F(PprofTest, DefaultSampleTypeIsTheChosenOne) {

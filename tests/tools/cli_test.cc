@@ -305,6 +305,65 @@ TEST_F(CliTest, DeleteRemovesStoredSnapshots) {
   EXPECT_EQ(Heapdump({"delete", "--name", "a", "1"}).status, 2);
 }
 
+// A trace cut at the frame limit says so in every output: the report, JSON, folded stacks and
+// pprof (a root frame of its own); a whole trace does not.
+TEST_F(CliTest, TruncatedTracesAreMarked) {
+  // 16 frames: the report shows 8 and says how many more and that the walk was cut; 6: all are
+  // shown, then the cut.
+  for (auto [unwind, limit] : {std::pair<const char *, int>{"libunwind", 16}, {"fp", 6}}) {
+    SCOPED_TRACE(unwind);
+    const std::string cut = "truncated at " + std::to_string(limit) + " frames";
+    Output o = Heapdump({"run", "-o", "deep.heapdump", "--", HD_LEAK_CHILD, "deep"},
+                        {"HEAPDUMP_MAX_FRAMES=" + std::to_string(limit),
+                         std::string("HEAPDUMP_UNWIND=") + unwind});
+    ASSERT_EQ(o.status, 3) << o.err;
+    Output r = Heapdump({"report", "deep.heapdump", "--top", "0"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    size_t deep = r.out.find("leak_deep");
+    ASSERT_NE(deep, std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(limit > 8 ? "        ... " + std::to_string(limit - 8) + " more frames (" +
+                                         cut + ")\n"
+                                   : "        ... " + cut + "\n",
+                         deep),
+              std::string::npos)
+        << r.out;
+    Output j = Heapdump({"report", "deep.heapdump", "--top", "0", "--json"});
+    EXPECT_TRUE(std::regex_search(
+        j.out, std::regex(R"("live_bytes":2222,.*?"trace_frames":)" + std::to_string(limit) +
+                          R"(,"truncated":true)")))
+        << j.out;
+    EXPECT_TRUE(std::regex_search(j.out, std::regex(R"("name":"leak_small".*?"truncated":false)")))
+        << j.out;
+    Output f = Heapdump({"convert", "deep.heapdump", "-f", "folded"});
+    ASSERT_EQ(f.status, 0) << f.err;
+    int deep_lines = 0;
+    for (const auto &line : Lines(f.out)) {
+      if (line.find("leak_small 1000") != std::string::npos) {
+        EXPECT_EQ(line.find("truncated"), std::string::npos) << line;
+      }
+      if (line.find("leak_deep 2222") != std::string::npos) {
+        deep_lines++;
+        // The marker stands where the missing root-most frames would be.
+        EXPECT_TRUE(std::regex_search(line, std::regex("(^|;)\\.\\.\\. " + cut + ";leak_deep;")))
+            << line;
+      }
+    }
+    EXPECT_EQ(deep_lines, 1) << f.out;
+    ASSERT_EQ(Heapdump({"convert", "deep.heapdump", "-o", "deep.pb.gz", "--force"}).status, 0);
+    // The marker's function name is in the profile's string table (its structure: pprof_test).
+    Output strings =
+        RunProgram({"/bin/sh", "-c", "gzip -dc deep.pb.gz | grep -q -a '" + cut + "'"}, dir);
+    EXPECT_EQ(strings.status, 0) << strings.err;
+    Heapdump({"run", "-o", "whole.heapdump", "--", HD_LEAK_CHILD},
+             {std::string("HEAPDUMP_UNWIND=") + unwind});
+    Output whole = Heapdump({"report", "whole.heapdump", "--top", "0", "--by", "stack"});
+    EXPECT_NE(whole.out.find("leak_small"), std::string::npos) << whole.out;
+    EXPECT_EQ(whole.out.find("truncated"), std::string::npos) << whole.out;
+    unlink((dir + "/deep.heapdump").c_str());
+    unlink((dir + "/whole.heapdump").c_str());
+  }
+}
+
 TEST_F(CliTest, RunWithIntervalWritesLiveSnapshots) {
   Output o = Heapdump({"run", "--interval", "0.3", "-o", "s.heapdump", "--", HD_LEAK_CHILD, "sleep"});
   ASSERT_EQ(o.status, 3) << o.err;

@@ -1,7 +1,8 @@
 /* A program with known leaks for the heapdump command's tests: leak_small leaves 10 blocks of 100
  * bytes, leak_big 3 blocks of 4096 bytes, balanced() leaves nothing. Exits with status 3 so the
  * tests can check that `heapdump run` propagates it. With "wait", it stays alive until its stdin
- * closes, for live snapshots; with "sleep", for 1.5 s. */
+ * closes, for live snapshots; with "sleep", for 1.5 s; with "deep", leak_deep also leaves one block
+ * of 2222 bytes allocated 100 calls deep (past any frame limit under test). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,10 +25,23 @@ __attribute__((noinline)) void balanced(void) {
   for (int i = 0; i < 100; i++) free(malloc(777));
 }
 
+/* Each level stays on the stack: the volatile read after the call keeps the compiler from
+ * turning the recursion into a loop. */
+__attribute__((noinline)) int leak_deep(int depth) {
+  if (depth == 0) {
+    keep(malloc(2222));
+    return 0;
+  }
+  volatile int level = depth;
+  int below = leak_deep(depth - 1);
+  return below + level;
+}
+
 int main(int argc, char **argv) {
   leak_small();
   leak_big();
   balanced();
+  if (argc > 1 && strcmp(argv[1], "deep") == 0) leak_deep(100);
   if (argc > 1 && strcmp(argv[1], "sleep") == 0) usleep(1500 * 1000);
   if (argc > 1 && strcmp(argv[1], "wait") == 0) {
     printf("ready\n");

@@ -81,7 +81,7 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
   }
   for (size_t i = 0; i < s->stack_trace_count && status == HD_OK; i++) {
     const hd_snapshot_stack_trace *t = &s->stack_traces[i];
-    status = hd_batch_add_stack_trace(w, t->key, t->addresses, t->count);
+    status = hd_batch_add_stack_trace(w, t->key, t->addresses, t->count, t->truncated);
     if (status == HD_OK && t->has_counters) {
       e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
       e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;

@@ -180,8 +180,13 @@ static void print_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *
       fprintf(out, "%s\n", f + 1 < loc.frame_count ? " [inlined]" : "");
     }
   }
+  char cut[48] = "";
+  if (trace->truncated) snprintf(cut, sizeof cut, "truncated at %zu frames", trace->count);
   if (first + shown < trace->count) {
-    fprintf(out, "        ... %zu more frames\n", trace->count - first - shown);
+    fprintf(out, "        ... %zu more frames%s%s%s\n", trace->count - first - shown,
+            cut[0] ? " (" : "", cut, cut[0] ? ")" : "");
+  } else if (cut[0]) {
+    fprintf(out, "        ... %s\n", cut);
   }
 }
 
@@ -337,8 +342,11 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
       const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
       size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
       json_frames(out, o->symbolizer, s, trace, first, o->max_frames);
+      /* The frames the walk recorded, and whether the limit cut it (the root is missing). */
+      fprintf(out, ",\"trace_frames\":%zu,\"truncated\":%s", trace->count,
+              trace->truncated ? "true" : "false");
     } else {
-      fputs("[]", out);
+      fputs("[],\"trace_frames\":0,\"truncated\":false", out);
     }
     fputs("}", out);
   }
@@ -394,6 +402,10 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
       }
       if (trace->count == 0) {
         fprintf(out, "%s(no stack)", first ? "" : ";");
+        first = false;
+      } else if (trace->truncated) {
+        /* The root-most frames are missing: cut stacks meet under one root of their own. */
+        fprintf(out, "%s... truncated at %zu frames", first ? "" : ";", trace->count);
         first = false;
       }
       for (size_t k = trace->count; k-- > 0;) {

@@ -71,6 +71,7 @@ typedef struct location {
   uint64_t address;
   uint64_t mapping_id; /* 0: no executable region holds the address */
   bool is_return_address;
+  bool stand_in; /* no address: one Line names what it stands for ("(no stack)", truncation) */
   size_t first_line, line_count; /* in writer.lines */
 } location;
 
@@ -132,6 +133,7 @@ typedef struct writer {
   size_t comment_count, comment_capacity;
   well_known known;
   uint64_t no_stack_location; /* id of the stand-in for empty stack traces; 0 until needed */
+  hd_u64_map truncation_location; /* frame count -> index of "... truncated at N frames" */
   uint64_t *stack;            /* location ids of the sample being written */
   size_t stack_capacity;
 
@@ -345,19 +347,38 @@ static int symbolize_location(writer *w, const process *p, location *loc) {
   return 0;
 }
 
-/* pprof drops samples without locations, so an empty stack trace (the unwinder found no frame)
- * gets one location standing for "no stack": address 0, no mapping, one Line naming it. */
-static int add_no_stack_location(writer *w) {
-  int64_t name = intern(w, "(no stack)");
-  if (name < 0) return out_of_memory(w);
+/* A location with no address, mapping or source: one Line naming what it stands for. Returns its
+ * id, or 0 when out of memory. */
+static uint64_t add_stand_in_location(writer *w, const char *text) {
+  int64_t name = intern(w, text);
+  if (name < 0) return 0;
   uint64_t function = function_id(w, (function_key){name, name, 0});
   if (function == 0 || !RESERVE(w->lines, w->line_count, w->line_capacity) ||
       !RESERVE(w->locations, w->location_count, w->location_capacity)) {
-    return out_of_memory(w);
+    return 0;
   }
   w->lines[w->line_count] = (line_entry){function, 0, 0};
-  w->locations[w->location_count++] = (location){.first_line = w->line_count++, .line_count = 1};
-  w->no_stack_location = w->location_count;
+  w->locations[w->location_count++] =
+      (location){.stand_in = true, .first_line = w->line_count++, .line_count = 1};
+  return w->location_count;
+}
+
+/* pprof drops samples without locations, so an empty stack trace (the unwinder found no frame)
+ * gets one location standing for "no stack". */
+static int add_no_stack_location(writer *w) {
+  w->no_stack_location = add_stand_in_location(w, "(no stack)");
+  return w->no_stack_location != 0 ? 0 : out_of_memory(w);
+}
+
+/* A trace cut at the process's frame limit ends (at its root) in a location saying so, shared by
+ * every trace cut at the same count: in a flame graph they meet under one root. */
+static int add_truncation_location(writer *w, size_t frames) {
+  size_t index;
+  if (hd_u64_map_find(&w->truncation_location, frames, &index)) return 0;
+  char text[64];
+  snprintf(text, sizeof text, "... truncated at %zu frames", frames);
+  uint64_t id = add_stand_in_location(w, text);
+  if (id == 0 || !hd_u64_map_put(&w->truncation_location, frames, id - 1)) return out_of_memory(w);
   return 0;
 }
 
@@ -369,6 +390,10 @@ static int add_locations(writer *w, process *p) {
     if (!trace_used(trace, &p->totals[t])) continue;
     if (trace->count == 0 && w->no_stack_location == 0) {
       int status = add_no_stack_location(w);
+      if (status != 0) return status;
+    }
+    if (trace->truncated && trace->count > 0) {
+      int status = add_truncation_location(w, trace->count);
       if (status != 0) return status;
     }
     for (size_t f = 0; f < trace->count; f++) {
@@ -390,7 +415,7 @@ static int add_locations(writer *w, process *p) {
   }
   if (w->options.symbolizer == NULL) return 0;
   for (size_t i = first_new; i < w->location_count; i++) {
-    if (i + 1 == w->no_stack_location) continue;
+    if (w->locations[i].stand_in) continue;
     int status = symbolize_location(w, p, &w->locations[i]);
     if (status != 0) return status;
   }
@@ -466,6 +491,7 @@ static void free_model(writer *w) {
   hd_u64_map_free(&w->string_by_hash);
   free(w->functions);
   hd_u64_map_free(&w->function_by_hash);
+  hd_u64_map_free(&w->truncation_location);
   free(w->locations);
   free(w->lines);
   free(w->mappings);
@@ -573,7 +599,8 @@ static void add_label(label_list *list, int64_t key, int64_t str, int64_t num, i
 static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *w,
                          const process *p, const hd_snapshot_stack_trace *trace,
                          const uint64_t values[kSampleTypeCount], label_list *labels) {
-  size_t depth = trace->count ? trace->count : 1;
+  bool truncated = trace->truncated && trace->count > 0;
+  size_t depth = trace->count ? trace->count + truncated : 1;
   if (depth > w->stack_capacity) {
     uint64_t *bigger = realloc(w->stack, depth * sizeof *bigger);
     if (bigger == NULL) {
@@ -589,6 +616,11 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
     /* Every address of a sampled trace got its Location in add_locations. */
     hd_u64_map_find(&p->location_by_address, trace->addresses[f], &index);
     w->stack[f] = index + 1;
+  }
+  if (truncated) {
+    size_t index = 0;
+    hd_u64_map_find(&w->truncation_location, trace->count, &index);
+    w->stack[trace->count] = index + 1;
   }
   if (w->label_processes) {
     add_label(labels, w->known.process_name, p->name, 0, 0);

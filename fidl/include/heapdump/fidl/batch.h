@@ -43,9 +43,11 @@ HD_MUST_CHECK hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_S
 /* Appends an allocation: what hd_batch_add does for one, without a SnapshotElement to fill. */
 HD_MUST_CHECK hd_status hd_batch_add_allocation(hd_batch_writer *w,
                                                 const heapdump_client_Allocation *allocation);
-/* Appends a stack trace, split into several elements with the same key if needed. */
+/* Appends a stack trace, split into several elements with the same key if needed (each marked
+ * truncated when it is). */
 HD_MUST_CHECK hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key,
-                                                 const uint64_t *addresses, size_t count);
+                                                 const uint64_t *addresses, size_t count,
+                                                 bool truncated);
 /* Appends a block's contents, split into several elements with the same address if needed. */
 HD_MUST_CHECK hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address,
                                                     const uint8_t *bytes, size_t size);

@@ -40,6 +40,7 @@ typedef struct hd_snapshot_stack_trace {
   uint64_t key;
   uint64_t *addresses; /* leaf first */
   size_t count;
+  bool truncated;    /* cut at the process's frame limit: the root-most frames are missing */
   bool has_counters; /* StackTraceCounters seen */
   uint64_t allocated_blocks, allocated_bytes;
 } hd_snapshot_stack_trace;

@@ -212,11 +212,17 @@ typedef struct hd_rec_stack {
   uint64_t alloc_blocks;  /* atomic: blocks allocated with this trace since start */
   uint64_t alloc_bytes;   /* atomic: bytes allocated with this trace since start */
   uint16_t frame_count;   /* <= HD_MAX_FRAMES */
-  uint16_t reserved;
+  uint16_t flags;         /* HD_STACK_*; readers ignore bits they do not know */
   uint32_t encoded_len;   /* bytes of varint data that follow */
   /* uint8_t encoded[encoded_len]; then padding to 8 */
 } hd_rec_stack;
+/* The walk stopped at the frame limit with frames left: the root-most frames are missing. A
+ * truncated trace and a whole one with the same frames are distinct records. */
+#define HD_STACK_TRUNCATED 1u
 HD_STATIC_ASSERT(sizeof(hd_rec_stack) == 32, "hd_rec_stack size");
+HD_STATIC_ASSERT(offsetof(hd_rec_stack, frame_count) == 24, "frame_count offset");
+HD_STATIC_ASSERT(offsetof(hd_rec_stack, flags) == 26, "flags offset");
+HD_STATIC_ASSERT(offsetof(hd_rec_stack, encoded_len) == 28, "encoded_len offset");
 HD_STATIC_ASSERT(offsetof(hd_rec_stack, alloc_blocks) == 8, "alloc_blocks offset");
 
 typedef struct hd_rec_thread {
