@@ -100,6 +100,16 @@ static void snapshot_free(hd_snapshot *s) {
   free(s->regions);
   for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
   free(s->blocks);
+  for (size_t i = 0; i < s->known_location_count; i++) {
+    hd_snapshot_known_location *k = &s->known_locations[i];
+    for (size_t f = 0; f < k->frame_count; f++) {
+      free((char *)k->frames[f].function);
+      free((char *)k->frames[f].file);
+    }
+    free(k->frames);
+  }
+  free(s->known_locations);
+  hd_u64_map_free(&s->known_location_index);
   hd_u64_map_free(&s->allocation_index);
   hd_u64_map_free(&s->stack_trace_index);
   hd_u64_map_free(&s->thread_index);
@@ -429,4 +439,42 @@ hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r
   free(msg);
   free(reader);
   return status;
+}
+
+hd_status hd_snapshot_add_known_location(hd_snapshot *s, uint64_t address,
+                                         const hd_source_frame *frames, size_t count) {
+  size_t index;
+  if (hd_u64_map_find(&s->known_location_index, address, &index)) return HD_ERR_REASSEMBLY;
+  if (!RESERVE(s, known_locations, known_location_count, known_location_capacity)) {
+    return HD_ERR_NO_MEMORY;
+  }
+  hd_snapshot_known_location k = {.address = address,
+                                  .frames = calloc(count ? count : 1, sizeof *k.frames),
+                                  .frame_count = count};
+  bool ok = k.frames != NULL;
+  for (size_t f = 0; ok && f < count; f++) {
+    k.frames[f].line = frames[f].line;
+    k.frames[f].column = frames[f].column;
+    k.frames[f].function = frames[f].function ? strdup(frames[f].function) : NULL;
+    k.frames[f].file = frames[f].file ? strdup(frames[f].file) : NULL;
+    ok = (frames[f].function == NULL || k.frames[f].function != NULL) &&
+         (frames[f].file == NULL || k.frames[f].file != NULL);
+  }
+  if (ok) ok = hd_u64_map_put(&s->known_location_index, address, s->known_location_count);
+  if (!ok) {
+    for (size_t f = 0; k.frames != NULL && f < count; f++) {
+      free((char *)k.frames[f].function);
+      free((char *)k.frames[f].file);
+    }
+    free(k.frames);
+    return HD_ERR_NO_MEMORY;
+  }
+  s->known_locations[s->known_location_count++] = k;
+  return HD_OK;
+}
+
+const hd_snapshot_known_location *hd_snapshot_find_known_location(const hd_snapshot *s,
+                                                                  uint64_t address) {
+  size_t i;
+  return hd_u64_map_find(&s->known_location_index, address, &i) ? &s->known_locations[i] : NULL;
 }

@@ -226,6 +226,72 @@ TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
   EXPECT_NE(t.out.find("leak_child["), std::string::npos) << t.out;
 }
 
+// The site table of a report: everything from its column header on (a pprof profile does not
+// carry the process statistics of the line above it), without the stack keys (a profile does not
+// keep the recording's).
+std::string SiteTable(const std::string &report) {
+  size_t header = report.find("    LIVE BYTES");
+  return header == std::string::npos
+             ? ""
+             : std::regex_replace(report.substr(header), std::regex(R"(\(stack [0-9]+\))"),
+                                  "(stack)");
+}
+
+// report and convert read the pprof profiles run and snapshot write by default: the same sites,
+// stacks and values as from the raw snapshot, and the names resolved when the profile was
+// written, even once the program is gone.
+TEST_F(CliTest, ReportAndConvertReadPprofProfiles) {
+  ASSERT_EQ(RunProgram({"/bin/cp", HD_LEAK_CHILD, dir + "/gone_soon"}, dir).status, 0);
+  Output o = Heapdump({"run", "-o", "leaks.heapdump", "--", dir + "/gone_soon", "deep"});
+  ASSERT_EQ(o.status, 3) << o.err;
+  ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "leaks.pb.gz"}).status, 0);
+  ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "tagged.pb.gz", "--tags"}).status, 0);
+  for (const char *by : {"site", "stack"}) {
+    SCOPED_TRACE(by);
+    Output raw = Heapdump({"report", "leaks.heapdump", "--top", "0", "--by", by});
+    ASSERT_EQ(raw.status, 0) << raw.err;
+    for (const char *profile : {"leaks.pb.gz", "tagged.pb.gz"}) {
+      Output from = Heapdump({"report", profile, "--top", "0", "--by", by});
+      ASSERT_EQ(from.status, 0) << from.err;
+      EXPECT_EQ(SiteTable(from.out), SiteTable(raw.out)) << profile;
+      EXPECT_NE(from.out.find("truncated at 64 frames"), std::string::npos) << from.out;
+    }
+  }
+  // With tags the threads are known.
+  Output threads = Heapdump({"report", "tagged.pb.gz", "--by", "thread"});
+  EXPECT_NE(threads.out.find("gone_soon["), std::string::npos) << threads.out;
+  // The profile keeps the names: the binary can go.
+  ASSERT_EQ(unlink((dir + "/gone_soon").c_str()), 0);
+  Output gone = Heapdump({"report", "leaks.pb.gz", "--top", "0"});
+  EXPECT_TRUE(HasSite(gone.out, "leak_small", "1000", "10")) << gone.out;
+  EXPECT_NE(gone.out.find("leak_child.c:"), std::string::npos) << gone.out;
+  Output unsymbolized = Heapdump({"report", "leaks.heapdump", "--top", "0"});
+  EXPECT_EQ(unsymbolized.out.find("leak_child.c:"), std::string::npos) << unsymbolized.out;
+  // The profile of run's exit snapshot names its process; the JSON and folded forms read it too.
+  Output named = Heapdump({"report", "leaks.pb.gz", "--json"});
+  EXPECT_TRUE(std::regex_search(
+      named.out, std::regex(R"(^\{"processes":\[\{"process_name":"gone_soon","pid":[1-9][0-9]*,)")))
+      << named.out;
+  Output folded = Heapdump({"convert", "leaks.pb.gz", "-f", "folded"});
+  EXPECT_NE(folded.out.find(";leak_small 1000\n"), std::string::npos) << folded.out;
+  // Bad profiles: a clear message, status 1, nothing written.
+  std::ofstream(dir + "/garbage.pb.gz") << "\x1f\x8b not really gzip";
+  // A CPU profile: sample type {cpu, nanoseconds}, strings "", "cpu", "nanoseconds".
+  const char cpu[] = "\x0a\x04\x08\x01\x10\x02\x32\x00\x32\x03" "cpu" "\x32\x0b" "nanoseconds";
+  std::ofstream(dir + "/cpu.pb") << std::string(cpu, sizeof cpu - 1);
+  for (const auto &[file, says] : std::vector<std::pair<std::string, std::string>>{
+           {"garbage.pb.gz", "damaged"},
+           {"cpu.pb", "not a heap profile: its sample types are cpu"},
+           {"leaks.heapdump.missing", "cannot read"}}) {
+    Output bad = Heapdump({"report", file});
+    EXPECT_EQ(bad.status, 1) << file;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << bad.err;
+    Output converted = Heapdump({"convert", file, "-o", "out.txt"});
+    EXPECT_EQ(converted.status, 1) << file;
+    EXPECT_FALSE(Exists(dir + "/out.txt"));
+  }
+}
+
 TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
   StartCollector();
   Output o = Heapdump({"run", "-o", "x.pb.gz", "--", HD_LEAK_CHILD});
@@ -419,6 +485,12 @@ TEST_F(CliTest, SnapshotWritesEveryFormat) {
   Output d = Heapdump({"snapshot", "--pid", pid});
   EXPECT_EQ(d.status, 0) << d.err;
   EXPECT_TRUE(Exists(dir + "/heapdump.leak_child." + pid + ".pb.gz")) << d.err;
+  // A single process's profile does not name it: the report takes the name and pid from the
+  // default file name, and the sites from the profile.
+  Output from_profile = Heapdump({"report", "heapdump.leak_child." + pid + ".pb.gz"});
+  EXPECT_EQ(from_profile.status, 0) << from_profile.err;
+  EXPECT_EQ(from_profile.out.rfind("leak_child[" + pid + "]: ", 0), 0u) << from_profile.out;
+  EXPECT_TRUE(HasSite(from_profile.out, "leak_big", "12288", "3")) << from_profile.out;
 }
 
 TEST_F(CliTest, PprofOutputLoadsInGoToolPprof) {

@@ -136,7 +136,8 @@ int cmd_delete(cli_options *o, int argc, char **argv);
 int cmd_convert(cli_options *o, const char *input);
 int cmd_report(cli_options *o, const char *input);
 
-/* Reads a raw snapshot file ("-": stdin) into r. Returns an exit code. */
-int cli_read_raw(const char *path, hd_reassembler *r);
+/* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. Returns an exit
+ * code. */
+int cli_read_snapshot(const char *path, hd_reassembler *r);
 
 #endif

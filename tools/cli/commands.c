@@ -255,7 +255,7 @@ int cmd_convert(cli_options *o, const char *input) {
   }
   hd_reassembler r;
   hd_reassembler_init(&r);
-  int rc = cli_read_raw(input, &r);
+  int rc = cli_read_snapshot(input, &r);
   if (rc == 0) {
     /* The default output sits beside the input: leaky.heapdump -> leaky.pb.gz. */
     char stem[4096];
@@ -279,7 +279,7 @@ int cmd_convert(cli_options *o, const char *input) {
 int cmd_report(cli_options *o, const char *input) {
   hd_reassembler r;
   hd_reassembler_init(&r);
-  int rc = cli_read_raw(input, &r);
+  int rc = cli_read_snapshot(input, &r);
   if (rc == 0) {
     cli_options report = *o;
     report.format = FORMAT_TEXT;

@@ -31,8 +31,8 @@ static const char kUsage[] =
     "  list      list the snapshots the collector stored\n"
     "  download  download a stored snapshot\n"
     "  delete    delete stored snapshots\n"
-    "  convert   convert a raw snapshot file to another format\n"
-    "  report    print the top allocation sites of a raw snapshot file\n"
+    "  convert   convert a snapshot file (raw or pprof) to another format\n"
+    "  report    print the top allocation sites of a snapshot file (raw or pprof)\n"
     "\n"
     "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded.\n";
 
@@ -133,16 +133,18 @@ static const struct {
      "Downloads stored snapshot ID and writes it to heapdump.snapshot-ID.pb.gz (or --output).\n",
      true},
     {"convert", "heapdump convert INPUT --format F [--output FILE] [OPTIONS]",
-     "Converts a raw snapshot file (INPUT '-': stdin) to format F. The output defaults to INPUT\n"
-     "with the format's extension (text and folded: stdout). An existing file is not\n"
-     "overwritten unless --force.\n"
+     "Converts a raw snapshot file or a pprof heap profile (INPUT '-': stdin) to format F. The\n"
+     "output defaults to INPUT with the format's extension (text and folded: stdout). An\n"
+     "existing file is not overwritten unless --force. A profile holds less than a raw file:\n"
+     "per stack its totals (per block with --tags), and the names it was written with.\n"
      "\n"
      "      --force       overwrite the output if it exists\n",
      true},
     {"report", "heapdump report INPUT [--top N] [--by site|stack|thread] [--json]",
-     "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file by live\n"
-     "bytes and blocks, with the bytes and blocks allocated since start where recorded, and\n"
-     "symbolized stacks.\n"
+     "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file or a pprof\n"
+     "heap profile (what run and snapshot write by default) by live bytes and blocks, with the\n"
+     "bytes and blocks allocated since start where recorded, and symbolized stacks (a symbolized\n"
+     "profile's names are used as written).\n"
      "\n"
      "  -o, --output FILE     where to write (default: stdout); text or JSON only (.txt, .json)\n"
      "      --top N           groups shown per process (default 20; 0: all)\n"

@@ -171,7 +171,8 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
   return 0;
 }
 
-int cli_read_raw(const char *path, hd_reassembler *r) {
+/* The whole input, in memory: its first bytes tell its format. */
+static int read_input(const char *path, uint8_t **out, size_t *size) {
   bool is_stdin = strcmp(path, "-") == 0;
   FILE *in = is_stdin ? stdin : fopen(path, "rb");
   if (in == NULL) {
@@ -179,13 +180,80 @@ int cli_read_raw(const char *path, hd_reassembler *r) {
     cli_error("cannot read %s: %s", path, strerror(err));
     return err == EACCES || err == EPERM ? EXIT_PERMISSION : EXIT_FAILURE_;
   }
-  char error[256] = "";
-  int rc = hd_raw_read(in, r, error, sizeof error);
+  size_t capacity = 1 << 16, used = 0;
+  uint8_t *buf = malloc(capacity);
+  while (buf != NULL) {
+    if (used == capacity) {
+      uint8_t *bigger = realloc(buf, capacity * 2);
+      if (bigger == NULL) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = bigger;
+      capacity *= 2;
+    }
+    size_t n = fread(buf + used, 1, capacity - used, in);
+    used += n;
+    if (n == 0) break;
+  }
+  bool failed = buf == NULL || ferror(in);
+  int err = errno;
   if (!is_stdin) fclose(in);
+  if (failed) {
+    free(buf);
+    cli_error("cannot read %s: %s", path, buf == NULL ? "out of memory" : strerror(err));
+    return EXIT_FAILURE_;
+  }
+  *out = buf;
+  *size = used;
+  return 0;
+}
+
+/* What a pprof profile does not say of its one process: its name and pid, taken from a file
+ * name as run and snapshot write them (heapdump.NAME.PID.pb.gz), else the file's stem. */
+static void name_from_path(const char *path, char *name, size_t size, uint64_t *pid) {
+  const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+  unsigned long long number;
+  int consumed = 0;
+  *pid = 0;
+  if (strncmp(base, "heapdump.", 9) == 0) {
+    const char *dot = strchr(base + 9, '.');
+    if (dot != NULL && sscanf(dot + 1, "%llu%n", &number, &consumed) == 1 && consumed > 0 &&
+        (dot[1 + consumed] == '.' || dot[1 + consumed] == '\0')) {
+      snprintf(name, size, "%.*s", (int)(dot - base - 9), base + 9);
+      *pid = number;
+      return;
+    }
+  }
+  snprintf(name, size, "%.*s", (int)strcspn(base, "."), base);
+}
+
+int cli_read_snapshot(const char *path, hd_reassembler *r) {
+  uint8_t *data = NULL;
+  size_t size = 0;
+  int rc = read_input(path, &data, &size);
+  if (rc != 0) return rc;
+  char error[256] = "";
+  static const char kRawMagic[8] = {'H', 'E', 'A', 'P', 'D', 'U', 'M', 'P'};
+  if (size >= 8 && memcmp(data, kRawMagic, 8) == 0) {
+    FILE *in = fmemopen(data, size, "rb");
+    rc = in != NULL ? hd_raw_read(in, r, error, sizeof error) : -ENOMEM;
+    if (in != NULL) fclose(in);
+    if (rc == -ENOMEM && error[0] == '\0') snprintf(error, sizeof error, "out of memory");
+  } else {
+    char name[64];
+    uint64_t pid;
+    name_from_path(strcmp(path, "-") == 0 ? "profile" : path, name, sizeof name, &pid);
+    rc = hd_pprof_read(data, size, name, r, error, sizeof error);
+    if (rc == 0 && r->snapshot_count == 1 && !r->snapshots[0]->has_header) {
+      r->snapshots[0]->pid = pid;
+    }
+  }
+  free(data);
   if (rc != 0) {
     cli_error("%s: %s%s", path, error,
-              rc == -EINVAL ? " (inputs must be raw snapshots: write them with --format raw)"
-                            : "");
+              rc == -EINVAL ? " (inputs are raw snapshots or pprof heap profiles)" : "");
     return EXIT_FAILURE_;
   }
   return 0;

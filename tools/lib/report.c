@@ -33,6 +33,13 @@ static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
   return rc;
 }
 
+static void live_totals(const hd_snapshot *s, uint64_t *bytes, uint64_t *blocks) {
+  for (size_t i = 0; i < s->allocation_count; i++) {
+    *bytes += s->allocations[i].size;
+    *blocks += s->allocations[i].count;
+  }
+}
+
 static trace_totals *totals_by_trace(const hd_snapshot *s) {
   trace_totals *t = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *t);
   if (t == NULL) return NULL;
@@ -42,7 +49,7 @@ static trace_totals *totals_by_trace(const hd_snapshot *s) {
     if (trace == NULL) continue; /* the reassembler refuses such snapshots */
     trace_totals *tt = &t[trace - s->stack_traces];
     tt->live_bytes += a->size;
-    tt->live_blocks++;
+    tt->live_blocks += a->count; /* an element may stand for several blocks (a pprof sample) */
   }
   return t;
 }
@@ -112,7 +119,7 @@ static int build_groups(const hd_snapshot *s, const hd_report_options *o, group_
         break;
       }
       g->live_bytes += a->size;
-      g->live_blocks++;
+      g->live_blocks += a->count;
       const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
       /* The thread's heaviest stack is the one with the most live bytes overall among its
        * allocations; good enough to point at what the thread keeps alive. */
@@ -204,12 +211,14 @@ static const char *group_kind(hd_report_by by) {
 
 static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
                        FILE *out) {
-  uint64_t live_bytes = 0;
-  for (size_t i = 0; i < s->allocation_count; i++) live_bytes += s->allocations[i].size;
-  if (s->has_header || s->process_name[0]) {
+  uint64_t live_bytes = 0, live_blocks = 0;
+  live_totals(s, &live_bytes, &live_blocks);
+  if (s->pid != 0) {
     fprintf(out, "%s[%" PRIu64 "]: ", s->process_name, s->pid);
+  } else if (s->process_name[0]) {
+    fprintf(out, "%s: ", s->process_name); /* e.g. read from a profile that does not say */
   }
-  fprintf(out, "%zu live blocks, %" PRIu64 " live bytes", s->allocation_count, live_bytes);
+  fprintf(out, "%" PRIu64 " live blocks, %" PRIu64 " live bytes", live_blocks, live_bytes);
   if (s->has_stats) {
     const heapdump_client_ProcessStats *st = &s->stats;
     fprintf(out,
@@ -304,12 +313,12 @@ static void json_frames(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
 
 static void write_json(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
                        FILE *out) {
-  uint64_t live_bytes = 0;
-  for (size_t i = 0; i < s->allocation_count; i++) live_bytes += s->allocations[i].size;
+  uint64_t live_bytes = 0, live_blocks = 0;
+  live_totals(s, &live_bytes, &live_blocks);
   fputs("{\"process_name\":", out);
   hd_json_string(out, s->process_name);
-  fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%zu,\"live_bytes\":%" PRIu64, s->pid,
-          s->allocation_count, live_bytes);
+  fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64,
+          s->pid, live_blocks, live_bytes);
   if (s->has_stats) {
     const heapdump_client_ProcessStats *st = &s->stats;
     fprintf(out,

@@ -787,13 +787,22 @@ void hd_symbolize(hd_symbolizer *s, const hd_snapshot *snap, uint64_t address,
   /* A return address follows its call, and may be the first byte past the caller. */
   uint64_t lookup = is_return_address && address > 0 ? address - 1 : address;
   const hd_snapshot_region *region = region_holding(snap, lookup);
-  if (region == NULL) return;
-  out->region = region;
-  const char *name = region->name ? region->name : "";
-  const char *slash = strrchr(name, '/');
-  out->module = slash ? slash + 1 : name;
-  out->module_offset = address - region->address + region->file_offset;
-  if (region->name == NULL) return;
+  if (region != NULL) {
+    out->region = region;
+    const char *name = region->name ? region->name : "";
+    const char *slash = strrchr(name, '/');
+    out->module = slash ? slash + 1 : name;
+    out->module_offset = address - region->address + region->file_offset;
+  }
+  /* Names that came with the snapshot (a symbolized pprof profile) win: they were resolved
+   * where the binaries were. */
+  const hd_snapshot_known_location *known = hd_snapshot_find_known_location(snap, address);
+  if (known != NULL) {
+    out->frames = known->frames;
+    out->frame_count = known->frame_count;
+    return;
+  }
+  if (region == NULL || region->name == NULL) return;
   long index = module_for(s, region);
   if (index < 0) return;
   const module *m = s->modules[index];

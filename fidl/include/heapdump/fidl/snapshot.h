@@ -63,6 +63,24 @@ typedef struct hd_snapshot_block {
   size_t size;
 } hd_snapshot_block;
 
+/* One source-level frame. */
+typedef struct hd_source_frame {
+  /* The linkage (mangled) name when the compiler recorded one, else the source name: demangling
+   * is left to viewers. NULL if unknown. */
+  const char *function;
+  const char *file;     /* NULL if unknown */
+  uint32_t line;        /* 0 if unknown */
+  uint32_t column;      /* 0 if unknown */
+} hd_source_frame;
+
+/* The source frames of a program address known without symbolizing it: read from a symbolized
+ * pprof profile, whose binaries may be gone. */
+typedef struct hd_snapshot_known_location {
+  uint64_t address;
+  hd_source_frame *frames; /* innermost inlined frame first; strings owned by the snapshot */
+  size_t frame_count;
+} hd_snapshot_known_location;
+
 typedef struct hd_snapshot {
   bool has_header;
   bool has_stats;
@@ -79,7 +97,10 @@ typedef struct hd_snapshot {
   size_t region_count, region_capacity;
   hd_snapshot_block *blocks;
   size_t block_count, block_capacity;
+  hd_snapshot_known_location *known_locations;
+  size_t known_location_count, known_location_capacity;
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
+  hd_u64_map known_location_index;
 } hd_snapshot;
 
 struct hd_reassembler;
@@ -119,6 +140,12 @@ const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, 
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
+/* Records the frames of a program address (copied); HD_ERR_REASSEMBLY if it has some already. */
+HD_MUST_CHECK hd_status hd_snapshot_add_known_location(hd_snapshot *s, uint64_t address,
+                                                       const hd_source_frame *frames,
+                                                       size_t count);
+const hd_snapshot_known_location *hd_snapshot_find_known_location(const hd_snapshot *s,
+                                                                  uint64_t address);
 
 #ifdef __cplusplus
 }

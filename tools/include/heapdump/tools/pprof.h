@@ -40,6 +40,17 @@ typedef struct hd_pprof_options {
 int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FILE *out,
                    char *error, size_t error_size);
 
+/* Reads a heap profile in pprof's format (gzip-compressed or not; heapdump's, or any with
+ * inuse_space or alloc_space samples) into r, finished: each sample becomes one allocation
+ * standing for its inuse_objects blocks (with --tags, the block at its address), its alloc
+ * values the counters of its stack trace, a root "... truncated at N frames" frame the trace's
+ * truncated flag, and each Location's names known locations of the snapshot. A multi-process
+ * profile (process_name and pid labels) gives one snapshot per process; a single process is
+ * called fallback_name (may be NULL). Returns 0, or -EINVAL (not a profile, not a heap profile,
+ * broken references) or -ENOMEM with a message in error. */
+int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, hd_reassembler *r,
+                  char *error, size_t error_size);
+
 #ifdef __cplusplus
 }
 #endif

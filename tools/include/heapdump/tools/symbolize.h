@@ -24,15 +24,7 @@ typedef struct hd_symbolizer_options {
   size_t debug_dir_count;
 } hd_symbolizer_options;
 
-/* One source-level frame. Strings are owned by the symbolizer and live until it is destroyed. */
-typedef struct hd_source_frame {
-  /* The linkage (mangled) name when the compiler recorded one, else the source name: demangling
-   * is left to viewers. NULL if unknown. */
-  const char *function;
-  const char *file;     /* NULL if unknown */
-  uint32_t line;        /* 0 if unknown */
-  uint32_t column;      /* 0 if unknown */
-} hd_source_frame;
+/* hd_source_frame (one source-level frame) is defined with the snapshot model. */
 
 /* What one program address resolves to. */
 typedef struct hd_location_info {
