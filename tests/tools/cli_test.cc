@@ -612,7 +612,8 @@ TEST_F(CliTest, BadInputsAndOutputs) {
   std::ofstream(dir + "/garbage.heapdump") << "this is not a snapshot";
   Output g = Heapdump({"report", "garbage.heapdump"});
   EXPECT_EQ(g.status, 1);
-  EXPECT_NE(g.err.find("not a heapdump raw snapshot"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("neither a heapdump raw snapshot nor a pprof profile"), std::string::npos)
+      << g.err;
   Output m = Heapdump({"report", "missing.heapdump"});
   EXPECT_EQ(m.status, 1);
   EXPECT_NE(m.err.find("No such file"), std::string::npos) << m.err;

@@ -249,11 +249,18 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
     if (rc == 0 && r->snapshot_count == 1 && !r->snapshots[0]->has_header) {
       r->snapshots[0]->pid = pid;
     }
+    /* Neither magic, and not protobuf either: say what was expected. */
+    bool gzip = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
+    if (rc == -EINVAL && !gzip && strncmp(error, "not a pprof profile", 19) == 0) {
+      char why[sizeof error];
+      snprintf(why, sizeof why, "%s", error + 19);
+      snprintf(error, sizeof error, "neither a heapdump raw snapshot nor a pprof profile%.180s",
+               why);
+    }
   }
   free(data);
   if (rc != 0) {
-    cli_error("%s: %s%s", path, error,
-              rc == -EINVAL ? " (inputs are raw snapshots or pprof heap profiles)" : "");
+    cli_error("%s: %s", path, error);
     return EXIT_FAILURE_;
   }
   return 0;
