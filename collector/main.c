@@ -35,11 +35,18 @@
 /* How long --stop waits for the daemon to finish its stored snapshots and exit. */
 #define STOP_WAIT_SECONDS 15
 
-static hd_collector *running;
+static hd_collector *volatile running;
+/* A stop asked for before the collector could serve: it stops as soon as it can. */
+static volatile sig_atomic_t stop_early;
 
 static void on_signal(int sig) {
   (void)sig;
-  if (running != NULL) hd_collector_stop(running);
+  hd_collector *c = running;
+  if (c != NULL) {
+    hd_collector_stop(c);
+  } else {
+    stop_early = 1;
+  }
 }
 
 static void usage(FILE *out) {
@@ -359,6 +366,13 @@ int main(int argc, char **argv) {
     start_log = memfd_create("heapdump-collector-start", MFD_CLOEXEC);
     if (terminal_fd >= 0 && start_log >= 0) dup2(start_log, STDERR_FILENO);
   }
+  /* Before the socket exists: a SIGTERM the moment a client sees it listening must stop the
+   * collector cleanly (socket and pid file removed), not kill it. */
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
   if (terminal_fd >= 0) {
@@ -386,11 +400,7 @@ int main(int argc, char **argv) {
   }
   if (log_fd >= 0) close(log_fd);
   running = c;
-  struct sigaction sa = {.sa_handler = on_signal};
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
+  if (stop_early) hd_collector_stop(c);
   rc = hd_collector_run(c);
   running = NULL;
   hd_collector_destroy(c);
