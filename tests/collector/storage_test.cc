@@ -243,7 +243,8 @@ TEST_F(StorageTest, FilesWithoutTotalsAreListedWithoutThem) {
                       whole.substr(16 + meta_len);
   WriteFile(SnapshotFile(id + 100), older);
   collector.Start();
-  const Stored *s = Find(List(collector.socket), id + 100);
+  Listing listing = List(collector.socket);
+  const Stored *s = Find(listing, id + 100);
   ASSERT_NE(s, nullptr) << collector.Log();
   EXPECT_FALSE(s->has_totals);
   EXPECT_EQ(s->name, "older");
