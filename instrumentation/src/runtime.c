@@ -221,7 +221,7 @@ static inline uint64_t fold_mul(uint64_t a, uint64_t b) {
 /* Two independent lanes, each over every frame, each 64 bits: the lanes run in parallel. */
 static void trace_fingerprint(const uint64_t *frames, unsigned n, unsigned flags, uint64_t *lo,
                               uint64_t *hi) {
-  uint64_t seed = n | (uint64_t)flags << 16;
+  uint64_t seed = hd_trace_seed(n, flags);
   uint64_t a = UINT64_C(0x243F6A8885A308D3) ^ seed, b = UINT64_C(0x13198A2E03707344) ^ (seed << 32);
   unsigned i = 0;
   for (; i + 1 < n; i += 2) {

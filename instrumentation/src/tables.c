@@ -543,9 +543,6 @@ size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out) {
   return (size_t)(p - out);
 }
 
-/* What a trace's hash is seeded with: its frame count and flags, both part of its identity. */
-static unsigned trace_seed(unsigned count, unsigned flags) { return count | flags << 16; }
-
 static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
   uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
   while (n >= 8) {
@@ -588,7 +585,7 @@ static bool dedup_grow(hd_res_table *t) {
     /* The slot keeps only the hash's high half: the position comes from the record. */
     const hd_rec_stack *r = (const hd_rec_stack *)(t->base + (uint32_t)e);
     uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len,
-                            trace_seed(r->frame_count, r->flags)) & d->mask;
+                            hd_trace_seed(r->frame_count, r->flags)) & d->mask;
     while (d->slots[j] != 0) j = (j + 1) & d->mask;
     d->slots[j] = e;
   }
@@ -609,7 +606,7 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   uint8_t enc[HD_MAX_FRAMES * 10];
   if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
   size_t len = hd_encode_frames(frames, count, enc);
-  uint64_t h = hash_bytes(enc, len, trace_seed(count, flags));
+  uint64_t h = hash_bytes(enc, len, hd_trace_seed(count, flags));
   uint32_t tag = (uint32_t)(h >> 32);
   /* Lock-free lookup: entries are published with release stores after their records. */
   const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);

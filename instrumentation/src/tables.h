@@ -129,6 +129,10 @@ void hd_res_table_destroy(hd_res_table *t);
 int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_WUR;
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
 
+/* What identifies a trace besides its frames, as one number to seed its hashes with: its frame
+ * count and its HD_STACK_* flags. */
+static inline unsigned hd_trace_seed(unsigned count, unsigned flags) { return count | flags << 16; }
+
 /* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). flags:
  * HD_STACK_* (part of the trace's identity). */
 uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,

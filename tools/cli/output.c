@@ -235,8 +235,7 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
   int rc = read_input(path, &data, &size);
   if (rc != 0) return rc;
   char error[256] = "";
-  static const char kRawMagic[8] = {'H', 'E', 'A', 'P', 'D', 'U', 'M', 'P'};
-  if (size >= 8 && memcmp(data, kRawMagic, 8) == 0) {
+  if (size >= HD_RAW_MAGIC_SIZE && memcmp(data, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) == 0) {
     FILE *in = fmemopen(data, size, "rb");
     rc = in != NULL ? hd_raw_read(in, r, error, sizeof error) : -ENOMEM;
     if (in != NULL) fclose(in);
@@ -245,20 +244,15 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
     char name[64];
     uint64_t pid;
     name_from_path(strcmp(path, "-") == 0 ? "profile" : path, name, sizeof name, &pid);
-    rc = hd_pprof_read(data, size, name, r, error, sizeof error);
-    if (rc == 0 && r->snapshot_count == 1 && !r->snapshots[0]->has_header) {
-      r->snapshots[0]->pid = pid;
-    }
-    /* Neither magic, and not protobuf either: say what was expected. */
-    bool gzip = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
-    if (rc == -EINVAL && !gzip && strncmp(error, "not a pprof profile", 19) == 0) {
-      char why[sizeof error];
-      snprintf(why, sizeof why, "%s", error + 19);
-      snprintf(error, sizeof error, "neither a heapdump raw snapshot nor a pprof profile%.180s",
-               why);
-    }
+    rc = hd_pprof_read(data, size, name, pid, r, error, sizeof error);
   }
+  bool gzip = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
   free(data);
+  if (rc == -EBADMSG && !gzip) {
+    /* Neither magic, and not protobuf either: say what was expected. */
+    cli_error("%s: neither a heapdump raw snapshot nor a pprof profile", path);
+    return EXIT_FAILURE_;
+  }
   if (rc != 0) {
     cli_error("%s: %s", path, error);
     return EXIT_FAILURE_;

@@ -12,16 +12,7 @@
 #include <string.h>
 
 #include "heapdump/fidl/batch.h"
-
-static const char kMagic[8] = {'H', 'E', 'A', 'P', 'D', 'U', 'M', 'P'};
-
-static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error, size, fmt, ap);
-  va_end(ap);
-  return rc;
-}
+#include "heapdump/tools/util.h"
 
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -131,12 +122,12 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
 int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_size) {
   bool multi = hd_raw_is_multi_process(r);
   uint8_t header[16];
-  memcpy(header, kMagic, sizeof kMagic);
+  memcpy(header, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE);
   put_u32(header + 8, HD_RAW_VERSION);
   put_u32(header + 12, multi ? HD_RAW_FLAG_MULTI_PROCESS : 0);
   file_sink sink = {out, 0};
   hd_batch_writer *w = malloc(sizeof *w);
-  if (w == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+  if (w == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
   hd_status status = HD_OK;
   errno = 0;
   if (fwrite(header, 1, sizeof header, out) != sizeof header) {
@@ -156,7 +147,7 @@ int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_s
   }
   if (status != HD_OK) {
     int err = sink.error ? sink.error : EIO;
-    return fail(error, error_size, -err, "cannot write the raw snapshot: %s",
+    return hd_tool_fail(error, error_size, -err, "cannot write the raw snapshot: %s",
                 sink.error ? strerror(err) : hd_status_str(status));
   }
   return 0;
@@ -169,18 +160,18 @@ enum stream_state { IN_PROCESS, BETWEEN_PROCESSES, ENDED };
 int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
   uint8_t header[16];
   size_t n = fread(header, 1, sizeof header, in);
-  if (n != sizeof header || memcmp(header, kMagic, sizeof kMagic) != 0) {
-    if (ferror(in)) return fail(error, error_size, -EIO, "read error: %s", strerror(errno));
-    return fail(error, error_size, -EINVAL, "not a heapdump raw snapshot (bad magic)");
+  if (n != sizeof header || memcmp(header, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) != 0) {
+    if (ferror(in)) return hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno));
+    return hd_tool_fail(error, error_size, -EINVAL, "not a heapdump raw snapshot (bad magic)");
   }
   uint32_t version = get_u32(header + 8), flags = get_u32(header + 12);
   if (version != HD_RAW_VERSION) {
-    return fail(error, error_size, -EINVAL,
+    return hd_tool_fail(error, error_size, -EINVAL,
                 "raw snapshot version %u is not supported (this heapdump reads version %u)",
                 version, HD_RAW_VERSION);
   }
   if (flags & ~HD_RAW_FLAG_MULTI_PROCESS) {
-    return fail(error, error_size, -EINVAL, "raw snapshot has unknown flags 0x%x", flags);
+    return hd_tool_fail(error, error_size, -EINVAL, "raw snapshot has unknown flags 0x%x", flags);
   }
   bool multi = flags & HD_RAW_FLAG_MULTI_PROCESS;
   uint8_t *body = malloc(HD_BATCH_CAPACITY);
@@ -188,7 +179,7 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
   if (body == NULL || reader == NULL) {
     free(body);
     free(reader);
-    return fail(error, error_size, -ENOMEM, "out of memory");
+    return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
   }
   hd_batch_reader_init(reader, hd_reassembler_add, r);
   enum stream_state state = multi ? BETWEEN_PROCESSES : IN_PROCESS;
@@ -197,19 +188,19 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
     uint8_t length[4];
     n = fread(length, 1, sizeof length, in);
     if (n != sizeof length) {
-      rc = ferror(in) ? fail(error, error_size, -EIO, "read error: %s", strerror(errno))
-                      : fail(error, error_size, -EINVAL,
+      rc = ferror(in) ? hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno))
+                      : hd_tool_fail(error, error_size, -EINVAL,
                              "truncated raw snapshot: the stream ends before its last batch");
       break;
     }
     uint32_t size = get_u32(length);
     if (size > HD_BATCH_CAPACITY) {
-      rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
+      rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
                 (unsigned long long)record, size);
       break;
     }
     if (fread(body, 1, size, in) != size) {
-      rc = fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
+      rc = hd_tool_fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
                 (unsigned long long)record);
       break;
     }
@@ -224,14 +215,14 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
     reader->status = HD_OK;
     pb_istream_t stream = pb_istream_from_buffer(body, size);
     if (!pb_decode(&stream, heapdump_client_SnapshotReceiverBatchRequest_fields, &request)) {
-      rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
+      rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
                 (unsigned long long)record,
                 reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
       break;
     }
     if (multi && state == BETWEEN_PROCESSES) {
       if (r->snapshot_count != snapshots_before + 1) {
-        rc = fail(error, error_size, -EINVAL,
+        rc = hd_tool_fail(error, error_size, -EINVAL,
                   "corrupt raw snapshot: batch %llu should start a process with its header",
                   (unsigned long long)record);
       }
@@ -239,10 +230,10 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
     }
   }
   if (rc == 0 && fgetc(in) != EOF) {
-    rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: data after the end of the stream");
+    rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: data after the end of the stream");
   }
   if (rc == 0 && hd_reassembler_finish(r) != HD_OK) {
-    rc = fail(error, error_size, -EINVAL, "corrupt raw snapshot: %s", r->error);
+    rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: %s", r->error);
   }
   free(body);
   free(reader);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "heapdump/tools/sites.h"
+#include "heapdump/tools/util.h"
 
 typedef struct trace_totals {
   uint64_t live_bytes, live_blocks;
@@ -24,14 +25,6 @@ typedef struct group {
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
   uint64_t heaviest_bytes;
 } group;
-
-static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error, size, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 static void live_totals(const hd_snapshot *s, uint64_t *bytes, uint64_t *blocks) {
   for (size_t i = 0; i < s->allocation_count; i++) {
@@ -369,7 +362,7 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   for (size_t i = 0; i < r->snapshot_count; i++) {
     group_list l = {0};
     int rc = build_groups(r->snapshots[i], o, &l);
-    if (rc != 0) return fail(error, error_size, rc, "out of memory");
+    if (rc != 0) return hd_tool_fail(error, error_size, rc, "out of memory");
     if (o->json) {
       if (i) fputc(',', out);
       write_json(r->snapshots[i], o, &l, out);
@@ -382,7 +375,7 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   if (o->json) fputs("]}\n", out);
   if (fflush(out) != 0 || ferror(out)) {
     int err = errno ? errno : EIO;
-    return fail(error, error_size, -err, "cannot write the report: %s", strerror(err));
+    return hd_tool_fail(error, error_size, -err, "cannot write the report: %s", strerror(err));
   }
   return 0;
 }
@@ -400,7 +393,7 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
   for (size_t p = 0; p < r->snapshot_count; p++) {
     const hd_snapshot *s = r->snapshots[p];
     trace_totals *totals = totals_by_trace(s);
-    if (totals == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+    if (totals == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
     for (size_t i = 0; i < s->stack_trace_count; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
       if (totals[i].live_bytes == 0 && totals[i].live_blocks == 0) continue;
@@ -414,7 +407,8 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
         first = false;
       } else if (trace->truncated) {
         /* The root-most frames are missing: cut stacks meet under one root of their own. */
-        fprintf(out, "%s... truncated at %zu frames", first ? "" : ";", trace->count);
+        fputs(first ? "" : ";", out);
+        fprintf(out, HD_TRUNCATED_FRAME_FORMAT, trace->count);
         first = false;
       }
       for (size_t k = trace->count; k-- > 0;) {
@@ -439,7 +433,7 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
   }
   if (fflush(out) != 0 || ferror(out)) {
     int err = errno ? errno : EIO;
-    return fail(error, error_size, -err, "cannot write folded stacks: %s", strerror(err));
+    return hd_tool_fail(error, error_size, -err, "cannot write folded stacks: %s", strerror(err));
   }
   return 0;
 }

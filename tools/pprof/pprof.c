@@ -8,6 +8,7 @@
  * refer to locations by id), the Functions, and the live totals per stack trace. Samples are
  * produced while they are written and never stored. */
 #include "heapdump/tools/pprof.h"
+#include "heapdump/tools/util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,20 +23,6 @@
 #include "profile.pb.h"
 
 enum { kSampleTypeCount = 4, kMaxLabels = 6 };
-
-/* Makes room for one more item in a growable array. */
-static bool reserve_one(void **items, size_t count, size_t *capacity, size_t item_size) {
-  if (count < *capacity) return true;
-  size_t new_capacity = *capacity ? *capacity * 2 : 64;
-  void *bigger = realloc(*items, new_capacity * item_size);
-  if (bigger == NULL) return false;
-  *items = bigger;
-  *capacity = new_capacity;
-  return true;
-}
-
-#define RESERVE(array, count, capacity) \
-  reserve_one((void **)&(array), (count), &(capacity), sizeof *(array))
 
 static uint64_t hash_bytes(const void *data, size_t size, uint64_t seed) {
   const uint8_t *p = data;
@@ -173,7 +160,7 @@ static int64_t intern(writer *w, const char *text) {
       if (strcmp(w->strings[i - 1].text, text) == 0) return (int64_t)(i - 1);
     }
   }
-  if (!RESERVE(w->strings, w->string_count, w->string_capacity)) return -1;
+  if (!HD_RESERVE(w->strings, w->string_count, w->string_capacity)) return -1;
   size_t index = w->string_count;
   string_entry entry = {strdup(text), 0};
   if (entry.text == NULL) return -1;
@@ -203,7 +190,7 @@ static uint64_t function_id(writer *w, function_key key) {
       }
     }
   }
-  if (!RESERVE(w->functions, w->function_count, w->function_capacity)) return 0;
+  if (!HD_RESERVE(w->functions, w->function_count, w->function_capacity)) return 0;
   size_t index = w->function_count;
   function_entry entry = {key, 0};
   if (seen_hash) {
@@ -332,7 +319,7 @@ static int symbolize_location(writer *w, const process *p, location *loc) {
     /* Names stay as the linker wrote them: pprof demangles a Function whose name equals its
      * system_name. */
     uint64_t id = function_id(w, (function_key){name, name, file});
-    if (id == 0 || !RESERVE(w->lines, w->line_count, w->line_capacity)) return out_of_memory(w);
+    if (id == 0 || !HD_RESERVE(w->lines, w->line_count, w->line_capacity)) return out_of_memory(w);
     w->lines[w->line_count++] = (line_entry){id, frame->line, frame->column};
     if (m != NULL) {
       m->has_functions |= frame->function != NULL;
@@ -353,8 +340,8 @@ static uint64_t add_stand_in_location(writer *w, const char *text) {
   int64_t name = intern(w, text);
   if (name < 0) return 0;
   uint64_t function = function_id(w, (function_key){name, name, 0});
-  if (function == 0 || !RESERVE(w->lines, w->line_count, w->line_capacity) ||
-      !RESERVE(w->locations, w->location_count, w->location_capacity)) {
+  if (function == 0 || !HD_RESERVE(w->lines, w->line_count, w->line_capacity) ||
+      !HD_RESERVE(w->locations, w->location_count, w->location_capacity)) {
     return 0;
   }
   w->lines[w->line_count] = (line_entry){function, 0, 0};
@@ -376,7 +363,7 @@ static int add_truncation_location(writer *w, size_t frames) {
   size_t index;
   if (hd_u64_map_find(&w->truncation_location, frames, &index)) return 0;
   char text[64];
-  snprintf(text, sizeof text, "... truncated at %zu frames", frames);
+  snprintf(text, sizeof text, HD_TRUNCATED_FRAME_FORMAT, frames);
   uint64_t id = add_stand_in_location(w, text);
   if (id == 0 || !hd_u64_map_put(&w->truncation_location, frames, id - 1)) return out_of_memory(w);
   return 0;
@@ -400,7 +387,7 @@ static int add_locations(writer *w, process *p) {
       uint64_t address = trace->addresses[f];
       size_t index;
       if (!hd_u64_map_find(&p->location_by_address, address, &index)) {
-        if (!RESERVE(w->locations, w->location_count, w->location_capacity)) {
+        if (!HD_RESERVE(w->locations, w->location_count, w->location_capacity)) {
           return out_of_memory(w);
         }
         index = w->location_count++;
@@ -445,7 +432,7 @@ static int add_labels_and_comments(writer *w, process *p) {
              " allocations, %" PRIu64 " stack traces and %" PRIu64 " other records are missing",
              who, st->dropped_allocations, st->dropped_stack_traces, st->dropped_resources);
     int64_t index = intern(w, comment);
-    if (index < 0 || !RESERVE(w->comments, w->comment_count, w->comment_capacity)) {
+    if (index < 0 || !HD_RESERVE(w->comments, w->comment_count, w->comment_capacity)) {
       return out_of_memory(w);
     }
     w->comments[w->comment_count++] = (uint64_t)index;

@@ -11,30 +11,17 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pb_decode.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
 #include "heapdump/tools/pprof.h"
+#include "heapdump/tools/util.h"
 #include "profile.pb.h"
 
 /* A profile bigger than this once decompressed is refused rather than read into memory. */
 #define MAX_PROFILE_BYTES ((size_t)1 << 32)
-
-#define GROW(array, count, capacity)                                                       \
-  ((count) < (capacity) || grow((void **)&(array), &(capacity), sizeof *(array), (count)))
-
-static bool grow(void **array, size_t *capacity, size_t item, size_t count) {
-  size_t wanted = *capacity ? *capacity * 2 : 16;
-  if (wanted <= count) wanted = count + 1;
-  void *bigger = realloc(*array, wanted * item);
-  if (bigger == NULL) return false;
-  *array = bigger;
-  *capacity = wanted;
-  return true;
-}
 
 typedef struct u64_list {
   uint64_t *items;
@@ -60,8 +47,7 @@ typedef struct profile {
   sample *samples;
   size_t sample_count, sample_capacity;
   u64_list sample_locations;
-  int64_t *sample_values;
-  size_t sample_value_count, sample_value_capacity;
+  u64_list sample_values; /* int64 values, as their varints decode */
   perftools_profiles_Label *labels;
   size_t label_count, label_capacity;
   perftools_profiles_Mapping *mappings;
@@ -82,7 +68,7 @@ static void profile_free(profile *p) {
   free(p->sample_types);
   free(p->samples);
   free(p->sample_locations.items);
-  free(p->sample_values);
+  free(p->sample_values.items);
   free(p->labels);
   free(p->mappings);
   free(p->locations);
@@ -99,7 +85,7 @@ static bool decode_string(pb_istream_t *stream, const pb_field_t *field, void **
   (void)field;
   profile *p = *arg;
   char *text = malloc(stream->bytes_left + 1);
-  if (text == NULL || !GROW(p->strings, p->string_count, p->string_capacity)) {
+  if (text == NULL || !HD_RESERVE(p->strings, p->string_count, p->string_capacity)) {
     free(text);
     p->out_of_memory = true;
     return false;
@@ -121,7 +107,7 @@ static bool decode_u64s(pb_istream_t *stream, const pb_field_t *field, void **ar
   while (stream->bytes_left > 0) {
     uint64_t v;
     if (!pb_decode_varint(stream, &v)) return false;
-    if (!GROW(list->items, list->count, list->capacity)) return false;
+    if (!HD_RESERVE(list->items, list->count, list->capacity)) return false;
     list->items[list->count++] = v;
   }
   return true;
@@ -132,7 +118,7 @@ static bool decode_sample_type(pb_istream_t *stream, const pb_field_t *field, vo
   profile *p = *arg;
   perftools_profiles_ValueType t = perftools_profiles_ValueType_init_zero;
   if (!pb_decode(stream, perftools_profiles_ValueType_fields, &t)) return false;
-  if (!GROW(p->sample_types, p->sample_type_count, p->sample_type_capacity)) {
+  if (!HD_RESERVE(p->sample_types, p->sample_type_count, p->sample_type_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -145,7 +131,7 @@ static bool decode_label(pb_istream_t *stream, const pb_field_t *field, void **a
   profile *p = *arg;
   perftools_profiles_Label l = perftools_profiles_Label_init_zero;
   if (!pb_decode(stream, perftools_profiles_Label_fields, &l)) return false;
-  if (!GROW(p->labels, p->label_count, p->label_capacity)) {
+  if (!HD_RESERVE(p->labels, p->label_count, p->label_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -156,30 +142,24 @@ static bool decode_label(pb_istream_t *stream, const pb_field_t *field, void **a
 static bool decode_sample(pb_istream_t *stream, const pb_field_t *field, void **arg) {
   (void)field;
   profile *p = *arg;
-  if (!GROW(p->samples, p->sample_count, p->sample_capacity)) {
+  if (!HD_RESERVE(p->samples, p->sample_count, p->sample_capacity)) {
     p->out_of_memory = true;
     return false;
   }
   sample *s = &p->samples[p->sample_count];
   s->first_location = p->sample_locations.count;
+  s->first_value = p->sample_values.count;
   s->first_label = p->label_count;
-  u64_list values = {0};
   perftools_profiles_Sample message = perftools_profiles_Sample_init_zero;
   message.location_id = (pb_callback_t){{.decode = decode_u64s}, &p->sample_locations};
-  message.value = (pb_callback_t){{.decode = decode_u64s}, &values};
+  message.value = (pb_callback_t){{.decode = decode_u64s}, &p->sample_values};
   message.label = (pb_callback_t){{.decode = decode_label}, p};
-  bool ok = pb_decode(stream, perftools_profiles_Sample_fields, &message);
+  if (!pb_decode(stream, perftools_profiles_Sample_fields, &message)) return false;
   s->location_count = p->sample_locations.count - s->first_location;
+  s->value_count = p->sample_values.count - s->first_value;
   s->label_count = p->label_count - s->first_label;
-  s->first_value = p->sample_value_count;
-  s->value_count = values.count;
-  for (size_t i = 0; ok && i < values.count; i++) {
-    ok = GROW(p->sample_values, p->sample_value_count, p->sample_value_capacity);
-    if (ok) p->sample_values[p->sample_value_count++] = (int64_t)values.items[i];
-  }
-  free(values.items);
-  if (ok) p->sample_count++;
-  return ok;
+  p->sample_count++;
+  return true;
 }
 
 static bool decode_mapping(pb_istream_t *stream, const pb_field_t *field, void **arg) {
@@ -187,7 +167,7 @@ static bool decode_mapping(pb_istream_t *stream, const pb_field_t *field, void *
   profile *p = *arg;
   perftools_profiles_Mapping m = perftools_profiles_Mapping_init_zero;
   if (!pb_decode(stream, perftools_profiles_Mapping_fields, &m)) return false;
-  if (!GROW(p->mappings, p->mapping_count, p->mapping_capacity)) {
+  if (!HD_RESERVE(p->mappings, p->mapping_count, p->mapping_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -200,7 +180,7 @@ static bool decode_line(pb_istream_t *stream, const pb_field_t *field, void **ar
   profile *p = *arg;
   perftools_profiles_Line l = perftools_profiles_Line_init_zero;
   if (!pb_decode(stream, perftools_profiles_Line_fields, &l)) return false;
-  if (!GROW(p->lines, p->line_count, p->line_capacity)) {
+  if (!HD_RESERVE(p->lines, p->line_count, p->line_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -211,7 +191,7 @@ static bool decode_line(pb_istream_t *stream, const pb_field_t *field, void **ar
 static bool decode_location(pb_istream_t *stream, const pb_field_t *field, void **arg) {
   (void)field;
   profile *p = *arg;
-  if (!GROW(p->locations, p->location_count, p->location_capacity)) {
+  if (!HD_RESERVE(p->locations, p->location_count, p->location_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -230,7 +210,7 @@ static bool decode_function(pb_istream_t *stream, const pb_field_t *field, void 
   profile *p = *arg;
   perftools_profiles_Function f = perftools_profiles_Function_init_zero;
   if (!pb_decode(stream, perftools_profiles_Function_fields, &f)) return false;
-  if (!GROW(p->functions, p->function_count, p->function_capacity)) {
+  if (!HD_RESERVE(p->functions, p->function_count, p->function_capacity)) {
     p->out_of_memory = true;
     return false;
   }
@@ -238,29 +218,19 @@ static bool decode_function(pb_istream_t *stream, const pb_field_t *field, void 
   return true;
 }
 
-static int fail(char *error, size_t size, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *error, size_t size, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(error, size, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
 /* The profile's bytes: gunzipped when gzip-compressed (as pprof writes them), else as they are. */
 static int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *out_size,
                        char *error, size_t error_size) {
   if (size < 2 || data[0] != 0x1f || data[1] != 0x8b) {
     *out = malloc(size ? size : 1);
-    if (*out == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+    if (*out == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
     memcpy(*out, data, size);
     *out_size = size;
     return 0;
   }
   z_stream z = {0};
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
-    return fail(error, error_size, -ENOMEM, "cannot start decompressing");
+    return hd_tool_fail(error, error_size, -ENOMEM, "cannot start decompressing");
   }
   size_t capacity = size * 4 + 4096, used = 0;
   uint8_t *buf = malloc(capacity);
@@ -285,10 +255,10 @@ static int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *
     used = (size_t)(z.next_out - buf);
   }
   inflateEnd(&z);
-  if (buf == NULL) return fail(error, error_size, -ENOMEM, "out of memory");
+  if (buf == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
   if (zrc != Z_STREAM_END) {
     free(buf);
-    return fail(error, error_size, -EINVAL, "the gzip stream is damaged or cut short");
+    return hd_tool_fail(error, error_size, -EINVAL, "the gzip stream is damaged or cut short");
   }
   *out = buf;
   *out_size = used;
@@ -310,7 +280,8 @@ static long sample_type(const profile *p, const char *name) {
 }
 
 static int64_t value_of(const profile *p, const sample *s, long type) {
-  return type >= 0 && (size_t)type < s->value_count ? p->sample_values[s->first_value + type] : 0;
+  return type >= 0 && (size_t)type < s->value_count ? (int64_t)p->sample_values.items[s->first_value + type]
+                                                  : 0;
 }
 
 static const perftools_profiles_Label *label(const profile *p, const sample *s, const char *key) {
@@ -353,7 +324,8 @@ static bool is_truncation_marker(const profile *p, const location *l) {
   if (l->fields.address != 0 || l->line_count != 1) return false;
   size_t f;
   if (!hd_u64_map_find(&p->function_index, p->lines[l->first_line].function_id, &f)) return false;
-  return strncmp(str(p, p->functions[f].name), "... truncated at ", 17) == 0;
+  return strncmp(str(p, p->functions[f].name), HD_TRUNCATED_FRAME_PREFIX,
+                 strlen(HD_TRUNCATED_FRAME_PREFIX)) == 0;
 }
 
 /* Which process a sample belongs to: its process_name and pid labels (a multi-process profile),
@@ -387,15 +359,227 @@ typedef struct trace {
   uint64_t alloc_objects, alloc_space;
 } trace;
 
+/* What one process's samples build up. Samples with the same locations share one stack trace (a
+ * tagged profile has one sample per block, and one more per trace with its cumulative values). */
+typedef struct process_state {
+  hd_u64_map regions_sent, threads, trace_by_hash;
+  trace *traces;
+  size_t trace_count, trace_capacity;
+  size_t thread_count;
+  /* Scratch for the trace being added: its addresses and their Locations. */
+  uint64_t *addresses;
+  const location **locations;
+  size_t address_capacity;
+} process_state;
+
+static void process_state_free(process_state *ps) {
+  hd_u64_map_free(&ps->regions_sent);
+  hd_u64_map_free(&ps->threads);
+  hd_u64_map_free(&ps->trace_by_hash);
+  free(ps->traces);
+  free(ps->addresses);
+  free(ps->locations);
+}
+
+/* The mapping's ExecutableRegion, once per process. */
+static hd_status add_region(builder *b, process_state *ps, uint64_t mapping_id) {
+  const profile *p = b->p;
+  size_t m;
+  if (mapping_id == 0 || hd_u64_map_find(&ps->regions_sent, mapping_id, &m) ||
+      !hd_u64_map_find(&p->mapping_index, mapping_id, &m)) {
+    return HD_OK;
+  }
+  const perftools_profiles_Mapping *mp = &p->mappings[m];
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
+  heapdump_client_ExecutableRegion *g = &e.element.executable_region;
+  *g = (heapdump_client_ExecutableRegion){
+      .has_address = true, .address = mp->memory_start,
+      .has_size = true, .size = mp->memory_limit - mp->memory_start,
+      .has_file_offset = true, .file_offset = mp->file_offset,
+      .has_vaddr = true, .vaddr = mp->file_offset, .has_name = true};
+  snprintf(g->name, sizeof g->name, "%s", str(p, mp->filename));
+  const char *hex = str(p, mp->build_id);
+  size_t n = strlen(hex) / 2;
+  if (n > 0 && n <= sizeof g->build_id.value.bytes) {
+    g->has_build_id = true;
+    g->build_id.value.size = (pb_size_t)n;
+    for (size_t h = 0; h < n; h++) {
+      unsigned byte = 0;
+      sscanf(hex + 2 * h, "%2x", &byte);
+      g->build_id.value.bytes[h] = (uint8_t)byte;
+    }
+  }
+  hd_status status = add(b, &e, NULL, 0);
+  if (status == HD_OK && !hd_u64_map_put(&ps->regions_sent, mapping_id, m)) {
+    status = HD_ERR_NO_MEMORY;
+  }
+  return status;
+}
+
+/* The names a symbolized Location carries, as a known location of the snapshot. */
+static hd_status add_known_location(builder *b, const location *l) {
+  const profile *p = b->p;
+  hd_snapshot *snap = b->r->snapshots[b->r->snapshot_count - 1];
+  if (l->line_count == 0 || hd_snapshot_find_known_location(snap, l->fields.address) != NULL) {
+    return HD_OK;
+  }
+  hd_source_frame frames[64];
+  size_t n = 0;
+  for (size_t f = 0; f < l->line_count && n < 64; f++) {
+    const perftools_profiles_Line *line = &p->lines[l->first_line + f];
+    size_t fi;
+    if (!hd_u64_map_find(&p->function_index, line->function_id, &fi)) continue;
+    const perftools_profiles_Function *fn = &p->functions[fi];
+    /* The mangled name when the profile has it: the reports demangle what they show. */
+    const char *name = str(p, fn->system_name)[0] ? str(p, fn->system_name) : str(p, fn->name);
+    frames[n++] = (hd_source_frame){
+        .function = name[0] ? name : NULL,
+        .file = str(p, fn->filename)[0] ? str(p, fn->filename) : NULL,
+        .line = line->line > 0 && line->line <= UINT32_MAX ? (uint32_t)line->line : 0,
+        .column = line->column > 0 && line->column <= UINT32_MAX ? (uint32_t)line->column : 0};
+  }
+  return n > 0 ? hd_snapshot_add_known_location(snap, l->fields.address, frames, n) : HD_OK;
+}
+
+/* The stack trace of sample i (new: its locations have not been seen in this process), with the
+ * regions and names its locations bring. Its key is i + 1. */
+static int add_trace(builder *b, process_state *ps, size_t i, hd_status *status) {
+  const profile *p = b->p;
+  const sample *s = &p->samples[i];
+  if (s->location_count > ps->address_capacity) {
+    uint64_t *addresses = realloc(ps->addresses, s->location_count * sizeof *addresses);
+    if (addresses != NULL) ps->addresses = addresses;
+    const location **locations = realloc(ps->locations, s->location_count * sizeof *locations);
+    if (locations != NULL) ps->locations = locations;
+    if (addresses == NULL || locations == NULL) {
+      *status = HD_ERR_NO_MEMORY;
+      return 0;
+    }
+    ps->address_capacity = s->location_count;
+  }
+  size_t count = 0;
+  bool truncated = false;
+  for (size_t k = 0; k < s->location_count && *status == HD_OK; k++) {
+    size_t index;
+    uint64_t id = p->sample_locations.items[s->first_location + k];
+    if (!hd_u64_map_find(&p->location_index, id, &index)) {
+      return hd_tool_fail(b->error, b->error_size, -EINVAL,
+                          "sample %zu refers to unknown location %" PRIu64, i, id);
+    }
+    const location *l = &p->locations[index];
+    if (is_truncation_marker(p, l)) {
+      truncated = true;
+    } else if (l->fields.address != 0) { /* 0: "(no stack)", the stand-in of an empty trace */
+      ps->locations[count] = l;
+      ps->addresses[count++] = l->fields.address;
+      *status = add_region(b, ps, l->fields.mapping_id);
+    }
+  }
+  if (*status != HD_OK) return 0;
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_stack_trace_tag;
+  e.element.stack_trace = (heapdump_client_StackTrace){
+      .has_stack_trace_key = true, .stack_trace_key = i + 1,
+      .has_truncated = truncated, .truncated = truncated};
+  *status = add(b, &e, ps->addresses, count);
+  /* After the trace: its element made sure the process's snapshot exists. */
+  for (size_t k = 0; k < count && *status == HD_OK; k++) {
+    *status = add_known_location(b, ps->locations[k]);
+  }
+  return 0;
+}
+
+/* The key of the ThreadInfo naming a sample's thread: with --tags its "name[tid]" label, without
+ * one "(unknown)" thread. */
+static hd_status thread_of(builder *b, process_state *ps, const sample *s, uint64_t *key) {
+  const profile *p = b->p;
+  const perftools_profiles_Label *thread = label(p, s, "thread");
+  uint64_t name_index = thread != NULL && thread->str > 0 ? (uint64_t)thread->str : 0;
+  size_t found;
+  if (hd_u64_map_find(&ps->threads, name_index, &found)) {
+    *key = found;
+    return HD_OK;
+  }
+  *key = ++ps->thread_count;
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
+  heapdump_client_ThreadInfo *ti = &e.element.thread_info;
+  *ti = (heapdump_client_ThreadInfo){.has_thread_info_key = true, .thread_info_key = *key,
+                                     .has_name = true};
+  const char *text = name_index ? str(p, thread->str) : "(unknown)";
+  const char *open = strrchr(text, '[');
+  unsigned long long tid;
+  if (open != NULL && sscanf(open, "[%llu]", &tid) == 1) {
+    ti->has_koid = true;
+    ti->koid = tid;
+    snprintf(ti->name, sizeof ti->name, "%.*s", (int)(open - text), text);
+  } else {
+    snprintf(ti->name, sizeof ti->name, "%s", text);
+  }
+  hd_status status = add(b, &e, NULL, 0);
+  if (status == HD_OK && !hd_u64_map_put(&ps->threads, name_index, *key)) {
+    status = HD_ERR_NO_MEMORY;
+  }
+  return status;
+}
+
+/* Sample i: its trace (once), its cumulative values, and an allocation for its live blocks. */
+static int add_sample(builder *b, process_state *ps, size_t i, hd_status *status) {
+  const profile *p = b->p;
+  const sample *s = &p->samples[i];
+  uint64_t hash = hash_locations(p, s);
+  size_t t;
+  if (!hd_u64_map_find(&ps->trace_by_hash, hash, &t) ||
+      !same_locations(p, &p->samples[ps->traces[t].first_sample], s)) {
+    if (!HD_RESERVE(ps->traces, ps->trace_count, ps->trace_capacity)) {
+      *status = HD_ERR_NO_MEMORY;
+      return 0;
+    }
+    t = ps->trace_count++;
+    ps->traces[t] = (trace){.first_sample = i};
+    size_t other;
+    /* A hash collision with another stack leaves this one out of the map: still its own. */
+    if (!hd_u64_map_find(&ps->trace_by_hash, hash, &other) &&
+        !hd_u64_map_put(&ps->trace_by_hash, hash, t)) {
+      *status = HD_ERR_NO_MEMORY;
+      return 0;
+    }
+    int rc = add_trace(b, ps, i, status);
+    if (rc != 0 || *status != HD_OK) return rc;
+  }
+  int64_t alloc_objects = value_of(p, s, b->alloc_objects), alloc_space = value_of(p, s, b->alloc_space);
+  if (alloc_objects > 0) ps->traces[t].alloc_objects += (uint64_t)alloc_objects;
+  if (alloc_space > 0) ps->traces[t].alloc_space += (uint64_t)alloc_space;
+  int64_t objects = value_of(p, s, b->inuse_objects), space = value_of(p, s, b->inuse_space);
+  if (objects <= 0 && space <= 0) return 0;
+  uint64_t thread_key;
+  if ((*status = thread_of(b, ps, s, &thread_key)) != HD_OK) return 0;
+  const perftools_profiles_Label *address = label(p, s, "address");
+  const perftools_profiles_Label *timestamp = label(p, s, "timestamp");
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_allocation_tag;
+  e.element.allocation = (heapdump_client_Allocation){
+      /* Without tags a sample has no address: one no program can have stands in. */
+      .has_address = true,
+      .address = address != NULL ? (uint64_t)address->num : (UINT64_C(1) << 63) | i,
+      .has_size = true, .size = space > 0 ? (uint64_t)space : 0,
+      .has_stack_trace_key = true, .stack_trace_key = ps->traces[t].first_sample + 1,
+      .has_timestamp = timestamp != NULL, .timestamp = timestamp ? timestamp->num : 0,
+      .has_thread_info_key = true, .thread_info_key = thread_key,
+      .has_count = true, .count = objects > 0 ? (uint64_t)objects : 0};
+  *status = add(b, &e, NULL, 0);
+  return 0;
+}
+
 /* One process: the samples like samples[first] (done[] marks those handled). */
 static int add_process(builder *b, size_t first, bool *done, bool multi) {
   const profile *p = b->p;
   const sample *lead = &p->samples[first];
-  heapdump_client_SnapshotElement e;
   hd_status status = HD_OK;
   if (multi) {
     const perftools_profiles_Label *name = label(p, lead, "process_name"), *pid = label(p, lead, "pid");
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
     e.element.snapshot_header = (heapdump_client_SnapshotHeader){
         .has_process_name = true, .has_process_koid = true,
@@ -404,197 +588,36 @@ static int add_process(builder *b, size_t first, bool *done, bool multi) {
              sizeof e.element.snapshot_header.process_name, "%s", name ? str(p, name->str) : "");
     status = add(b, &e, NULL, 0);
   }
-  hd_snapshot *snap = b->r->snapshot_count > 0 ? b->r->snapshots[b->r->snapshot_count - 1] : NULL;
-  /* Samples with the same locations share one stack trace (a tagged profile has one sample per
-   * block, and one more per trace with its cumulative values). */
-  hd_u64_map regions_sent = {0}, threads = {0}, trace_by_hash = {0};
-  trace *traces = NULL;
-  size_t trace_count = 0, trace_capacity = 0;
-  size_t thread_count = 0;
-  uint64_t *addresses = NULL;
-  size_t address_capacity = 0;
+  process_state ps = {0};
   int rc = 0;
   for (size_t i = first; i < p->sample_count && status == HD_OK && rc == 0; i++) {
-    const sample *s = &p->samples[i];
-    if (done[i] || !same_process(p, lead, s)) continue;
+    if (done[i] || !same_process(p, lead, &p->samples[i])) continue;
     done[i] = true;
-    if (s->location_count > address_capacity) {
-      uint64_t *bigger = realloc(addresses, s->location_count * sizeof *bigger);
-      if (bigger == NULL) {
-        status = HD_ERR_NO_MEMORY;
-        break;
-      }
-      addresses = bigger;
-      address_capacity = s->location_count;
-    }
-    size_t count = 0;
-    bool truncated = false;
-    for (size_t k = 0; k < s->location_count && status == HD_OK; k++) {
-      size_t index;
-      uint64_t id = p->sample_locations.items[s->first_location + k];
-      if (!hd_u64_map_find(&p->location_index, id, &index)) {
-        rc = fail(b->error, b->error_size, -EINVAL, "sample %zu refers to unknown location %" PRIu64,
-                  i, id);
-        break;
-      }
-      const location *l = &p->locations[index];
-      if (is_truncation_marker(p, l)) {
-        truncated = true;
-        continue;
-      }
-      if (l->fields.address == 0) continue; /* "(no stack)": the stand-in of an empty trace */
-      addresses[count++] = l->fields.address;
-      size_t m;
-      if (l->fields.mapping_id != 0 && !hd_u64_map_find(&regions_sent, l->fields.mapping_id, &m) &&
-          hd_u64_map_find(&p->mapping_index, l->fields.mapping_id, &m)) {
-        const perftools_profiles_Mapping *mp = &p->mappings[m];
-        e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-        e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
-        heapdump_client_ExecutableRegion *g = &e.element.executable_region;
-        *g = (heapdump_client_ExecutableRegion){
-            .has_address = true, .address = mp->memory_start,
-            .has_size = true, .size = mp->memory_limit - mp->memory_start,
-            .has_file_offset = true, .file_offset = mp->file_offset,
-            .has_vaddr = true, .vaddr = mp->file_offset, .has_name = true};
-        snprintf(g->name, sizeof g->name, "%s", str(p, mp->filename));
-        const char *hex = str(p, mp->build_id);
-        size_t n = strlen(hex) / 2;
-        if (n > 0 && n <= sizeof g->build_id.value.bytes) {
-          g->has_build_id = true;
-          g->build_id.value.size = (pb_size_t)n;
-          for (size_t h = 0; h < n; h++) {
-            unsigned byte = 0;
-            sscanf(hex + 2 * h, "%2x", &byte);
-            g->build_id.value.bytes[h] = (uint8_t)byte;
-          }
-        }
-        status = add(b, &e, NULL, 0);
-        if (status == HD_OK && !hd_u64_map_put(&regions_sent, l->fields.mapping_id, m)) {
-          status = HD_ERR_NO_MEMORY;
-        }
-      }
-      if (snap == NULL && b->r->snapshot_count > 0) snap = b->r->snapshots[b->r->snapshot_count - 1];
-      if (status == HD_OK && snap != NULL && l->line_count > 0 &&
-          hd_snapshot_find_known_location(snap, l->fields.address) == NULL) {
-        hd_source_frame frames[64];
-        size_t n = 0;
-        for (size_t f = 0; f < l->line_count && n < 64; f++) {
-          const perftools_profiles_Line *line = &p->lines[l->first_line + f];
-          size_t fi;
-          if (!hd_u64_map_find(&p->function_index, line->function_id, &fi)) continue;
-          const perftools_profiles_Function *fn = &p->functions[fi];
-          /* The mangled name when the profile has it: the reports demangle what they show. */
-          const char *name = str(p, fn->system_name)[0] ? str(p, fn->system_name) : str(p, fn->name);
-          frames[n++] = (hd_source_frame){
-              .function = name[0] ? name : NULL,
-              .file = str(p, fn->filename)[0] ? str(p, fn->filename) : NULL,
-              .line = line->line > 0 && line->line <= UINT32_MAX ? (uint32_t)line->line : 0,
-              .column = line->column > 0 && line->column <= UINT32_MAX ? (uint32_t)line->column : 0};
-        }
-        if (n > 0) status = hd_snapshot_add_known_location(snap, l->fields.address, frames, n);
-      }
-    }
-    if (rc != 0 || status != HD_OK) break;
-    /* This sample's trace: an earlier one with the same locations, else a new one. */
-    uint64_t hash = hash_locations(p, s);
-    size_t t;
-    bool known = hd_u64_map_find(&trace_by_hash, hash, &t) &&
-                 same_locations(p, &p->samples[traces[t].first_sample], s);
-    if (!known) {
-      if (!GROW(traces, trace_count, trace_capacity)) {
-        status = HD_ERR_NO_MEMORY;
-        break;
-      }
-      t = trace_count++;
-      traces[t] = (trace){.first_sample = i};
-      size_t other;
-      /* A hash collision with another stack leaves this one out of the map: still its own. */
-      if (!hd_u64_map_find(&trace_by_hash, hash, &other) && !hd_u64_map_put(&trace_by_hash, hash, t)) {
-        status = HD_ERR_NO_MEMORY;
-        break;
-      }
-      e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-      e.which_element = heapdump_client_SnapshotElement_stack_trace_tag;
-      e.element.stack_trace = (heapdump_client_StackTrace){
-          .has_stack_trace_key = true, .stack_trace_key = i + 1,
-          .has_truncated = truncated, .truncated = truncated};
-      status = add(b, &e, addresses, count);
-    }
-    uint64_t key = traces[t].first_sample + 1;
-    int64_t alloc_objects = value_of(p, s, b->alloc_objects), alloc_space = value_of(p, s, b->alloc_space);
-    if (alloc_objects > 0) traces[t].alloc_objects += (uint64_t)alloc_objects;
-    if (alloc_space > 0) traces[t].alloc_space += (uint64_t)alloc_space;
-    int64_t objects = value_of(p, s, b->inuse_objects), space = value_of(p, s, b->inuse_space);
-    if (status != HD_OK || (objects <= 0 && space <= 0)) continue;
-    /* The allocating thread, with --tags ("name[tid]"); without, one "(unknown)" thread. */
-    const perftools_profiles_Label *thread = label(p, s, "thread");
-    uint64_t thread_name = thread != NULL && thread->str > 0 ? (uint64_t)thread->str : 0;
-    size_t thread_key;
-    if (!hd_u64_map_find(&threads, thread_name, &thread_key)) {
-      thread_key = ++thread_count;
-      e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-      e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
-      heapdump_client_ThreadInfo *ti = &e.element.thread_info;
-      *ti = (heapdump_client_ThreadInfo){.has_thread_info_key = true, .thread_info_key = thread_key,
-                                         .has_name = true};
-      const char *text = thread_name ? str(p, thread->str) : "(unknown)";
-      const char *open = strrchr(text, '[');
-      unsigned long long tid;
-      if (open != NULL && sscanf(open, "[%llu]", &tid) == 1) {
-        ti->has_koid = true;
-        ti->koid = tid;
-        snprintf(ti->name, sizeof ti->name, "%.*s", (int)(open - text), text);
-      } else {
-        snprintf(ti->name, sizeof ti->name, "%s", text);
-      }
-      status = add(b, &e, NULL, 0);
-      if (status == HD_OK && !hd_u64_map_put(&threads, thread_name, thread_key)) {
-        status = HD_ERR_NO_MEMORY;
-      }
-      if (status != HD_OK) break;
-    }
-    const perftools_profiles_Label *address = label(p, s, "address");
-    const perftools_profiles_Label *timestamp = label(p, s, "timestamp");
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_allocation_tag;
-    e.element.allocation = (heapdump_client_Allocation){
-        /* Without tags a sample has no address: one no program can have stands in. */
-        .has_address = true,
-        .address = address != NULL ? (uint64_t)address->num : (UINT64_C(1) << 63) | i,
-        .has_size = true, .size = space > 0 ? (uint64_t)space : 0,
-        .has_stack_trace_key = true, .stack_trace_key = key,
-        .has_timestamp = timestamp != NULL, .timestamp = timestamp ? timestamp->num : 0,
-        .has_thread_info_key = true, .thread_info_key = thread_key,
-        .has_count = true, .count = objects > 0 ? (uint64_t)objects : 0};
-    status = add(b, &e, NULL, 0);
+    rc = add_sample(b, &ps, i, &status);
   }
   /* The cumulative values, once per trace, when the profile has them. */
-  for (size_t t = 0; t < trace_count && status == HD_OK && rc == 0 &&
+  for (size_t t = 0; t < ps.trace_count && status == HD_OK && rc == 0 &&
                      (b->alloc_objects >= 0 || b->alloc_space >= 0);
        t++) {
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
     e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
-        .has_stack_trace_key = true, .stack_trace_key = traces[t].first_sample + 1,
-        .has_allocated_blocks = true, .allocated_blocks = traces[t].alloc_objects,
-        .has_allocated_bytes = true, .allocated_bytes = traces[t].alloc_space};
+        .has_stack_trace_key = true, .stack_trace_key = ps.traces[t].first_sample + 1,
+        .has_allocated_blocks = true, .allocated_blocks = ps.traces[t].alloc_objects,
+        .has_allocated_bytes = true, .allocated_bytes = ps.traces[t].alloc_space};
     status = add(b, &e, NULL, 0);
   }
-  free(traces);
-  free(addresses);
-  hd_u64_map_free(&regions_sent);
-  hd_u64_map_free(&threads);
-  hd_u64_map_free(&trace_by_hash);
+  process_state_free(&ps);
   if (rc != 0) return rc;
   if (status != HD_OK) {
-    return fail(b->error, b->error_size, status == HD_ERR_NO_MEMORY ? -ENOMEM : -EINVAL, "%s",
-                b->r->error[0] ? b->r->error : hd_status_str(status));
+    return hd_tool_fail(b->error, b->error_size, status == HD_ERR_NO_MEMORY ? -ENOMEM : -EINVAL,
+                        "%s", b->r->error[0] ? b->r->error : hd_status_str(status));
   }
   return 0;
 }
 
-int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, hd_reassembler *r,
-                  char *error, size_t error_size) {
+int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
+                  uint64_t fallback_pid, hd_reassembler *r, char *error, size_t error_size) {
   uint8_t *bytes = NULL;
   size_t length = 0;
   int rc = inflate_all(data, size, &bytes, &length, error, error_size);
@@ -611,8 +634,8 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, h
   bool decoded = pb_decode(&in, perftools_profiles_Profile_fields, &message);
   free(bytes);
   if (!decoded) {
-    rc = p.out_of_memory ? fail(error, error_size, -ENOMEM, "out of memory")
-                         : fail(error, error_size, -EINVAL, "not a pprof profile (%s)",
+    rc = p.out_of_memory ? hd_tool_fail(error, error_size, -ENOMEM, "out of memory")
+                         : hd_tool_fail(error, error_size, -EBADMSG, "not a pprof profile (%s)",
                                 PB_GET_ERROR(&in));
     profile_free(&p);
     return rc;
@@ -630,7 +653,7 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, h
                str(&p, p.sample_types[i].type));
     }
     profile_free(&p);
-    return fail(error, error_size, -EINVAL,
+    return hd_tool_fail(error, error_size, -EINVAL,
                 "not a heap profile: its sample types are %s, not inuse_space or alloc_space",
                 types[0] ? types : "none");
   }
@@ -644,7 +667,7 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, h
                    offsetof(perftools_profiles_Function, id))) {
     free(done);
     profile_free(&p);
-    return fail(error, error_size, -ENOMEM, "out of memory");
+    return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
   }
   bool multi = false;
   for (size_t i = 0; i < p.sample_count && !multi; i++) {
@@ -653,13 +676,14 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, h
   for (size_t i = 0; i < p.sample_count && rc == 0; i++) {
     if (!done[i]) rc = add_process(&b, i, done, multi);
   }
-  /* A single process's profile does not name it: the caller's name (e.g. from the file's) does. */
-  if (rc == 0 && !multi && r->snapshot_count == 1 && fallback_name != NULL) {
+  /* A single process's profile does not name it: the caller (e.g. from the file's name) does. */
+  if (rc == 0 && !multi && r->snapshot_count == 1) {
     snprintf(r->snapshots[0]->process_name, sizeof r->snapshots[0]->process_name, "%s",
-             fallback_name);
+             fallback_name != NULL ? fallback_name : "");
+    r->snapshots[0]->pid = fallback_pid;
   }
   if (rc == 0 && hd_reassembler_finish(r) != HD_OK) {
-    rc = fail(error, error_size, -EINVAL, "inconsistent profile: %s", r->error);
+    rc = hd_tool_fail(error, error_size, -EINVAL, "inconsistent profile: %s", r->error);
   }
   free(done);
   profile_free(&p);

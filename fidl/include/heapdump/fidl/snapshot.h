@@ -36,11 +36,16 @@ typedef struct hd_snapshot_allocation {
   int64_t timestamp;
 } hd_snapshot_allocation;
 
+#define HD_TRUNCATED_FRAME_PREFIX "... truncated at "
+#define HD_TRUNCATED_FRAME_FORMAT HD_TRUNCATED_FRAME_PREFIX "%zu frames"
+
 typedef struct hd_snapshot_stack_trace {
   uint64_t key;
   uint64_t *addresses; /* leaf first */
   size_t count;
-  bool truncated;    /* cut at the process's frame limit: the root-most frames are missing */
+  /* Cut at the process's frame limit: the root-most frames are missing. Outputs show a frame
+   * named HD_TRUNCATED_FRAME_FORMAT (with count) where they would be. */
+  bool truncated;
   bool has_counters; /* StackTraceCounters seen */
   uint64_t allocated_blocks, allocated_bytes;
 } hd_snapshot_stack_trace;

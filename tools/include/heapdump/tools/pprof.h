@@ -46,10 +46,11 @@ int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FIL
  * values the counters of its stack trace, a root "... truncated at N frames" frame the trace's
  * truncated flag, and each Location's names known locations of the snapshot. A multi-process
  * profile (process_name and pid labels) gives one snapshot per process; a single process is
- * called fallback_name (may be NULL). Returns 0, or -EINVAL (not a profile, not a heap profile,
- * broken references) or -ENOMEM with a message in error. */
-int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name, hd_reassembler *r,
-                  char *error, size_t error_size);
+ * called fallback_name (may be NULL) with fallback_pid. Returns 0, or with a message in error:
+ * -EBADMSG (the bytes do not decode as a profile), -EINVAL (a damaged gzip stream, not a heap
+ * profile, broken references) or -ENOMEM. */
+int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
+                  uint64_t fallback_pid, hd_reassembler *r, char *error, size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,9 @@ extern "C" {
 #endif
 
 #define HD_RAW_VERSION 1u
+/* The file's first 8 bytes, which tell it from other inputs. */
+#define HD_RAW_MAGIC "HEAPDUMP"
+#define HD_RAW_MAGIC_SIZE 8
 #define HD_RAW_FLAG_MULTI_PROCESS 1u
 
 /* True if r holds a multi-process snapshot (its snapshots came with SnapshotHeaders). */
