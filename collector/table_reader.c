@@ -157,16 +157,28 @@ static bool push(block_vec *bv, const hd_live_block *b) {
   return true;
 }
 
+/* Nodes ever handed out. No consistent link points past it, which bounds a copy by what the
+ * process itself wrote, whatever its header claims about the capacity. */
+static uint64_t high_water_now(const hd_alloc_reader *r) {
+  uint64_t high_water = LOAD(&((const hd_alloc_header *)r->base)->node_high_water);
+  return high_water < r->h.node_capacity ? high_water : r->h.node_capacity;
+}
+
+/* How many blocks one pass may copy before it is abandoned: the live set (at most the high-water
+ * mark) plus a margin for nodes that writers free behind the walk and link again ahead of it. */
+static size_t pass_limit(const hd_alloc_reader *r) {
+  uint64_t high_water = high_water_now(r);
+  uint64_t limit = high_water + high_water / 2 + 4096;
+  return (size_t)(limit < r->h.node_capacity ? limit : r->h.node_capacity);
+}
+
 /* Room for the whole live set up front, so that the copy is not moved as it grows: every live
- * node is below the high-water mark, plus a margin for nodes handed out during the walk. The
- * header is hostile, so the node capacity bounds it (a walk never yields more nodes than that);
- * pages of the reservation that are never written cost no memory. */
+ * node is below the high-water mark, plus a margin for nodes handed out during the walk. Pages
+ * of the reservation that are never written cost no memory. */
 static size_t expected_blocks(const hd_alloc_reader *r) {
-  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
-  uint64_t high_water = LOAD(&h->node_high_water);
-  uint64_t capacity = r->h.node_capacity;
-  uint64_t expected = high_water < capacity ? high_water + high_water / 16 + 1024 : capacity;
-  return (size_t)(expected < capacity ? expected : capacity);
+  uint64_t high_water = high_water_now(r);
+  uint64_t expected = high_water + high_water / 16 + 1024;
+  return (size_t)(expected < r->h.node_capacity ? expected : r->h.node_capacity);
 }
 
 /* Equal addresses hash to the same bucket and a node found in any other bucket is refused, so a
@@ -216,7 +228,6 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
   const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset);
   const uint32_t *buckets = (const uint32_t *)(r->base + r->h.buckets_offset);
   const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
-  const uint64_t capacity = r->h.node_capacity;
   block_vec bv = {0};
   hd_read_status st = HD_READ_ERR_BUSY;
   if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
@@ -240,8 +251,12 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
     }
     const uint64_t nb = (uint64_t)1 << log2;
     const uint64_t slots = nb < HD_SEQ_SLOTS ? nb : HD_SEQ_SLOTS;
-    bool resized = false;
-    for (uint64_t slot = 0; slot < slots && !resized; slot++) {
+    uint64_t high_water = high_water_now(r);
+    size_t limit = pass_limit(r);
+    /* resized: the bucket array changed under the pass; overfull: the pass copied more blocks
+     * than the table can hold, which only churn (or a hostile writer) explains. Either restarts. */
+    bool resized = false, overfull = false;
+    for (uint64_t slot = 0; slot < slots && !resized && !overfull; slot++) {
       unsigned attempt = 0;
       uint64_t give_up_at = 0;
       for (;; attempt++) {
@@ -257,14 +272,26 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
         }
         size_t mark = bv.n;
         bool bad = false;
-        uint64_t steps = 0;
         if (LOAD(&h->bucket_log2) != log2) resized = true;
-        for (uint64_t b = slot; b < nb && !bad && !resized; b += HD_SEQ_SLOTS) {
+        for (uint64_t b = slot; b < nb && !bad && !resized && !overfull; b += HD_SEQ_SLOTS) {
           size_t chain_start = bv.n;
+          /* Brent's cycle detection: a chain that returns to a node is caught within twice its
+           * length, at no memory cost, however many nodes the header claims. */
+          uint32_t tortoise = HD_LINK_NONE;
+          uint64_t power = 1, lambda = 0;
           for (uint32_t link = LOAD(&buckets[b]); link != HD_LINK_NONE;) {
-            /* Out-of-range link, or more steps than nodes exist: a cycle. */
-            if (link > capacity || ++steps > capacity || mark + steps > capacity) {
-              bad = true;
+            if (link > high_water) high_water = high_water_now(r); /* a writer took nodes since */
+            if (link > high_water || link == tortoise) {
+              bad = true; /* a node never handed out, or a cycle */
+              break;
+            }
+            if (++lambda == power) {
+              tortoise = link;
+              power *= 2;
+              lambda = 0;
+            }
+            if (bv.n >= limit && (limit = pass_limit(r), bv.n >= limit)) {
+              overfull = true;
               break;
             }
             const hd_alloc_node *n = &nodes[link - 1];
@@ -293,7 +320,7 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
         uint32_t s2 = LOAD(&seq[slot]);
-        if (resized) break;
+        if (resized || overfull) break;
         if (s1 == s2) {
           if (bad) {
             st = HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
@@ -306,7 +333,8 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
       }
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (resized || LOAD(&h->resize_seq) != rs1 || LOAD(&h->bucket_log2) != log2) continue;
+    if (resized || overfull || LOAD(&h->resize_seq) != rs1 || LOAD(&h->bucket_log2) != log2)
+      continue;
     *blocks = bv.v;
     *count = bv.n;
     return HD_READ_OK;

@@ -291,6 +291,46 @@ TEST_F(CollectorTest, CorruptTableGivesLiveSnapshotFailed) {
   healthy.Finish();
 }
 
+// A process whose table links a node to itself, with the default (large) tables: the snapshot
+// fails at once, and costs the collector no memory beyond what the process's table holds, rather
+// than a copy of the table's whole capacity before the cycle is noticed.
+TEST_F(CollectorTest, SelfLinkedNodeFailsItsSnapshotAloneWithoutGrowingTheCollector) {
+  Child healthy(collector.socket, nullptr);
+  Child victim(collector.socket, nullptr);
+  int fd = OpenTable(victim.pid, "heapdump-allocations");
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  close(fd);
+  auto *header = static_cast<hd_alloc_header *>(map);
+  ASSERT_GT(header->node_capacity, 1000000u) << "the default tables, whose capacity dwarfs the live set";
+  auto *buckets = reinterpret_cast<uint32_t *>(static_cast<char *>(map) + header->buckets_offset);
+  auto *nodes = reinterpret_cast<hd_alloc_node *>(static_cast<char *>(map) + header->nodes_offset);
+  uint32_t head = HD_LINK_NONE;
+  for (uint64_t b = 0; head == HD_LINK_NONE && b < (uint64_t{1} << header->bucket_log2); b++) head = buckets[b];
+  ASSERT_NE(head, HD_LINK_NONE);
+  __atomic_store_n(&nodes[head - 1].next, head, __ATOMIC_RELAXED);
+
+  collector.ResetPeakRss();
+  const size_t peak_before_kb = collector.PeakRssKb();
+  auto selector = ByPid(victim.pid);
+  auto result = TakeLiveSnapshot(collector.socket, &selector);
+  EXPECT_EQ(result->status, HD_OK);
+  EXPECT_EQ(result->error, Error(heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED));
+  EXPECT_LT(collector.PeakRssKb(), peak_before_kb + 32 * 1024);
+  EXPECT_NE(collector.Log().find("corrupt table"), std::string::npos) << collector.Log();
+  auto healthy_selector = ByPid(healthy.pid);
+  auto fine = TakeLiveSnapshot(collector.socket, &healthy_selector);
+  ASSERT_EQ(fine->status, HD_OK) << fine->ra.error;
+  EXPECT_EQ(fine->error, 0u);
+  EXPECT_EQ(Blocks(fine->only(), 100, "alpha_leaks").in_function, 10u);
+  munmap(map, static_cast<size_t>(st.st_size));
+  victim.Kill();  // its own allocator would follow the cycle
+  healthy.Finish();
+}
+
 TEST_F(CollectorTest, NamedAndExitSnapshotsSurviveRestartAndKill) {
   uint32_t named_id = 0, exit_id = 0;
   {

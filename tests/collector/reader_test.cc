@@ -77,6 +77,14 @@ class HandTable {
 
   void SetHighWater(uint32_t value) { header_->node_high_water = value; }
 
+  // Makes the last node of a bucket's chain link back to the chain's first.
+  void LinkTailToHead(uint64_t bucket) {
+    uint32_t link = buckets_[bucket];
+    ASSERT_NE(link, HD_LINK_NONE);
+    while (nodes_[link - 1].next != HD_LINK_NONE) link = nodes_[link - 1].next;
+    nodes_[link - 1].next = buckets_[bucket];
+  }
+
   hd_read_status Snapshot(std::vector<hd_live_block> *out, bool sorted) const {
     hd_alloc_reader *reader = nullptr;
     hd_read_status status = hd_alloc_reader_open(fd_, &reader);
@@ -190,16 +198,36 @@ TEST(TableReader, NodeInAnotherBucketIsCorrupt) {
   }
 }
 
-// The high-water mark only sizes the reader's first reservation (bounded by the node capacity):
-// whatever its value, the same blocks are read.
-TEST(TableReader, HighWaterMarkOnlySizesTheReservation) {
-  for (uint32_t high_water : {0u, 1u, 2999u, HandTable::kCapacity, UINT32_MAX}) {
+// A high-water mark at or above every link (even past the capacity) reads the same blocks; one
+// below a link means the table links a node it never handed out.
+TEST(TableReader, HighWaterMarkBoundsTheLinks) {
+  for (uint32_t high_water : {3000u, 3001u, HandTable::kCapacity, UINT32_MAX}) {
     HandTable table;
     for (uint64_t address : RandomAddresses(3000, 4)) table.Add(address, 24);
     table.SetHighWater(high_water);
     std::vector<hd_live_block> blocks;
     ASSERT_EQ(table.Snapshot(&blocks, false), HD_READ_OK) << high_water;
     EXPECT_EQ(blocks.size(), 3000u) << high_water;
+  }
+  for (uint32_t high_water : {0u, 1u, 2999u}) {
+    HandTable table;
+    for (uint64_t address : RandomAddresses(3000, 4)) table.Add(address, 24);
+    table.SetHighWater(high_water);
+    std::vector<hd_live_block> blocks;
+    EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT) << high_water;
+  }
+}
+
+// A chain that returns to one of its nodes (itself, or the first of a long chain) is corrupt, and
+// is found without walking the capacity's worth of steps the header would allow.
+TEST(TableReader, CyclesAreCorrupt) {
+  for (size_t length : {size_t{1}, size_t{2}, size_t{40}, size_t{1000}}) {
+    HandTable table;
+    for (uint64_t address : RandomAddresses(200, 6)) table.Add(address, 24);
+    for (uint64_t address : AddressesInBucket(9, length)) table.Add(address, 8);
+    table.LinkTailToHead(9);
+    std::vector<hd_live_block> blocks;
+    EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT) << length;
   }
 }
 

@@ -157,6 +157,16 @@ size_t Collector::SettledFdCount() const {
   return count;
 }
 
+size_t Collector::PeakRssKb() const {
+  std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  size_t at = status.find("VmHWM:");
+  return at == std::string::npos ? 0 : std::stoul(status.substr(at + 6));
+}
+
+void Collector::ResetPeakRss() const {
+  std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5";  // 5: reset VmHWM
+}
+
 std::vector<std::string> Collector::Fds() const {
   std::string path = "/proc/" + std::to_string(pid) + "/fd";
   std::vector<std::string> fds;

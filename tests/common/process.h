@@ -49,6 +49,9 @@ struct Collector {
   // The descriptor count once it has stopped changing (connections just closed by a client,
   // streams just finished, are gone by then).
   size_t SettledFdCount() const;
+  // Its peak resident set (VmHWM) in KiB since it started or since the last ResetPeakRss().
+  size_t PeakRssKb() const;
+  void ResetPeakRss() const;
   std::string Log() const { return ReadFile(log); }
 };
 

@@ -67,6 +67,24 @@ def seed(alloc, res):
     return bytes(out)
 
 
+def hostile_variants(alloc, res):
+    """Yields (suffix, allocations, resources): the tables of a real program as a hostile one
+    would change them. Offsets are those shm_layout.h pins."""
+    alloc, res = bytearray(alloc), bytearray(res)
+    bucket_log2, = struct.unpack_from("<I", alloc, 40)
+    buckets_offset, nodes_offset = struct.unpack_from("<QQ", alloc, 64)
+    heads = struct.unpack_from(f"<{1 << bucket_log2}I", alloc, buckets_offset)
+    head = next(link for link in heads if link)
+    cycle = bytearray(alloc)
+    struct.pack_into("<I", cycle, nodes_offset + (head - 1) * 40, head)  # node.next = itself
+    yield "cycle", cycle, res
+    huge = bytearray(alloc)
+    struct.pack_into("<I", huge, 52, 0xFFFFFFFF)  # node_high_water past any capacity
+    huge_res = bytearray(res)
+    struct.pack_into("<5Q", huge_res, 56, *[0xFFFFFFFFFFFFFFF0] * 5)  # statistics near wrap
+    yield "huge_counts", huge, huge_res
+
+
 def capture(library, argv):
     env = dict(os.environ, LD_PRELOAD=library, HEAPDUMP_MAX_MEMORY="1M",
                HEAPDUMP_SOCKET="/nonexistent/heapdump-seeds.sock")
@@ -93,10 +111,15 @@ def main():
     library, out_dir = os.path.abspath(sys.argv[1]), sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
     for name, argv in PROGRAMS.items():
-        data = seed(*capture(library, argv))
-        with open(os.path.join(out_dir, name), "wb") as f:
-            f.write(data)
-        print(f"{name}: {len(data)} bytes")
+        alloc, res = capture(library, argv)
+        tables = [(name, alloc, res)]
+        if name == "sleep":
+            tables += [(f"{name}_{suffix}", a, r) for suffix, a, r in hostile_variants(alloc, res)]
+        for seed_name, a, r in tables:
+            data = seed(a, r)
+            with open(os.path.join(out_dir, seed_name), "wb") as f:
+                f.write(data)
+            print(f"{seed_name}: {len(data)} bytes")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@
  *     W3  store slot_seq[s] = odd + 1            (__ATOMIC_RELEASE: unlock, publishes W2)
  *   reader (per slot):
  *     R1  s1 = load slot_seq[s]                  (__ATOMIC_ACQUIRE, pairs with W3); odd: retry
- *     R2  relaxed loads: read bucket_log2; copy every chain of the slot into private memory,
- *         bounded by node_capacity steps and index range checks
+ *     R2  relaxed loads: read bucket_log2; copy every chain of the slot into private memory.
+ *         A link above node_high_water (re-read once, as writers take nodes meanwhile) or a
+ *         chain that returns to one of its nodes is inconsistent: a stable table holding one
+ *         is corrupt, so a copy never exceeds the nodes the writer handed out
  *     R3  __atomic_thread_fence(__ATOMIC_ACQUIRE) then s2 = load slot_seq[s] (__ATOMIC_RELAXED);
  *         s1 != s2: discard the copy, retry (bounded; give up with a "busy" error)
  *   Growth of the bucket array (doubling when live > 2 * buckets) is done by a writer holding
