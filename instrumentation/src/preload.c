@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "owned_fd.h"
 #include "runtime.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -145,6 +146,20 @@ EXPORT int dlclose(void *handle) {
   if (!real) real = (int (*)(void *))dlsym(RTLD_NEXT, "dlclose");
   int rc = real ? real(handle) : -1;
   hd_rescan_regions();
+  return rc;
+}
+
+/* libunwind validates the addresses it reads by writing them to a pipe that it creates on its
+ * first walk and re-creates whenever a read from it fails (the program closed it). Created at
+ * low numbers, that pipe would be re-created over, and written into, the files of a program
+ * that closes every descriptor and opens its own. Made inside our capture, it is the library's:
+ * moved to high numbers like the library's other descriptors. Other callers get pipe2 as is. */
+EXPORT int pipe2(int fds[2], int flags) {
+  int rc = (int)syscall(SYS_pipe2, fds, flags);
+  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && rc == 0) {
+    fds[0] = hd_fd_move_high(fds[0]);
+    fds[1] = hd_fd_move_high(fds[1]);
+  }
   return rc;
 }
 

@@ -29,13 +29,15 @@
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static hd_message g_msg;
-static int g_registry_fd = -1; /* kept open: the collector sees the process exit when it closes */
-static int g_sink_fd = -1;
+/* Kept open: a collector without pidfds sees the process exit when the registry closes. */
+static hd_owned_fd g_registry = HD_OWNED_FD_NONE;
+static hd_owned_fd g_sink = HD_OWNED_FD_NONE;
 
+/* Forgets the connection; closes only what is still ours (the program may have closed it and
+ * reused the numbers). */
 static void disconnect(void) {
-  if (g_registry_fd >= 0) close(g_registry_fd);
-  if (g_sink_fd >= 0) close(g_sink_fd);
-  g_registry_fd = g_sink_fd = -1;
+  hd_owned_fd_close(&g_registry);
+  hd_owned_fd_close(&g_sink);
 }
 
 static void set_timeout(int fd) {
@@ -51,10 +53,14 @@ static bool env_is_one(const char *name) {
 
 /* Called with g_lock held. */
 static bool register_locked(void) {
-  if (g_registry_fd >= 0) return true;
-  int alloc_fd, res_fd;
-  hd_instrumentation_tables(&alloc_fd, &res_fd);
-  if (alloc_fd < 0 || res_fd < 0) return false;
+  if (hd_owned_fd_valid(&g_registry) && hd_owned_fd_valid(&g_sink)) return true;
+  disconnect();
+  hd_owned_fd alloc, res;
+  hd_instrumentation_tables(&alloc, &res);
+  /* Tables the program closed cannot be handed over again (nor can their numbers, which may be
+   * the program's files now); the mappings still record, and a collector that already holds
+   * them keeps serving them. */
+  if (!hd_owned_fd_valid(&alloc) || !hd_owned_fd_valid(&res)) return false;
   char path[108];
   const char *env = getenv("HEAPDUMP_SOCKET");
   if (env != NULL && env[0] != '\0') {
@@ -64,14 +70,21 @@ static bool register_locked(void) {
   } else {
     snprintf(path, sizeof path, "/tmp/heapdump-%u/collector.sock", (unsigned)getuid());
   }
-  int fd, sink[2];
-  if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &fd) != HD_OK) return false;
+  int connected, sink[2];
+  hd_owned_fd registry, sink_end;
+  if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK) return false;
+  if (!hd_owned_fd_take(connected, &registry)) return false;
   if (hd_channel_pair(sink) != HD_OK) {
-    close(fd);
+    hd_owned_fd_close(&registry);
     return false;
   }
-  set_timeout(fd);
-  set_timeout(sink[0]);
+  if (!hd_owned_fd_take(sink[0], &sink_end)) {
+    close(sink[1]);
+    hd_owned_fd_close(&registry);
+    return false;
+  }
+  set_timeout(registry.fd);
+  set_timeout(sink_end.fd);
   heapdump_process_RegistryRegisterRequest req = heapdump_process_RegistryRegisterRequest_init_zero;
   req.has_protocol_version = req.has_layout_version = req.has_pid = req.has_process_name = true;
   req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
@@ -86,17 +99,17 @@ static bool register_locked(void) {
   req.snapshot_sink = (heapdump_client_Handle){true, 2};
   req.has_exit_snapshot = true;
   req.exit_snapshot = env_is_one("HEAPDUMP_EXIT_SNAPSHOT");
-  int fds[3] = {alloc_fd, res_fd, sink[1]};
+  int fds[3] = {alloc.fd, res.fd, sink[1]};
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
-  hd_status status = hd_registry_register(fd, &g_msg, &req, fds, 3, &resp);
+  hd_status status = hd_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
   close(sink[1]);
   if (status != HD_OK || resp.has_error) {
-    close(fd);
-    close(sink[0]);
+    hd_owned_fd_close(&registry);
+    hd_owned_fd_close(&sink_end);
     return false;
   }
-  g_registry_fd = fd;
-  g_sink_fd = sink[0];
+  g_registry = registry;
+  g_sink = sink_end;
   return true;
 }
 
@@ -115,13 +128,13 @@ void hd_registration_after_fork_child(void) {
   hd_register_with_collector();
 }
 
-int hd_store_named_snapshot(const char *name, int memfd) {
+int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd) {
   hd_tls.guard++;
   pthread_mutex_lock(&g_lock);
   int rc = HEAPDUMP_ERROR_NO_COLLECTOR;
   /* Two tries: the collector may have restarted since we registered. */
   for (int attempt = 0; attempt < 2 && rc == HEAPDUMP_ERROR_NO_COLLECTOR; attempt++) {
-    if (!register_locked()) break;
+    if (!register_locked() || !hd_owned_fd_valid(memfd)) break;
     heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
         heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
     req.has_name = req.has_allocations_snapshot = true;
@@ -129,8 +142,9 @@ int hd_store_named_snapshot(const char *name, int memfd) {
     req.allocations_snapshot = (heapdump_client_Handle){true, 0};
     heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
         heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
-    hd_status status = hd_snapshot_sink_store_named_snapshot(g_sink_fd, &g_msg, &req, &memfd, 1,
-                                                             &resp);
+    int snapshot_fd = memfd->fd;
+    hd_status status = hd_snapshot_sink_store_named_snapshot(g_sink.fd, &g_msg, &req, &snapshot_fd,
+                                                             1, &resp);
     if (status != HD_OK) {
       disconnect();
     } else {

@@ -465,15 +465,15 @@ void hd_rescan_regions(void) {
   hd_tls.guard--;
 }
 
-void hd_instrumentation_tables(int *alloc_fd, int *res_fd) {
+void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
-  if (alloc_fd) *alloc_fd = on ? g_alloc.fd : -1;
-  if (res_fd) *res_fd = on ? g_res.fd : -1;
+  *alloc = on ? g_alloc.memfd : HD_OWNED_FD_NONE;
+  *res = on ? g_res.memfd : HD_OWNED_FD_NONE;
 }
 
-int hd_snapshot_copy_live(int *out_fd) {
-  if (!out_fd) return -EINVAL;
-  *out_fd = -1;
+int hd_snapshot_copy_live(hd_owned_fd *out) {
+  if (!out) return -EINVAL;
+  *out = HD_OWNED_FD_NONE;
   hd_ensure_init();
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return -ENODEV;
   hd_tls.guard++;
@@ -483,7 +483,7 @@ int hd_snapshot_copy_live(int *out_fd) {
   hd_alloc_table_unlock_all(&g_alloc);
   if (rc == 0) {
     rc = hd_alloc_table_freeze(&snap);
-    if (rc == 0) *out_fd = snap.fd;
+    if (rc == 0) *out = snap.memfd;
     else hd_alloc_table_destroy(&snap);
   }
   hd_tls.guard--;
@@ -639,11 +639,11 @@ __attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_st
 
 __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const char *name) {
   if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
-  int fd;
-  int rc = hd_snapshot_copy_live(&fd);
+  hd_owned_fd memfd;
+  int rc = hd_snapshot_copy_live(&memfd);
   if (rc == -ENODEV) return HEAPDUMP_ERROR_NOT_RECORDING;
   if (rc != 0) return HEAPDUMP_ERROR_NO_MEMORY;
-  rc = hd_store_named_snapshot(name, fd);
-  close(fd);
+  rc = hd_store_named_snapshot(name, &memfd);
+  hd_owned_fd_close(&memfd);
   return rc;
 }

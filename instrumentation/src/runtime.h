@@ -127,12 +127,12 @@ static inline void hd_hook_leave(void) {
 void hd_note_rename(void) HD_HIDDEN;
 void hd_rescan_regions(void) HD_HIDDEN;
 
-/* For the registration code (fidl bindings) and tests: the live tables' memfds (-1 when not
- * recording). The fds stay owned by the library. */
-void hd_instrumentation_tables(int *alloc_fd, int *res_fd) HD_HIDDEN;
+/* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
+ * library's; check hd_owned_fd_valid before handing one over. */
+void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) HD_HIDDEN;
 /* Copies the live set under the table lock into a new memfd, sealed (incl. F_SEAL_WRITE), with
- * the allocations-table layout and HD_ALLOC_FLAG_SNAPSHOT; *out_fd is the caller's.
+ * the allocations-table layout and HD_ALLOC_FLAG_SNAPSHOT; *out is the caller's to close.
  * Returns 0 or -errno. */
-int hd_snapshot_copy_live(int *out_fd) HD_HIDDEN HD_WUR;
+int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_WUR;
 
 #endif /* HEAPDUMP_INSTRUMENTATION_RUNTIME_H */

@@ -15,8 +15,13 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   g_max = max_frames == 0 || max_frames > HD_MAX_FRAMES ? HD_MAX_FRAMES : max_frames;
   g_skip_lo = skip_lo;
   g_skip_hi = skip_hi;
-  if (method == HD_UNWIND_LIBUNWIND)
+  if (method == HD_UNWIND_LIBUNWIND) {
+    /* libunwind initialises itself here, creating its validation pipe: counted as inside the
+     * unwinder so that the pipe is placed with the library's descriptors (preload.c, pipe2). */
+    hd_tls.in_unwind++;
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+    hd_tls.in_unwind--;
+  }
 }
 
 static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }

@@ -17,7 +17,7 @@
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define HD_UNLIKELY_T(x) __builtin_expect(!!(x), 0)
 
-static int make_memfd(const char *name, uint64_t size, void **map) {
+static int make_memfd(const char *name, uint64_t size, void **map, hd_owned_fd *out) {
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -errno;
   if (ftruncate(fd, (off_t)size) != 0 ||
@@ -26,14 +26,15 @@ static int make_memfd(const char *name, uint64_t size, void **map) {
     close(fd);
     return e;
   }
-  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (!hd_owned_fd_take(fd, out)) return -EBADF;
+  void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, out->fd, 0);
   if (m == MAP_FAILED) {
     int e = -errno;
-    close(fd);
+    hd_owned_fd_close(out);
     return e;
   }
   *map = m;
-  return fd;
+  return 0;
 }
 
 static uint64_t now_ns(void) {
@@ -73,16 +74,15 @@ uint64_t hd_alloc_table_bytes_for(uint64_t nodes) {
 
 int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) {
   memset(t, 0, sizeof(*t));
-  t->fd = -1;
+  t->memfd = HD_OWNED_FD_NONE;
   uint64_t min = hd_alloc_table_bytes_for(1024);
   if (max_bytes < min) max_bytes = min;
   max_bytes = ALIGN_UP(max_bytes, PAGE);
   uint32_t max_log2, capacity;
   geometry(max_bytes, &max_log2, &capacity);
   void *m;
-  int fd = make_memfd(memfd_name, max_bytes, &m);
-  if (fd < 0) return fd;
-  t->fd = fd;
+  int rc = make_memfd(memfd_name, max_bytes, &m, &t->memfd);
+  if (rc != 0) return rc;
   t->size = max_bytes;
   t->hdr = m;
   hd_alloc_header *h = t->hdr;
@@ -111,9 +111,8 @@ int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *mem
 
 void hd_alloc_table_destroy(hd_alloc_table *t) {
   if (t->hdr) munmap(t->hdr, t->size);
-  if (t->fd >= 0) close(t->fd);
+  hd_owned_fd_close(&t->memfd);
   t->hdr = NULL;
-  t->fd = -1;
 }
 
 /* W1: slot lock = seqlock write begin. */
@@ -417,7 +416,8 @@ int hd_alloc_table_freeze(hd_alloc_table *t) {
   t->hdr->flags |= HD_ALLOC_FLAG_SNAPSHOT;
   munmap(t->hdr, t->size);
   t->hdr = NULL;
-  if (fcntl(t->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0) return -errno;
+  if (!hd_owned_fd_valid(&t->memfd)) return -EBADF; /* the program closed it meanwhile */
+  if (fcntl(t->memfd.fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0) return -errno;
   return 0;
 }
 
@@ -459,7 +459,7 @@ static void dedup_free_all(hd_dedup_index *d) {
 
 static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
   memset(t, 0, sizeof(*t));
-  t->fd = -1;
+  t->memfd = HD_OWNED_FD_NONE;
   if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;
   if (max_bytes > UINT32_MAX - PAGE) max_bytes = UINT32_MAX - PAGE; /* keys are u32 offsets */
   max_bytes = ALIGN_UP(max_bytes, PAGE);
@@ -472,13 +472,12 @@ static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_nam
     if (!t->dedup) return -ENOMEM;
   }
   void *m;
-  int fd = make_memfd(memfd_name, max_bytes, &m);
-  if (fd < 0) {
+  int rc = make_memfd(memfd_name, max_bytes, &m, &t->memfd);
+  if (rc != 0) {
     dedup_free_all(t->dedup);
     t->dedup = NULL;
-    return fd;
+    return rc;
   }
-  t->fd = fd;
   t->size = max_bytes;
   t->base = m;
   t->hdr = m;
@@ -502,11 +501,10 @@ int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_n
 void hd_res_table_destroy(hd_res_table *t) {
   if (t->base) munmap(t->base, t->size);
   dedup_free_all(t->dedup);
-  if (t->fd >= 0) close(t->fd);
+  hd_owned_fd_close(&t->memfd);
   t->base = NULL;
   t->hdr = NULL;
   t->dedup = NULL;
-  t->fd = -1;
 }
 
 int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) {

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "heapdump/internal/shm_layout.h"
+#include "owned_fd.h"
 
 #define HD_WUR __attribute__((warn_unused_result))
 
@@ -41,12 +42,12 @@ typedef struct hd_writer_thread {
 } hd_writer_thread;
 
 typedef struct hd_alloc_table {
-  hd_alloc_header *hdr;     /* shared, read-write mapping of fd */
+  hd_alloc_header *hdr;     /* shared, read-write mapping of memfd */
   uint32_t *seq;            /* slot sequence counters / writer spinlocks */
   uint32_t *buckets;
   hd_alloc_node *nodes;
   uint64_t size;            /* mapping size == memfd size */
-  int fd;
+  hd_owned_fd memfd;
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
    * of a free node is kept in its shared `next` field (unreachable from any bucket). */
   uint64_t free_top;
@@ -102,7 +103,7 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
 /* With t locked (or private): the number and total requested size of its live records. */
 void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
 /* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.
- * The fd stays open (t->fd); returns 0 or -errno. */
+ * The memfd stays open (t->memfd); returns 0 or -errno. */
 int hd_alloc_table_freeze(hd_alloc_table *t) HD_WUR;
 
 /* ---- resources table ---- */
@@ -110,7 +111,7 @@ typedef struct hd_res_table {
   hd_res_header *hdr;
   uint8_t *base;
   uint64_t size;
-  int fd;
+  hd_owned_fd memfd;
   pthread_mutex_t lock;  /* serialises appends; see lock order above */
   /* Private dedup index of stack records (atomic pointer, see hd_dedup_index). */
   struct hd_dedup_index *dedup;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -286,6 +287,78 @@ static void scenario_fork_register() {
     close(sync[0]);
   }
   keep(opaque(malloc(8833)));
+}
+
+// The library's descriptors: its tables (memfds) and its collector connection (sockets).
+static std::vector<int> library_fds() {
+  std::vector<int> fds;
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d);
+  while (struct dirent *e = readdir(d)) {
+    char path[512], link[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, link, sizeof(link) - 1);
+    if (len <= 0) continue;
+    link[len] = 0;
+    const int fd = atoi(e->d_name);
+    if (fd != dirfd(d) && (strstr(link, "memfd:heapdump") || strstr(link, "socket:"))) fds.push_back(fd);
+  }
+  closedir(d);
+  return fds;
+}
+
+// A daemon that closes every descriptor after start and opens its own files (log_0 .. log_7 in
+// dir): the library must not close, write, send or reuse them, neither when a named snapshot is
+// stored nor in a fork child, which re-registers. Prints "snapshot RC" and, once its child
+// and it have written one line to every file and found every file still open, "done"; then
+// waits for the end of its stdin.
+static void scenario_foreign_fds(const char *dir) {
+  keep(opaque(malloc(7711)));
+  const std::vector<int> ours = library_fds();
+  CHECK(ours.size() >= 4);  // two tables, the registry connection, the snapshot sink
+  for (int fd : ours) CHECK(fd >= 64);  // clear of the numbers a program gets first
+  CHECK(syscall(SYS_close_range, 3, ~0U, 0) == 0);
+  enum { kLogs = 8 };
+  int logs[kLogs];
+  ino_t inodes[kLogs];
+  for (int i = 0; i < kLogs; i++) {
+    std::string path = std::string(dir) + "/log_" + std::to_string(i);
+    logs[i] = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    CHECK(logs[i] >= 0);
+    struct stat st;
+    CHECK(fstat(logs[i], &st) == 0);
+    inodes[i] = st.st_ino;
+  }
+  auto still_open = [&] {
+    for (int i = 0; i < kLogs; i++) {
+      struct stat st;
+      if (fstat(logs[i], &st) != 0 || st.st_ino != inodes[i]) {
+        fprintf(stderr, "log_%d (fd %d): %s\n", i, logs[i],
+                fstat(logs[i], &st) != 0 ? strerror(errno) : "now another file");
+        return false;
+      }
+    }
+    return true;
+  };
+  printf("snapshot %d\n", heapdump_take_named_snapshot("after-close"));
+  fflush(stdout);
+  CHECK(still_open());
+  pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    keep(opaque(malloc(7722)));  // the child records, and re-registers, with its own tables
+    bool ok = still_open();
+    for (int i = 0; i < kLogs; i++) ok = ok && write(logs[i], "child\n", 6) == 6;
+    _exit(ok && still_open() ? 0 : 1);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(still_open());
+  for (int i = 0; i < kLogs; i++) CHECK(write(logs[i], "parent\n", 7) == 7);
+  printf("done\n");
+  fflush(stdout);
+  char c;
+  (void)!read(0, &c, 1);  // the test takes a live snapshot, then closes our stdin
 }
 
 static int count_fds(const char *target) {
@@ -566,6 +639,7 @@ int main(int argc, char **argv) {
   else if (mode == "fork") scenario_fork();
   else if (mode == "dlopen") scenario_dlopen(argv[2]);
   else if (mode == "fork-register") scenario_fork_register();
+  else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
   else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
   else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
   else if (mode == "signals") scenario_signals();

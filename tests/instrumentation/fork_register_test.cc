@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "client.h"
+#include "heapdump/heapdump.h"
 #include "process.h"
 
 namespace {
@@ -95,6 +96,35 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
   ASSERT_EQ(waitpid(parent, &status, 0), parent);
   EXPECT_GT(forked, 0) << out;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ": " << out;
+}
+
+// A daemon closes every descriptor after start (close_range) and opens its own files, which get
+// the numbers the library's descriptors had. Neither a named snapshot nor a fork child may close,
+// write, send or reuse them; the collector, which holds its own copies of the tables, still
+// serves the process.
+TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
+  std::string dir = hdtest::TempDir("foreign-fds");
+  hdtest::RemoveWhenPassed remove{dir};
+  hdtest::Collector collector(dir);
+  collector.Start();
+  if (::testing::Test::HasFatalFailure()) return;
+  auto env = hdtest::InstrumentedEnv(collector.socket);
+  env.push_back(std::string("HEAPDUMP_ALLOCATOR=") + GetParam().allocator);
+  hdtest::Program program({HD_CHILD, "foreign-fds", dir}, env);
+  const std::string snapshot = program.ReadLine();
+  // The tables the program closed cannot be handed over again: the named snapshot fails.
+  EXPECT_EQ(snapshot, "snapshot " + std::to_string(HEAPDUMP_ERROR_NO_COLLECTOR));
+  ASSERT_EQ(program.ReadLine(), "done");
+  auto live = TakeLiveSnapshot(collector.socket, program.pid);
+  ASSERT_EQ(live->status, HD_OK) << live->ra.error;
+  ASSERT_EQ(live->error, 0u);
+  EXPECT_EQ(CountSize(*live, 7711), 1);
+  int status = program.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int i = 0; i < 8; i++) {
+    EXPECT_EQ(hdtest::ReadFile(dir + "/log_" + std::to_string(i)), "child\nparent\n") << i;
+  }
+  EXPECT_EQ(collector.Log().find("after-close"), std::string::npos) << collector.Log();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ForkRegister,

@@ -56,7 +56,7 @@ TEST_F(AllocTable, InsertEraseTwice) {
   for (int round = 0; round < 2; round++) {
     for (uint64_t a = 1; a <= 3; a++)
       ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
-    auto blocks = Snapshot(t.fd);
+    auto blocks = Snapshot(t.memfd.fd);
     ASSERT_EQ(blocks.size(), 3u);
     EXPECT_EQ(blocks[0].address, 16u);
     EXPECT_EQ(blocks[2].size, 3u);
@@ -64,10 +64,10 @@ TEST_F(AllocTable, InsertEraseTwice) {
     EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 32, &out));
     EXPECT_EQ(out.size, 2u);
     EXPECT_FALSE(hd_alloc_table_erase(&t, nullptr, 32, &out));
-    EXPECT_EQ(Snapshot(t.fd).size(), 2u);
+    EXPECT_EQ(Snapshot(t.memfd.fd).size(), 2u);
     EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));
     EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 48, nullptr));
-    EXPECT_EQ(Snapshot(t.fd).size(), 0u);
+    EXPECT_EQ(Snapshot(t.memfd.fd).size(), 0u);
   }
   uint64_t blocks, bytes;
   hd_alloc_table_sum_locked(&t, &blocks, &bytes);
@@ -82,7 +82,7 @@ TEST_F(AllocTable, DuplicateAddressReplacesAfterALostFree) {
   ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 1), nullptr), HD_INSERT_NEW);
   ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 2), &old), HD_INSERT_REPLACED);
   EXPECT_EQ(old.size, 1u);
-  auto b = Snapshot(t.fd);
+  auto b = Snapshot(t.memfd.fd);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].size, 2u);
 }
@@ -93,7 +93,7 @@ TEST_F(AllocTable, GrowsBucketsAndKeepsEveryRecord) {
     ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(0x10000 + i * 16, i), nullptr),
               HD_INSERT_NEW);
   EXPECT_GT(t.hdr->bucket_log2, HD_MIN_BUCKET_LOG2);
-  auto b = Snapshot(t.fd);
+  auto b = Snapshot(t.memfd.fd);
   ASSERT_EQ(b.size(), n);
   for (uint64_t i = 0; i < n; i++) ASSERT_EQ(b[i].size, i);
 }
@@ -128,7 +128,7 @@ TEST(AllocTableCap, FullIsCountedNotFatalAndFreedNodesAreReused) {
   EXPECT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_FULL);
   EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));
   EXPECT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (cap + 1), 1), nullptr), HD_INSERT_NEW);
-  EXPECT_EQ(Snapshot(t.fd).size(), cap);
+  EXPECT_EQ(Snapshot(t.memfd.fd).size(), cap);
   hd_alloc_table_destroy(&t);
 }
 
@@ -156,7 +156,7 @@ TEST_F(AllocTable, ConcurrentSnapshotsSeeStableBlocksExactlyOnce) {
     });
   }
   for (int round = 0; round < 40; round++) {
-    auto b = Snapshot(t.fd);
+    auto b = Snapshot(t.memfd.fd);
     uint64_t stable = 0;
     for (auto &x : b) stable += x.address >= 0x100000 && x.address < 0x100000 + kStable * 32;
     ASSERT_EQ(stable, kStable) << "round " << round;  // reader also rejects duplicates
@@ -191,14 +191,14 @@ TEST_F(AllocTable, GrowsWhileOtherThreadsInsertAndErase) {
     });
   }
   while (running > 0) {
-    auto b = Snapshot(t.fd);
+    auto b = Snapshot(t.memfd.fd);
     uint64_t stable = 0;
     for (auto &x : b) stable += x.address >= 0x100000 && x.address < 0x100000 + kStable * 32;
     ASSERT_EQ(stable, kStable);  // the reader also rejects duplicates and misplaced nodes
   }
   for (auto &w : writers) w.join();
   EXPECT_GE(t.hdr->bucket_log2, log2_before + 3);
-  auto b = Snapshot(t.fd);
+  auto b = Snapshot(t.memfd.fd);
   std::set<uint64_t> want;
   for (uint64_t i = 0; i < kStable; i++) want.insert(0x100000 + i * 32);
   for (uint64_t w = 0; w < 4; w++)
@@ -236,7 +236,7 @@ TEST_F(AllocTable, ReaderReleasesItsPagesAndReadsTheSameAfterwards) {
   for (uint64_t i = 0; i < 100000; i++)
     ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(0x10000 + i * 16, i), nullptr), HD_INSERT_NEW);
   hd_alloc_reader *r = nullptr;
-  ASSERT_EQ(hd_alloc_reader_open(t.fd, &r), HD_READ_OK);
+  ASSERT_EQ(hd_alloc_reader_open(t.memfd.fd, &r), HD_READ_OK);
   for (int pass = 0; pass < 2; pass++) {
     hd_live_block *b = nullptr;
     size_t n = 0;
@@ -260,10 +260,10 @@ TEST_F(AllocTable, SnapshotCopyIsFrozenAndSealed) {
   hd_alloc_table_unlock_all(&t);
   ASSERT_EQ(hd_alloc_table_freeze(&snap), 0);
   EXPECT_TRUE(hd_alloc_table_erase(&t, nullptr, 16, nullptr));  // the copy does not change
-  EXPECT_EQ(Snapshot(snap.fd).size(), 10u);
-  EXPECT_TRUE(fcntl(snap.fd, F_GET_SEALS) & F_SEAL_WRITE);
+  EXPECT_EQ(Snapshot(snap.memfd.fd).size(), 10u);
+  EXPECT_TRUE(fcntl(snap.memfd.fd, F_GET_SEALS) & F_SEAL_WRITE);
   hd_alloc_reader *r;
-  ASSERT_EQ(hd_alloc_reader_open(snap.fd, &r), HD_READ_OK);
+  ASSERT_EQ(hd_alloc_reader_open(snap.memfd.fd, &r), HD_READ_OK);
   hd_alloc_table_info info;
   ASSERT_EQ(hd_alloc_reader_info(r, &info), HD_READ_OK);
   EXPECT_TRUE(info.flags & HD_ALLOC_FLAG_SNAPSHOT);
@@ -281,34 +281,34 @@ TEST_F(AllocTable, ReaderRejectsCorruption) {
   // Cycle.
   uint32_t saved = t.nodes[link - 1].next;
   t.nodes[link - 1].next = link;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
   // Out-of-range link.
   t.nodes[link - 1].next = t.hdr->node_capacity + 5;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
   t.nodes[link - 1].next = saved;
   // Node in the wrong bucket.
   t.nodes[link - 1].address += 16 * 1000003;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
   t.nodes[link - 1].address -= 16 * 1000003;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_OK);
   // A slot left locked forever: bounded wait, then BUSY.
   t.seq[b & (HD_SEQ_SLOTS - 1)] |= 1;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_BUSY);
   t.seq[b & (HD_SEQ_SLOTS - 1)]++;
   // Header damage.
   t.hdr->nodes_offset = t.size;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_BAD_SIZE);
   t.hdr->version = 99;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_BAD_VERSION);
   t.hdr->magic = 0;
-  Snapshot(t.fd, &st);
+  Snapshot(t.memfd.fd, &st);
   EXPECT_EQ(st, HD_READ_ERR_BAD_MAGIC);
 }
 
@@ -334,7 +334,7 @@ struct ResTable : ::testing::Test {
   hd_res_reader *r = nullptr;
   void SetUp() override {
     ASSERT_EQ(hd_res_table_create(&t, 1 << 20, "test-res"), 0);
-    ASSERT_EQ(hd_res_reader_open(t.fd, &r), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_open(t.memfd.fd, &r), HD_READ_OK);
   }
   void TearDown() override {
     hd_res_reader_close(r);
@@ -507,7 +507,7 @@ TEST_F(AllocTable, ThreadNodeCacheReusesNodesAndHandsThemBack) {
   for (uint64_t a = 1; a <= high_water; a++)
     ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(a * 16, a), nullptr), HD_INSERT_NEW);
   EXPECT_EQ(t.hdr->node_high_water, high_water);
-  EXPECT_EQ(Snapshot(t.fd).size(), high_water);
+  EXPECT_EQ(Snapshot(t.memfd.fd).size(), high_water);
   hd_res_table_destroy(&res);
 }
 
