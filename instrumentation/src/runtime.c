@@ -143,7 +143,12 @@ void hd_init_slow(void) {
   if (!__atomic_compare_exchange_n(&hd_state, &expected, HD_STATE_INITIALIZING, false,
                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     hd_tls.guard--;
-    while (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_INITIALIZING) sched_yield();
+    /* Sleeps rather than yields: under real-time scheduling a yield never lets a lower-priority
+     * initialising thread run. Start-up only, so a plain sleep is precise enough. */
+    while (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_INITIALIZING) {
+      struct timespec pause = {0, 50000};
+      nanosleep(&pause, NULL);
+    }
     return;
   }
   const char *a = early_getenv("HEAPDUMP_ALLOCATOR");

@@ -5,9 +5,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -115,24 +117,42 @@ void hd_alloc_table_destroy(hd_alloc_table *t) {
   t->hdr = NULL;
 }
 
+/* A slot lock is held for tens of nanoseconds, so a waiter spins first. Past that, its holder
+ * was preempted, and the waiter sleeps on the slot's word: spinning or sched_yield() would never
+ * let a lower-priority holder run again under real-time scheduling (SCHED_FIFO threads on one
+ * CPU hang for good). The unlocker wakes sleepers when the table has any; its check is not
+ * fenced against the sleeper's (a fence on every unlock would cost the hot path), so a wake-up
+ * can be missed, and a sleeper gives up after kSlotSleepNs and looks again. */
+enum { kSlotSpins = 128 };
+static const long kSlotSleepNs = 200000;
+
+static void slot_sleep(hd_alloc_table *t, uint32_t *seq, uint32_t held) {
+  __atomic_fetch_add(&t->slot_sleepers, 1, __ATOMIC_SEQ_CST);
+  struct timespec timeout = {0, kSlotSleepNs};
+  /* Returns at once if the word no longer holds `held` (unlocked meanwhile). */
+  syscall(SYS_futex, seq, FUTEX_WAIT_PRIVATE, held, &timeout, NULL, 0);
+  __atomic_fetch_sub(&t->slot_sleepers, 1, __ATOMIC_RELAXED);
+}
+
 /* W1: slot lock = seqlock write begin. */
-static void slot_lock(uint32_t *seq) {
-  unsigned spins = 0;
-  for (;;) {
+static void slot_lock(hd_alloc_table *t, uint32_t *seq) {
+  for (unsigned attempt = 0;; attempt++) {
     uint32_t s = LOAD(seq);
     if (!(s & 1) && __atomic_compare_exchange_n(seq, &s, s + 1, true, __ATOMIC_ACQUIRE,
                                                 __ATOMIC_RELAXED)) {
       __atomic_thread_fence(__ATOMIC_RELEASE); /* odd value before the data stores */
       return;
     }
-    if (++spins > 64) sched_yield(); /* holder preempted: a rare syscall, never a deadlock */
-    else __builtin_ia32_pause();
+    if (attempt < kSlotSpins) __builtin_ia32_pause();
+    else if (s & 1) slot_sleep(t, seq, s);
   }
 }
 
 /* W3: seqlock write end, publishes the data stores. */
-static void slot_unlock(uint32_t *seq) {
+static void slot_unlock(hd_alloc_table *t, uint32_t *seq) {
   __atomic_store_n(seq, LOAD(seq) + 1, __ATOMIC_RELEASE);
+  if (HD_UNLIKELY_T(LOAD(&t->slot_sleepers) != 0))
+    syscall(SYS_futex, seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 /* Locks the slot of address's bucket at the current bucket count; returns the bucket. */
@@ -141,12 +161,12 @@ static uint32_t lock_bucket(hd_alloc_table *t, uint64_t hash, uint32_t **seq_out
     uint32_t log2 = LOAD(&t->hdr->bucket_log2);
     uint32_t b = (uint32_t)(hash & (((uint64_t)1 << log2) - 1));
     uint32_t *seq = &t->seq[b & (HD_SEQ_SLOTS - 1)];
-    slot_lock(seq);
+    slot_lock(t, seq);
     if (LOAD(&t->hdr->bucket_log2) == log2) {
       *seq_out = seq;
       return b;
     }
-    slot_unlock(seq); /* doubled meanwhile */
+    slot_unlock(t, seq); /* doubled meanwhile */
   }
 }
 
@@ -229,13 +249,13 @@ static void node_read(const hd_alloc_node *n, hd_alloc_info *i) {
 static void lock_slots(hd_alloc_table *t, uint32_t log2) {
   uint64_t n = (uint64_t)1 << log2;
   if (n > HD_SEQ_SLOTS) n = HD_SEQ_SLOTS;
-  for (uint64_t s = 0; s < n; s++) slot_lock(&t->seq[s]);
+  for (uint64_t s = 0; s < n; s++) slot_lock(t, &t->seq[s]);
 }
 
 static void unlock_slots(hd_alloc_table *t, uint32_t log2) {
   uint64_t n = (uint64_t)1 << log2;
   if (n > HD_SEQ_SLOTS) n = HD_SEQ_SLOTS;
-  for (uint64_t s = 0; s < n; s++) slot_unlock(&t->seq[s]);
+  for (uint64_t s = 0; s < n; s++) slot_unlock(t, &t->seq[s]);
 }
 
 /* Doubles the bucket array. The chains are rebuilt from the node array, read in index order:
@@ -300,7 +320,7 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
       if (LOAD(&n->address) == info->address) {
         if (replaced) node_read(n, replaced);
         node_write(n, info);
-        slot_unlock(seq);
+        slot_unlock(t, seq);
         node_free(t, w, idx);
         return HD_INSERT_REPLACED;
       }
@@ -309,7 +329,7 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
   STORE(&node->next, head);
   STORE(&node->address, info->address);
   STORE(&t->buckets[b], idx + 1);
-  slot_unlock(seq);
+  slot_unlock(t, seq);
   /* Live blocks never outnumber the nodes handed out, so the bucket array follows the
    * high-water mark: two loads of rarely written header fields, no shared live count. */
   if (HD_UNLIKELY_T(LOAD(&t->hdr->node_high_water) > ((uint64_t)2 << LOAD(&t->hdr->bucket_log2))))
@@ -328,13 +348,13 @@ bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t addre
       if (out) node_read(n, out);
       STORE(prev, LOAD(&n->next));
       STORE(&n->address, 0); /* unlinked (see maybe_grow) */
-      slot_unlock(seq);
+      slot_unlock(t, seq);
       node_free(t, w, link - 1);
       return true;
     }
     prev = &n->next;
   }
-  slot_unlock(seq);
+  slot_unlock(t, seq);
   return false;
 }
 
@@ -347,11 +367,11 @@ bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_all
     if (LOAD(&n->address) == info->address) {
       if (old) node_read(n, old);
       node_write(n, info);
-      slot_unlock(seq);
+      slot_unlock(t, seq);
       return true;
     }
   }
-  slot_unlock(seq);
+  slot_unlock(t, seq);
   return false;
 }
 

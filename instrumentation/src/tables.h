@@ -48,6 +48,7 @@ typedef struct hd_alloc_table {
   hd_alloc_node *nodes;
   uint64_t size;            /* mapping size == memfd size */
   hd_owned_fd memfd;
+  uint32_t slot_sleepers;   /* threads asleep on a slot lock (tables.c, slot_lock) */
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
    * of a free node is kept in its shared `next` field (unreachable from any bucket). */
   uint64_t free_top;

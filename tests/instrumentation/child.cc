@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -21,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <new>
 #include <string>
 #include <vector>
@@ -361,6 +363,55 @@ static void scenario_foreign_fds(const char *dir) {
   (void)!read(0, &c, 1);  // the test takes a live snapshot, then closes our stdin
 }
 
+// Two SCHED_FIFO threads of different priorities on one CPU share a pool of blocks. The higher
+// one wakes every ~50 us and preempts the lower one, often inside the library's critical
+// sections; a lock that spins or yields for its preempted holder would never let it run again,
+// and the program would hang for good (the alarm then kills it). Prints "realtime unavailable"
+// (and returns) where real-time scheduling is not permitted.
+static std::atomic<void *> g_pool[64];
+static void *realtime_worker(void *arg) {
+  const unsigned high = arg != nullptr;
+  for (unsigned i = 0; i < 100000; i++) {
+    void *old = g_pool[(i * 7 + high) & 63].exchange(malloc(16 + (i & 255)));
+    free(old);
+    if (high && i % 32 == 0) {
+      struct timespec pause = {0, 50000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+  return nullptr;
+}
+
+static void scenario_realtime() {
+  cpu_set_t one_cpu;
+  CPU_ZERO(&one_cpu);
+  CPU_SET(sched_getcpu(), &one_cpu);
+  CHECK(sched_setaffinity(0, sizeof(one_cpu), &one_cpu) == 0);  // inherited by the threads
+  alarm(60);
+  pthread_t threads[2];
+  for (int high = 0; high < 2; high++) {
+    pthread_attr_t attr;
+    CHECK(pthread_attr_init(&attr) == 0);
+    CHECK(pthread_attr_setinheritsched(&attr, PTHREAD_EXPLICIT_SCHED) == 0);
+    CHECK(pthread_attr_setschedpolicy(&attr, SCHED_FIFO) == 0);
+    struct sched_param param = {};
+    param.sched_priority = high ? 20 : 10;
+    CHECK(pthread_attr_setschedparam(&attr, &param) == 0);
+    int rc = pthread_create(&threads[high], &attr, realtime_worker, high ? &g_pool : nullptr);
+    pthread_attr_destroy(&attr);
+    if (rc == EPERM) {
+      CHECK(high == 0);
+      printf("realtime unavailable\n");
+      return;
+    }
+    CHECK(rc == 0);
+  }
+  for (pthread_t &t : threads) CHECK(pthread_join(t, nullptr) == 0);
+  alarm(0);
+  for (auto &slot : g_pool) free(slot.exchange(nullptr));
+  printf("realtime done\n");
+}
+
 static int count_fds(const char *target) {
   DIR *d = opendir("/proc/self/fd");
   CHECK(d);
@@ -640,6 +691,7 @@ int main(int argc, char **argv) {
   else if (mode == "dlopen") scenario_dlopen(argv[2]);
   else if (mode == "fork-register") scenario_fork_register();
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
+  else if (mode == "realtime") scenario_realtime();
   else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
   else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
   else if (mode == "signals") scenario_signals();

@@ -385,6 +385,17 @@ TEST_P(Preload, RenameThroughProcCommIsNoticed) {
   EXPECT_EQ(names[t.FindSize(5553)->thread_key], "after-rename");
 }
 
+// Real-time threads preempting each other inside the library on one CPU: no livelock (the child
+// kills itself with an alarm after 60 s if it hangs).
+TEST_P(Preload, RealTimeThreadsOnOneCpuNeverLivelock) {
+  Tables t;
+  RunChild({"realtime"}, &t);
+  if (last_output.find("realtime unavailable") != std::string::npos) {
+    GTEST_SKIP() << "SCHED_FIFO is not permitted here (needs root or RLIMIT_RTPRIO)";
+  }
+  EXPECT_NE(last_output.find("realtime done"), std::string::npos) << last_output;
+}
+
 TEST_P(Preload, PublicApiThroughWeakSymbols) {
   Tables t;
   RunChild({"api"}, &t);

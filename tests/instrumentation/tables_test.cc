@@ -1,7 +1,12 @@
 // Unit tests of the table writer (instrumentation/src/tables.c) read back through the
 // collector's reader (collector/table_reader.c), both linked directly.
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -51,6 +56,64 @@ struct AllocTable : ::testing::Test {
   void SetUp() override { ASSERT_EQ(hd_alloc_table_create(&t, 64 << 20, "test-alloc"), 0); }
   void TearDown() override { hd_alloc_table_destroy(&t); }
 };
+
+// The writer holding the slot locks (here all of them, as fork and bucket doubling do) is
+// preempted on its CPU by a higher-priority SCHED_FIFO writer that needs one. The waiter must
+// sleep so that the holder runs and unlocks: a waiter that spins or yields never lets a
+// lower-priority holder run again, and the child (which checks this under an alarm) would hang.
+TEST_F(AllocTable, AWaiterSleepsSoThatAPreemptedHolderRuns) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);
+    cpu_set_t one_cpu;
+    CPU_ZERO(&one_cpu);
+    CPU_SET(sched_getcpu(), &one_cpu);
+    if (sched_setaffinity(0, sizeof(one_cpu), &one_cpu) != 0) _exit(3);
+    static sem_t go;
+    sem_init(&go, 0, 0);
+    static hd_alloc_table *table;
+    table = &t;
+    auto start = [](int priority, void *(*body)(void *), pthread_t *thread) {
+      pthread_attr_t attr;
+      pthread_attr_init(&attr);
+      pthread_attr_setinheritsched(&attr, PTHREAD_EXPLICIT_SCHED);
+      pthread_attr_setschedpolicy(&attr, SCHED_FIFO);
+      struct sched_param param = {};
+      param.sched_priority = priority;
+      pthread_attr_setschedparam(&attr, &param);
+      int rc = pthread_create(thread, &attr, body, nullptr);
+      pthread_attr_destroy(&attr);
+      return rc;
+    };
+    pthread_t high, low;
+    int rc = start(20, [](void *) -> void * {
+      sem_wait(&go);  // wakes while the holder has every slot locked, and preempts it
+      hd_alloc_info info = Info(0x5000, 8);
+      return reinterpret_cast<void *>(hd_alloc_table_insert(table, nullptr, &info, nullptr));
+    }, &high);
+    if (rc == EPERM) _exit(77);
+    if (rc != 0) _exit(4);
+    rc = start(10, [](void *) -> void * {
+      hd_alloc_table_lock_all(table);
+      sem_post(&go);
+      hd_alloc_table_unlock_all(table);  // runs only once the waiter sleeps
+      return nullptr;
+    }, &low);
+    if (rc != 0) _exit(5);
+    void *inserted = nullptr;
+    pthread_join(low, nullptr);
+    pthread_join(high, &inserted);
+    _exit(reinterpret_cast<intptr_t>(inserted) == HD_INSERT_NEW ? 0 : 6);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "SCHED_FIFO is not permitted here (needs root or RLIMIT_RTPRIO)";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? ": hung" : "");
+}
 
 TEST_F(AllocTable, InsertEraseTwice) {
   for (int round = 0; round < 2; round++) {
