@@ -3,7 +3,9 @@
  * thread as inside the allocator, so that a signal handler interrupting it is not let back in. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "runtime.h"
 
@@ -45,6 +47,29 @@ static inline void leave(void) {
   hd_tls.in_backend--;
 }
 
+/* glibc guarantees alignof(max_align_t) == 16 for every block; jemalloc's 8-byte size class
+ * is only 8-aligned, so smaller requests take its 16-byte class (sized frees round alike). */
+static inline size_t jemalloc_size(size_t size) { return size < 16 ? 16 : size; }
+
+/* glibc serves a request of 32 MiB or more (its largest mmap threshold) with a plain mmap, so
+ * the kernel's overcommit policy decides it: in the default heuristic mode a request beyond RAM
+ * plus swap fails with ENOMEM. jemalloc maps with MAP_NORESERVE when the kernel overcommits,
+ * which that policy never refuses: malloc(64 TiB) would succeed, and a program relying on the
+ * failure (Python's MemoryError for bytearray(10**12)) would run the machine out of memory
+ * instead. So the jemalloc backend puts such a request to the kernel as glibc would, with a
+ * mapping released at once (two syscalls, beside the page faults a block that big costs). */
+static const size_t kGlibcMmapThresholdMax = (size_t)32 << 20;
+
+static bool granted_as_by_glibc(size_t size, size_t align) {
+  size_t bytes;
+  if (__builtin_add_overflow(size, align, &bytes) || bytes > PTRDIFF_MAX) return false;
+  if (bytes < kGlibcMmapThresholdMax) return true;
+  void *probe = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (probe == MAP_FAILED) return false;
+  munmap(probe, bytes);
+  return true;
+}
+
 void hd_backend_init(void) {
   if (hd_use_system)
     g_libc_usable = (size_t(*)(void *))dlvsym(RTLD_NEXT, "malloc_usable_size", HD_GLIBC_BASE_VERSION);
@@ -54,7 +79,9 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) {
   void *p;
   enter();
   if (!hd_use_system) {
-    p = mallocx(size ? size : 1, (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
+    p = granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)
+            ? mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0))
+            : NULL;
   } else if (lg_align == 0) {
     p = zero ? __libc_calloc(1, size) : __libc_malloc(size);
   } else {
@@ -68,14 +95,16 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) {
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) {
   enter();
   if (hd_use_system) __libc_free(p);
-  else if (size_hint && lg_align == 0) sdallocx(p, size_hint, 0);
+  else if (size_hint && lg_align == 0) sdallocx(p, jemalloc_size(size_hint), 0);
   else dallocx(p, 0);
   leave();
 }
 
 void *hd_backend_realloc(void *p, size_t size) {
   enter();
-  void *q = hd_use_system ? __libc_realloc(p, size) : rallocx(p, size, 0);
+  void *q = hd_use_system                  ? __libc_realloc(p, size)
+            : granted_as_by_glibc(size, 0) ? rallocx(p, jemalloc_size(size), 0)
+                                           : NULL;
   leave();
   return q;
 }
@@ -91,16 +120,16 @@ size_t hd_backend_usable(void *p) {
  * (so a later sized free with `size` is valid). */
 bool hd_backend_resize_in_place(void *p, size_t size) {
   enter();
-  size_t cls = nallocx(size, 0);
-  bool ok = cls != 0 && xallocx(p, size, 0, 0) == cls;
+  size_t cls = nallocx(jemalloc_size(size), 0);
+  bool ok = cls != 0 && xallocx(p, jemalloc_size(size), 0, 0) == cls;
   leave();
   return ok;
 }
 
-size_t hd_backend_class(size_t size) {
-  if (hd_use_system) return size;
+bool hd_backend_grants(size_t size) {
+  if (hd_use_system) return true; /* glibc decides in its realloc */
   enter();
-  size_t cls = nallocx(size ? size : 1, 0);
+  bool ok = nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
   leave();
-  return cls;
+  return ok;
 }

@@ -329,7 +329,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     hd_record_alloc(q, size, 0);
     return q;
   }
-  if (hd_backend_class(size) == 0) {
+  if (!hd_backend_grants(size)) {
     errno = ENOMEM;
     return NULL;
   }

@@ -86,7 +86,8 @@ void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) HD_HIDDEN; /*
 void *hd_backend_realloc(void *p, size_t size) HD_HIDDEN;
 size_t hd_backend_usable(void *p) HD_HIDDEN;
 bool hd_backend_resize_in_place(void *p, size_t size) HD_HIDDEN; /* jemalloc only */
-size_t hd_backend_class(size_t size) HD_HIDDEN;                    /* 0: impossible size */
+/* false: a size the program must see fail with ENOMEM, as glibc would fail it */
+bool hd_backend_grants(size_t size) HD_HIDDEN;
 
 /* Recording; call with hd_tls.in_hook set. */
 void hd_record_alloc(void *p, size_t size, unsigned lg_align) HD_HIDDEN;

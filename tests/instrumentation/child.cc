@@ -412,6 +412,67 @@ static void scenario_realtime() {
   printf("realtime done\n");
 }
 
+extern "C" void *__libc_malloc(size_t size);
+extern "C" void *__libc_calloc(size_t n, size_t size);
+extern "C" void *__libc_memalign(size_t align, size_t size);
+extern "C" void __libc_free(void *p);
+
+// Sizes glibc refuses (a request beyond RAM plus swap under the default overcommit policy) fail
+// under the preload too, whatever the backend, with ENOMEM; what glibc grants is granted. glibc's
+// own answer is asked for directly (__libc_*), so the check holds on any machine. Small blocks
+// are 16-byte aligned, as glibc guarantees.
+static void scenario_impossible() {
+  const size_t k64TiB = size_t{64} << 40, k1TiB = size_t{1} << 40;
+  auto glibc_grants = [](void *p) {
+    __libc_free(p);
+    return p != nullptr;
+  };
+  auto check = [](const char *what, void *p, bool glibc_would) {
+    const int error = errno;
+    if ((p != nullptr) != glibc_would || (!p && error != ENOMEM)) {
+      fprintf(stderr, "%s: %p (errno %d), glibc %s\n", what, p, error, glibc_would ? "grants" : "refuses");
+      exit(1);
+    }
+    free(p);
+  };
+  const bool huge = glibc_grants(__libc_malloc(k64TiB));
+  printf("glibc %s 64 TiB\n", huge ? "grants" : "refuses");
+  errno = 0;
+  check("malloc(64 TiB)", malloc(k64TiB), huge);
+  const bool tera = glibc_grants(__libc_calloc(size_t{1} << 20, size_t{1} << 20));
+  errno = 0;
+  check("calloc(2^20, 2^20)", calloc(size_t{1} << 20, size_t{1} << 20), tera);
+  const bool aligned = glibc_grants(__libc_memalign(k1TiB, 10));
+  errno = 0;
+  check("memalign(1 TiB, 10)", memalign(k1TiB, 10), aligned);
+  void *q = nullptr;
+  CHECK(posix_memalign(&q, k1TiB, 10) == (aligned ? 0 : ENOMEM));
+  free(q);
+  void *p = malloc(100);
+  memset(p, 7, 100);
+  errno = 0;
+  void *grown = realloc(p, k64TiB);
+  check("realloc(p, 64 TiB)", grown, huge);
+  if (!grown) {
+    CHECK(static_cast<unsigned char *>(p)[99] == 7);  // the old block is untouched
+    free(p);
+  }
+  CHECK(malloc(g_huge / 2 + 1) == nullptr && errno == ENOMEM);
+  for (size_t size = 0; size <= 32; size++) {
+    std::vector<void *> blocks;
+    for (int i = 0; i < 64; i++) {
+      blocks.push_back(malloc(size));
+      CHECK(reinterpret_cast<uintptr_t>(blocks.back()) % 16 == 0);
+    }
+    for (void *b : blocks) free(b);
+  }
+  void *small = malloc(3);
+  void *bigger = realloc(small, 7);  // stays a 16-byte block
+  CHECK(bigger && reinterpret_cast<uintptr_t>(bigger) % 16 == 0);
+  free(bigger);
+  printf("impossible done\n");
+}
+
 static int count_fds(const char *target) {
   DIR *d = opendir("/proc/self/fd");
   CHECK(d);
@@ -692,6 +753,7 @@ int main(int argc, char **argv) {
   else if (mode == "fork-register") scenario_fork_register();
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
   else if (mode == "realtime") scenario_realtime();
+  else if (mode == "impossible") scenario_impossible();
   else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
   else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
   else if (mode == "signals") scenario_signals();

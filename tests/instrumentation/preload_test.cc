@@ -396,6 +396,14 @@ TEST_P(Preload, RealTimeThreadsOnOneCpuNeverLivelock) {
   EXPECT_NE(last_output.find("realtime done"), std::string::npos) << last_output;
 }
 
+// What glibc refuses (64 TiB, a 1 TiB calloc or alignment) fails with ENOMEM whatever the
+// backend; small blocks are 16-byte aligned.
+TEST_P(Preload, ImpossibleSizesFailAsWithGlibc) {
+  Tables t;
+  RunChild({"impossible"}, &t);
+  EXPECT_NE(last_output.find("impossible done"), std::string::npos) << last_output;
+}
+
 TEST_P(Preload, PublicApiThroughWeakSymbols) {
   Tables t;
   RunChild({"api"}, &t);
