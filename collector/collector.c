@@ -743,6 +743,7 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   pthread_cond_init(&c->streams_done, NULL);
   atomic_init(&c->stop_requested, false);
   c->listen_fd = -1;
+  c->storage_fd = -1;
   c->wake[0] = c->wake[1] = -1;
   c->conns = calloc(1, sizeof *c->conns);
   c->scratch = malloc(sizeof *c->scratch);

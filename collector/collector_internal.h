@@ -83,6 +83,9 @@ struct hd_collector {
    * path must equal for the process to be ours. */
   char socket_identity[4096];
   char storage_dir[4096];
+  /* The storage directory, verified ours and private when opened: every file in it is reached
+   * relative to this descriptor, never by a path that a rename could redirect. */
+  int storage_fd;
   int listen_fd;
   int wake[2]; /* a byte makes the poll thread look again at the stop flag and the live set */
   atomic_bool stop_requested;

@@ -4,7 +4,12 @@
  * File layout (little-endian): "HDSNAP01", u32 uid, u32 metadata length, a StoredSnapshot
  * message, then the snapshot's batches as they are sent on the wire: u32 length, Batch body.
  * Snapshot ids come from the `next-id` file, advanced before an id is used, so an id is never
- * reused, across restarts and evictions alike. */
+ * reused, across restarts and evictions alike.
+ *
+ * The directory must be the collector's own and private (a root collector given a directory
+ * another user made in /tmp would otherwise write wherever that user's symlinks point). Files
+ * are reached through the verified directory's descriptor (openat and friends), new ones are
+ * created O_EXCL|O_NOFOLLOW, and existing ones opened O_NOFOLLOW. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -60,46 +65,43 @@ static bool read_all(int fd, void *data, size_t size) {
   return true;
 }
 
-static void fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
+static void snapshot_file_name(uint32_t id, char *out, size_t size) {
+  snprintf(out, size, "snapshot-%u.hdsnap", id);
 }
 
-static void snapshot_path(hd_collector *c, uint32_t id, char *out, size_t size) {
-  snprintf(out, size, "%s/snapshot-%u.hdsnap", c->storage_dir, id);
+/* A new file of the storage directory, for writing. Whatever is at that name (the leftover of a
+ * crash) is removed first, and the file is created, never opened through a link. */
+static int create_file(hd_collector *c, const char *name) {
+  if (unlinkat(c->storage_fd, name, 0) != 0 && errno != ENOENT) return -errno;
+  int fd = openat(c->storage_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  return fd >= 0 ? fd : -errno;
 }
 
 /* Persists next_id + 1 before id next_id is handed out. Called with c->lock held. */
 static int take_id(hd_collector *c, uint32_t *id) {
   if (c->next_id == UINT32_MAX) return -ENOSPC; /* every id has been used once */
-  char tmp[4200], path[4200];
-  snprintf(tmp, sizeof tmp, "%s/next-id.tmp", c->storage_dir);
-  snprintf(path, sizeof path, "%s/next-id", c->storage_dir);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -errno;
+  int fd = create_file(c, "next-id.tmp");
+  if (fd < 0) return fd;
   char text[16];
   int len = snprintf(text, sizeof text, "%u\n", c->next_id + 1);
   bool ok = write_all(fd, text, (size_t)len) && fsync(fd) == 0;
   close(fd);
-  if (!ok || rename(tmp, path) != 0) return -EIO;
-  fsync_dir(c->storage_dir);
+  if (!ok || renameat(c->storage_fd, "next-id.tmp", c->storage_fd, "next-id") != 0) return -EIO;
+  fsync(c->storage_fd);
   *id = c->next_id++;
   return 0;
 }
 
-/* Reads and checks a snapshot file's header and record structure. */
-static int load_info(const char *path, hd_stored_snapshot_info *info) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+/* Reads and checks the header and record structure of a snapshot file of the directory. */
+static int load_info(int dir_fd, const char *name, hd_stored_snapshot_info *info) {
+  int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return -errno;
   int rc = -EINVAL;
   char magic[8];
   uint32_t uid, meta_len;
   uint8_t meta[512];
   struct stat st;
-  if (fstat(fd, &st) == 0 && read_all(fd, magic, 8) && memcmp(magic, kMagic, 8) == 0 &&
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && read_all(fd, magic, 8) && memcmp(magic, kMagic, 8) == 0 &&
       read_all(fd, &uid, 4) && read_all(fd, &meta_len, 4) && meta_len <= sizeof meta &&
       read_all(fd, meta, meta_len)) {
     heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
@@ -161,9 +163,9 @@ static void enforce_retention(hd_collector *c) {
          ((c->max_stored != 0 && c->stored_count > c->max_stored) ||
           (c->max_storage_bytes != 0 && total > c->max_storage_bytes))) {
     hd_stored_snapshot_info oldest = c->stored[0];
-    char path[4200];
-    snapshot_path(c, oldest.id, path, sizeof path);
-    unlink(path);
+    char name[64];
+    snapshot_file_name(oldest.id, name, sizeof name);
+    unlinkat(c->storage_fd, name, 0);
     total -= oldest.bytes;
     memmove(c->stored, c->stored + 1, (c->stored_count - 1) * sizeof *c->stored);
     c->stored_count--;
@@ -189,40 +191,62 @@ int hd_storage_open(hd_collector *c, const char *dir) {
     hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir, strerror(-rc));
     return rc;
   }
+  c->storage_fd = open(c->storage_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (c->storage_fd < 0 || fstat(c->storage_fd, &st) != 0) {
+    rc = -errno;
+    bool is_link = lstat(c->storage_dir, &st) == 0 && S_ISLNK(st.st_mode);
+    hd_log(c, HD_LOG_ERROR, "cannot open storage directory %s: %s", c->storage_dir,
+           is_link ? "it is a symbolic link" : strerror(-rc));
+    return rc;
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    hd_log(c, HD_LOG_ERROR,
+           "storage directory %s must be owned by uid %u with mode 0700 (it is uid %u, mode %o)",
+           c->storage_dir, (unsigned)geteuid(), (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+    return -EPERM;
+  }
   c->next_id = 1;
-  char path[sizeof c->storage_dir + 300];
-  snprintf(path, sizeof path, "%s/next-id", c->storage_dir);
-  FILE *f = fopen(path, "re");
+  int next_fd = openat(c->storage_fd, "next-id", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  FILE *f = next_fd >= 0 ? fdopen(next_fd, "re") : NULL;
   if (f != NULL) {
     unsigned value;
     if (fscanf(f, "%u", &value) == 1 && value > 0) c->next_id = value;
     fclose(f);
+  } else if (next_fd >= 0) {
+    close(next_fd);
   }
-  DIR *d = opendir(c->storage_dir);
-  if (d == NULL) return -errno;
+  int list_fd = dup(c->storage_fd); /* closedir closes the descriptor it reads */
+  DIR *d = list_fd >= 0 ? fdopendir(list_fd) : NULL;
+  if (d == NULL) {
+    rc = -errno;
+    if (list_fd >= 0) close(list_fd);
+    return rc;
+  }
+  rewinddir(d);
   struct dirent *entry;
   while ((entry = readdir(d)) != NULL) {
     unsigned id;
     char tail[16];
     if (strncmp(entry->d_name, ".tmp-", 5) == 0) {
       /* A store interrupted by a crash: never renamed, so never listed. */
-      snprintf(path, sizeof path, "%s/%s", c->storage_dir, entry->d_name);
-      unlink(path);
+      unlinkat(c->storage_fd, entry->d_name, 0);
       continue;
     }
     if (sscanf(entry->d_name, "snapshot-%u.%15s", &id, tail) != 2 || strcmp(tail, "hdsnap") != 0) {
       continue;
     }
-    snprintf(path, sizeof path, "%s/%s", c->storage_dir, entry->d_name);
     /* Even a damaged file's id stays taken: a new snapshot must not overwrite what someone
      * may still want to look at. */
     if (id >= c->next_id && id < UINT32_MAX) c->next_id = id + 1;
     hd_stored_snapshot_info info;
-    int load_rc = load_info(path, &info);
+    int load_rc = load_info(c->storage_fd, entry->d_name, &info);
     if (load_rc != 0 || info.id != id) {
-      hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s: %s", path,
+      hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s/%s: %s", c->storage_dir,
+             entry->d_name,
              load_rc == 0 ? "its id is not the one in its name"
-             : load_rc == -EINVAL ? "bad header or truncated record" : strerror(-load_rc));
+             : load_rc == -EINVAL ? "bad header or truncated record"
+             : load_rc == -ELOOP ? "it is a symbolic link" : strerror(-load_rc));
       continue;
     }
     if (!append_info(c, &info)) break;
@@ -238,6 +262,8 @@ int hd_storage_open(hd_collector *c, const char *dir) {
 }
 
 void hd_storage_close(hd_collector *c) {
+  if (c->storage_fd >= 0) close(c->storage_fd);
+  c->storage_fd = -1;
   free(c->stored);
   c->stored = NULL;
   c->stored_count = c->stored_capacity = 0;
@@ -283,10 +309,10 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     hd_log(c, HD_LOG_ERROR, "cannot allocate a snapshot id in %s", c->storage_dir);
     return -EIO;
   }
-  char tmp[4200], path[4200];
-  snprintf(tmp, sizeof tmp, "%s/.tmp-%u", c->storage_dir, id);
-  snapshot_path(c, id, path, sizeof path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  char tmp[64], file_name[64];
+  snprintf(tmp, sizeof tmp, ".tmp-%u", id);
+  snapshot_file_name(id, file_name, sizeof file_name);
+  int fd = create_file(c, tmp);
   if (fd < 0) {
     hd_alloc_reader_close(frozen);
     return -EIO;
@@ -333,13 +359,14 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
        pwrite(fd, meta_buf, meta_len, 16) == (ssize_t)meta_len && fsync(fd) == 0;
   close(fd);
   hd_stored_snapshot_info info;
-  if (!ok || rename(tmp, path) != 0 || load_info(path, &info) != 0) {
-    unlink(tmp);
+  if (!ok || renameat(c->storage_fd, tmp, c->storage_fd, file_name) != 0 ||
+      load_info(c->storage_fd, file_name, &info) != 0) {
+    unlinkat(c->storage_fd, tmp, 0);
     hd_log(c, HD_LOG_ERROR, "could not store snapshot \"%s\" of %s[%u]", name, p->name,
            (unsigned)p->pid);
     return rc == -EIO || rc == -EINVAL ? -EINVAL : -EIO;
   }
-  fsync_dir(c->storage_dir);
+  fsync(c->storage_fd);
   pthread_mutex_lock(&c->lock);
   append_info(c, &info);
   enforce_retention(c);
@@ -436,13 +463,13 @@ int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid) {
     c->stored_count--;
     /* Unlinked under the lock so that no listing shows an id whose file is gone; a download
      * already streaming it keeps its open file. */
-    char path[4200];
-    snapshot_path(c, id, path, sizeof path);
-    unlink(path);
+    char name[64];
+    snapshot_file_name(id, name, sizeof name);
+    unlinkat(c->storage_fd, name, 0);
   }
   pthread_mutex_unlock(&c->lock);
   if (!visible) return -ENOENT;
-  fsync_dir(c->storage_dir);
+  fsync(c->storage_fd);
   hd_log(c, HD_LOG_INFO, "deleted stored snapshot %u (%s of %s[%llu]) at uid %u's request", id,
          found.name, found.process_name, (unsigned long long)found.pid, (unsigned)uid);
   return 0;
@@ -456,9 +483,9 @@ int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *
   }
   pthread_mutex_unlock(&c->lock);
   if (!visible) return -ENOENT;
-  char path[4200];
-  snapshot_path(c, id, path, sizeof path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char name[64];
+  snapshot_file_name(id, name, sizeof name);
+  int fd = openat(c->storage_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return -ENOENT; /* evicted meanwhile */
   uint8_t *body = malloc(HD_BATCH_CAPACITY);
   uint32_t header[2];

@@ -96,6 +96,30 @@ TEST_F(PermissionTest, ClientOfAnotherUidIsRefused) {
   child.Finish();
 }
 
+// A root collector given a storage directory that another user made (in /tmp, say) refuses it:
+// that user could otherwise plant links there and have root overwrite any file through them.
+TEST_F(PermissionTest, AStorageDirectoryOfAnotherUserIsRefused) {
+  const std::string shared = dir + "/tmp", planted = shared + "/planted", victim = dir + "/root-only";
+  ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 01777), 0);  // as /tmp is
+  WriteFile(victim, "root's");
+  ASSERT_EQ(chmod(victim.c_str(), 0600), 0);
+  const std::string link_target = victim;
+  ASSERT_EQ(RunAs(nobody, [&] {
+              if (mkdir(planted.c_str(), 0700) != 0) return 1;
+              return symlink(link_target.c_str(), (planted + "/next-id.tmp").c_str()) == 0 ? 0 : 2;
+            }),
+            0);
+  ShellOutput refused = RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" + dir +
+                                     "/run/c.sock' --storage '" + planted + "'",
+                                 dir, {"PATH=/usr/bin:/bin"});
+  EXPECT_NE(refused.status, 0) << refused.out;
+  EXPECT_NE(refused.out.find("storage directory " + planted + " must be owned by uid 0"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_EQ(ReadFile(victim), "root's");
+}
+
 TEST_F(PermissionTest, ClientSeesOnlyItsOwnUidsProcessesAndSnapshots) {
   // A collector of nobody's, with root's program and nobody's program registered.
   ASSERT_EQ(chown(dir.c_str(), nobody.uid, nobody.gid), 0);

@@ -117,8 +117,56 @@ TEST_F(StorageTest, RetentionByBytesEvictsTheOldestFirst) {
   child.Finish();
 }
 
-void WriteFile(const std::string &path, const std::string &bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
+// Runs the collector in the foreground with `storage` until it exits (it must refuse to start).
+ShellOutput StartWithStorage(const std::string &dir, const std::string &storage) {
+  return RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" + dir + "/run/c.sock' --storage '" +
+                      storage + "'",
+                  dir, {"PATH=/usr/bin:/bin"});
+}
+
+// Like the socket's, the storage directory must be the collector's own and private: one that
+// others may read or write, or a symbolic link, is refused with the reason, and left untouched.
+TEST_F(StorageTest, AStorageDirectoryNotPrivatelyOursIsRefused) {
+  const std::string open_dir = dir + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0755), 0);
+  ShellOutput refused = StartWithStorage(dir, open_dir);
+  EXPECT_NE(refused.status, 0) << refused.out;
+  EXPECT_NE(refused.out.find("storage directory " + open_dir + " must be owned by uid " +
+                             std::to_string(geteuid()) + " with mode 0700 (it is uid " +
+                             std::to_string(geteuid()) + ", mode 755)"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_EQ(FileSize(open_dir + "/next-id"), -1);
+
+  const std::string private_dir = dir + "/private", link = dir + "/link";
+  ASSERT_EQ(mkdir(private_dir.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(private_dir.c_str(), link.c_str()), 0);
+  refused = StartWithStorage(dir, link);
+  EXPECT_NE(refused.status, 0) << refused.out;
+  EXPECT_NE(refused.out.find("cannot open storage directory " + link + ": it is a symbolic link"),
+            std::string::npos)
+      << refused.out;
+}
+
+// Files of the storage directory are never followed through links: a snapshot file that is a
+// link is skipped as damaged, and a link left where the collector writes is replaced, not
+// written through.
+TEST_F(StorageTest, LinksInTheStorageDirectoryAreNeverFollowed) {
+  collector.Start();
+  collector.Stop();
+  const std::string victim = dir + "/victim";
+  WriteFile(victim, "precious");
+  ASSERT_EQ(symlink(victim.c_str(), (collector.storage + "/next-id.tmp").c_str()), 0);
+  ASSERT_EQ(symlink(victim.c_str(), SnapshotFile(500).c_str()), 0);
+  collector.Start();
+  EXPECT_TRUE(Logged("skipping damaged stored snapshot " + SnapshotFile(500) +
+                     ": it is a symbolic link"))
+      << collector.Log();
+  Child child(collector.socket, "after-links");
+  EXPECT_GT(StoredId(List(collector.socket), "after-links"), 500u);
+  child.Finish();
+  EXPECT_EQ(ReadFile(victim), "precious");
 }
 
 TEST_F(StorageTest, DamagedFilesAreReportedAndSkipped) {

@@ -51,6 +51,10 @@ std::string ReadFile(const std::string &path) {
   return text.str();
 }
 
+void WriteFile(const std::string &path, const std::string &bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
 bool BecomeUser(uid_t uid, gid_t gid) {
   return setgroups(0, nullptr) == 0 && setgid(gid) == 0 && setuid(uid) == 0;
 }

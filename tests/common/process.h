@@ -26,6 +26,7 @@ struct RemoveWhenPassed {
 // Polls pred every 20 ms for up to `seconds`; true as soon as it holds.
 bool WaitUntil(const std::function<bool()> &pred, double seconds = 20);
 std::string ReadFile(const std::string &path);
+void WriteFile(const std::string &path, const std::string &bytes);
 // Switches the calling process (a fork child) to uid and its primary group; false on failure.
 bool BecomeUser(uid_t uid, gid_t gid);
 
