@@ -342,6 +342,7 @@ typedef struct conn {
   hd_process *process;    /* CONN_REGISTRY, CONN_SINK */
   hd_stored_list listing; /* CONN_ITERATOR: a copy of the matching snapshots */
   heapdump_client_CollectorError listing_error; /* CONN_ITERATOR: answered instead */
+  uint64_t last_active_ns; /* when it was accepted or last sent a message */
 } conn;
 
 struct conn_table {
@@ -365,6 +366,7 @@ static bool add_conn(hd_collector *c, int fd, enum conn_kind kind, hd_process *p
   k->fd = fd;
   k->kind = kind;
   k->process = process;
+  k->last_active_ns = hd_monotonic_ns();
   if (peer != NULL) k->peer = *peer;
   return true;
 }
@@ -387,6 +389,35 @@ static void close_conn(hd_collector *c, size_t index) {
   }
   free(k->listing.items);
   c->conns->items[index] = c->conns->items[--c->conns->count];
+}
+
+/* Clients, iterators and connections that have not said what they are come and go; registry
+ * and sink connections live as long as their process, idle or not. */
+static bool may_idle_out(const conn *k) {
+  return k->kind == CONN_NEW || k->kind == CONN_CLIENT || k->kind == CONN_ITERATOR;
+}
+
+/* Closes client connections idle for longer than the idle timeout, or, once the table is three
+ * quarters full, for longer than a second: idle or abandoned clients never lock out new clients
+ * and processes. Returns whether any connection may still idle out (the loop then wakes up to
+ * look again). */
+static bool close_idle_connections(hd_collector *c) {
+  const uint64_t now = hd_monotonic_ns();
+  const bool crowded = c->conns->count >= MAX_CONNECTIONS / 4 * 3;
+  const uint64_t limit = crowded ? 1000000000u : c->idle_timeout_ns;
+  bool any = false;
+  for (size_t i = c->conns->count; i-- > 0;) {
+    conn *k = &c->conns->items[i];
+    if (!may_idle_out(k)) continue;
+    if (now - k->last_active_ns > limit) {
+      hd_log(c, HD_LOG_DEBUG, "closing a connection of pid %u idle for %llu s", (unsigned)k->peer.pid,
+             (unsigned long long)((now - k->last_active_ns) / 1000000000u));
+      close_conn(c, i);
+    } else {
+      any = true;
+    }
+  }
+  return any;
 }
 
 /* ---- Registry ---- */
@@ -441,7 +472,7 @@ static hd_status on_register(void *ctx, hd_message *msg,
   }
   int alloc_fd = hd_message_take_fd(msg, &req->allocations_table);
   int res_fd = hd_message_take_fd(msg, &req->resources_table);
-  int sink_fd = hd_message_take_fd(msg, &req->snapshot_sink);
+  int sink_fd = hd_message_take_channel(msg, &req->snapshot_sink);
   hd_alloc_reader *alloc = NULL;
   hd_res_reader *res = NULL;
   hd_alloc_table_info info;
@@ -450,6 +481,8 @@ static hd_status on_register(void *ctx, hd_message *msg,
   const char *refused = NULL;
   if (!hd_fd_is_memfd(alloc_fd, NULL) || !hd_fd_is_memfd(res_fd, NULL)) {
     refused = "not memfds";
+  } else if (sink_fd < 0) {
+    refused = "the snapshot sink is not a channel";
   } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
              (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
     refused = hd_read_status_str(rs);
@@ -543,22 +576,35 @@ static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
 
 /* ---- Collector (clients) ---- */
 
-/* A stream job for a client request that streams to the receiver its handle names. */
+/* A stream job for a client request that streams to the receiver its handle names; NULL, with
+ * *status set, if there is none to stream to. */
 static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
-                                     const heapdump_client_Handle *receiver) {
+                                     const heapdump_client_Handle *receiver, hd_status *status) {
   h->k->kind = CONN_CLIENT;
+  int receiver_fd = hd_message_take_channel(msg, receiver);
+  if (receiver_fd < 0) {
+    hd_log(h->c, HD_LOG_WARN, "pid %u: request refused: its receiver is not a channel",
+           (unsigned)h->k->peer.pid);
+    *status = HD_ERR_UNEXPECTED_FD;
+    return NULL;
+  }
   hd_stream_job *job = calloc(1, sizeof *job);
-  if (job == NULL) return NULL;
+  if (job == NULL) {
+    close(receiver_fd);
+    *status = HD_ERR_NO_MEMORY;
+    return NULL;
+  }
   job->c = h->c;
-  job->receiver = hd_message_take_fd(msg, receiver);
+  job->receiver = receiver_fd;
   job->peer_uid = h->k->peer.uid;
   return job;
 }
 
 static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
                                        heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
-  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver);
-  if (job == NULL) return HD_ERR_NO_MEMORY;
+  hd_status status;
+  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
+  if (job == NULL) return status;
   job->with_contents = req->has_with_contents && req->with_contents;
   job->multi_process = req->has_multi_process && req->multi_process;
   job->has_selector = req->has_process_selector;
@@ -569,8 +615,9 @@ static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
 
 static hd_status on_download(void *ctx, hd_message *msg,
                              heapdump_client_CollectorDownloadStoredSnapshotRequest *req) {
-  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver);
-  if (job == NULL) return HD_ERR_NO_MEMORY;
+  hd_status status;
+  hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
+  if (job == NULL) return status;
   job->stored = true;
   job->stored_id = req->has_snapshot_id ? req->snapshot_id : 0;
   hd_start_stream(job);
@@ -581,7 +628,12 @@ static hd_status on_list(void *ctx, hd_message *msg,
                          heapdump_client_CollectorListStoredSnapshotsRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
-  int fd = hd_message_take_fd(msg, &req->iterator);
+  int fd = hd_message_take_channel(msg, &req->iterator);
+  if (fd < 0) {
+    hd_log(h->c, HD_LOG_WARN, "pid %u: listing refused: its iterator is not a channel",
+           (unsigned)h->k->peer.pid);
+    return HD_OK;
+  }
   /* Processes found now are watched, so that their exit snapshots are taken. */
   hd_queue_discovery(h->c);
   hd_stored_list listing = {0};
@@ -673,6 +725,7 @@ static bool serve(hd_collector *c, size_t index) {
   hd_message *msg = c->scratch;
   hd_status status = hd_message_recv(fd, msg);
   if (status == HD_ERR_PEER_CLOSED) return false;
+  c->conns->items[index].last_active_ns = hd_monotonic_ns();
   handler_ctx h = {c, &c->conns->items[index], false};
   enum conn_kind kind = h.k->kind;
   if (status == HD_OK) {
@@ -755,6 +808,9 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   c->log_level = options->log_level;
   c->max_stored = options->max_stored;
   c->max_storage_bytes = options->max_storage_bytes;
+  c->idle_timeout_ns = (uint64_t)(options->idle_timeout_seconds ? options->idle_timeout_seconds
+                                                                 : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
+                       1000000000u;
   int rc = 0;
   if (options->socket_path != NULL) {
     if (snprintf(c->socket_path, sizeof c->socket_path, "%s", options->socket_path) >=
@@ -843,6 +899,7 @@ int hd_collector_run(hd_collector *c) {
     return -ENOMEM;
   }
   int rc = 0;
+  bool idle_watch = false;
   while (!atomic_load(&c->stop_requested)) {
     size_t n = c->conns->count;
     fds[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
@@ -854,7 +911,7 @@ int hd_collector_run(hd_collector *c) {
     for (size_t i = 0; i < w; i++) {
       fds[2 + n + i] = (struct pollfd){.fd = watched[i]->pidfd, .events = POLLIN};
     }
-    int ready = poll(fds, 2 + n + w, -1);
+    int ready = poll(fds, 2 + n + w, idle_watch ? 1000 : -1);
     if (ready < 0 && errno != EINTR) {
       rc = -errno;
       hd_log(c, HD_LOG_ERROR, "poll failed: %s", strerror(errno));
@@ -875,6 +932,7 @@ int hd_collector_run(hd_collector *c) {
       }
       if (fds[1].revents & POLLIN) accept_connections(c);
     }
+    idle_watch = close_idle_connections(c);
     for (size_t i = 0; i < w; i++) hd_process_release(watched[i]);
     if (rc != 0) break;
   }

@@ -92,6 +92,7 @@ struct hd_collector {
   int log_level;
   uint32_t max_stored;
   uint64_t max_storage_bytes;
+  uint64_t idle_timeout_ns; /* client connections idle longer are closed */
   pthread_mutex_t lock;
   hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference */
   size_t process_count;

@@ -53,7 +53,7 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: heapdump-collector [--socket PATH] [--storage DIR] [--max-stored N]\n"
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
-          "                          [--log-level L]\n"
+          "                          [--log-level L] [--idle-timeout S]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
           "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
@@ -72,10 +72,13 @@ static void usage(FILE *out) {
           "  --log-file FILE        write the log here (default when detached: beside the socket,\n"
           "                         collector.sock -> collector.log)\n"
           "  --log-level L          error, warn, info (default) or debug\n"
+          "  --idle-timeout S       close client connections and listings idle for S seconds\n"
+          "                         (default %d; a second when connections run short)\n"
           "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
           "                         pid file, then wait until it has exited (up to %d s)\n"
           "  --version              print the version\n",
-          DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES, STOP_WAIT_SECONDS);
+          DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES,
+          HD_DEFAULT_IDLE_TIMEOUT_SECONDS, STOP_WAIT_SECONDS);
 }
 
 /* A decimal count in [0, max]: no sign, no suffix, no overflow. */
@@ -283,6 +286,7 @@ int main(int argc, char **argv) {
       {"foreground", no_argument, 0, 'f'},        {"log-level", required_argument, 0, 'l'},
       {"log-file", required_argument, 0, 'L'},    {"stop", no_argument, 0, 'S'},
       {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
+      {"idle-timeout", required_argument, 0, 'i'},
       {0, 0, 0, 0}};
   hd_collector_options options = {.log_level = HD_LOG_INFO,
                                   .max_stored = DEFAULT_MAX_STORED,
@@ -309,6 +313,14 @@ int main(int argc, char **argv) {
           return 2;
         }
         options.max_storage_bytes = count;
+        break;
+      case 'i':
+        if (!parse_count(optarg, 86400, &count) || count == 0) {
+          fprintf(stderr, "heapdump-collector: bad --idle-timeout: %s (seconds, 1 to 86400)\n",
+                  optarg);
+          return 2;
+        }
+        options.idle_timeout_seconds = (uint32_t)count;
         break;
       case 'f': foreground = 1; break;
       case 'L': log_file = optarg; break;

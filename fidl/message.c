@@ -6,6 +6,7 @@
 #include <pb_encode.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static void put_le32(uint8_t *p, uint32_t v) {
@@ -136,6 +137,19 @@ int hd_message_take_fd(hd_message *msg, const heapdump_client_Handle *handle) {
   if (!handle->has_index || handle->index >= msg->fd_count) return -1;
   int fd = msg->fds[handle->index];
   msg->fds[handle->index] = -1;
+  return fd;
+}
+
+int hd_message_take_channel(hd_message *msg, const heapdump_client_Handle *handle) {
+  int fd = hd_message_take_fd(msg, handle);
+  int type = 0, domain = 0;
+  socklen_t type_len = sizeof type, domain_len = sizeof domain;
+  if (fd >= 0 && (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
+                  getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &domain_len) != 0 ||
+                  type != SOCK_SEQPACKET || domain != AF_UNIX)) {
+    close(fd);
+    return -1;
+  }
   return fd;
 }
 

@@ -363,5 +363,76 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
   collector.Stop(SIGTERM);  // exits 0: no crash, and in the sanitizer build no leak
 }
 
+// Listings, live snapshots and downloads whose channel end is not a channel (a datagram socket,
+// whose peer's close goes unnoticed) are refused at once: 1,100 of them from clients that then
+// vanish used to fill every connection slot, locking out all later clients and processes.
+TEST_F(RobustnessTest, ChannelEndsThatAreNotChannelsAreRefused) {
+  const size_t baseline = collector.SettledFdCount();
+  for (int i = 0; i < 1100; i++) {
+    int fd = Connect(collector.socket);
+    ASSERT_GE(fd, 0);
+    int ends[2];
+    ASSERT_EQ(socketpair(AF_UNIX, (i % 3 == 2 ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0, ends), 0);
+    if (i % 3 == 0) {
+      heapdump_client_CollectorListStoredSnapshotsRequest req =
+          heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
+      req.has_iterator = true;
+      req.iterator = {true, 0};
+      SendRaw(fd, Encoded(HD_ORDINAL_COLLECTOR_LIST_STORED_SNAPSHOTS,
+                          heapdump_client_CollectorListStoredSnapshotsRequest_fields, req, 1),
+              {ends[1]});
+    } else {
+      SendRaw(fd, TakeLiveSnapshotRequest(0), {ends[1]});
+    }
+    close(ends[1]);
+    close(ends[0]);
+    close(fd);
+  }
+  EXPECT_EQ(collector.SettledFdCount(), baseline) << collector.Log();
+  EXPECT_NE(collector.Log().find("is not a channel"), std::string::npos);
+  Child child(collector.socket, "after-datagrams");  // a process still registers and stores
+  EXPECT_EQ(child.snapshot_rc, 0);
+  EXPECT_NE(StoredId(List(collector.socket), "after-datagrams"), 0u);
+  child.Finish();
+}
+
+// Connections that never say anything, and clients that stop talking, are closed after the idle
+// timeout; a registered process's connections are not, however idle.
+TEST_F(RobustnessTest, IdleClientConnectionsAreClosed) {
+  collector.Stop();
+  collector.args = {"--idle-timeout", "1"};
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t baseline = collector.SettledFdCount();
+  std::vector<int> silent;
+  for (int i = 0; i < 20; i++) silent.push_back(Connect(collector.socket));
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() >= baseline + 20; }, 5));
+  EXPECT_TRUE(WaitUntil([&] { return collector.Fds().size() == baseline; }, 10)) << collector.Log();
+  for (int fd : silent) EXPECT_TRUE(ClosedByPeer(fd));
+  for (int fd : silent) close(fd);
+  auto selector = ByPid(child.pid);
+  auto live = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(live->status, HD_OK) << live->ra.error;
+  EXPECT_EQ(live->error, 0u);
+  child.Finish();
+}
+
+// Clients that fill three quarters of the connection table are closed once idle for a second,
+// whatever the idle timeout: a new client is still served.
+TEST_F(RobustnessTest, CrowdingClientsLeaveRoomForNewOnes) {
+  const size_t baseline = collector.SettledFdCount();
+  std::vector<int> crowd;
+  for (int i = 0; i < 800; i++) {
+    int fd = Connect(collector.socket);
+    if (fd < 0) break;  // the test's own descriptor limit
+    crowd.push_back(fd);
+  }
+  ASSERT_GE(crowd.size(), 768u) << "needs 800 descriptors";
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() <= baseline + 1; }, 15))
+      << collector.Fds().size();
+  EXPECT_EQ(List(collector.socket).items.size(), 0u);
+  for (int fd : crowd) close(fd);
+}
+
 }  // namespace
 }  // namespace hdtest

@@ -29,7 +29,10 @@ typedef struct hd_collector_options {
   uint32_t max_stored;         /* stored snapshots kept; 0 = no limit */
   uint64_t max_storage_bytes;  /* bytes of stored snapshots kept; 0 = no limit */
   int log_level;               /* enum hd_log_level; messages go to stderr */
+  uint32_t idle_timeout_seconds; /* client connections idle longer are closed; 0 = default */
 } hd_collector_options;
+
+#define HD_DEFAULT_IDLE_TIMEOUT_SECONDS 60
 
 /* The socket path clients and instrumented processes use: $HEAPDUMP_SOCKET, else
  * $XDG_RUNTIME_DIR/heapdump/collector.sock, else /tmp/heapdump-$UID/collector.sock. Writes at most

@@ -69,6 +69,11 @@ HD_MUST_CHECK hd_status hd_message_decode_body(hd_message *msg, const pb_msgdesc
 /* Takes ownership of the descriptor a decoded handle refers to; -1 if already taken. */
 int hd_message_take_fd(hd_message *msg, const heapdump_client_Handle *handle);
 
+/* Like hd_message_take_fd, for a handle that must be a channel end (an AF_UNIX SOCK_SEQPACKET
+ * socket): any other descriptor is closed and -1 returned. Only a channel tells its holder that
+ * the peer closed (a datagram socket's close goes unnoticed: it would be held forever). */
+int hd_message_take_channel(hd_message *msg, const heapdump_client_Handle *handle);
+
 /* Closes every descriptor not taken. */
 void hd_message_close_fds(hd_message *msg);
 
