@@ -636,8 +636,10 @@ __attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_st
   out->bytes_allocated = s.bytes_allocated;
   out->peak_live_bytes = s.peak_live_bytes;
   out->dropped_allocations = s.dropped_allocations;
-  out->live_blocks = out->blocks_allocated - out->blocks_freed;
-  out->live_bytes = out->bytes_allocated - out->bytes_freed;
+  /* The counters are read one by one while other threads move them: a free counted after its
+   * allocation was read would make the difference wrap below zero. */
+  out->live_blocks = out->blocks_allocated > out->blocks_freed ? out->blocks_allocated - out->blocks_freed : 0;
+  out->live_bytes = out->bytes_allocated > out->bytes_freed ? out->bytes_allocated - out->bytes_freed : 0;
   if (out->peak_live_bytes < out->live_bytes) out->peak_live_bytes = out->live_bytes;
   return HEAPDUMP_OK;
 }
