@@ -168,7 +168,11 @@ hd_status hd_message_call(int channel, hd_message *msg, const int *fds, size_t f
   if (txid == 0) return HD_ERR_INVALID_ARGS;
   hd_status status = hd_message_send(channel, msg, fds, fd_count);
   if (status != HD_OK) return status;
-  status = hd_message_recv(channel, msg);
+  return hd_message_await_reply(channel, msg, txid, ordinal);
+}
+
+hd_status hd_message_await_reply(int channel, hd_message *msg, uint32_t txid, uint64_t ordinal) {
+  hd_status status = hd_message_recv(channel, msg);
   if (status != HD_OK) return status;
   if (msg->txid != txid || msg->ordinal != ordinal || !(msg->flags & HD_FLAG_RESPONSE)) {
     hd_message_close_fds(msg);

@@ -24,8 +24,12 @@
 #include "heapdump_process.bindings.h"
 #include "runtime.h"
 
-/* How long the program waits for the collector's answer before going on without it. */
+/* How long the program waits for the collector to accept it before going on without it. */
 #define REPLY_TIMEOUT_MS 2000
+/* How long a named snapshot waits, once the collector has it, for the answer that it is stored:
+ * storing a big table takes its time, and a request the collector has is never sent again. */
+#define DEFAULT_STORE_TIMEOUT_S 30
+#define MAX_STORE_TIMEOUT_S 3600
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static hd_message g_msg;
@@ -40,10 +44,24 @@ static void disconnect(void) {
   hd_owned_fd_close(&g_sink);
 }
 
-static void set_timeout(int fd) {
-  struct timeval tv = {REPLY_TIMEOUT_MS / 1000, (REPLY_TIMEOUT_MS % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+static void set_timeouts(int fd, unsigned receive_ms, unsigned send_ms) {
+  struct timeval rcv = {receive_ms / 1000, (receive_ms % 1000) * 1000};
+  struct timeval snd = {send_ms / 1000, (send_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv, sizeof rcv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &snd, sizeof snd);
+}
+
+static void set_timeout(int fd) { set_timeouts(fd, REPLY_TIMEOUT_MS, REPLY_TIMEOUT_MS); }
+
+/* HEAPDUMP_SNAPSHOT_TIMEOUT, in whole seconds (1 to MAX_STORE_TIMEOUT_S). */
+static unsigned store_timeout_ms(void) {
+  const char *v = getenv("HEAPDUMP_SNAPSHOT_TIMEOUT");
+  char *end;
+  unsigned long s = v != NULL ? strtoul(v, &end, 10) : 0;
+  if (v == NULL || end == v || *end != '\0' || s < 1 || s > MAX_STORE_TIMEOUT_S) {
+    s = DEFAULT_STORE_TIMEOUT_S;
+  }
+  return (unsigned)s * 1000;
 }
 
 static bool env_is_one(const char *name) {
@@ -128,28 +146,50 @@ void hd_registration_after_fork_child(void) {
   hd_register_with_collector();
 }
 
+/* One try on the registered sink. *sent tells whether the request left: a request the collector
+ * received is never sent again, or a slow store would be stored twice. */
+static int store_on_sink(const char *name, int snapshot_fd, bool *sent) {
+  heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
+  req.has_name = req.has_allocations_snapshot = true;
+  snprintf(req.name, sizeof req.name, "%s", name);
+  req.allocations_snapshot = (heapdump_client_Handle){true, 0};
+  const uint32_t txid = hd_next_txid();
+  *sent = false;
+  if (hd_message_encode(&g_msg, txid, 0, HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,
+                        &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req, 1) != HD_OK) {
+    return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  }
+  if (hd_message_send(g_sink.fd, &g_msg, &snapshot_fd, 1) != HD_OK) return HEAPDUMP_ERROR_NO_COLLECTOR;
+  *sent = true;
+  set_timeouts(g_sink.fd, store_timeout_ms(), REPLY_TIMEOUT_MS);
+  heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+  hd_status status = hd_message_await_reply(g_sink.fd, &g_msg, txid,
+                                            HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT);
+  if (status == HD_OK) {
+    status = hd_message_decode_body(&g_msg, &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg,
+                                    &resp);
+  }
+  set_timeout(g_sink.fd);
+  if (status == HD_ERR_TIMED_OUT) return HEAPDUMP_ERROR_NO_ANSWER;
+  if (status != HD_OK) return HEAPDUMP_ERROR_NO_COLLECTOR;
+  return resp.has_error ? HEAPDUMP_ERROR_COLLECTOR_REFUSED : HEAPDUMP_OK;
+}
+
 int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd) {
   hd_tls.guard++;
   pthread_mutex_lock(&g_lock);
   int rc = HEAPDUMP_ERROR_NO_COLLECTOR;
-  /* Two tries: the collector may have restarted since we registered. */
+  /* Two tries: the collector may have restarted since we registered (the old connection fails
+   * before the request leaves). */
   for (int attempt = 0; attempt < 2 && rc == HEAPDUMP_ERROR_NO_COLLECTOR; attempt++) {
     if (!register_locked() || !hd_owned_fd_valid(memfd)) break;
-    heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
-        heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
-    req.has_name = req.has_allocations_snapshot = true;
-    snprintf(req.name, sizeof req.name, "%s", name);
-    req.allocations_snapshot = (heapdump_client_Handle){true, 0};
-    heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
-        heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
-    int snapshot_fd = memfd->fd;
-    hd_status status = hd_snapshot_sink_store_named_snapshot(g_sink.fd, &g_msg, &req, &snapshot_fd,
-                                                             1, &resp);
-    if (status != HD_OK) {
-      disconnect();
-    } else {
-      rc = resp.has_error ? HEAPDUMP_ERROR_COLLECTOR_REFUSED : HEAPDUMP_OK;
-    }
+    bool sent;
+    rc = store_on_sink(name, memfd->fd, &sent);
+    /* After no answer, a late one would be taken for the answer to the next request. */
+    if (rc == HEAPDUMP_ERROR_NO_COLLECTOR || rc == HEAPDUMP_ERROR_NO_ANSWER) disconnect();
+    if (sent) break;
   }
   pthread_mutex_unlock(&g_lock);
   hd_tls.guard--;

@@ -10,7 +10,8 @@ void hd_register_with_collector(void) HD_HIDDEN;
 /* In a forked child: drops the parent's connection and registers the child. */
 void hd_registration_after_fork_child(void) HD_HIDDEN;
 /* Hands a sealed snapshot memfd (borrowed) to the collector under name, registering first if
- * needed. Returns HEAPDUMP_OK, HEAPDUMP_ERROR_NO_COLLECTOR or HEAPDUMP_ERROR_COLLECTOR_REFUSED. */
+ * needed. Returns HEAPDUMP_OK, HEAPDUMP_ERROR_NO_COLLECTOR,
+ * HEAPDUMP_ERROR_NO_ANSWER or HEAPDUMP_ERROR_COLLECTOR_REFUSED. */
 int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd) HD_HIDDEN;
 
 #endif

@@ -646,11 +646,19 @@ __attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_st
 
 __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const char *name) {
   if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  /* Cancelled inside (at a socket call), the thread would leave the registration lock held and
+   * every later call of any thread would hang: the call runs to its end, like one system call,
+   * and a pending cancellation acts at the caller's next cancellation point. */
+  int cancel_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   hd_owned_fd memfd;
   int rc = hd_snapshot_copy_live(&memfd);
-  if (rc == -ENODEV) return HEAPDUMP_ERROR_NOT_RECORDING;
-  if (rc != 0) return HEAPDUMP_ERROR_NO_MEMORY;
-  rc = hd_store_named_snapshot(name, &memfd);
-  hd_owned_fd_close(&memfd);
+  if (rc == 0) {
+    rc = hd_store_named_snapshot(name, &memfd);
+    hd_owned_fd_close(&memfd);
+  } else {
+    rc = rc == -ENODEV ? HEAPDUMP_ERROR_NOT_RECORDING : HEAPDUMP_ERROR_NO_MEMORY;
+  }
+  pthread_setcancelstate(cancel_state, NULL);
   return rc;
 }

@@ -421,6 +421,32 @@ extern "C" void __libc_free(void *p);
 // under the preload too, whatever the backend, with ENOMEM; what glibc grants is granted. glibc's
 // own answer is asked for directly (__libc_*), so the check holds on any machine. Small blocks
 // are 16-byte aligned, as glibc guarantees.
+// Threads that store named snapshots without pause are cancelled, one after another, at random
+// moments (mostly while they wait for the collector). Each call must run to its end, and the
+// call made after them must not hang on a lock a cancelled thread left held (the alarm would
+// kill the program).
+static void *snapshot_until_cancelled(void *) {
+  for (;;) {
+    CHECK(heapdump_take_named_snapshot("cancelled") == HEAPDUMP_OK);
+    pthread_testcancel();
+  }
+  return nullptr;
+}
+
+static void scenario_cancel() {
+  alarm(60);
+  for (int i = 0; i < 20; i++) {
+    pthread_t thread;
+    CHECK(pthread_create(&thread, nullptr, snapshot_until_cancelled, nullptr) == 0);
+    usleep(2000 + 1000 * i);
+    CHECK(pthread_cancel(thread) == 0);
+    void *result = nullptr;
+    CHECK(pthread_join(thread, &result) == 0 && result == PTHREAD_CANCELED);
+  }
+  printf("snapshot %d\n", heapdump_take_named_snapshot("after-cancel"));
+  fflush(stdout);
+}
+
 static void scenario_impossible() {
   const size_t k64TiB = size_t{64} << 40, k1TiB = size_t{1} << 40;
   auto glibc_grants = [](void *p) {
@@ -754,6 +780,7 @@ int main(int argc, char **argv) {
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
   else if (mode == "realtime") scenario_realtime();
   else if (mode == "impossible") scenario_impossible();
+  else if (mode == "cancel") scenario_cancel();
   else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
   else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
   else if (mode == "signals") scenario_signals();

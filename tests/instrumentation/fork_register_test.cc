@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -37,14 +38,22 @@ struct Config {
   const char *allocator;
 };
 
-class ForkRegister : public ::testing::TestWithParam<Config> {};
-
-TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
+// Each test has a collector of its own; child.cc runs under LD_PRELOAD with the backend under
+// test (Env()), registering with it.
+class ForkRegister : public ::testing::TestWithParam<Config> {
+ protected:
   std::string dir = hdtest::TempDir("fork-register");
   hdtest::RemoveWhenPassed remove{dir};
-  hdtest::Collector collector(dir);
-  collector.Start();
-  if (::testing::Test::HasFatalFailure()) return;
+  hdtest::Collector collector{dir};
+  void SetUp() override { collector.Start(); }
+  std::vector<std::string> Env() const {
+    auto env = hdtest::InstrumentedEnv(collector.socket);
+    env.push_back(std::string("HEAPDUMP_ALLOCATOR=") + GetParam().allocator);
+    return env;
+  }
+};
+
+TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
 
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
@@ -103,14 +112,7 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
 // write, send or reuse them; the collector, which holds its own copies of the tables, still
 // serves the process.
 TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
-  std::string dir = hdtest::TempDir("foreign-fds");
-  hdtest::RemoveWhenPassed remove{dir};
-  hdtest::Collector collector(dir);
-  collector.Start();
-  if (::testing::Test::HasFatalFailure()) return;
-  auto env = hdtest::InstrumentedEnv(collector.socket);
-  env.push_back(std::string("HEAPDUMP_ALLOCATOR=") + GetParam().allocator);
-  hdtest::Program program({HD_CHILD, "foreign-fds", dir}, env);
+  hdtest::Program program({HD_CHILD, "foreign-fds", dir}, Env());
   const std::string snapshot = program.ReadLine();
   // The tables the program closed cannot be handed over again: the named snapshot fails.
   EXPECT_EQ(snapshot, "snapshot " + std::to_string(HEAPDUMP_ERROR_NO_COLLECTOR));
@@ -125,6 +127,16 @@ TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
     EXPECT_EQ(hdtest::ReadFile(dir + "/log_" + std::to_string(i)), "child\nparent\n") << i;
   }
   EXPECT_EQ(collector.Log().find("after-close"), std::string::npos) << collector.Log();
+}
+
+// Threads cancelled (pthread_cancel) while they store named snapshots leave the API usable: a
+// cancelled call used to leave the registration lock held, and every later call hung.
+TEST_P(ForkRegister, CancellingASnapshottingThreadLeavesTheApiUsable) {
+  hdtest::Program program({HD_CHILD, "cancel"}, Env());
+  EXPECT_EQ(program.ReadLine(), "snapshot 0");
+  int status = program.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_NE(hdtest::StoredId(hdtest::List(collector.socket), "after-cancel"), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ForkRegister,

@@ -40,14 +40,18 @@ extern "C" {
 /* The library is loaded but not recording (its shared memory could not be set up, or a forked
  * child could not copy its parent's tables). */
 #define HEAPDUMP_ERROR_NOT_RECORDING (-2)
-/* No collector answered (none is running, or it did not reply within 2 seconds). The snapshot
- * was taken and discarded; the program is unaffected and keeps recording. */
+/* No collector took the snapshot (none is running, or it did not accept the connection within
+ * 2 seconds). The snapshot was taken and discarded; the program is unaffected and keeps
+ * recording. */
 #define HEAPDUMP_ERROR_NO_COLLECTOR (-3)
 /* Memory or file descriptors for the snapshot copy could not be obtained. */
 #define HEAPDUMP_ERROR_NO_MEMORY (-4)
 /* The collector received the snapshot but could not store it (its storage is full or
  * unwritable; its log says why). */
 #define HEAPDUMP_ERROR_COLLECTOR_REFUSED (-5)
+/* The collector received the snapshot but did not say within HEAPDUMP_SNAPSHOT_TIMEOUT seconds
+ * (30 unless set) whether it stored it: it may still do so. It is never sent twice. */
+#define HEAPDUMP_ERROR_NO_ANSWER (-6)
 
 /* Longest snapshot name accepted, in bytes, without the terminating NUL. */
 #define HEAPDUMP_SNAPSHOT_NAME_MAX 32
@@ -83,11 +87,15 @@ HEAPDUMP_DECL int heapdump_get_stats(struct heapdump_stats *out);
  * string of 1 to HEAPDUMP_SNAPSHOT_NAME_MAX bytes (names need not be unique).
  * Returns HEAPDUMP_OK when the collector has it; HEAPDUMP_ERROR_INVALID_ARGUMENT for a bad
  * name; HEAPDUMP_ERROR_NOT_RECORDING; HEAPDUMP_ERROR_NO_MEMORY; HEAPDUMP_ERROR_NO_COLLECTOR
- * if no collector answered; HEAPDUMP_ERROR_COLLECTOR_REFUSED if it could not store it. The
- * snapshot is downloadable from the collector after the program exits. The call never waits
- * unboundedly on the collector: each step (connecting, registering, storing) gives up after
- * 2 s without an answer, and a failed attempt is retried once (the collector may have
- * restarted), so a stuck collector costs the caller at most about 12 s. */
+ * if no collector took it; HEAPDUMP_ERROR_COLLECTOR_REFUSED if it could not store it;
+ * HEAPDUMP_ERROR_NO_ANSWER if it took it and did not answer in time. The snapshot is
+ * downloadable from the collector after the program exits. The call never waits unboundedly
+ * on the collector: connecting and registering give up after 2 s each (a connection that
+ * fails before the snapshot leaves is tried once more: the collector may have restarted);
+ * once the collector has the snapshot, the call waits up to HEAPDUMP_SNAPSHOT_TIMEOUT seconds
+ * (default 30) for the answer that it is stored, and never sends it again.
+ * Cancellation-safe: a thread cancelled inside finishes the call, then acts on the
+ * cancellation at its next cancellation point. */
 HEAPDUMP_DECL int heapdump_take_named_snapshot(const char *name);
 
 #if defined(HEAPDUMP_WEAK_API)

@@ -82,6 +82,11 @@ void hd_message_close_fds(hd_message *msg);
 HD_MUST_CHECK hd_status hd_message_call(int channel, hd_message *msg, const int *fds,
                                         size_t fd_count);
 
+/* The second half of hd_message_call, for a caller that sends the request itself because it must
+ * know whether it left: a request the peer received must not be sent again. */
+HD_MUST_CHECK hd_status hd_message_await_reply(int channel, hd_message *msg, uint32_t txid,
+                                               uint64_t ordinal);
+
 /* Transaction ids for two-way calls: never 0, distinct per process. */
 uint32_t hd_next_txid(void);
 
