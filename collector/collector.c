@@ -112,7 +112,6 @@ hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_sna
   p->pidfd = pidfd;
   p->alloc = alloc;
   p->res = res;
-  pthread_mutex_init(&p->read_lock, NULL);
   snprintf(p->name, sizeof p->name, "%s", name);
   p->exit_snapshot = exit_snapshot;
   return p;
@@ -127,8 +126,7 @@ void hd_process_release(hd_process *p) {
   if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1) return;
   hd_alloc_reader_close(p->alloc);
   hd_res_reader_close(p->res);
-  if (p->pidfd >= 0) close(p->pidfd);
-  pthread_mutex_destroy(&p->read_lock);
+  close(p->pidfd);
   free(p);
 }
 
@@ -250,22 +248,21 @@ void hd_process_exited(hd_collector *c, hd_process *p) {
   if (removed) finish_exit(c, p, exit_snapshot, false);
 }
 
-hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *absorbed) {
+hd_process *hd_live_set_add(hd_collector *c, hd_process *p, bool registration, bool *absorbed) {
   hd_process *entry = NULL, *stale = NULL;
   bool stale_exit_snapshot = false, exec = false;
   *absorbed = false;
   pthread_mutex_lock(&c->lock);
   hd_process *existing = find_locked(c, p->pid);
   if (existing != NULL && same_process(existing, p)) {
-    existing->open_channels += channels;
-    if (channels > 0) existing->exit_snapshot = p->exit_snapshot;
+    if (registration) existing->exit_snapshot = p->exit_snapshot;
     entry = hd_process_retain(existing);
     *absorbed = true;
   } else {
     if (existing != NULL) {
       /* Its pid registers new tables: the process is still alive, so it exec'd another program,
        * or it exited and its pid names another process now. */
-      exec = existing->pidfd >= 0 && hd_process_alive(existing);
+      exec = hd_process_alive(existing);
       remove_locked(c, existing);
       stale = existing;
       stale_exit_snapshot = existing->exit_snapshot;
@@ -274,7 +271,6 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *
     }
     if (c->process_count < HD_MAX_PROCESSES) {
       p->live = true;
-      p->open_channels = channels;
       c->processes[c->process_count++] = p;
       entry = hd_process_retain(p);
       p = NULL;
@@ -371,22 +367,10 @@ static bool add_conn(hd_collector *c, int fd, enum conn_kind kind, hd_process *p
   return true;
 }
 
-/* Without a pidfd, a process has exited when its last registry connection or sink closes. */
-static void process_connection_closed(hd_collector *c, hd_process *p) {
-  pthread_mutex_lock(&c->lock);
-  p->open_channels--;
-  bool exited = p->open_channels == 0 && p->pidfd < 0 && !c->shutting_down;
-  pthread_mutex_unlock(&c->lock);
-  if (exited) hd_process_exited(c, p);
-}
-
 static void close_conn(hd_collector *c, size_t index) {
   conn *k = &c->conns->items[index];
   close(k->fd);
-  if (k->process != NULL) {
-    process_connection_closed(c, k->process);
-    hd_process_release(k->process);
-  }
+  if (k->process != NULL) hd_process_release(k->process);
   free(k->listing.items);
   c->conns->items[index] = c->conns->items[--c->conns->count];
 }
@@ -501,9 +485,19 @@ static hd_status on_register(void *ctx, hd_message *msg,
     hd_res_reader_close(res);
     return reply_register(h, msg, heapdump_process_RegistryError_BAD_TABLE);
   }
-  /* Opened while the peer still waits for our answer, the pidfd names that very process. */
+  /* Opened while the peer still waits for our answer, the pidfd names that very process. Without
+   * one, the pid may already name another process, whose memory would be served under this
+   * one's name: no pidfd, no registration. */
   int pidfd = hd_pidfd_open(pid);
-  if (pidfd >= 0 && !peer_connected(h->k->fd)) {
+  if (pidfd < 0) {
+    hd_log(c, HD_LOG_WARN, "pid %u: refused: cannot watch its exit (pidfd_open: %s)",
+           (unsigned)pid, strerror(errno));
+    close(sink_fd);
+    hd_alloc_reader_close(alloc);
+    hd_res_reader_close(res);
+    return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+  }
+  if (!peer_connected(h->k->fd)) {
     close(pidfd);
     close(sink_fd);
     hd_alloc_reader_close(alloc);
@@ -521,14 +515,14 @@ static hd_status on_register(void *ctx, hd_message *msg,
   hd_process *p = hd_process_new(pid, h->k->peer.uid, name, exit_snapshot, table.st_dev,
                                  table.st_ino, pidfd, alloc, res);
   if (p == NULL) {
-    if (pidfd >= 0) close(pidfd);
+    close(pidfd);
     close(sink_fd);
     hd_alloc_reader_close(alloc);
     hd_res_reader_close(res);
     return HD_ERR_NO_MEMORY;
   }
   bool absorbed;
-  hd_process *entry = hd_live_set_add(c, p, 2, &absorbed); /* registry connection + sink */
+  hd_process *entry = hd_live_set_add(c, p, true, &absorbed);
   if (entry == NULL) {
     hd_log(c, HD_LOG_WARN, "pid %u: too many processes", (unsigned)pid);
     close(sink_fd);
@@ -536,9 +530,8 @@ static hd_status on_register(void *ctx, hd_message *msg,
   }
   h->k->kind = CONN_REGISTRY;
   h->k->process = entry;
-  if (!add_conn(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer)) {
-    process_connection_closed(c, entry); /* the sink never opened */
-  }
+  /* Without room for its sink the process is still served; its named snapshots fail. */
+  (void)add_conn(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer);
   hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s", name, (unsigned)pid,
          exit_snapshot ? " (exit snapshot on)" : "", absorbed ? ", merged with its entry" : "");
   return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
@@ -811,6 +804,9 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   c->idle_timeout_ns = (uint64_t)(options->idle_timeout_seconds ? options->idle_timeout_seconds
                                                                  : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
                        1000000000u;
+  c->read_timeout_ns = (uint64_t)(options->read_timeout_seconds ? options->read_timeout_seconds
+                                                                 : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
+                       1000000000u;
   int rc = 0;
   if (options->socket_path != NULL) {
     if (snprintf(c->socket_path, sizeof c->socket_path, "%s", options->socket_path) >=
@@ -879,13 +875,11 @@ void hd_collector_take_census(hd_collector *c, hd_collector_census *out) {
   pthread_mutex_unlock(&c->lock);
 }
 
-/* The live processes with a pidfd, retained, into out (HD_MAX_PROCESSES entries). */
+/* The live processes, retained, into out (HD_MAX_PROCESSES entries). */
 static size_t watched_processes(hd_collector *c, hd_process **out) {
   size_t n = 0;
   pthread_mutex_lock(&c->lock);
-  for (size_t i = 0; i < c->process_count; i++) {
-    if (c->processes[i]->pidfd >= 0) out[n++] = hd_process_retain(c->processes[i]);
-  }
+  for (size_t i = 0; i < c->process_count; i++) out[n++] = hd_process_retain(c->processes[i]);
   pthread_mutex_unlock(&c->lock);
   return n;
 }
@@ -950,9 +944,6 @@ int hd_collector_run(hd_collector *c) {
 
 void hd_collector_destroy(hd_collector *c) {
   if (c == NULL) return;
-  pthread_mutex_lock(&c->lock);
-  c->shutting_down = true;
-  pthread_mutex_unlock(&c->lock);
   if (c->conns != NULL) {
     while (c->conns->count > 0) close_conn(c, c->conns->count - 1);
   }

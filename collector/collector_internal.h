@@ -32,17 +32,16 @@ typedef struct hd_process {
    * scan (same inode) from a new process that reuses a pid (another inode). */
   dev_t table_dev;
   ino_t table_ino;
-  /* Watched by the poll thread: readable once the process has exited. -1 when pidfd_open is
-   * not available; then exit is seen as every registry connection and sink closing. */
+  /* Watched by the poll thread: readable once the process has exited. Every entry has one: a
+   * process whose pidfd cannot be opened (it has exited, and its pid may name another process
+   * by now) is never taken in. */
   int pidfd;
   hd_alloc_reader *alloc;
   hd_res_reader *res;
-  pthread_mutex_t read_lock; /* readers are single-threaded: one snapshot at a time */
   char name[33];
   /* Protected by hd_collector.lock. */
   bool exit_snapshot;
   bool live;         /* in the live set */
-  int open_channels; /* registry connections and sinks attached to this entry */
   uint64_t exit_record; /* its hd_exit_record's seq once it has left the live set */
 } hd_process;
 
@@ -93,10 +92,10 @@ struct hd_collector {
   uint32_t max_stored;
   uint64_t max_storage_bytes;
   uint64_t idle_timeout_ns; /* client connections idle longer are closed */
+  uint64_t read_timeout_ns; /* a process's table not read by then fails its snapshot */
   pthread_mutex_t lock;
   hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference */
   size_t process_count;
-  bool shutting_down; /* connections closing now say nothing about their process */
   hd_stored_snapshot_info *stored;         /* oldest first */
   size_t stored_count, stored_capacity;
   uint32_t next_id;
@@ -120,24 +119,24 @@ void hd_wake_poll_thread(hd_collector *c);
 
 /* ---- processes (collector.c) ---- */
 
-/* A new entry with one reference, owning alloc, res and pidfd (each may be NULL / -1 on the
- * error paths of the caller). NULL when out of memory: then nothing is taken. */
+/* A new entry with one reference, owning alloc, res and pidfd. NULL when out of memory: then
+ * nothing is taken. */
 hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_snapshot,
                            dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
                            hd_res_reader *res);
 hd_process *hd_process_retain(hd_process *p);
 void hd_process_release(hd_process *p);
-/* False once the process has exited (unknown without a pidfd: true). */
+/* False once the process has exited. */
 bool hd_process_alive(const hd_process *p);
 /* Whether the live set holds this process (same pid and same allocations memfd). */
 bool hd_process_known(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino);
-/* Puts p (whose reference the live set takes over) into the live set with `channels` open
- * channels. A live entry for the same process (same pid and allocations memfd) absorbs it
- * instead: it takes the channels and, when channels > 0 (a registration, which knows best), the
- * exit-snapshot option; p is released and *absorbed set. An entry of an earlier process with
+/* Puts p (whose reference the live set takes over) into the live set. A live entry for the same
+ * process (same pid and allocations memfd) absorbs it instead: it takes, from a registration
+ * (which knows best, unlike a scan of /proc), the exit-snapshot option; p is released and
+ * *absorbed set. An entry of an earlier process with
  * the same pid leaves the live set as exited. Returns the live entry, retained for the caller,
  * or NULL if the live set is full (p is released). */
-hd_process *hd_live_set_add(hd_collector *c, hd_process *p, int channels, bool *absorbed);
+hd_process *hd_live_set_add(hd_collector *c, hd_process *p, bool registration, bool *absorbed);
 /* Takes p out of the live set (once): logs the exit and queues its exit snapshot if wanted. */
 void hd_process_exited(hd_collector *c, hd_process *p);
 /* The live processes matching a selector that a peer of uid may see, retained, into out
@@ -182,7 +181,9 @@ void hd_start_stream(hd_stream_job *job);
  * stopping collector must not wait on a client's pace). */
 void hd_wait_streams(hd_collector *c);
 /* Writes the elements of one process's snapshot: the live table when snapshot_alloc is NULL, else
- * a frozen copy. Returns 0, or -EIO if the tables are corrupt or unreadable. */
+ * a frozen copy (verified sealed). Readers never wait for each other, only for the process's
+ * writers, and for at most the read timeout. Returns 0, or -EIO if the tables are corrupt,
+ * unreadable or kept locked. */
 typedef struct hd_snapshot_totals {
   uint64_t live_bytes, live_blocks;
 } hd_snapshot_totals;

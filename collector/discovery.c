@@ -256,7 +256,7 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
     return;
   }
   bool absorbed;
-  hd_process *entry = hd_live_set_add(c, p, 0, &absorbed);
+  hd_process *entry = hd_live_set_add(c, p, false, &absorbed);
   if (entry == NULL) {
     hd_log(c, HD_LOG_WARN, "not adopting %s[%u]: too many processes", name, (unsigned)pid);
     return;

@@ -53,7 +53,7 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: heapdump-collector [--socket PATH] [--storage DIR] [--max-stored N]\n"
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
-          "                          [--log-level L] [--idle-timeout S]\n"
+          "                          [--log-level L] [--idle-timeout S] [--read-timeout S]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
           "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
@@ -74,11 +74,13 @@ static void usage(FILE *out) {
           "  --log-level L          error, warn, info (default) or debug\n"
           "  --idle-timeout S       close client connections and listings idle for S seconds\n"
           "                         (default %d; a second when connections run short)\n"
+          "  --read-timeout S       give up reading a process's table after S seconds (its\n"
+          "                         snapshot fails; default %d)\n"
           "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
           "                         pid file, then wait until it has exited (up to %d s)\n"
           "  --version              print the version\n",
           DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES,
-          HD_DEFAULT_IDLE_TIMEOUT_SECONDS, STOP_WAIT_SECONDS);
+          HD_DEFAULT_IDLE_TIMEOUT_SECONDS, HD_DEFAULT_READ_TIMEOUT_SECONDS, STOP_WAIT_SECONDS);
 }
 
 /* A decimal count in [0, max]: no sign, no suffix, no overflow. */
@@ -279,6 +281,17 @@ static void finish_detaching(int ready_fd, int log_fd, const char *socket_path,
   close(ready_fd);
 }
 
+/* A timeout option's whole seconds, 1 to max; false (and said why) otherwise. */
+static bool parse_seconds(const char *option, const char *text, unsigned max, uint32_t *out) {
+  unsigned long long seconds;
+  if (!parse_count(text, max, &seconds) || seconds == 0) {
+    fprintf(stderr, "heapdump-collector: bad --%s: %s (seconds, 1 to %u)\n", option, text, max);
+    return false;
+  }
+  *out = (uint32_t)seconds;
+  return true;
+}
+
 int main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"socket", required_argument, 0, 's'},      {"storage", required_argument, 0, 'd'},
@@ -286,7 +299,7 @@ int main(int argc, char **argv) {
       {"foreground", no_argument, 0, 'f'},        {"log-level", required_argument, 0, 'l'},
       {"log-file", required_argument, 0, 'L'},    {"stop", no_argument, 0, 'S'},
       {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
-      {"idle-timeout", required_argument, 0, 'i'},
+      {"idle-timeout", required_argument, 0, 'i'}, {"read-timeout", required_argument, 0, 'r'},
       {0, 0, 0, 0}};
   hd_collector_options options = {.log_level = HD_LOG_INFO,
                                   .max_stored = DEFAULT_MAX_STORED,
@@ -315,12 +328,10 @@ int main(int argc, char **argv) {
         options.max_storage_bytes = count;
         break;
       case 'i':
-        if (!parse_count(optarg, 86400, &count) || count == 0) {
-          fprintf(stderr, "heapdump-collector: bad --idle-timeout: %s (seconds, 1 to 86400)\n",
-                  optarg);
-          return 2;
-        }
-        options.idle_timeout_seconds = (uint32_t)count;
+        if (!parse_seconds("idle-timeout", optarg, 86400, &options.idle_timeout_seconds)) return 2;
+        break;
+      case 'r':
+        if (!parse_seconds("read-timeout", optarg, 3600, &options.read_timeout_seconds)) return 2;
         break;
       case 'f': foreground = 1; break;
       case 'L': log_file = optarg; break;

@@ -289,14 +289,37 @@ static bool encode_meta(const heapdump_client_StoredSnapshot *meta, uint8_t *buf
   return true;
 }
 
+/* Why a named snapshot's table is refused, or NULL with *frozen open. Only a copy that can never
+ * change is read without waiting (hd_produce_snapshot): it must be sealed against writing, say
+ * it is a copy, and be of the process that sent it. */
+static const char *frozen_copy_refusal(int memfd, const hd_process *p, hd_alloc_reader **frozen) {
+  static const int kFrozen = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+  const int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || (seals & kFrozen) != kFrozen) return "not sealed against writing";
+  hd_read_status rs = hd_alloc_reader_open(memfd, frozen);
+  if (rs != HD_READ_OK) return hd_read_status_str(rs);
+  hd_alloc_table_info info;
+  const char *refused = NULL;
+  if (hd_alloc_reader_info(*frozen, &info) != HD_READ_OK || !(info.flags & HD_ALLOC_FLAG_SNAPSHOT)) {
+    refused = "a live table, not a snapshot copy";
+  } else if (info.pid != (uint32_t)p->pid) {
+    refused = "another process's table";
+  }
+  if (refused != NULL) {
+    hd_alloc_reader_close(*frozen);
+    *frozen = NULL;
+  }
+  return refused;
+}
+
 int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
                       uint32_t *out_id) {
   hd_alloc_reader *frozen = NULL;
   if (memfd >= 0) {
-    hd_read_status rs = hd_alloc_reader_open(memfd, &frozen);
-    if (rs != HD_READ_OK) {
+    const char *refused = frozen_copy_refusal(memfd, p, &frozen);
+    if (refused != NULL) {
       hd_log(c, HD_LOG_WARN, "%s[%u]: refused snapshot table: %s", p->name, (unsigned)p->pid,
-             hd_read_status_str(rs));
+             refused);
       return -EINVAL;
     }
   }

@@ -116,19 +116,33 @@ static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
   return status;
 }
 
+static bool stop_requested(void *collector) {
+  return atomic_load(&((hd_collector *)collector)->stop_requested);
+}
+
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals) {
   hd_live_block *blocks = NULL;
   size_t count = 0;
-  pthread_mutex_lock(&p->read_lock);
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
-  hd_read_status rs = hd_alloc_reader_snapshot_unordered(table, &blocks, &count);
+  /* A sealed copy cannot change, nor can the table of a process that has exited (a process
+   * killed inside the library leaves a slot locked forever): both are read as they are. */
+  hd_read_limits limits = {
+      .deadline_ns = hd_monotonic_ns() + c->read_timeout_ns,
+      .stop = stop_requested,
+      .stop_ctx = c,
+      .final = snapshot_alloc != NULL || !hd_process_alive(p),
+  };
+  hd_read_status rs = hd_alloc_reader_snapshot_unordered(table, &limits, &blocks, &count);
   hd_alloc_reader_release_pages(table); /* the copy is all this snapshot needs from now on */
   if (rs != HD_READ_OK) {
-    pthread_mutex_unlock(&p->read_lock);
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
            hd_read_status_str(rs));
     return -EIO;
+  }
+  if (limits.torn_slots > 0) {
+    hd_log(c, HD_LOG_WARN, "snapshot of %s[%u]: %u slot(s) left mid-update by the exited process "
+           "skipped", p->name, (unsigned)p->pid, limits.torn_slots);
   }
   key_set stacks = {0}, threads = {0};
   hd_status status = HD_OK;
@@ -206,7 +220,6 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   }
   free(entry);
   if (status == HD_OK && rc == 0) status = add_stats(p, w);
-  pthread_mutex_unlock(&p->read_lock);
   /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
   if (with_contents && status == HD_OK && rc == 0) {
     status = hd_read_block_contents(p->pid, p->pidfd, blocks, count, MAX_CONTENTS_BLOCK,

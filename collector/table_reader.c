@@ -38,6 +38,8 @@ const char *hd_read_status_str(hd_read_status s) {
     case HD_READ_ERR_NOT_FOUND: return "no such record";
     case HD_READ_ERR_NO_SPACE: return "buffer too small";
     case HD_READ_ERR_NO_MEMORY: return "out of memory";
+    case HD_READ_ERR_TIMED_OUT: return "live snapshot failed: the table stayed locked past the read time limit";
+    case HD_READ_ERR_STOPPED: return "stopped";
   }
   return "unknown status";
 }
@@ -219,9 +221,19 @@ static void backoff(unsigned attempt) {
   }
 }
 
-hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_block **blocks,
-                                                  size_t *count) {
+/* Checked while waiting for a writer: HD_READ_OK to go on waiting, or why not. */
+static hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_up_at) {
+  const uint64_t now = monotonic_ns();
+  if (limits != NULL && limits->stop != NULL && limits->stop(limits->stop_ctx)) return HD_READ_ERR_STOPPED;
+  if (limits != NULL && limits->deadline_ns != 0 && now > limits->deadline_ns) return HD_READ_ERR_TIMED_OUT;
+  return now > give_up_at ? HD_READ_ERR_BUSY : HD_READ_OK;
+}
+
+hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
+                                                  hd_live_block **blocks, size_t *count) {
   if (!r || !blocks || !count) return HD_READ_ERR_ARG;
+  const bool final = limits != NULL && limits->final;
+  if (limits != NULL) limits->torn_slots = 0;
   *blocks = NULL;
   *count = 0;
   const hd_alloc_header *h = (const hd_alloc_header *)r->base;
@@ -229,18 +241,29 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
   const uint32_t *buckets = (const uint32_t *)(r->base + r->h.buckets_offset);
   const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
   block_vec bv = {0};
-  hd_read_status st = HD_READ_ERR_BUSY;
+  hd_read_status st = HD_READ_ERR_BUSY, waited;
   if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
   for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
+    if (restart > 0 && (waited = keep_waiting(limits, UINT64_MAX)) != HD_READ_OK) {
+      st = waited;
+      goto out;
+    }
     bv.n = 0;
     /* A doubling in progress is waited out (for up to kSlotPatienceNs, like a busy slot) rather
      * than counted as a restart: one doubling of a big table outlasts many quick retries. Only
      * passes that a doubling invalidated count, and a table doubles at most 31 times. */
     uint32_t rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
+    if (final && (rs1 & 1)) {
+      st = HD_READ_ERR_CORRUPT; /* its writer died doubling it: the buckets are half moved */
+      goto out;
+    }
     uint64_t give_up_at = 0;
     for (unsigned wait = 0; rs1 & 1; wait++) {
       if (wait == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-      if (wait > 16 && wait % 64 == 0 && monotonic_ns() > give_up_at) goto out;
+      if (wait > 16 && wait % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
+        st = waited;
+        goto out;
+      }
       backoff(wait);
       rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
     }
@@ -261,12 +284,13 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
       uint64_t give_up_at = 0;
       for (;; attempt++) {
         if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-        if (attempt > 16 && attempt % 64 == 0 && monotonic_ns() > give_up_at) {
-          st = HD_READ_ERR_BUSY;
+        if (attempt > 16 && attempt % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
+          st = waited;
           goto out;
         }
         uint32_t s1 = __atomic_load_n(&seq[slot], __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
-        if (s1 & 1) {
+        const bool left_locked = final && (s1 & 1);
+        if ((s1 & 1) && !left_locked) {
           backoff(attempt);
           continue;
         }
@@ -322,7 +346,10 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_bl
         uint32_t s2 = LOAD(&seq[slot]);
         if (resized || overfull) break;
         if (s1 == s2) {
-          if (bad) {
+          if (bad && left_locked) {
+            bv.n = mark; /* its writer died mid-update: the rest of the table is still whole */
+            limits->torn_slots++;
+          } else if (bad) {
             st = HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
             goto out;
           }
@@ -346,7 +373,7 @@ out:
 
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
                                         size_t *count) {
-  hd_read_status st = hd_alloc_reader_snapshot_unordered(r, blocks, count);
+  hd_read_status st = hd_alloc_reader_snapshot_unordered(r, NULL, blocks, count);
   if (st == HD_READ_OK && *count > 1) qsort(*blocks, *count, sizeof(**blocks), cmp_block);
   return st;
 }

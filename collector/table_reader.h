@@ -5,7 +5,8 @@
  *
  * Error convention: every fallible function returns hd_read_status; HD_READ_OK (0) is success,
  * HD_READ_END (1) ends an iteration, negative values are errors. Such functions are
- * warn_unused_result. Readers are not thread-safe; use one per thread. */
+ * warn_unused_result. A reader keeps no state after it is opened: several threads may read
+ * through one reader at once. */
 #ifndef HEAPDUMP_COLLECTOR_TABLE_READER_H
 #define HEAPDUMP_COLLECTOR_TABLE_READER_H
 
@@ -33,6 +34,8 @@ typedef enum hd_read_status {
   HD_READ_ERR_NOT_FOUND = -9,    /* key does not name a record of that kind */
   HD_READ_ERR_NO_SPACE = -10,    /* caller's buffer too small (partial result returned) */
   HD_READ_ERR_NO_MEMORY = -11,
+  HD_READ_ERR_TIMED_OUT = -12,   /* LIVE_SNAPSHOT_FAILED: not done by hd_read_limits.deadline_ns */
+  HD_READ_ERR_STOPPED = -13,     /* hd_read_limits.stop said to give up */
 } hd_read_status;
 
 /* Static string naming a status. */
@@ -69,12 +72,29 @@ hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out
  * calls it after a snapshot, so that a table it has read does not stay counted in its own
  * resident memory for the life of the process (about 40 MiB at 10^6 live blocks). */
 void hd_alloc_reader_release_pages(hd_alloc_reader *r);
+/* What bounds one copy of the live set, so that no writer can hold its reader for long. */
+typedef struct hd_read_limits {
+  /* CLOCK_MONOTONIC time by which the copy gives up (HD_READ_ERR_TIMED_OUT); 0: none beyond
+   * the patience of one second for each slot a writer holds. */
+  uint64_t deadline_ns;
+  /* Nullable; asked while waiting for a slot: true gives up (HD_READ_ERR_STOPPED). */
+  bool (*stop)(void *ctx);
+  void *stop_ctx;
+  /* Nothing writes the table any more (its process has exited, or it is a sealed copy): slots
+   * are read as they were left, without waiting for a lock nobody will release. */
+  bool final;
+  /* Out, with final: slots left locked mid-update whose chains did not hold together, skipped
+   * (their blocks are missing from the copy). */
+  uint32_t torn_slots;
+} hd_read_limits;
+
 /* Consistent copy of the live set without stopping the writer (see the layout header):
  * every block live during the whole call appears exactly once, no block freed before the call
  * appears, no two blocks have the same address. *blocks is malloc'd, in table order (no order a
- * caller can use); free() it. On error *blocks is NULL. */
-hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_live_block **blocks,
-                                                  size_t *count) HD_READ_WUR;
+ * caller can use); free() it. On error *blocks is NULL. limits may be NULL (no bounds beyond
+ * the per-slot patience). */
+hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
+                                                  hd_live_block **blocks, size_t *count) HD_READ_WUR;
 /* The same copy, sorted by address. */
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
                                         size_t *count) HD_READ_WUR;

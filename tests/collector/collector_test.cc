@@ -1,9 +1,7 @@
 // End-to-end tests: a real heapdump-collector daemon, real programs under LD_PRELOAD, snapshots
 // taken through the generated bindings and checked element by element.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -207,15 +205,9 @@ TEST_F(CollectorTest, BatchesInFlightMayBeAnsweredLaterAndInAnyOrder) {
   const size_t kBlocks = 50000;
   Workload workload(collector.socket, {"many", std::to_string(kBlocks)});
   Call call(collector.socket);
-  heapdump_client_CollectorTakeLiveSnapshotRequest req =
-      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
-  req.has_process_selector = true;
-  req.process_selector = ByPid(workload.pid);
-  req.has_receiver = true;
-  req.receiver = {true, 0};
+  const heapdump_client_ProcessSelector selector = ByPid(workload.pid);
+  ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
   auto msg = std::make_unique<hd_message>();
-  ASSERT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
-  call.SentTheirEnd();
   struct timeval guard = {60, 0};
   ASSERT_EQ(setsockopt(call.ends[0], SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard), 0);
   Result result;
@@ -240,42 +232,15 @@ TEST_F(CollectorTest, BatchesInFlightMayBeAnsweredLaterAndInAnyOrder) {
   EXPECT_EQ(Blocks(result.only(), 32, "").blocks, kBlocks);
 }
 
-// Opens the memfd named `name` of process pid for reading and writing, through /proc.
-int OpenTable(pid_t pid, const std::string &name) {
-  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
-  int found = -1;
-  DIR *d = opendir(dir.c_str());
-  while (d != nullptr && found < 0) {
-    struct dirent *e = readdir(d);
-    if (e == nullptr) break;
-    char target[256];
-    ssize_t n = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
-    if (n <= 0) continue;
-    target[n] = '\0';
-    if (std::string(target).rfind("/memfd:" + name + " ", 0) == 0) {
-      found = open((dir + "/" + e->d_name).c_str(), O_RDWR | O_CLOEXEC);
-    }
-  }
-  if (d != nullptr) closedir(d);
-  return found;
-}
-
 TEST_F(CollectorTest, CorruptTableGivesLiveSnapshotFailed) {
   Child healthy(collector.socket, nullptr);
   ChildOptions small;
   small.env = {"HEAPDUMP_MAX_MEMORY=8M"};
   Child victim(collector.socket, small);
-  int fd = OpenTable(victim.pid, "heapdump-allocations");
-  ASSERT_GE(fd, 0);
-  struct stat st;
-  ASSERT_EQ(fstat(fd, &st), 0);
-  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  close(fd);
-  auto *header = static_cast<hd_alloc_header *>(map);
-  auto *buckets = reinterpret_cast<uint32_t *>(static_cast<char *>(map) + header->buckets_offset);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
   // A chain that leads past the last node: stable, so the reader must call it corrupt.
-  buckets[0] = header->node_capacity + 7;
+  *table.Bucket(0) = table.header->node_capacity + 7;
   auto selector = ByPid(victim.pid);
   auto result = TakeLiveSnapshot(collector.socket, &selector);
   EXPECT_EQ(result->status, HD_OK);
@@ -286,7 +251,6 @@ TEST_F(CollectorTest, CorruptTableGivesLiveSnapshotFailed) {
   ASSERT_EQ(fine->status, HD_OK) << fine->ra.error;
   EXPECT_EQ(fine->error, 0u);
   EXPECT_EQ(Blocks(fine->only(), 100, "alpha_leaks").in_function, 10u);
-  munmap(map, static_cast<size_t>(st.st_size));
   victim.Kill();  // its own allocator would follow the broken chain
   healthy.Finish();
 }
@@ -297,21 +261,15 @@ TEST_F(CollectorTest, CorruptTableGivesLiveSnapshotFailed) {
 TEST_F(CollectorTest, SelfLinkedNodeFailsItsSnapshotAloneWithoutGrowingTheCollector) {
   Child healthy(collector.socket, nullptr);
   Child victim(collector.socket, nullptr);
-  int fd = OpenTable(victim.pid, "heapdump-allocations");
-  ASSERT_GE(fd, 0);
-  struct stat st;
-  ASSERT_EQ(fstat(fd, &st), 0);
-  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  close(fd);
-  auto *header = static_cast<hd_alloc_header *>(map);
-  ASSERT_GT(header->node_capacity, 1000000u) << "the default tables, whose capacity dwarfs the live set";
-  auto *buckets = reinterpret_cast<uint32_t *>(static_cast<char *>(map) + header->buckets_offset);
-  auto *nodes = reinterpret_cast<hd_alloc_node *>(static_cast<char *>(map) + header->nodes_offset);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  ASSERT_GT(table.header->node_capacity, 1000000u) << "the default tables, whose capacity dwarfs the live set";
   uint32_t head = HD_LINK_NONE;
-  for (uint64_t b = 0; head == HD_LINK_NONE && b < (uint64_t{1} << header->bucket_log2); b++) head = buckets[b];
+  for (uint64_t b = 0; head == HD_LINK_NONE && b < (uint64_t{1} << table.header->bucket_log2); b++) {
+    head = *table.Bucket(b);
+  }
   ASSERT_NE(head, HD_LINK_NONE);
-  __atomic_store_n(&nodes[head - 1].next, head, __ATOMIC_RELAXED);
+  __atomic_store_n(&table.Node(head)->next, head, __ATOMIC_RELAXED);
 
   collector.ResetPeakRss();
   const size_t peak_before_kb = collector.PeakRssKb();
@@ -326,7 +284,6 @@ TEST_F(CollectorTest, SelfLinkedNodeFailsItsSnapshotAloneWithoutGrowingTheCollec
   ASSERT_EQ(fine->status, HD_OK) << fine->ra.error;
   EXPECT_EQ(fine->error, 0u);
   EXPECT_EQ(Blocks(fine->only(), 100, "alpha_leaks").in_function, 10u);
-  munmap(map, static_cast<size_t>(st.st_size));
   victim.Kill();  // its own allocator would follow the cycle
   healthy.Finish();
 }

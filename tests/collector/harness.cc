@@ -1,5 +1,9 @@
 #include "harness.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -128,6 +132,67 @@ Site Blocks(const hd_snapshot *s, uint64_t size, const std::string &function,
     if (thread != nullptr) site.thread = thread->name;
   }
   return site;
+}
+
+int OpenTable(pid_t pid, const std::string &name) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  int found = -1;
+  DIR *d = opendir(dir.c_str());
+  while (d != nullptr && found < 0) {
+    struct dirent *e = readdir(d);
+    if (e == nullptr) break;
+    char target[256];
+    ssize_t n = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (std::string(target).rfind("/memfd:" + name + " ", 0) == 0) {
+      found = open((dir + "/" + e->d_name).c_str(), O_RDWR | O_CLOEXEC);
+    }
+  }
+  if (d != nullptr) closedir(d);
+  return found;
+}
+
+MappedTable::MappedTable(pid_t pid) {
+  int fd = OpenTable(pid, "heapdump-allocations");
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    ADD_FAILURE() << "no allocations table in process " << pid;
+    if (fd >= 0) close(fd);
+    return;
+  }
+  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) {
+    ADD_FAILURE() << "cannot map the allocations table of process " << pid;
+    return;
+  }
+  header = static_cast<hd_alloc_header *>(map);
+  size = static_cast<size_t>(st.st_size);
+}
+
+MappedTable::~MappedTable() {
+  if (header != nullptr) munmap(header, size);
+}
+
+uint32_t *MappedTable::Seq(uint64_t slot) const {
+  return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(header) + header->seq_offset) + slot;
+}
+
+uint32_t *MappedTable::Bucket(uint64_t index) const {
+  return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(header) + header->buckets_offset) + index;
+}
+
+hd_alloc_node *MappedTable::Node(uint32_t link) const {
+  return reinterpret_cast<hd_alloc_node *>(reinterpret_cast<char *>(header) + header->nodes_offset) +
+         (link - 1);
+}
+
+void MappedTable::SetSlotLocked(uint64_t slot, bool locked) const {
+  uint32_t *seq = Seq(slot);
+  if (((__atomic_load_n(seq, __ATOMIC_ACQUIRE) & 1) != 0) != locked) {
+    __atomic_add_fetch(seq, 1, __ATOMIC_RELEASE);
+  }
 }
 
 }  // namespace hdtest

@@ -20,6 +20,7 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 }
 #include "client.h"
+#include "heapdump/internal/shm_layout.h"
 #include "process.h"
 
 namespace hdtest {
@@ -68,6 +69,25 @@ Site Blocks(const hd_snapshot *s, uint64_t size, const std::string &function,
 // The function of `binary` a program address falls in, via the snapshot's regions ("" if none).
 std::string FunctionAt(const hd_snapshot *s, uint64_t address, const std::string &binary);
 
+// A process's memfd named `name` (through /proc: same user or root), opened for reading and
+// writing; -1 if it has none.
+int OpenTable(pid_t pid, const std::string &name);
+
+// A process's live allocations table mapped read-write, as a hostile or dying writer sees it.
+struct MappedTable {
+  explicit MappedTable(pid_t pid);
+  ~MappedTable();
+  MappedTable(const MappedTable &) = delete;
+  MappedTable &operator=(const MappedTable &) = delete;
+  bool ok() const { return header != nullptr; }
+  uint32_t *Seq(uint64_t slot) const;
+  uint32_t *Bucket(uint64_t index) const;
+  hd_alloc_node *Node(uint32_t link) const;  // link = node index + 1
+  // Locks or unlocks a sequence slot the way a writer does.
+  void SetSlotLocked(uint64_t slot, bool locked) const;
+  hd_alloc_header *header = nullptr;
+  size_t size = 0;
+};
 
 }  // namespace hdtest
 

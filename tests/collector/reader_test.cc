@@ -2,10 +2,13 @@
 // the library's writer), so that each test can put exactly the chains it needs: long chains,
 // duplicate addresses, nodes in a bucket their address does not select, hostile header fields.
 #include <fcntl.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstdlib>
 #include <random>
 #include <set>
@@ -85,14 +88,21 @@ class HandTable {
     nodes_[link - 1].next = buckets_[bucket];
   }
 
-  hd_read_status Snapshot(std::vector<hd_live_block> *out, bool sorted) const {
+  // Locks (or unlocks) a sequence slot as a writer does: odd while it updates the slot's chains.
+  void SetSlotLocked(uint64_t slot, bool locked) {
+    uint32_t *seq = reinterpret_cast<uint32_t *>(base_ + header_->seq_offset);
+    if (((seq[slot] & 1) != 0) != locked) __atomic_add_fetch(&seq[slot], 1, __ATOMIC_RELEASE);
+  }
+
+  hd_read_status Snapshot(std::vector<hd_live_block> *out, bool sorted,
+                          hd_read_limits *limits = nullptr) const {
     hd_alloc_reader *reader = nullptr;
     hd_read_status status = hd_alloc_reader_open(fd_, &reader);
     if (status != HD_READ_OK) return status;
     hd_live_block *blocks = nullptr;
     size_t count = 0;
     status = sorted ? hd_alloc_reader_snapshot(reader, &blocks, &count)
-                    : hd_alloc_reader_snapshot_unordered(reader, &blocks, &count);
+                    : hd_alloc_reader_snapshot_unordered(reader, limits, &blocks, &count);
     if (status == HD_READ_OK) {
       out->assign(blocks, blocks + count);
     } else {
@@ -229,6 +239,79 @@ TEST(TableReader, CyclesAreCorrupt) {
     std::vector<hd_live_block> blocks;
     EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_CORRUPT) << length;
   }
+}
+
+// A slot left locked by a writer that will never come back (its process was killed inside the
+// library) holds a live reader for its whole patience and then fails it; a reader told the
+// table is final reads it as left, at once.
+TEST(TableReader, AFinalTableIsReadAsLeftWithoutWaitingForItsLocks) {
+  HandTable table;
+  const std::vector<uint64_t> addresses = RandomAddresses(200, 7);
+  for (uint64_t a : addresses) table.Add(a, 32);
+  table.SetSlotLocked(HandTable::BucketOf(addresses[0]) % HD_SEQ_SLOTS, true);
+  std::vector<hd_live_block> blocks;
+  EXPECT_EQ(table.Snapshot(&blocks, false), HD_READ_ERR_BUSY);
+  hd_read_limits final_table = {};
+  final_table.final = true;
+  ASSERT_EQ(table.Snapshot(&blocks, false, &final_table), HD_READ_OK);
+  EXPECT_EQ(AddressesOf(blocks), std::multiset<uint64_t>(addresses.begin(), addresses.end()));
+  EXPECT_EQ(final_table.torn_slots, 0u);
+}
+
+// A dead writer's locked slot whose chain it left broken costs that slot's blocks, not the
+// snapshot; a broken chain in a slot it had released is still corruption.
+TEST(TableReader, ABrokenChainInAFinalTableFailsOnlyWhereItsWriterDied) {
+  HandTable table;
+  const std::vector<uint64_t> addresses = RandomAddresses(200, 8);
+  for (uint64_t a : addresses) table.Add(a, 32);
+  const uint64_t torn = HandTable::BucketOf(addresses[0]);
+  table.Add(addresses[0], 64);  // a duplicate: the new node linked, the old not yet unlinked
+  hd_read_limits final_table = {};
+  final_table.final = true;
+  std::vector<hd_live_block> blocks;
+  EXPECT_EQ(table.Snapshot(&blocks, false, &final_table), HD_READ_ERR_CORRUPT);
+  table.SetSlotLocked(torn % HD_SEQ_SLOTS, true);
+  ASSERT_EQ(table.Snapshot(&blocks, false, &final_table), HD_READ_OK);
+  EXPECT_EQ(final_table.torn_slots, 1u);
+  std::multiset<uint64_t> expected;
+  for (uint64_t a : addresses) {
+    if (HandTable::BucketOf(a) % HD_SEQ_SLOTS != torn % HD_SEQ_SLOTS) expected.insert(a);
+  }
+  EXPECT_EQ(AddressesOf(blocks), expected);
+}
+
+// A writer that holds each slot just under the per-slot patience, then the next, would keep a
+// reader for patience x slots (an hour); the deadline ends it, and so does a stop request.
+TEST(TableReader, TheDeadlineAndAStopEndAReadThatAWriterKeepsWaiting) {
+  HandTable table;
+  for (uint64_t a : RandomAddresses(500, 9)) table.Add(a, 32);
+  std::atomic<bool> done{false};
+  table.SetSlotLocked(0, true);  // before the reader starts, which is far quicker than a thread
+  std::thread hostile([&] {
+    for (uint64_t slot = 0; !done; slot = (slot + 1) % HD_SEQ_SLOTS) {
+      for (int i = 0; i < 80 && !done; i++) usleep(10000);  // 0.8 s
+      table.SetSlotLocked((slot + 1) % HD_SEQ_SLOTS, true);  // the next first: no gap to slip in
+      table.SetSlotLocked(slot, false);
+    }
+  });
+  std::vector<hd_live_block> blocks;
+  hd_read_limits limits = {};
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  limits.deadline_ns = static_cast<uint64_t>(now.tv_sec) * 1000000000u + now.tv_nsec + 3000000000u;
+  EXPECT_EQ(table.Snapshot(&blocks, false, &limits), HD_READ_ERR_TIMED_OUT);
+  hd_read_limits stopping = {};
+  std::atomic<bool> stop{false};
+  stopping.stop = [](void *flag) { return static_cast<std::atomic<bool> *>(flag)->load(); };
+  stopping.stop_ctx = &stop;
+  std::thread stopper([&] {
+    sleep(2);
+    stop = true;
+  });
+  EXPECT_EQ(table.Snapshot(&blocks, false, &stopping), HD_READ_ERR_STOPPED);
+  stopper.join();
+  done = true;
+  hostile.join();
 }
 
 }  // namespace

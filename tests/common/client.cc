@@ -26,11 +26,8 @@ Call::~Call() {
   }
 }
 
-std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
-                                         const heapdump_client_ProcessSelector *selector,
-                                         bool with_contents, bool multi) {
-  auto result = std::make_unique<Result>();
-  Call call(socket);
+hd_status RequestLiveSnapshot(Call &call, const heapdump_client_ProcessSelector *selector,
+                              bool with_contents, bool multi) {
   heapdump_client_CollectorTakeLiveSnapshotRequest req =
       heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
   if (selector != nullptr) {
@@ -43,8 +40,17 @@ std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
   req.with_contents = with_contents;
   req.multi_process = multi;
   auto msg = std::make_unique<hd_message>();
-  EXPECT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  hd_status status = hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1);
   call.SentTheirEnd();
+  return status;
+}
+
+std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
+                                         const heapdump_client_ProcessSelector *selector,
+                                         bool with_contents, bool multi) {
+  auto result = std::make_unique<Result>();
+  Call call(socket);
+  EXPECT_EQ(RequestLiveSnapshot(call, selector, with_contents, multi), HD_OK);
   result->status = hd_snapshot_receive(call.ends[0], multi, &result->ra, &result->error);
   if (result->status == HD_OK && result->error == 0) {
     result->status = hd_reassembler_finish(&result->ra);

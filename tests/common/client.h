@@ -36,6 +36,10 @@ struct Call {
   ~Call();
 };
 
+// Sends TakeLiveSnapshot on call, handing over call.ends[1] as the receiver, and leaves the
+// batches on call.ends[0] for the caller to read (or, for a test of a silent client, not).
+hd_status RequestLiveSnapshot(Call &call, const heapdump_client_ProcessSelector *selector,
+                              bool with_contents = false, bool multi = false);
 std::unique_ptr<Result> TakeLiveSnapshot(const std::string &socket,
                                          const heapdump_client_ProcessSelector *selector,
                                          bool with_contents = false, bool multi = false);

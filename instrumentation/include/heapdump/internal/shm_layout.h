@@ -38,6 +38,10 @@
  *         is corrupt, so a copy never exceeds the nodes the writer handed out
  *     R3  __atomic_thread_fence(__ATOMIC_ACQUIRE) then s2 = load slot_seq[s] (__ATOMIC_RELAXED);
  *         s1 != s2: discard the copy, retry (bounded; give up with a "busy" error)
+ *   A FINAL table — a snapshot copy (sealed F_SEAL_WRITE) or the table of a process that has
+ *   exited — cannot change: a reader takes an odd slot as its dead writer left it (no retry);
+ *   a chain inconsistent under such a slot loses that slot's blocks, not the whole copy. A
+ *   resize_seq left odd (the writer died doubling) makes the table unreadable.
  *   Growth of the bucket array (doubling when live > 2 * buckets) is done by a writer holding
  *   every slot lock: resize_seq goes odd (relaxed store + release fence), every chain is rebuilt
  *   for 2^(old_log2 + 1) buckets from the nodes in index order (a node is linked exactly when

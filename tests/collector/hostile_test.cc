@@ -1,0 +1,347 @@
+// Processes that hold their locks, die inside the library or forge what they send, and clients
+// that stop answering: each test is one way such a peer could stall the collector, or make it
+// serve what is not so, shown against a real collector and real processes under LD_PRELOAD.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "harness.h"
+#include "heapdump/heapdump.h"
+#include "heapdump_process.bindings.h"
+
+namespace hdtest {
+namespace {
+
+class HostileTest : public ::testing::Test {
+ protected:
+  std::string dir = TempDir("hostile");
+  RemoveWhenPassed cleanup{dir};
+  Collector collector{dir};
+};
+
+size_t CountStored(const std::string &socket, const std::string &name) {
+  size_t n = 0;
+  for (const Stored &s : List(socket).items) n += s.name == name;
+  return n;
+}
+
+// Whether the process is blocked receiving on a socket: waiting for the collector's answer.
+bool WaitingForAnswer(pid_t pid) {
+  return ReadFile("/proc/" + std::to_string(pid) + "/syscall").rfind(std::to_string(SYS_recvmsg) + " ", 0) == 0;
+}
+
+ProcessStatus FinalState(const std::string &socket, pid_t pid) {
+  ProcessStatus state;
+  for (int i = 0; i < 1000; i++) {
+    state = GetProcessState(socket, pid);
+    if (state.state != heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+        state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING) {
+      break;
+    }
+    usleep(20000);
+  }
+  return state;
+}
+
+// Holds one sequence slot of a table after another, each just under the reader's patience for
+// one slot, the next taken before the last is let go: a reader waiting on it would wait for
+// every slot in turn (an hour).
+class LockWalker {
+ public:
+  explicit LockWalker(const MappedTable &table) : table_(table) {
+    table_.SetSlotLocked(0, true);  // before any reader starts, which is far quicker than a thread
+    thread_ = std::thread([this] {
+      uint64_t slot = 0;
+      while (!done_) {
+        for (int i = 0; i < 80 && !done_; i++) usleep(10000);
+        table_.SetSlotLocked((slot + 1) % HD_SEQ_SLOTS, true);
+        table_.SetSlotLocked(slot, false);
+        slot = (slot + 1) % HD_SEQ_SLOTS;
+      }
+      table_.SetSlotLocked(slot, false);
+    });
+  }
+  ~LockWalker() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  const MappedTable &table_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// A named snapshot whose store outlasts the library's 2 s connection timeouts (the collector is
+// stopped while the program waits) is stored once, and the program told it is stored; with a
+// shorter HEAPDUMP_SNAPSHOT_TIMEOUT the program is told there was no answer, and it is still
+// stored once. It used to be sent again on a new connection and stored twice.
+TEST_F(HostileTest, ASlowStoreIsStoredOnceAndTheProgramToldTheTruth) {
+  collector.Start();
+  ChildOptions impatient;
+  impatient.env = {"HEAPDUMP_SNAPSHOT_TIMEOUT=1"};
+  Child child(collector.socket, nullptr);
+  Child hasty(collector.socket, impatient);
+  ASSERT_EQ(kill(collector.pid, SIGSTOP), 0);
+  child.program->Send("snapshot slow");
+  hasty.program->Send("snapshot hasty");
+  EXPECT_TRUE(WaitUntil([&] { return WaitingForAnswer(child.pid) && WaitingForAnswer(hasty.pid); }));
+  EXPECT_EQ(hasty.program->ReadLine(), "stored " + std::to_string(HEAPDUMP_ERROR_NO_ANSWER));
+  sleep(3);
+  ASSERT_EQ(kill(collector.pid, SIGCONT), 0);
+  EXPECT_EQ(child.program->ReadLine(), "stored 0");
+  EXPECT_TRUE(WaitUntil([&] { return CountStored(collector.socket, "hasty") == 1; }));
+  // The late answer is not taken for the next request's.
+  EXPECT_EQ(hasty.Snapshot("after"), 0);
+  EXPECT_EQ(CountStored(collector.socket, "slow"), 1u);
+  EXPECT_EQ(CountStored(collector.socket, "hasty"), 1u) << collector.Log();
+  child.Finish();
+  hasty.Finish();
+}
+
+// A process that sent its registration and was killed and reaped before the collector read it
+// (its pid may name another process by then) is not taken in: without a pidfd the collector
+// would serve whatever process has that pid next under its name.
+TEST_F(HostileTest, AProcessGoneBeforeItsRegistrationIsReadIsNotTakenIn) {
+  collector.Start();
+  ASSERT_EQ(kill(collector.pid, SIGSTOP), 0);
+  Program program({HD_CHILD}, InstrumentedEnv(collector.socket));
+  const pid_t pid = program.pid;
+  EXPECT_TRUE(WaitUntil([&] { return WaitingForAnswer(pid); }));
+  program.Kill();
+  ASSERT_EQ(kill(collector.pid, SIGCONT), 0);
+  const std::string refused = "pid " + std::to_string(pid) + ": refused: cannot watch its exit";
+  EXPECT_TRUE(WaitUntil([&] { return collector.Log().find(refused) != std::string::npos; }))
+      << collector.Log();
+  EXPECT_EQ(collector.Log().find("[" + std::to_string(pid) + "]"), std::string::npos) << collector.Log();
+  EXPECT_EQ(GetProcessState(collector.socket, pid).state,
+            heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN);
+}
+
+// The process's own end of its snapshot sink, taken from it with pidfd_getfd: the unnamed one of
+// its sockets (the registry connection's peer is the collector's socket).
+int TakeSink(pid_t pid) {
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return -1;
+  int sink = -1;
+  for (int fd = 3; fd < 1024 && sink < 0; fd++) {
+    char target[64] = "";
+    std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+    if (readlink(link.c_str(), target, sizeof target - 1) <= 0 || strncmp(target, "socket:", 7) != 0) continue;
+    int taken = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+    if (taken < 0) continue;
+    struct sockaddr_un peer = {};
+    socklen_t len = sizeof peer;
+    if (getpeername(taken, reinterpret_cast<sockaddr *>(&peer), &len) == 0 && len <= sizeof(sa_family_t)) {
+      sink = taken;
+    } else {
+      close(taken);
+    }
+  }
+  close(pidfd);
+  return sink;
+}
+
+// A copy of a process's allocations table in a memfd of our own, as a forger would make it.
+int CopyTable(pid_t pid, uint32_t flags, uint32_t table_pid, int seals) {
+  int live = OpenTable(pid, "heapdump-allocations");
+  struct stat st;
+  if (live < 0 || fstat(live, &st) != 0) return -1;
+  int copy = memfd_create("forged", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  std::vector<char> bytes(static_cast<size_t>(st.st_size));
+  bool ok = copy >= 0 && pread(live, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
+  close(live);
+  auto *header = reinterpret_cast<hd_alloc_header *>(bytes.data());
+  header->flags = flags;
+  header->pid = table_pid;
+  ok = ok && pwrite(copy, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()) &&
+       fcntl(copy, F_ADD_SEALS, seals) == 0;
+  if (!ok && copy >= 0) close(copy);
+  return ok ? copy : -1;
+}
+
+// What the collector answers a StoreNamedSnapshot sent on sink: the snapshot id, or -error.
+int64_t Store(int sink, const char *name, int table) {
+  heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
+  req.has_name = req.has_allocations_snapshot = true;
+  snprintf(req.name, sizeof req.name, "%s", name);
+  req.allocations_snapshot = {true, 0};
+  heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+      heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+  auto msg = std::make_unique<hd_message>();
+  hd_status status = hd_snapshot_sink_store_named_snapshot(sink, msg.get(), &req, &table, 1, &resp);
+  close(table);
+  EXPECT_EQ(status, HD_OK) << hd_status_str(status);
+  if (status != HD_OK) return -1000;
+  return resp.has_error ? -static_cast<int64_t>(resp.error) : resp.snapshot_id;
+}
+
+// The named-snapshot worker reads a process's copy without waiting for any lock, so the copy
+// must be one that cannot change: sealed against writing, marked a snapshot copy, of the
+// process that sends it. A forged one used to be read (and waited on) like a live table.
+TEST_F(HostileTest, NamedSnapshotTablesMustBeSealedCopiesOfTheirSender) {
+  collector.Start();
+  ChildOptions small;
+  small.env = {"HEAPDUMP_MAX_MEMORY=8M"};
+  Child child(collector.socket, small);
+  int sink = TakeSink(child.pid);
+  ASSERT_GE(sink, 0) << "cannot take the process's snapshot sink";
+  struct timeval patience = {20, 0};
+  setsockopt(sink, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+  const int frozen = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+  const uint32_t pid = static_cast<uint32_t>(child.pid);
+  const int64_t invalid = -static_cast<int64_t>(heapdump_process_StoreError_INVALID_SNAPSHOT);
+  EXPECT_EQ(Store(sink, "unsealed", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid,
+                                              F_SEAL_SHRINK | F_SEAL_GROW)), invalid);
+  EXPECT_EQ(Store(sink, "live", CopyTable(child.pid, 0, pid, frozen)), invalid);
+  EXPECT_EQ(Store(sink, "others", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid + 1, frozen)), invalid);
+  const std::string log = collector.Log();
+  EXPECT_NE(log.find("not sealed against writing"), std::string::npos) << log;
+  EXPECT_NE(log.find("a live table, not a snapshot copy"), std::string::npos) << log;
+  EXPECT_NE(log.find("another process's table"), std::string::npos) << log;
+  // Made as the library makes it, the same copy is stored, with the process's blocks.
+  const int64_t id = Store(sink, "proper", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid, frozen));
+  ASSERT_GT(id, 0);
+  auto proper = Download(collector.socket, static_cast<uint32_t>(id));
+  ASSERT_EQ(proper->status, HD_OK) << proper->ra.error;
+  EXPECT_EQ(Blocks(proper->only(), 100, "alpha_leaks").in_function, 10u);
+  EXPECT_EQ(CountStored(collector.socket, "unsealed") + CountStored(collector.socket, "live") +
+                CountStored(collector.socket, "others"),
+            0u);
+  close(sink);
+  child.Kill();
+}
+
+// A process killed while it held a slot lock (the OOM killer's case, when users need the exit
+// snapshot most) leaves the lock held for good; its table cannot change any more and is read as
+// it was left. Its exit snapshot used to fail: "table kept changing".
+TEST_F(HostileTest, AProcessKilledInsideTheLibraryKeepsItsExitSnapshot) {
+  collector.Start();
+  Child victim(collector.socket, nullptr, /*exit_snapshot=*/true);
+  const pid_t pid = victim.pid;
+  {
+    MappedTable table(pid);
+    ASSERT_TRUE(table.ok());
+    for (uint64_t slot = 0; slot < HD_SEQ_SLOTS; slot += 3) table.SetSlotLocked(slot, true);
+  }
+  victim.Kill();
+  ProcessStatus exited = FinalState(collector.socket, pid);
+  ASSERT_EQ(exited.state, heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED)
+      << collector.Log();
+  auto snapshot = Download(collector.socket, exited.exit_snapshot_id);
+  ASSERT_EQ(snapshot->status, HD_OK) << snapshot->ra.error;
+  EXPECT_EQ(Blocks(snapshot->only(), 100, "alpha_leaks").in_function, 10u);
+  EXPECT_EQ(Blocks(snapshot->only(), 200, "worker_leaks").in_function, 5u);
+}
+
+// The same, the way it happens: programs killed with SIGKILL while four threads allocate and
+// free without pause. Every one gets its exit snapshot.
+TEST_F(HostileTest, ProgramsKilledWhileAllocatingAllGetTheirExitSnapshots) {
+  collector.Start();
+  for (int round = 0; round < 6; round++) {
+    Workload workload(collector.socket, {"churn", dir + "/kept"}, /*exit_snapshot=*/true);
+    usleep(100000 + 50000 * round);
+    workload.program->Kill();
+    ProcessStatus exited = FinalState(collector.socket, workload.pid);
+    EXPECT_EQ(exited.state, heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED)
+        << "round " << round << ":\n" << collector.Log();
+  }
+}
+
+// A process that keeps its slot locks held fails its own snapshot once the read timeout is
+// spent, and only its own: other processes' live and named snapshots go on meanwhile.
+TEST_F(HostileTest, HeldLocksCostOnlyTheirOwnSnapshotAndOnlyTheReadTimeout) {
+  collector.args = {"--read-timeout", "2"};
+  collector.Start();
+  Child healthy(collector.socket, nullptr);
+  Child victim(collector.socket, nullptr);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  std::unique_ptr<Result> held;
+  {
+    LockWalker walker(table);
+    std::thread reader([&] {
+      auto selector = ByPid(victim.pid);
+      held = TakeLiveSnapshot(collector.socket, &selector);
+    });
+    auto selector = ByPid(healthy.pid);
+    auto fine = TakeLiveSnapshot(collector.socket, &selector);
+    EXPECT_EQ(fine->status, HD_OK) << fine->ra.error;
+    EXPECT_EQ(Blocks(fine->only(), 100, "alpha_leaks").in_function, 10u);
+    EXPECT_EQ(healthy.Snapshot("meanwhile"), 0);
+    reader.join();
+  }
+  EXPECT_EQ(held->error, Error(heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED));
+  EXPECT_NE(collector.Log().find("stayed locked past the read time limit"), std::string::npos)
+      << collector.Log();
+  EXPECT_EQ(CountStored(collector.socket, "meanwhile"), 1u);
+  victim.Kill();
+  healthy.Finish();
+}
+
+// SIGTERM stops a collector whose reader a process keeps waiting, long before the read timeout.
+TEST_F(HostileTest, StoppingDoesNotWaitForAProcessThatHoldsItsLocks) {
+  collector.args = {"--read-timeout", "600"};
+  collector.Start();
+  Child victim(collector.socket, nullptr);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  LockWalker walker(table);
+  std::thread reader([&] {
+    auto selector = ByPid(victim.pid);
+    (void)TakeLiveSnapshot(collector.socket, &selector);
+  });
+  sleep(1);
+  ASSERT_EQ(kill(collector.pid, SIGTERM), 0);
+  int status = 0;
+  bool stopped = WaitUntil([&] { return waitpid(collector.pid, &status, WNOHANG) == collector.pid; }, 30);
+  if (!stopped) {
+    kill(collector.pid, SIGKILL);
+    waitpid(collector.pid, &status, 0);
+  }
+  collector.pid = -1;
+  reader.join();
+  EXPECT_TRUE(stopped) << collector.Log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  victim.Kill();
+}
+
+// A client that takes a snapshot and never acknowledges its batches holds up nobody: another
+// snapshot of the same process is served while the first still waits for its client.
+TEST_F(HostileTest, AClientThatNeverAcknowledgesHoldsUpNoOtherReader) {
+  collector.Start();
+  Workload workload(collector.socket, {"many", "200000"});
+  Call silent(collector.socket);
+  auto selector = ByPid(workload.pid);
+  ASSERT_EQ(RequestLiveSnapshot(silent, &selector), HD_OK);
+  struct pollfd batches = {silent.ends[0], POLLIN, 0};
+  ASSERT_EQ(poll(&batches, 1, 20000), 1) << "no batch for the silent client";
+  auto served = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(served->status, HD_OK) << served->ra.error;
+  EXPECT_GE(Blocks(served->only(), 32, "").blocks, 200000u);
+  // The silent client's stream is still open, waiting for it: the second reader did not wait
+  // for that stream to time out.
+  struct pollfd hangup = {silent.ends[0], POLLRDHUP, 0};
+  EXPECT_EQ(poll(&hangup, 1, 0), 0) << "the silent client was cut off before the second snapshot";
+  workload.program->Kill();
+}
+
+}  // namespace
+}  // namespace hdtest
