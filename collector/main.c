@@ -396,6 +396,8 @@ int main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  /* A file-size limit (ulimit -f) must fail a store with EFBIG, not kill the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
   if (terminal_fd >= 0) {

@@ -271,15 +271,20 @@ void hd_storage_close(hd_collector *c) {
 
 typedef struct file_sink {
   int fd;
-  bool ok;
+  int error; /* the first write's errno (ENOSPC on a full disk); 0 while all is written */
 } file_sink;
+
+/* Writes to the sink unless an earlier write failed; false once one has. */
+static bool sink_write(file_sink *sink, const void *data, size_t size) {
+  if (sink->error == 0 && !write_all(sink->fd, data, size)) sink->error = errno != 0 ? errno : EIO;
+  return sink->error == 0;
+}
 
 static hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
   file_sink *sink = ctx;
   uint32_t len = (uint32_t)size;
   if (size == 0) return HD_OK; /* the end of the stream is implied by the end of the file */
-  sink->ok = sink->ok && write_all(sink->fd, &len, 4) && write_all(sink->fd, body, size);
-  return sink->ok ? HD_OK : HD_ERR_IO;
+  return sink_write(sink, &len, 4) && sink_write(sink, body, size) ? HD_OK : HD_ERR_IO;
 }
 
 static bool encode_meta(const heapdump_client_StoredSnapshot *meta, uint8_t *buf, uint32_t *len) {
@@ -359,18 +364,17 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
   uint8_t meta_buf[heapdump_client_StoredSnapshot_size];
   uint32_t meta_len = 0;
-  bool ok = encode_meta(&meta, meta_buf, &meta_len);
+  file_sink sink = {fd, encode_meta(&meta, meta_buf, &meta_len) ? 0 : EINVAL};
   uint32_t uid = (uint32_t)p->uid;
-  ok = ok && write_all(fd, kMagic, 8) && write_all(fd, &uid, 4) && write_all(fd, &meta_len, 4) &&
-       write_all(fd, meta_buf, meta_len);
+  (void)(sink_write(&sink, kMagic, 8) && sink_write(&sink, &uid, 4) &&
+         sink_write(&sink, &meta_len, 4) && sink_write(&sink, meta_buf, meta_len));
   hd_batch_writer *w = malloc(sizeof *w);
-  file_sink sink = {fd, ok};
   hd_snapshot_totals totals = {0};
   if (w == NULL) {
-    sink.ok = false;
+    sink.error = ENOMEM;
   } else {
     hd_batch_writer_init(w, append_batch, &sink);
-    rc = hd_produce_snapshot(c, p, frozen, false, w, &totals);
+    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, false, w, &totals);
     if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
   }
   free(w);
@@ -378,15 +382,25 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   meta.live_bytes = totals.live_bytes;
   meta.live_blocks = totals.live_blocks;
   uint32_t final_len = 0;
-  ok = sink.ok && rc == 0 && encode_meta(&meta, meta_buf, &final_len) && final_len == meta_len &&
-       pwrite(fd, meta_buf, meta_len, 16) == (ssize_t)meta_len && fsync(fd) == 0;
+  /* Why it failed, for the log: a full disk must say so. */
+  const char *why = NULL;
+  if (sink.error != 0) {
+    why = strerror(sink.error);
+  } else if (rc != 0) {
+    why = "its table could not be read";
+  } else if (!encode_meta(&meta, meta_buf, &final_len) || final_len != meta_len) {
+    why = "its summary could not be encoded";
+  } else if (pwrite(fd, meta_buf, meta_len, 16) != (ssize_t)meta_len || fsync(fd) != 0 ||
+             renameat(c->storage_fd, tmp, c->storage_fd, file_name) != 0) {
+    why = strerror(errno);
+  }
   close(fd);
   hd_stored_snapshot_info info;
-  if (!ok || renameat(c->storage_fd, tmp, c->storage_fd, file_name) != 0 ||
-      load_info(c->storage_fd, file_name, &info) != 0) {
+  if (why == NULL && load_info(c->storage_fd, file_name, &info) != 0) why = "it could not be read back";
+  if (why != NULL) {
     unlinkat(c->storage_fd, tmp, 0);
-    hd_log(c, HD_LOG_ERROR, "could not store snapshot \"%s\" of %s[%u]", name, p->name,
-           (unsigned)p->pid);
+    hd_log(c, HD_LOG_ERROR, "could not store snapshot \"%s\" of %s[%u] in %s: %s", name, p->name,
+           (unsigned)p->pid, c->storage_dir, why);
     return rc == -EIO || rc == -EINVAL ? -EINVAL : -EIO;
   }
   fsync(c->storage_fd);

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <pb_encode.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <set>
@@ -16,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "heapdump/heapdump.h"
 
 extern "C" {
 #include "heapdump_client.pb.h"
@@ -358,6 +361,31 @@ TEST_F(StorageTest, ProcessStateFollowsAProcessToItsExitSnapshot) {
             heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN);
   EXPECT_EQ(GetProcessState(collector.socket, 0).error,
             Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
+}
+
+// A store that cannot be written (here: a file-size limit, as a full disk would) is refused with
+// the reason in the log, loses nothing stored before and leaves the collector serving; the next
+// store, with room again, succeeds. The limit's SIGXFSZ used to kill the daemon.
+TEST_F(StorageTest, AStoreThatCannotBeWrittenSaysWhyAndTheCollectorServesOn) {
+  collector.Start();
+  Child child(collector.socket, "before");
+  ASSERT_EQ(child.snapshot_rc, 0);
+  struct rlimit tiny = {1024, RLIM_INFINITY};
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_FSIZE, &tiny, nullptr), 0);
+  EXPECT_EQ(child.Snapshot("too-big"), HEAPDUMP_ERROR_COLLECTOR_REFUSED);
+  EXPECT_NE(collector.Log().find("could not store snapshot \"too-big\" of snapshot_child[" +
+                                 std::to_string(child.pid) + "] in " + collector.storage +
+                                 ": " + strerror(EFBIG)),
+            std::string::npos)
+      << collector.Log();
+  struct rlimit room = {RLIM_INFINITY, RLIM_INFINITY};
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_FSIZE, &room, nullptr), 0);
+  EXPECT_EQ(child.Snapshot("after"), 0);
+  Listing listing = List(collector.socket);
+  EXPECT_NE(StoredId(listing, "before"), 0u);
+  EXPECT_NE(StoredId(listing, "after"), 0u);
+  EXPECT_EQ(StoredId(listing, "too-big"), 0u);
+  child.Finish();
 }
 
 }  // namespace
