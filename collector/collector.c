@@ -33,8 +33,42 @@
 
 #define MAX_CONNECTIONS 1024
 
+/* Warnings and errors are what a hostile or broken peer provokes at will (refused connections,
+ * failed accepts, bad tables): each message format gets at most LOG_BURST lines per
+ * LOG_WINDOW_NS, and the first line of a later window says how many were left out. Whether a
+ * line may be written; *left_out: lines of this format dropped in the window that just ended. */
+static bool log_budget_allows(hd_collector *c, const char *fmt, unsigned *left_out) {
+  const uint64_t now = hd_monotonic_ns();
+  *left_out = 0;
+  pthread_mutex_lock(&c->log_lock);
+  hd_log_budget *b = NULL, *oldest = &c->log_budgets[0];
+  for (size_t i = 0; i < HD_LOG_FORMATS && b == NULL; i++) {
+    hd_log_budget *x = &c->log_budgets[i];
+    if (x->fmt == fmt || x->fmt == NULL) b = x;
+    if (x->window_start_ns < oldest->window_start_ns) oldest = x;
+  }
+  if (b == NULL) {
+    b = oldest; /* more formats than slots: the stalest is forgotten */
+    *b = (hd_log_budget){0};
+  }
+  if (b->fmt == NULL || now - b->window_start_ns >= HD_LOG_WINDOW_NS) {
+    *left_out = b->left_out;
+    *b = (hd_log_budget){.fmt = fmt, .window_start_ns = now};
+  }
+  bool allowed = b->lines < HD_LOG_BURST;
+  if (allowed) {
+    b->lines++;
+  } else {
+    b->left_out++;
+  }
+  pthread_mutex_unlock(&c->log_lock);
+  return allowed;
+}
+
 void hd_log(hd_collector *c, int level, const char *fmt, ...) {
   if (level > c->log_level) return;
+  unsigned left_out = 0;
+  if (level <= HD_LOG_WARN && !log_budget_allows(c, fmt, &left_out)) return;
   static const char *names[] = {"error", "warn", "info", "debug"};
   char line[1024];
   va_list ap;
@@ -45,6 +79,10 @@ void hd_log(hd_collector *c, int level, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   localtime_r(&ts.tv_sec, &tm);
+  if (left_out > 0) {
+    fprintf(stderr, "heapdump-collector %02d:%02d:%02d %s: (%u more lines like the next were left out)\n",
+            tm.tm_hour, tm.tm_min, tm.tm_sec, names[level], left_out);
+  }
   fprintf(stderr, "heapdump-collector %02d:%02d:%02d %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
           names[level], line);
 }
@@ -752,17 +790,24 @@ static bool serve(hd_collector *c, size_t index) {
   return !h.close_after;
 }
 
-/* Accepts every pending connection. */
+/* Accepts every pending connection. Out of descriptors (or memory), the connection stays in the
+ * backlog and the socket stays readable: the poll thread then leaves it alone for a while
+ * (50 ms, doubling up to a second while it lasts) rather than spin on it. */
 static void accept_connections(hd_collector *c) {
   for (;;) {
     int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        hd_log(c, HD_LOG_WARN, "accept failed: %s", strerror(errno));
-      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      const int error = errno;
+      c->accept_backoff_ns = c->accept_backoff_ns == 0 ? 50000000u : c->accept_backoff_ns * 2;
+      if (c->accept_backoff_ns > 1000000000u) c->accept_backoff_ns = 1000000000u;
+      c->accept_paused_until_ns = hd_monotonic_ns() + c->accept_backoff_ns;
+      hd_log(c, HD_LOG_WARN, "accept failed: %s; new connections wait %llu ms", strerror(error),
+             (unsigned long long)(c->accept_backoff_ns / 1000000u));
       return;
     }
+    c->accept_backoff_ns = 0;
     struct ucred peer;
     socklen_t len = sizeof peer;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
@@ -786,6 +831,7 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   if (c == NULL) return -ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->scan_lock, NULL);
+  pthread_mutex_init(&c->log_lock, NULL);
   pthread_cond_init(&c->streams_done, NULL);
   atomic_init(&c->stop_requested, false);
   c->listen_fd = -1;
@@ -897,7 +943,10 @@ int hd_collector_run(hd_collector *c) {
   while (!atomic_load(&c->stop_requested)) {
     size_t n = c->conns->count;
     fds[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
-    fds[1] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+    /* While accepting is paused, the listening socket is left out (a negative fd is ignored). */
+    const uint64_t now = hd_monotonic_ns();
+    const bool accept_paused = now < c->accept_paused_until_ns;
+    fds[1] = (struct pollfd){.fd = accept_paused ? -1 : c->listen_fd, .events = POLLIN};
     for (size_t i = 0; i < n; i++) {
       fds[2 + i] = (struct pollfd){.fd = c->conns->items[i].fd, .events = POLLIN};
     }
@@ -905,7 +954,12 @@ int hd_collector_run(hd_collector *c) {
     for (size_t i = 0; i < w; i++) {
       fds[2 + n + i] = (struct pollfd){.fd = watched[i]->pidfd, .events = POLLIN};
     }
-    int ready = poll(fds, 2 + n + w, idle_watch ? 1000 : -1);
+    int timeout_ms = idle_watch ? 1000 : -1;
+    if (accept_paused) {
+      const int pause_ms = (int)((c->accept_paused_until_ns - now) / 1000000u) + 1;
+      if (timeout_ms < 0 || pause_ms < timeout_ms) timeout_ms = pause_ms;
+    }
+    int ready = poll(fds, 2 + n + w, timeout_ms);
     if (ready < 0 && errno != EINTR) {
       rc = -errno;
       hd_log(c, HD_LOG_ERROR, "poll failed: %s", strerror(errno));
@@ -968,6 +1022,7 @@ void hd_collector_destroy(hd_collector *c) {
   free(c->exit_records);
   pthread_mutex_destroy(&c->lock);
   pthread_mutex_destroy(&c->scan_lock);
+  pthread_mutex_destroy(&c->log_lock);
   pthread_cond_destroy(&c->streams_done);
   free(c);
 }

@@ -76,6 +76,16 @@ typedef struct hd_stored_list {
 struct conn_table;
 struct hd_worker;
 
+/* How many lines one log message format may write (see hd_log). */
+#define HD_LOG_BURST 20
+#define HD_LOG_WINDOW_NS 10000000000u
+#define HD_LOG_FORMATS 64
+typedef struct hd_log_budget {
+  const char *fmt; /* the format string's address: one per call site */
+  uint64_t window_start_ns;
+  unsigned lines, left_out;
+} hd_log_budget;
+
 struct hd_collector {
   char socket_path[108];
   /* socket_path made absolute with its directory resolved: what a found process's own socket
@@ -87,8 +97,12 @@ struct hd_collector {
   int storage_fd;
   int listen_fd;
   int wake[2]; /* a byte makes the poll thread look again at the stop flag and the live set */
+  /* Accepting pauses while descriptors run out (poll thread only). */
+  uint64_t accept_paused_until_ns, accept_backoff_ns;
   atomic_bool stop_requested;
   int log_level;
+  pthread_mutex_t log_lock; /* protects log_budgets */
+  hd_log_budget log_budgets[HD_LOG_FORMATS];
   uint32_t max_stored;
   uint64_t max_storage_bytes;
   uint64_t idle_timeout_ns; /* client connections idle longer are closed */
@@ -99,8 +113,11 @@ struct hd_collector {
   hd_stored_snapshot_info *stored;         /* oldest first */
   size_t stored_count, stored_capacity;
   uint32_t next_id;
-  int active_streams;
-  struct hd_stream_job *streams; /* the running streams, so a stop can cut their clients off */
+  int active_streams;            /* running and queued */
+  struct hd_stream_job *streams; /* running and queued, so a stop can cut their clients off */
+  int stream_threads;            /* at most HD_MAX_STREAM_THREADS */
+  struct hd_stream_job *stream_queue; /* waiting for a stream thread, oldest first */
+  int queued_streams;                 /* at most HD_MAX_QUEUED_STREAMS */
   pthread_cond_t streams_done;
   pthread_mutex_t scan_lock; /* one /proc scan at a time; protects last_scan_ns */
   uint64_t last_scan_ns;
@@ -112,6 +129,8 @@ struct hd_collector {
   hd_message *scratch;
 };
 
+/* Writes a log line at level. Warnings and errors are limited per format string (HD_LOG_BURST
+ * lines per HD_LOG_WINDOW_NS), so pass a literal format, never a computed one. */
 void hd_log(hd_collector *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 uint64_t hd_monotonic_ns(void);
 /* Wakes the poll thread (async-signal-safe). */
@@ -164,9 +183,16 @@ void hd_discover_processes(hd_collector *c, bool force);
 
 /* ---- streams (stream.c) ---- */
 
+/* Snapshot streams run on at most HD_MAX_STREAM_THREADS threads; up to HD_MAX_QUEUED_STREAMS more
+ * requests wait for one, oldest first, and any beyond are refused (their receiver is closed): a
+ * flood of requests costs bounded threads and descriptors. */
+#define HD_MAX_STREAM_THREADS 32
+#define HD_MAX_QUEUED_STREAMS 1024
+
 typedef struct hd_stream_job {
   hd_collector *c;
-  struct hd_stream_job *next, *prev; /* in c->streams while it runs */
+  struct hd_stream_job *next, *prev; /* in c->streams until it ends */
+  struct hd_stream_job *queue_next;  /* in c->stream_queue while it waits for a thread */
   int receiver;
   uid_t peer_uid;
   bool stored; /* DownloadStoredSnapshot, else TakeLiveSnapshot */
@@ -175,7 +201,7 @@ typedef struct hd_stream_job {
   heapdump_client_ProcessSelector selector;
 } hd_stream_job;
 
-/* Takes ownership of job; runs it on a thread of its own. */
+/* Takes ownership of job; runs it on a stream thread, at once or once one is free. */
 void hd_start_stream(hd_stream_job *job);
 /* Waits for the running streams: a short grace to finish, then their clients are cut off (a
  * stopping collector must not wait on a client's pace). */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -398,6 +399,13 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   /* A file-size limit (ulimit -f) must fail a store with EFBIG, not kill the daemon. */
   signal(SIGXFSZ, SIG_IGN);
+  /* Connections, processes (a pidfd each) and queued streams hold a descriptor apiece, a few
+   * thousand at most: the usual soft limit of 1024 is raised towards the hard one. */
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max < 65536 ? files.rlim_max : 65536;
+    (void)setrlimit(RLIMIT_NOFILE, &files); /* best effort: the old limit still works */
+  }
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
   if (terminal_fd >= 0) {

@@ -310,9 +310,29 @@ static void unlink_stream(hd_collector *c, hd_stream_job *job) {
   if (job->next != NULL) job->next->prev = job->prev;
 }
 
-static void *run_stream(void *arg) {
-  hd_stream_job *job = arg;
-  hd_collector *c = job->c;
+/* Ends a job that ran or never will: under c->lock. */
+static void retire_locked(hd_collector *c, hd_stream_job *job) {
+  unlink_stream(c, job);
+  close(job->receiver); /* under the lock: a stop never shuts down a reused descriptor */
+  c->active_streams--;
+  free(job);
+}
+
+/* The next queued job for a stream thread that finished one, or NULL (then the thread is
+ * counted out). A stopping collector drops what is queued. Under c->lock. */
+static hd_stream_job *next_queued_locked(hd_collector *c) {
+  hd_stream_job *job;
+  while ((job = c->stream_queue) != NULL) {
+    c->stream_queue = job->queue_next;
+    c->queued_streams--;
+    if (!atomic_load(&c->stop_requested)) return job;
+    retire_locked(c, job);
+  }
+  c->stream_threads--;
+  return NULL;
+}
+
+static void run_one(hd_stream_job *job) {
   struct timeval timeout = {ACK_TIMEOUT_SECONDS, 0};
   setsockopt(job->receiver, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   setsockopt(job->receiver, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
@@ -331,14 +351,23 @@ static void *run_stream(void *arg) {
       stream_live(job, &channel, w);
     }
   }
-  pthread_mutex_lock(&c->lock);
-  unlink_stream(c, job);
-  close(job->receiver); /* under the lock: a stop never shuts down a reused descriptor */
-  if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
-  pthread_mutex_unlock(&c->lock);
   free(scratch);
   free(w);
-  free(job);
+}
+
+/* A stream thread: runs its job, then queued ones while there are any. After its last unlock it
+ * touches nothing of the collector, which a stop may be destroying by then. */
+static void *run_streams(void *arg) {
+  hd_stream_job *job = arg;
+  hd_collector *c = job->c;
+  while (job != NULL) {
+    run_one(job);
+    pthread_mutex_lock(&c->lock);
+    retire_locked(c, job);
+    job = next_queued_locked(c);
+    if (c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+    pthread_mutex_unlock(&c->lock);
+  }
   return NULL;
 }
 
@@ -350,23 +379,39 @@ void hd_start_stream(hd_stream_job *job) {
   job->next = c->streams;
   if (c->streams != NULL) c->streams->prev = job;
   c->streams = job;
-  pthread_mutex_unlock(&c->lock);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t thread;
-  if (pthread_create(&thread, &attr, run_stream, job) != 0) {
-    /* Closing the receiver tells the client; an error report would wait for its answer on the
-     * poll thread. */
-    hd_log(c, HD_LOG_ERROR, "cannot start a stream thread; dropping a request");
-    pthread_mutex_lock(&c->lock);
-    unlink_stream(c, job);
-    close(job->receiver);
-    if (--c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
-    pthread_mutex_unlock(&c->lock);
-    free(job);
+  /* Closing the receiver is what tells a refused client: an error report would wait for its
+   * answer on the poll thread. */
+  const char *refused = NULL;
+  bool start_thread = c->stream_threads < HD_MAX_STREAM_THREADS;
+  if (start_thread) {
+    c->stream_threads++;
+  } else if (c->queued_streams < HD_MAX_QUEUED_STREAMS) {
+    job->queue_next = NULL;
+    hd_stream_job **tail = &c->stream_queue;
+    while (*tail != NULL) tail = &(*tail)->queue_next;
+    *tail = job;
+    c->queued_streams++;
+  } else {
+    refused = "too many snapshot requests at once";
+    retire_locked(c, job);
   }
-  pthread_attr_destroy(&attr);
+  pthread_mutex_unlock(&c->lock);
+  if (start_thread) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t thread;
+    if (pthread_create(&thread, &attr, run_streams, job) != 0) {
+      refused = "cannot start a stream thread";
+      pthread_mutex_lock(&c->lock);
+      c->stream_threads--;
+      retire_locked(c, job);
+      if (c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+      pthread_mutex_unlock(&c->lock);
+    }
+    pthread_attr_destroy(&attr);
+  }
+  if (refused != NULL) hd_log(c, HD_LOG_WARN, "%s; dropping a request", refused);
 }
 
 void hd_wait_streams(hd_collector *c) {

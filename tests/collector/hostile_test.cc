@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -341,6 +343,86 @@ TEST_F(HostileTest, AClientThatNeverAcknowledgesHoldsUpNoOtherReader) {
   struct pollfd hangup = {silent.ends[0], POLLRDHUP, 0};
   EXPECT_EQ(poll(&hangup, 1, 0), 0) << "the silent client was cut off before the second snapshot";
   workload.program->Kill();
+}
+
+// A field of /proc/PID/status, e.g. "Threads".
+size_t StatusField(pid_t pid, const std::string &field) {
+  const std::string status = ReadFile("/proc/" + std::to_string(pid) + "/status");
+  const size_t at = status.find("\n" + field + ":");
+  return at == std::string::npos ? 0 : strtoul(status.c_str() + at + field.size() + 2, nullptr, 10);
+}
+
+// User and system CPU time the process has used, in seconds.
+double CpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t after_name = stat.rfind(')');
+  unsigned long utime = 0, stime = 0;
+  if (after_name == std::string::npos ||
+      sscanf(stat.c_str() + after_name + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+             &utime, &stime) != 2) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Snapshot requests whose clients never read (each stream then waits for its client's answer)
+// run on at most 32 stream threads, the rest waiting their turn; once the clients are gone the
+// collector is back to its threads and descriptors. It used to start a thread per request.
+TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t threads_before = StatusField(collector.pid, "Threads");
+  const size_t fds_before = collector.SettledFdCount();
+  auto selector = ByPid(child.pid);
+  std::vector<int> receivers;
+  for (int i = 0; i < 300; i++) {
+    Call call(collector.socket);
+    ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
+    receivers.push_back(dup(call.ends[0]));
+  }
+  size_t most = 0;
+  (void)WaitUntil([&] {
+    most = std::max(most, StatusField(collector.pid, "Threads"));
+    return false;
+  }, 3);
+  EXPECT_GE(most, threads_before + 32) << "the flood did not take every stream thread";
+  EXPECT_LE(most, threads_before + 32);
+  for (int fd : receivers) close(fd);
+  EXPECT_TRUE(WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
+  EXPECT_EQ(collector.SettledFdCount(), fds_before);
+  auto served = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(served->status, HD_OK) << served->ra.error;
+  EXPECT_EQ(Blocks(served->only(), 100, "alpha_leaks").in_function, 10u);
+  child.Finish();
+}
+
+// Out of descriptors, the collector neither spins on the connection it cannot accept nor floods
+// its log: it pauses accepting, and takes the waiting clients once descriptors are back. It used
+// to spin at full CPU, writing 210 MB of log in 5 s.
+TEST_F(HostileTest, RunningOutOfDescriptorsNeitherSpinsNorFloodsTheLog) {
+  collector.Start();
+  struct rlimit normal;
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, nullptr, &normal), 0);
+  struct rlimit tight = {collector.SettledFdCount(), normal.rlim_max};
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, &tight, nullptr), 0);
+  std::vector<int> waiting;
+  for (int i = 0; i < 20; i++) {
+    int fd = -1;
+    ASSERT_EQ(hd_channel_connect(collector.socket.c_str(), &fd), HD_OK);
+    waiting.push_back(fd);
+  }
+  const double cpu_before = CpuSeconds(collector.pid);
+  const size_t log_before = collector.Log().size();
+  sleep(3);
+  EXPECT_LT(CpuSeconds(collector.pid) - cpu_before, 0.5) << "the collector spun on accept";
+  EXPECT_LT(collector.Log().size() - log_before, 4096u) << collector.Log().substr(log_before, 4096);
+  EXPECT_NE(collector.Log().find(std::string("accept failed: ") + strerror(EMFILE)), std::string::npos)
+      << collector.Log();
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, &normal, nullptr), 0);
+  Listing listing = List(collector.socket);
+  EXPECT_EQ(listing.status, HD_OK);
+  EXPECT_EQ(listing.error, 0u);
+  for (int fd : waiting) close(fd);
 }
 
 }  // namespace

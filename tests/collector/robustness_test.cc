@@ -338,13 +338,22 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
     close(ends[1]);
     burst.emplace_back(fd, ends[0]);
   }
-  for (auto [fd, receiver] : burst) {
-    Result result;
-    result.status = hd_snapshot_receive(receiver, false, &result.ra, &result.error);
-    EXPECT_EQ(result.status, HD_OK);
-    EXPECT_EQ(result.error, Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
-    close(receiver);
-    close(fd);
+  // Answered as they come: at most 32 run at once (the rest wait for a stream thread), and each
+  // running one waits for its client's answer.
+  while (!burst.empty()) {
+    std::vector<struct pollfd> ready;
+    for (auto [fd, receiver] : burst) ready.push_back({receiver, POLLIN, 0});
+    ASSERT_GT(poll(ready.data(), ready.size(), 30000), 0) << burst.size() << " requests unanswered";
+    for (size_t i = ready.size(); i-- > 0;) {
+      if (ready[i].revents == 0) continue;
+      Result result;
+      result.status = hd_snapshot_receive(burst[i].second, false, &result.ra, &result.error);
+      EXPECT_EQ(result.status, HD_OK);
+      EXPECT_EQ(result.error, Error(heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH));
+      close(burst[i].second);
+      close(burst[i].first);
+      burst.erase(burst.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
   for (int fd : idle) close(fd);
 
@@ -389,7 +398,16 @@ TEST_F(RobustnessTest, ChannelEndsThatAreNotChannelsAreRefused) {
     close(fd);
   }
   EXPECT_EQ(collector.SettledFdCount(), baseline) << collector.Log();
-  EXPECT_NE(collector.Log().find("is not a channel"), std::string::npos);
+  // Logged, but not 1,100 times: a warning a peer can provoke at will is rate-limited (20 lines of
+  // one kind per 10 s; the run may straddle two windows).
+  const std::string log = collector.Log();
+  size_t logged = 0;
+  for (size_t at = log.find("is not a channel"); at != std::string::npos;
+       at = log.find("is not a channel", at + 1)) {
+    logged++;
+  }
+  EXPECT_GE(logged, 1u);
+  EXPECT_LE(logged, 40u);
   Child child(collector.socket, "after-datagrams");  // a process still registers and stores
   EXPECT_EQ(child.snapshot_rc, 0);
   EXPECT_NE(StoredId(List(collector.socket), "after-datagrams"), 0u);
