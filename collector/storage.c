@@ -155,22 +155,44 @@ static bool append_info(hd_collector *c, const hd_stored_snapshot_info *info) {
   return true;
 }
 
-/* Evicts the oldest snapshots over the limits. Called with c->lock held. */
-static void enforce_retention(hd_collector *c) {
+/* Evicts the oldest snapshots of uid over the limits. The limits hold for each uid on its own:
+ * the processes of one user (which a root collector adopts) never evict another user's
+ * snapshots, and each user can fill only their own share of the disk. Called with c->lock
+ * held. */
+static void enforce_retention_of(hd_collector *c, uid_t uid) {
+  size_t count = 0;
   uint64_t total = 0;
-  for (size_t i = 0; i < c->stored_count; i++) total += c->stored[i].bytes;
-  while (c->stored_count > 1 &&
-         ((c->max_stored != 0 && c->stored_count > c->max_stored) ||
-          (c->max_storage_bytes != 0 && total > c->max_storage_bytes))) {
-    hd_stored_snapshot_info oldest = c->stored[0];
+  for (size_t i = 0; i < c->stored_count; i++) {
+    if (c->stored[i].uid != uid) continue;
+    count++;
+    total += c->stored[i].bytes;
+  }
+  for (size_t i = 0; i < c->stored_count && count > 1 &&
+                     ((c->max_stored != 0 && count > c->max_stored) ||
+                      (c->max_storage_bytes != 0 && total > c->max_storage_bytes));) {
+    if (c->stored[i].uid != uid) {
+      i++;
+      continue;
+    }
+    hd_stored_snapshot_info oldest = c->stored[i];
     char name[64];
     snapshot_file_name(oldest.id, name, sizeof name);
     unlinkat(c->storage_fd, name, 0);
+    count--;
     total -= oldest.bytes;
-    memmove(c->stored, c->stored + 1, (c->stored_count - 1) * sizeof *c->stored);
+    memmove(c->stored + i, c->stored + i + 1, (c->stored_count - i - 1) * sizeof *c->stored);
     c->stored_count--;
-    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu]) to stay within limits",
-           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid);
+    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu], uid %u) to stay within limits",
+           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid,
+           (unsigned)uid);
+  }
+}
+
+/* Every uid's limits. The walk goes down from the newest snapshot and an eviction moves only the
+ * entries above it, down by one: no entry is passed over. Called with c->lock held. */
+static void enforce_retention(hd_collector *c) {
+  for (size_t i = c->stored_count; i-- > 0;) {
+    if (i < c->stored_count) enforce_retention_of(c, c->stored[i].uid);
   }
 }
 
@@ -406,7 +428,7 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   fsync(c->storage_fd);
   pthread_mutex_lock(&c->lock);
   append_info(c, &info);
-  enforce_retention(c);
+  enforce_retention_of(c, p->uid);
   pthread_mutex_unlock(&c->lock);
   hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u]", id, name, p->name, (unsigned)p->pid);
   *out_id = id;

@@ -183,5 +183,40 @@ TEST_F(PermissionTest, ClientSeesOnlyItsOwnUidsProcessesAndSnapshots) {
   roots.Finish();
 }
 
+// A root collector adopts the processes of every user that point at its socket, and stores their
+// exit snapshots. Retention limits hold for each user on its own: another user's exiting
+// processes evict only that user's snapshots, never root's.
+TEST_F(PermissionTest, RetentionLimitsHoldForEachUserOnItsOwn) {
+  collector.args = {"--max-stored", "2"};
+  collector.Start();
+  Child roots(collector.socket, "root-1");
+  ASSERT_EQ(roots.snapshot_rc, 0);
+  ASSERT_EQ(roots.Snapshot("root-2"), 0);
+  for (int i = 0; i < 3; i++) {
+    ChildOptions as_nobody;
+    as_nobody.uid = nobody.uid;
+    as_nobody.gid = nobody.gid;
+    as_nobody.exit_snapshot = true;
+    Child theirs(collector.socket, as_nobody);
+    // A live snapshot rescans /proc (at most once a second), and the collector adopts it.
+    const pid_t pid = theirs.pid;
+    auto selector = ByPid(pid);
+    ASSERT_TRUE(WaitUntil([&] { return TakeLiveSnapshot(collector.socket, &selector)->error == 0; }))
+        << collector.Log();
+    theirs.Finish();
+    ASSERT_TRUE(WaitUntil([&] {
+      return GetProcessState(collector.socket, pid).state ==
+             heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED;
+    })) << collector.Log();
+  }
+  Listing listing = List(collector.socket);
+  size_t exits = 0;
+  for (const Stored &s : listing.items) exits += s.name == "exit";
+  EXPECT_EQ(exits, 2u);
+  EXPECT_NE(StoredId(listing, "root-1"), 0u) << collector.Log();
+  EXPECT_NE(StoredId(listing, "root-2"), 0u);
+  roots.Finish();
+}
+
 }  // namespace
 }  // namespace hdtest
