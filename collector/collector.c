@@ -850,6 +850,7 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   c->idle_timeout_ns = (uint64_t)(options->idle_timeout_seconds ? options->idle_timeout_seconds
                                                                  : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
                        1000000000u;
+  c->max_contents_bytes = options->max_contents_bytes;
   c->read_timeout_ns = (uint64_t)(options->read_timeout_seconds ? options->read_timeout_seconds
                                                                  : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
                        1000000000u;

@@ -107,6 +107,7 @@ struct hd_collector {
   uint64_t max_storage_bytes;
   uint64_t idle_timeout_ns; /* client connections idle longer are closed */
   uint64_t read_timeout_ns; /* a process's table not read by then fails its snapshot */
+  uint64_t max_contents_bytes; /* of block contents in one process's snapshot; 0: no limit */
   pthread_mutex_t lock;
   hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference */
   size_t process_count;

@@ -176,7 +176,9 @@ static bool join_last_range(contents_reader *r, size_t i) {
 }
 
 hd_status hd_read_block_contents(pid_t pid, int pidfd, hd_live_block *blocks, size_t count,
-                                 uint64_t max_block, hd_contents_fn fn, void *ctx) {
+                                 uint64_t max_block, uint64_t max_total, bool *cut,
+                                 hd_contents_fn fn, void *ctx) {
+  if (cut != NULL) *cut = false;
   contents_reader *r = malloc(sizeof *r);
   if (r == NULL) return HD_OK;
   const size_t n = spans_of(blocks, count, max_block);
@@ -190,8 +192,14 @@ hd_status hd_read_block_contents(pid_t pid, int pidfd, hd_live_block *blocks, si
   r->count = 0;
   r->bytes = 0;
   hd_status status = HD_OK;
+  uint64_t budget = max_total != 0 ? max_total : UINT64_MAX;
   for (size_t i = 0; i < n && status == HD_OK && !r->gone; i++) {
     const span *s = &r->spans[i];
+    if (s->size > budget) {
+      if (cut != NULL) *cut = true;
+      break;
+    }
+    budget -= s->size;
     if (s->size > sizeof r->buffer) {
       status = flush(r);
       if (status == HD_OK && !r->gone) status = read_large(r, s);

@@ -38,12 +38,14 @@ typedef hd_status (*hd_contents_fn)(void *ctx, uint64_t address, const uint8_t *
  * whole (freed and unmapped since the table was read; a range that comes back short is read again
  * block by block). Bytes are passed on only if pidfd shows the process alive after they were
  * read: an exit comes before any reuse of the pid, so they were its own. A process that has
- * exited, or may not be read, ends the reading. blocks is the working memory of the sort, so its
- * contents are undefined afterwards. Returns HD_OK or fn's error; without memory for the buffer,
- * contents (best effort) are not read. */
+ * exited, or may not be read, ends the reading. At most max_total bytes are passed on (0: no
+ * limit; a table can claim blocks that overlap, each as big as max_block): the blocks past it,
+ * in address order, go without, and *cut (nullable) says so. blocks is the working memory of the
+ * sort, so its contents are undefined afterwards. Returns HD_OK or fn's error; without memory
+ * for the buffer, contents (best effort) are not read. */
 HD_MUST_CHECK hd_status hd_read_block_contents(pid_t pid, int pidfd, hd_live_block *blocks,
-                                               size_t count, uint64_t max_block,
-                                               hd_contents_fn fn, void *ctx);
+                                               size_t count, uint64_t max_block, uint64_t max_total,
+                                               bool *cut, hd_contents_fn fn, void *ctx);
 
 #ifdef __cplusplus
 }

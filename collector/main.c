@@ -55,6 +55,7 @@ static void usage(FILE *out) {
           "usage: heapdump-collector [--socket PATH] [--storage DIR] [--max-stored N]\n"
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
           "                          [--log-level L] [--idle-timeout S] [--read-timeout S]\n"
+          "                          [--max-contents-bytes B]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
           "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
@@ -77,11 +78,15 @@ static void usage(FILE *out) {
           "                         (default %d; a second when connections run short)\n"
           "  --read-timeout S       give up reading a process's table after S seconds (its\n"
           "                         snapshot fails; default %d)\n"
+          "  --max-contents-bytes B at most B bytes of block contents per process in a\n"
+          "                         snapshot with contents; later blocks go without (default\n"
+          "                         %llu, 1 GiB; 0: no limit)\n"
           "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
           "                         pid file, then wait until it has exited (up to %d s)\n"
           "  --version              print the version\n",
           DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES,
-          HD_DEFAULT_IDLE_TIMEOUT_SECONDS, HD_DEFAULT_READ_TIMEOUT_SECONDS, STOP_WAIT_SECONDS);
+          HD_DEFAULT_IDLE_TIMEOUT_SECONDS, HD_DEFAULT_READ_TIMEOUT_SECONDS,
+          (unsigned long long)HD_DEFAULT_MAX_CONTENTS_BYTES, STOP_WAIT_SECONDS);
 }
 
 /* A decimal count in [0, max]: no sign, no suffix, no overflow. */
@@ -282,6 +287,17 @@ static void finish_detaching(int ready_fd, int log_fd, const char *socket_path,
   close(ready_fd);
 }
 
+/* A size limit option's bytes (0: no limit); false (and said why) otherwise. */
+static bool parse_bytes(const char *option, const char *text, uint64_t *out) {
+  unsigned long long bytes;
+  if (!parse_count(text, UINT64_MAX, &bytes)) {
+    fprintf(stderr, "heapdump-collector: bad --%s: %s (bytes, 0 for no limit)\n", option, text);
+    return false;
+  }
+  *out = bytes;
+  return true;
+}
+
 /* A timeout option's whole seconds, 1 to max; false (and said why) otherwise. */
 static bool parse_seconds(const char *option, const char *text, unsigned max, uint32_t *out) {
   unsigned long long seconds;
@@ -301,10 +317,12 @@ int main(int argc, char **argv) {
       {"log-file", required_argument, 0, 'L'},    {"stop", no_argument, 0, 'S'},
       {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
       {"idle-timeout", required_argument, 0, 'i'}, {"read-timeout", required_argument, 0, 'r'},
+      {"max-contents-bytes", required_argument, 0, 'c'},
       {0, 0, 0, 0}};
   hd_collector_options options = {.log_level = HD_LOG_INFO,
                                   .max_stored = DEFAULT_MAX_STORED,
-                                  .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES};
+                                  .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES,
+                                  .max_contents_bytes = HD_DEFAULT_MAX_CONTENTS_BYTES};
   int foreground = 0, stop = 0, opt;
   const char *log_file = NULL, *socket_arg = NULL, *storage_arg = NULL;
   unsigned long long count;
@@ -321,18 +339,16 @@ int main(int argc, char **argv) {
         options.max_stored = (uint32_t)count;
         break;
       case 'b':
-        if (!parse_count(optarg, UINT64_MAX, &count)) {
-          fprintf(stderr, "heapdump-collector: bad --max-storage-bytes: %s (bytes, 0 for no limit)\n",
-                  optarg);
-          return 2;
-        }
-        options.max_storage_bytes = count;
+        if (!parse_bytes("max-storage-bytes", optarg, &options.max_storage_bytes)) return 2;
         break;
       case 'i':
         if (!parse_seconds("idle-timeout", optarg, 86400, &options.idle_timeout_seconds)) return 2;
         break;
       case 'r':
         if (!parse_seconds("read-timeout", optarg, 3600, &options.read_timeout_seconds)) return 2;
+        break;
+      case 'c':
+        if (!parse_bytes("max-contents-bytes", optarg, &options.max_contents_bytes)) return 2;
         break;
       case 'f': foreground = 1; break;
       case 'L': log_file = optarg; break;

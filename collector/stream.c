@@ -222,8 +222,13 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   if (status == HD_OK && rc == 0) status = add_stats(p, w);
   /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
   if (with_contents && status == HD_OK && rc == 0) {
+    bool cut = false;
     status = hd_read_block_contents(p->pid, p->pidfd, blocks, count, MAX_CONTENTS_BLOCK,
-                                    add_contents, w);
+                                    c->max_contents_bytes, &cut, add_contents, w);
+    if (cut) {
+      hd_log(c, HD_LOG_WARN, "contents of %s[%u] cut at %llu bytes (--max-contents-bytes)", p->name,
+             (unsigned)p->pid, (unsigned long long)c->max_contents_bytes);
+    }
   }
   free(blocks);
   key_set_free(&stacks);

@@ -106,9 +106,11 @@ class ContentsTest : public ::testing::Test {
     ASSERT_GE(pidfd, 0);
   }
 
-  hd_status Read(const std::vector<hd_live_block> &blocks, Collected *got) {
+  hd_status Read(const std::vector<hd_live_block> &blocks, Collected *got, uint64_t max_total = 0,
+                 bool *cut = nullptr) {
     std::vector<hd_live_block> work = blocks;  // the reader's working memory
-    return hd_read_block_contents(child, pidfd, work.data(), work.size(), kMaxBlock, Collect, got);
+    return hd_read_block_contents(child, pidfd, work.data(), work.size(), kMaxBlock, max_total, cut,
+                                  Collect, got);
   }
 };
 
@@ -184,6 +186,25 @@ TEST_F(ContentsTest, AConsumerErrorStopsTheReading) {
   EXPECT_EQ(Read(blocks, &got), HD_ERR_CANCELED);
   EXPECT_EQ(got.calls, 11u);
   EXPECT_EQ(got.blocks.size(), 10u);
+}
+
+// A table may claim blocks that overlap, each as big as the per-block limit: what one process's
+// contents may cost is bounded by a total, past which blocks (in address order) go without.
+TEST_F(ContentsTest, TheTotalPassedOnIsBounded) {
+  Mapping m = Map(4 * kPage);
+  std::vector<hd_live_block> blocks;
+  for (size_t i = 0; i < 100; i++) blocks.push_back(Block(m.base + i * 16, 2 * kPage));  // overlapping
+  StartChild({});
+  Collected got;
+  bool cut = false;
+  EXPECT_EQ(Read(blocks, &got, 5 * 2 * kPage, &cut), HD_OK);
+  EXPECT_TRUE(cut);
+  EXPECT_EQ(got.blocks.size(), 5u);
+  EXPECT_EQ(got.blocks.begin()->first, reinterpret_cast<uintptr_t>(m.base));  // the lowest first
+  Collected all;
+  EXPECT_EQ(Read(blocks, &all, 0, &cut), HD_OK);
+  EXPECT_FALSE(cut);
+  EXPECT_EQ(all.blocks.size(), 100u);
 }
 
 }  // namespace

@@ -425,5 +425,31 @@ TEST_F(HostileTest, RunningOutOfDescriptorsNeitherSpinsNorFloodsTheLog) {
   for (int fd : waiting) close(fd);
 }
 
+// A table that claims its blocks are far bigger than they are (here every block claims 64 KiB, so
+// the claims overlap) would make a snapshot with contents carry many times the process's memory;
+// the collector's total (--max-contents-bytes) bounds what one process's snapshot carries.
+TEST_F(HostileTest, ContentsAreBoundedWhateverTheTableClaims) {
+  collector.args = {"--max-contents-bytes", "200000"};
+  collector.Start();
+  Child victim(collector.socket, nullptr);
+  {
+    MappedTable table(victim.pid);
+    ASSERT_TRUE(table.ok());
+    for (uint32_t link = 1; link <= table.header->node_high_water; link++) {
+      if (table.Node(link)->address != 0) __atomic_store_n(&table.Node(link)->size, 64u << 10, __ATOMIC_RELAXED);
+    }
+  }
+  auto selector = ByPid(victim.pid);
+  auto result = TakeLiveSnapshot(collector.socket, &selector, /*with_contents=*/true);
+  ASSERT_EQ(result->status, HD_OK) << result->ra.error;
+  ASSERT_NE(result->only(), nullptr);
+  uint64_t carried = 0;
+  for (size_t i = 0; i < result->only()->block_count; i++) carried += result->only()->blocks[i].size;
+  EXPECT_LE(carried, 200000u);
+  EXPECT_GT(carried, 0u) << "no claimed block could be read: the bound went untested";
+  EXPECT_NE(collector.Log().find("cut at 200000 bytes"), std::string::npos) << collector.Log();
+  victim.Kill();  // its allocator would believe the sizes
+}
+
 }  // namespace
 }  // namespace hdtest

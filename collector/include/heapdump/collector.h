@@ -31,10 +31,13 @@ typedef struct hd_collector_options {
   int log_level;               /* enum hd_log_level; messages go to stderr */
   uint32_t idle_timeout_seconds; /* client connections idle longer are closed; 0 = default */
   uint32_t read_timeout_seconds; /* a process's table not read by then fails; 0 = default */
+  /* Bytes of block contents one process's snapshot carries at most; 0 = no limit. */
+  uint64_t max_contents_bytes;
 } hd_collector_options;
 
 #define HD_DEFAULT_IDLE_TIMEOUT_SECONDS 60
 #define HD_DEFAULT_READ_TIMEOUT_SECONDS 10
+#define HD_DEFAULT_MAX_CONTENTS_BYTES (UINT64_C(1) << 30)
 
 /* The socket path clients and instrumented processes use: $HEAPDUMP_SOCKET, else
  * $XDG_RUNTIME_DIR/heapdump/collector.sock, else /tmp/heapdump-$UID/collector.sock. Writes at most
