@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -449,6 +451,141 @@ TEST_F(HostileTest, ContentsAreBoundedWhateverTheTableClaims) {
   EXPECT_GT(carried, 0u) << "no claimed block could be read: the bound went untested";
   EXPECT_NE(collector.Log().find("cut at 200000 bytes"), std::string::npos) << collector.Log();
   victim.Kill();  // its allocator would believe the sizes
+}
+
+// Runs body in a thread, again and again, until stop.
+class Loop {
+ public:
+  Loop(std::atomic<bool> &stop, std::function<void()> body)
+      : thread_([&stop, body = std::move(body)] {
+          while (!stop) body();
+        }) {}
+  ~Loop() { thread_.join(); }
+
+ private:
+  std::thread thread_;
+};
+
+// HEAPDUMP_SOAK_SECONDS of everything above at once (60 unless set): a process holding its locks,
+// one with a cycle in its table, programs killed while they allocate, garbage, datagram channel
+// ends, silent and vanishing clients and request floods, beside a program that is snapshotted,
+// stores named snapshots and is listed all along. Every normal request succeeds throughout, and
+// afterwards the collector is back to the threads and descriptors it had, its memory near it.
+TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
+  const char *seconds_env = getenv("HEAPDUMP_SOAK_SECONDS");
+  const int seconds = seconds_env != nullptr ? atoi(seconds_env) : 60;
+  collector.args = {"--read-timeout", "2"};
+  collector.Start();
+  Child healthy(collector.socket, nullptr);
+  auto healthy_selector = ByPid(healthy.pid);
+  // Warm up: the first snapshots and listings size the collector's allocator arenas.
+  for (int i = 0; i < 5; i++) {
+    ASSERT_EQ(TakeLiveSnapshot(collector.socket, &healthy_selector)->error, 0u);
+    ASSERT_EQ(List(collector.socket).status, HD_OK);
+  }
+  const size_t threads_before = StatusField(collector.pid, "Threads");
+  const size_t fds_before = collector.SettledFdCount();
+  const size_t rss_before_kb = StatusField(collector.pid, "VmRSS");
+
+  Child locker(collector.socket, nullptr);
+  Child cyclic(collector.socket, nullptr);
+  auto locker_table = std::make_unique<MappedTable>(locker.pid);
+  auto cyclic_table = std::make_unique<MappedTable>(cyclic.pid);
+  ASSERT_TRUE(locker_table->ok() && cyclic_table->ok());
+  for (uint64_t b = 0; b < (uint64_t{1} << cyclic_table->header->bucket_log2); b++) {
+    const uint32_t head = *cyclic_table->Bucket(b);
+    if (head != HD_LINK_NONE) {
+      __atomic_store_n(&cyclic_table->Node(head)->next, head, __ATOMIC_RELAXED);
+      break;
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> normal_failures{0}, normal_requests{0};
+  {
+    LockWalker walker(*locker_table);
+    const std::string socket = collector.socket;
+    Loop normal_snapshots(stop, [&] {
+      auto r = TakeLiveSnapshot(socket, &healthy_selector);
+      normal_requests++;
+      if (r->status != HD_OK || r->error != 0 || Blocks(r->only(), 100, "alpha_leaks").in_function != 10) {
+        normal_failures++;
+      }
+    });
+    Loop normal_listings(stop, [&] {
+      normal_requests++;
+      if (List(socket).status != HD_OK) normal_failures++;
+      usleep(50000);
+    });
+    Loop hostile_tables(stop, [&] {
+      auto locked = ByPid(locker.pid), looped = ByPid(cyclic.pid);
+      (void)TakeLiveSnapshot(socket, &locked);
+      (void)TakeLiveSnapshot(socket, &looped, /*with_contents=*/true);
+    });
+    Loop killed_programs(stop, [&] {
+      Workload workload(socket, {"churn", dir + "/kept"}, /*exit_snapshot=*/true);
+      usleep(200000);
+      workload.program->Kill();
+    });
+    Loop hostile_clients(stop, [&] {
+      std::mt19937 rng(static_cast<unsigned>(normal_requests.load()));
+      std::vector<int> held;
+      for (int i = 0; i < 50; i++) {
+        int fd = -1;
+        if (hd_channel_connect(socket.c_str(), &fd) != HD_OK) continue;
+        switch (rng() % 4) {
+          case 0: {  // garbage
+            std::vector<uint8_t> junk(1 + rng() % 200);
+            for (uint8_t &b : junk) b = static_cast<uint8_t>(rng());
+            (void)!send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+            break;
+          }
+          case 1: {  // a datagram socket as the receiver
+            int ends[2];
+            if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, ends) != 0) break;
+            heapdump_client_CollectorTakeLiveSnapshotRequest req =
+                heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
+            req.has_receiver = true;
+            req.receiver = {true, 0};
+            auto msg = std::make_unique<hd_message>();
+            hd_status sent = hd_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
+            (void)sent;  // the collector may have closed the connection already
+            close(ends[0]);
+            close(ends[1]);
+            break;
+          }
+          case 2: {  // a request whose client never reads, held a while
+            Call call(socket);
+            if (RequestLiveSnapshot(call, &healthy_selector) == HD_OK) held.push_back(dup(call.ends[0]));
+            break;
+          }
+          default:  // says nothing
+            held.push_back(dup(fd));
+        }
+        close(fd);
+      }
+      usleep(500000);
+      for (int fd : held) close(fd);
+    });
+    sleep(static_cast<unsigned>(seconds));
+    stop = true;
+  }
+  EXPECT_GT(normal_requests.load(), 0u);
+  EXPECT_EQ(normal_failures.load(), 0u) << "of " << normal_requests.load() << " normal requests";
+  locker_table.reset();
+  cyclic_table.reset();
+  locker.Kill();
+  cyclic.Kill();
+  EXPECT_TRUE(WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60))
+      << StatusField(collector.pid, "Threads") << " threads, " << threads_before << " before";
+  EXPECT_EQ(collector.SettledFdCount(), fds_before);
+  const size_t rss_after_kb = StatusField(collector.pid, "VmRSS");
+#ifndef HD_COLLECTOR_SANITIZED  // a sanitizer's quarantine keeps freed memory resident on purpose
+  EXPECT_LT(rss_after_kb, rss_before_kb + 32 * 1024) << rss_before_kb << " KiB before";
+#endif
+  printf("soak: %zu normal requests in %d s; collector RSS %zu KiB before, %zu KiB after\n",
+         normal_requests.load(), seconds, rss_before_kb, rss_after_kb);
+  ASSERT_EQ(TakeLiveSnapshot(collector.socket, &healthy_selector)->error, 0u);
+  healthy.Finish();
 }
 
 }  // namespace
