@@ -50,7 +50,7 @@ static hd_read_status map_fd(int fd, const uint8_t **base, uint64_t *size) {
   if (fstat(fd, &st) != 0) return HD_READ_ERR_SYSTEM;
   int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0 || !(seals & F_SEAL_SHRINK)) return HD_READ_ERR_NOT_SEALED;
-  if (st.st_size < 4096) return HD_READ_ERR_BAD_SIZE;
+  if (st.st_size < 4096 || (uint64_t)st.st_size > HD_MAX_TABLE_BYTES) return HD_READ_ERR_BAD_SIZE;
   void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return HD_READ_ERR_SYSTEM;
   *base = m;

@@ -79,6 +79,7 @@ int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *mem
   t->memfd = HD_OWNED_FD_NONE;
   uint64_t min = hd_alloc_table_bytes_for(1024);
   if (max_bytes < min) max_bytes = min;
+  if (max_bytes > HD_MAX_TABLE_BYTES) max_bytes = HD_MAX_TABLE_BYTES;
   max_bytes = ALIGN_UP(max_bytes, PAGE);
   uint32_t max_log2, capacity;
   geometry(max_bytes, &max_log2, &capacity);

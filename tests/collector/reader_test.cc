@@ -26,11 +26,13 @@ class HandTable {
   static constexpr uint32_t kLog2 = HD_MIN_BUCKET_LOG2;
   static constexpr uint32_t kCapacity = 8192;
 
-  HandTable() {
+  // A table of kCapacity nodes in a memfd of at least min_size bytes (the rest unused).
+  explicit HandTable(size_t min_size = 0) {
     const uint64_t seq_offset = sizeof(hd_alloc_header);
     const uint64_t buckets_offset = seq_offset + 4ull * HD_SEQ_SLOTS;
     const uint64_t nodes_offset = buckets_offset + (4ull << kLog2);
-    size_ = (nodes_offset + kCapacity * sizeof(hd_alloc_node) + 4095) & ~size_t{4095};
+    size_ = std::max<size_t>((nodes_offset + kCapacity * sizeof(hd_alloc_node) + 4095) & ~size_t{4095},
+                             min_size);
     fd_ = memfd_create("hand-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_GE(fd_, 0);
     EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(size_)), 0);
@@ -312,6 +314,17 @@ TEST(TableReader, TheDeadlineAndAStopEndAReadThatAWriterKeepsWaiting) {
   stopper.join();
   done = true;
   hostile.join();
+}
+
+// A memfd larger than any table the library makes is refused before it is mapped, however
+// consistent its header: 1,024 processes could otherwise make a collector map address space
+// without bound.
+TEST(TableReader, AMemfdLargerThanAnyTableIsRefused) {
+  HandTable largest(HD_MAX_TABLE_BYTES);
+  std::vector<hd_live_block> blocks;
+  EXPECT_EQ(largest.Snapshot(&blocks, false), HD_READ_OK);
+  HandTable larger(HD_MAX_TABLE_BYTES + 4096);
+  EXPECT_EQ(larger.Snapshot(&blocks, false), HD_READ_ERR_BAD_SIZE);
 }
 
 }  // namespace

@@ -103,6 +103,9 @@ extern "C" {
 #define HD_SEQ_SLOTS 4096u
 #define HD_MIN_BUCKET_LOG2 12u        /* initial bucket count 4096 */
 #define HD_MAX_FRAMES 64u             /* hard cap of frames per trace */
+/* No table's memfd is larger (over a billion live blocks): a reader refuses a bigger one before
+ * mapping it, so a process cannot make a collector map unbounded address space. */
+#define HD_MAX_TABLE_BYTES (UINT64_C(64) << 30)
 #define HD_MAX_BUILD_ID 32u
 #define HD_THREAD_NAME_MAX 16u        /* Linux comm length incl. NUL */
 #define HD_REGION_NAME_MAX 4096u
