@@ -503,6 +503,9 @@ static hd_status on_register(void *ctx, hd_message *msg,
   const char *refused = NULL;
   if (!hd_fd_is_memfd(alloc_fd, NULL) || !hd_fd_is_memfd(res_fd, NULL)) {
     refused = "not memfds";
+  } else if ((fcntl(alloc_fd, F_GETFL) & O_ACCMODE) != O_RDONLY ||
+             (fcntl(res_fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+    refused = "handed over writable (they must be read-only)";
   } else if (sink_fd < 0) {
     refused = "the snapshot sink is not a channel";
   } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||

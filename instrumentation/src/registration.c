@@ -10,6 +10,7 @@
 #include "registration.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,16 +70,22 @@ static bool env_is_one(const char *name) {
   return v != NULL && strcmp(v, "1") == 0;
 }
 
-/* Called with g_lock held. */
-static bool register_locked(void) {
-  if (hd_owned_fd_valid(&g_registry) && hd_owned_fd_valid(&g_sink)) return true;
-  disconnect();
-  hd_owned_fd alloc, res;
-  hd_instrumentation_tables(&alloc, &res);
-  /* Tables the program closed cannot be handed over again (nor can their numbers, which may be
-   * the program's files now); the mappings still record, and a collector that already holds
-   * them keeps serving them. */
-  if (!hd_owned_fd_valid(&alloc) || !hd_owned_fd_valid(&res)) return false;
+/* A read-only descriptor of one of our tables, through /proc (a memfd cannot be opened read-only
+ * otherwise): the collector only reads, and refuses tables it could write. */
+static bool reopen_read_only(const hd_owned_fd *table, hd_owned_fd *out) {
+  char path[48];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", table->fd);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || !hd_owned_fd_take(fd, out)) return false;
+  if (out->dev != table->dev || out->ino != table->ino) { /* the number changed hands meanwhile */
+    hd_owned_fd_close(out);
+    return false;
+  }
+  return true;
+}
+
+/* Registers with the collector, handing over the read-only tables. Called with g_lock held. */
+static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   char path[108];
   const char *env = getenv("HEAPDUMP_SOCKET");
   if (env != NULL && env[0] != '\0') {
@@ -117,7 +124,7 @@ static bool register_locked(void) {
   req.snapshot_sink = (heapdump_client_Handle){true, 2};
   req.has_exit_snapshot = true;
   req.exit_snapshot = env_is_one("HEAPDUMP_EXIT_SNAPSHOT");
-  int fds[3] = {alloc.fd, res.fd, sink[1]};
+  int fds[3] = {alloc->fd, res->fd, sink[1]};
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
   hd_status status = hd_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
   close(sink[1]);
@@ -129,6 +136,27 @@ static bool register_locked(void) {
   g_registry = registry;
   g_sink = sink_end;
   return true;
+}
+
+/* Called with g_lock held. */
+static bool register_locked(void) {
+  if (hd_owned_fd_valid(&g_registry) && hd_owned_fd_valid(&g_sink)) return true;
+  disconnect();
+  hd_owned_fd alloc_rw, res_rw, alloc, res;
+  hd_instrumentation_tables(&alloc_rw, &res_rw);
+  /* Tables the program closed cannot be handed over again (nor can their numbers, which may be
+   * the program's files now); the mappings still record, and a collector that already holds
+   * them keeps serving them. */
+  if (!hd_owned_fd_valid(&alloc_rw) || !hd_owned_fd_valid(&res_rw)) return false;
+  if (!reopen_read_only(&alloc_rw, &alloc)) return false;
+  if (!reopen_read_only(&res_rw, &res)) {
+    hd_owned_fd_close(&alloc);
+    return false;
+  }
+  const bool registered = hand_over(&alloc, &res);
+  hd_owned_fd_close(&alloc);
+  hd_owned_fd_close(&res);
+  return registered;
 }
 
 void hd_register_with_collector(void) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -162,22 +163,30 @@ int TakeSink(pid_t pid) {
   return sink;
 }
 
-// A copy of a process's allocations table in a memfd of our own, as a forger would make it.
-int CopyTable(pid_t pid, uint32_t flags, uint32_t table_pid, int seals) {
-  int live = OpenTable(pid, "heapdump-allocations");
+// A copy of a process's table (the memfd called `name`) in a memfd of our own, as a forger would
+// make it: edit changes its bytes, then it is sealed with seals.
+int CopyTable(pid_t pid, const std::string &name, int seals, const std::function<void(char *)> &edit) {
+  int live = OpenTable(pid, name);
   struct stat st;
   if (live < 0 || fstat(live, &st) != 0) return -1;
-  int copy = memfd_create("forged", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int copy = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   std::vector<char> bytes(static_cast<size_t>(st.st_size));
   bool ok = copy >= 0 && pread(live, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
   close(live);
-  auto *header = reinterpret_cast<hd_alloc_header *>(bytes.data());
-  header->flags = flags;
-  header->pid = table_pid;
+  edit(bytes.data());
   ok = ok && pwrite(copy, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()) &&
        fcntl(copy, F_ADD_SEALS, seals) == 0;
   if (!ok && copy >= 0) close(copy);
   return ok ? copy : -1;
+}
+
+// A copy of a process's allocations table, its header's flags and pid set.
+int CopyTable(pid_t pid, uint32_t flags, uint32_t table_pid, int seals) {
+  return CopyTable(pid, "heapdump-allocations", seals, [&](char *bytes) {
+    auto *header = reinterpret_cast<hd_alloc_header *>(bytes);
+    header->flags = flags;
+    header->pid = table_pid;
+  });
 }
 
 // What the collector answers a StoreNamedSnapshot sent on sink: the snapshot id, or -error.
@@ -195,6 +204,61 @@ int64_t Store(int sink, const char *name, int table) {
   EXPECT_EQ(status, HD_OK) << hd_status_str(status);
   if (status != HD_OK) return -1000;
   return resp.has_error ? -static_cast<int64_t>(resp.error) : resp.snapshot_id;
+}
+
+// A descriptor of the same file, read-only.
+int ReadOnly(int fd) {
+  int ro = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_CLOEXEC);
+  close(fd);
+  return ro;
+}
+
+// The collector only reads a process's tables, and refuses descriptors it could write them
+// through, however good the tables: this test registers itself with copies of a child's tables.
+TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
+  collector.Start();
+  ChildOptions small;
+  small.env = {"HEAPDUMP_MAX_MEMORY=8M"};
+  Child child(collector.socket, small);
+  const uint32_t self = static_cast<uint32_t>(getpid());
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW;
+  auto register_with = [&](int alloc, int res) {
+    int sink[2];
+    EXPECT_EQ(hd_channel_pair(sink), HD_OK);
+    int fd = -1;
+    EXPECT_EQ(hd_channel_connect(collector.socket.c_str(), &fd), HD_OK);
+    heapdump_process_RegistryRegisterRequest req = heapdump_process_RegistryRegisterRequest_init_zero;
+    req.has_protocol_version = req.has_layout_version = req.has_pid = true;
+    req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+    req.layout_version = HD_LAYOUT_VERSION;
+    req.pid = self;
+    req.has_allocations_table = req.has_resources_table = req.has_snapshot_sink = true;
+    req.allocations_table = {true, 0};
+    req.resources_table = {true, 1};
+    req.snapshot_sink = {true, 2};
+    const int fds[3] = {alloc, res, sink[1]};
+    heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
+    auto msg = std::make_unique<hd_message>();
+    EXPECT_EQ(hd_registry_register(fd, msg.get(), &req, fds, 3, &resp), HD_OK);
+    for (int f : {alloc, res, sink[1]}) close(f);
+    return std::make_pair(resp.has_error ? static_cast<int>(resp.error) : 0, std::array<int, 2>{fd, sink[0]});
+  };
+  auto alloc_copy = [&] { return CopyTable(child.pid, 0, self, seals); };
+  auto res_copy = [&] {
+    return CopyTable(child.pid, "heapdump-resources", seals,
+                     [&](char *bytes) { reinterpret_cast<hd_res_header *>(bytes)->pid = self; });
+  };
+  auto writable = register_with(alloc_copy(), res_copy());
+  EXPECT_EQ(writable.first, heapdump_process_RegistryError_BAD_TABLE);
+  EXPECT_NE(collector.Log().find("handed over writable"), std::string::npos) << collector.Log();
+  auto read_only = register_with(ReadOnly(alloc_copy()), ReadOnly(res_copy()));
+  EXPECT_EQ(read_only.first, 0) << collector.Log();
+  EXPECT_EQ(GetProcessState(collector.socket, getpid()).state,
+            heapdump_client_ProcessState_PROCESS_STATE_RUNNING);
+  for (const auto &connection : {writable.second, read_only.second}) {
+    for (int fd : connection) close(fd);
+  }
+  child.Finish();
 }
 
 // The named-snapshot worker reads a process's copy without waiting for any lock, so the copy

@@ -127,7 +127,8 @@ Bytes RegisterRequest(pid_t pid) {
                  3, hd_next_txid());
 }
 
-// A sealed memfd of `size` bytes holding `fill`: right kind of descriptor, wrong contents.
+// A memfd of 8 KiB holding `fill`, handed over read-only as tables must be: right kind of
+// descriptor, wrong contents.
 int GarbageMemfd(uint8_t fill, bool seal) {
   int fd = memfd_create("heapdump-allocations", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
@@ -136,7 +137,10 @@ int GarbageMemfd(uint8_t fill, bool seal) {
   if (seal) {
     EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
   }
-  return fd;
+  int read_only = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(read_only, 0);
+  close(fd);
+  return read_only;
 }
 
 class RobustnessTest : public ::testing::Test {
