@@ -137,13 +137,14 @@ static int prepare_socket_dir(hd_collector *c, const char *socket_path) {
 
 /* ---- processes ---- */
 
-hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_snapshot,
+hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name, bool exit_snapshot,
                            dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
                            hd_res_reader *res) {
   hd_process *p = calloc(1, sizeof *p);
   if (p == NULL) return NULL;
   atomic_init(&p->refs, 1);
   p->pid = pid;
+  p->own_pid = own_pid;
   p->uid = uid;
   p->table_dev = table_dev;
   p->table_ino = table_ino;
@@ -487,7 +488,10 @@ static hd_status on_register(void *ctx, hd_message *msg,
            req->protocol_version, req->layout_version);
     return reply_register(h, msg, heapdump_process_RegistryError_UNSUPPORTED_VERSION);
   }
-  if (!req->has_pid || req->pid != (uint64_t)pid) {
+  /* A process in a container's PID namespace knows itself by another pid than ours: the kernel
+   * tells both (NSpid), so its claim is checked, not trusted. */
+  const pid_t own_pid = req->has_pid && req->pid != (uint64_t)pid ? hd_own_pid(pid) : pid;
+  if (!req->has_pid || own_pid <= 0 || req->pid != (uint64_t)own_pid) {
     hd_log(c, HD_LOG_WARN, "pid %u tried to register pid %llu", (unsigned)pid,
            (unsigned long long)req->pid);
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
@@ -511,8 +515,8 @@ static hd_status on_register(void *ctx, hd_message *msg,
   } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
              (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
     refused = hd_read_status_str(rs);
-  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)pid ||
-             hd_res_reader_pid(res) != (uint32_t)pid) {
+  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)own_pid ||
+             hd_res_reader_pid(res) != (uint32_t)own_pid) {
     refused = "the tables are another process's";
   } else if (fstat(alloc_fd, &table) != 0) {
     refused = "cannot stat the allocations table";
@@ -553,7 +557,7 @@ static hd_status on_register(void *ctx, hd_message *msg,
     snprintf(name, sizeof name, "pid%u", (unsigned)pid);
   }
   bool exit_snapshot = req->has_exit_snapshot && req->exit_snapshot;
-  hd_process *p = hd_process_new(pid, h->k->peer.uid, name, exit_snapshot, table.st_dev,
+  hd_process *p = hd_process_new(pid, own_pid, h->k->peer.uid, name, exit_snapshot, table.st_dev,
                                  table.st_ino, pidfd, alloc, res);
   if (p == NULL) {
     close(pidfd);
@@ -573,7 +577,9 @@ static hd_status on_register(void *ctx, hd_message *msg,
   h->k->process = entry;
   /* Without room for its sink the process is still served; its named snapshots fail. */
   (void)add_conn(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer);
-  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s", name, (unsigned)pid,
+  char own[48] = "";
+  if (own_pid != pid) snprintf(own, sizeof own, " (pid %u in its PID namespace)", (unsigned)own_pid);
+  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s%s", name, (unsigned)pid, own,
          exit_snapshot ? " (exit snapshot on)" : "", absorbed ? ", merged with its entry" : "");
   return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }

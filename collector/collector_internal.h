@@ -26,7 +26,10 @@
  * a stream or a pending exit snapshot keeps the tables mapped after the process has exited. */
 typedef struct hd_process {
   atomic_int refs;
-  pid_t pid;
+  pid_t pid; /* in the collector's PID namespace */
+  /* The pid the process knows itself by, in its own PID namespace (a container's): what its
+   * tables and its named snapshots carry. pid itself unless it runs in a child namespace. */
+  pid_t own_pid;
   uid_t uid;
   /* The allocations memfd's inode: what tells a registration of a process already found by a
    * scan (same inode) from a new process that reuses a pid (another inode). */
@@ -141,7 +144,7 @@ void hd_wake_poll_thread(hd_collector *c);
 
 /* A new entry with one reference, owning alloc, res and pidfd. NULL when out of memory: then
  * nothing is taken. */
-hd_process *hd_process_new(pid_t pid, uid_t uid, const char *name, bool exit_snapshot,
+hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name, bool exit_snapshot,
                            dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
                            hd_res_reader *res);
 hd_process *hd_process_retain(hd_process *p);
@@ -171,6 +174,9 @@ bool hd_read_process_name(pid_t pid, char *out, size_t size);
 
 /* Whether fd is a memfd named `name` (any memfd if name is NULL), per its /proc link. */
 bool hd_fd_is_memfd(int fd, const char *name);
+/* The pid that process pid (of our PID namespace) has in its own, innermost PID namespace, from
+ * the NSpid line of /proc/PID/status (pid itself where the kernel has none); -1 if unknown. */
+pid_t hd_own_pid(pid_t pid);
 /* pidfd_open(2): a descriptor readable once pid has exited; -1 with errno on failure. */
 int hd_pidfd_open(pid_t pid);
 /* A socket path made absolute (relative paths against cwd, or ours if cwd is NULL) with its

@@ -32,6 +32,28 @@
 static const char kAllocationsName[] = "heapdump-allocations";
 static const char kResourcesName[] = "heapdump-resources";
 
+pid_t hd_own_pid(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return -1;
+  char line[256];
+  pid_t own = pid; /* a kernel without NSpid (before 4.1) has no PID namespaces to tell */
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f) != NULL) {
+    if (strncmp(line, "NSpid:", 6) != 0) continue;
+    found = true;
+    /* Outermost (ours, when we run in the initial namespace) first, innermost last. */
+    char *rest = NULL;
+    for (char *field = strtok_r(line + 6, " \t\n", &rest); field != NULL;
+         field = strtok_r(NULL, " \t\n", &rest)) {
+      own = (pid_t)atoi(field);
+    }
+  }
+  fclose(f);
+  return own > 0 ? own : -1;
+}
+
 int hd_pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
   return (int)syscall(SYS_pidfd_open, pid, 0); /* always close-on-exec */
@@ -210,6 +232,7 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
   hd_read_status rs = HD_READ_OK;
   struct stat table, again;
   int pidfd = -1;
+  pid_t own_pid = -1;
   const char *refused = NULL; /* why, for the log */
   bool expected = false;      /* a refusal that is no sign of a hostile or broken process */
   if (alloc_fd < 0 || res_fd < 0) {
@@ -221,8 +244,11 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
   } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
              (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
     refused = hd_read_status_str(rs);
-  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)pid ||
-             hd_res_reader_pid(res) != (uint32_t)pid) {
+  } else if ((own_pid = hd_own_pid(pid)) <= 0) {
+    refused = "it exited";
+    expected = true;
+  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)own_pid ||
+             hd_res_reader_pid(res) != (uint32_t)own_pid) {
     refused = "the tables are another process's (inherited across fork)";
     expected = true;
   } else if (fstat(alloc_fd, &table) != 0) {
@@ -247,7 +273,7 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
   if (!hd_read_process_name(pid, name, sizeof name)) {
     snprintf(name, sizeof name, "pid%u", (unsigned)pid);
   }
-  hd_process *p = hd_process_new(pid, uid, name, exit_snapshot, table.st_dev, table.st_ino, pidfd,
+  hd_process *p = hd_process_new(pid, own_pid, uid, name, exit_snapshot, table.st_dev, table.st_ino, pidfd,
                                  alloc, res);
   if (p == NULL) {
     hd_alloc_reader_close(alloc);

@@ -329,7 +329,7 @@ static const char *frozen_copy_refusal(int memfd, const hd_process *p, hd_alloc_
   const char *refused = NULL;
   if (hd_alloc_reader_info(*frozen, &info) != HD_READ_OK || !(info.flags & HD_ALLOC_FLAG_SNAPSHOT)) {
     refused = "a live table, not a snapshot copy";
-  } else if (info.pid != (uint32_t)p->pid) {
+  } else if (info.pid != (uint32_t)p->own_pid) {
     refused = "another process's table";
   }
   if (refused != NULL) {

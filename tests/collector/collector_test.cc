@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -421,6 +422,35 @@ TEST_F(CollectorTest, NoCollectorLeavesTheProgramWorking) {
   Child child(dir + "/nowhere.sock", "lost");
   EXPECT_EQ(child.snapshot_rc, -3);  // HEAPDUMP_ERROR_NO_COLLECTOR
   child.Finish();
+}
+
+// A process in a container's PID namespace knows itself by another pid than the one the collector
+// sees. It registers (the kernel's NSpid confirms the pid it claims), stores named snapshots and
+// is served under the collector's pid for it. It used to be refused, and told no collector ran.
+TEST_F(CollectorTest, AProcessInAChildPidNamespaceIsServed) {
+  if (system("unshare --pid --fork true >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "cannot create a PID namespace here (needs CAP_SYS_ADMIN)";
+  }
+  Program program({"/usr/bin/unshare", "--pid", "--fork", HD_CHILD, "contained"},
+                  InstrumentedEnv(collector.socket));
+  EXPECT_EQ(program.ReadLine(), "ready 1 0");  // pid 1 in its namespace; its snapshot stored
+  Listing listing = List(collector.socket);
+  pid_t outer = 0;
+  for (const Stored &s : listing.items) {
+    if (s.name == "contained") outer = static_cast<pid_t>(s.pid);
+  }
+  ASSERT_GT(outer, 1) << collector.Log();
+  auto contained = Download(collector.socket, StoredId(listing, "contained"));
+  ASSERT_EQ(contained->status, HD_OK) << contained->ra.error;
+  EXPECT_EQ(Blocks(contained->only(), 100, "alpha_leaks").in_function, 10u);
+  auto selector = ByPid(outer);
+  auto live = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(live->status, HD_OK) << live->ra.error;
+  ASSERT_EQ(live->error, 0u) << collector.Log();
+  EXPECT_EQ(Blocks(live->only(), 200, "worker_leaks").in_function, 5u);
+  EXPECT_NE(collector.Log().find("(pid 1 in its PID namespace)"), std::string::npos) << collector.Log();
+  int status = program.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace
