@@ -307,6 +307,11 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
   uint32_t idx = node_alloc(t, w);
   if (idx == UINT32_MAX) return HD_INSERT_FULL;
   hd_alloc_node *node = &t->nodes[idx];
+  /* The node may have been unlinked from another slot a moment ago, with a reader still copying
+   * it. That reader must see the slot's sequence change if it sees the new payload: C11 gives
+   * that only through a release fence before these stores (the unlock's release store orders
+   * the stores before it, not after). On x86 it costs nothing; it stops the compiler only. */
+  __atomic_thread_fence(__ATOMIC_RELEASE);
   node_write_payload(node, info); /* not reachable yet; the address is stored when linked */
   uint64_t hash = hd_alloc_hash(info->address);
   uint32_t *seq;

@@ -28,7 +28,9 @@
  *   writer (any change to a chain of a bucket of slot s: insert, erase, in-place replace):
  *     W1  CAS slot_seq[s] even -> odd            (__ATOMIC_ACQUIRE: lock between writers)
  *         __atomic_thread_fence(__ATOMIC_RELEASE) (odd value ordered before the data stores)
- *     W2  relaxed stores to nodes / bucket heads (a new node is filled before it is linked)
+ *     W2  relaxed stores to nodes / bucket heads (a new node is filled before it is linked; a
+ *         reused node's payload, written before W1, follows a release fence, so a reader still
+ *         copying it from its old slot sees that slot's sequence change)
  *     W3  store slot_seq[s] = odd + 1            (__ATOMIC_RELEASE: unlock, publishes W2)
  *   reader (per slot):
  *     R1  s1 = load slot_seq[s]                  (__ATOMIC_ACQUIRE, pairs with W3); odd: retry
