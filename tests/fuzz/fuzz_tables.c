@@ -6,16 +6,19 @@
  *
  * Input (little-endian), so that small inputs can reach any offset of tables whose fixed parts
  * alone are hundreds of KiB:
- *   u16 allocations-table pages, u16 resources-table pages (4 KiB pages, clamped to the bounds
- *   below), then patches until the input ends:
+ *   u16 allocations-table pages (bit 15: read the table as final, see below), u16
+ *   resources-table pages (4 KiB pages, clamped to the bounds below), then patches until the
+ *   input ends:
  *   u8 table (bit 0: 0 allocations, 1 resources), u32 offset, u16 length, `length` bytes
  *   written at offset (wrapped into the table; cut at its end and at the end of the input).
  * Never-patched bytes are zero, as in a sparse memfd. tests/fuzz/make_table_seeds.py writes
  * seeds in this form from the tables of real programs.
  *
- * An odd sequence counter is a writer in the middle of an update: the reader waits up to a
- * second for it by design (a stuck slot is tested in hd_tables_test). The harness makes every
- * counter even so that runs stay fast. */
+ * An odd sequence counter is a writer in the middle of an update: a live reader waits up to a
+ * second for it by design (a stuck slot is tested in hd_tables_test), so for a live read the
+ * harness makes every counter even to keep runs fast. A final read (the table of an exited
+ * process: hd_read_limits.final) never waits, so it gets the counters as the input left them,
+ * locks held mid-update included. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdbool.h>
@@ -72,6 +75,11 @@ static void seal_table(int fd, uint8_t *map, uint64_t size) {
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) abort();
 }
 
+static int by_address(const void *a, const void *b) {
+  uint64_t x = ((const hd_live_block *)a)->address, y = ((const hd_live_block *)b)->address;
+  return x < y ? -1 : x > y;
+}
+
 static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
   hd_res_reader *r;
   if (hd_res_reader_open(fd, &r) != HD_READ_OK) return;
@@ -112,7 +120,8 @@ static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4) return 0;
-  uint64_t alloc_size = clamp_pages(le16(data), kMaxAllocPages);
+  const bool final = le16(data) & 0x8000u;
+  uint64_t alloc_size = clamp_pages(le16(data) & 0x7fffu, kMaxAllocPages);
   uint64_t res_size = clamp_pages(le16(data + 2), kMaxResPages);
   uint8_t *alloc, *res;
   int afd = make_table("fuzz-allocations", alloc_size, &alloc);
@@ -128,7 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(image + off, data + pos, len < image_size - off ? len : image_size - off);
     pos += len;
   }
-  even_counters(alloc, alloc_size);
+  if (!final) even_counters(alloc, alloc_size);
   seal_table(afd, alloc, alloc_size);
   seal_table(rfd, res, res_size);
 
@@ -138,10 +147,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (hd_alloc_reader_open(afd, &a) == HD_READ_OK) {
     hd_alloc_table_info info;
     if (hd_alloc_reader_info(a, &info) != HD_READ_OK) abort();
-    if (hd_alloc_reader_snapshot(a, &blocks, &count) == HD_READ_OK) {
+    hd_read_limits limits = {.final = true};
+    hd_read_status read = final ? hd_alloc_reader_snapshot_unordered(a, &limits, &blocks, &count)
+                                : hd_alloc_reader_snapshot(a, &blocks, &count);
+    if (read == HD_READ_OK) {
+      if (final && count > 1) qsort(blocks, count, sizeof *blocks, by_address);
       for (size_t i = 1; i < count; i++)
         if (blocks[i].address <= blocks[i - 1].address) abort(); /* sorted, no duplicates */
       if (count > info.node_capacity) abort();
+      if (final && limits.torn_slots > HD_SEQ_SLOTS) abort();
+    } else if (final && (read == HD_READ_ERR_BUSY || read == HD_READ_ERR_TIMED_OUT)) {
+      abort(); /* a final read never waits for a writer */
     }
     hd_alloc_reader_close(a);
   }

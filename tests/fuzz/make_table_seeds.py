@@ -60,8 +60,9 @@ def patches(table, image):
         pos = last_nonzero + 1
 
 
-def seed(alloc, res):
-    out = bytearray(struct.pack("<HH", len(alloc) // PAGE, len(res) // PAGE))
+def seed(alloc, res, final=False):
+    """final: the fuzzer reads the allocations table as an exited process's (bit 15)."""
+    out = bytearray(struct.pack("<HH", len(alloc) // PAGE | (0x8000 if final else 0), len(res) // PAGE))
     for table, offset, data in [*patches(0, alloc), *patches(1, res)]:
         out += struct.pack("<BIH", table, offset, len(data)) + data
     return bytes(out)
@@ -83,6 +84,12 @@ def hostile_variants(alloc, res):
     huge_res = bytearray(res)
     struct.pack_into("<5Q", huge_res, 56, *[0xFFFFFFFFFFFFFFF0] * 5)  # statistics near wrap
     yield "huge_counts", huge, huge_res
+    seq_offset, = struct.unpack_from("<Q", alloc, 56)
+    held = bytearray(alloc)
+    for slot in range(0, 4096, 7):  # writers that died holding these slot locks
+        count, = struct.unpack_from("<I", held, seq_offset + slot * 4)
+        struct.pack_into("<I", held, seq_offset + slot * 4, count | 1)
+    yield "final_held_locks", held, res
 
 
 def capture(library, argv):
@@ -116,7 +123,7 @@ def main():
         if name == "sleep":
             tables += [(f"{name}_{suffix}", a, r) for suffix, a, r in hostile_variants(alloc, res)]
         for seed_name, a, r in tables:
-            data = seed(a, r)
+            data = seed(a, r, final=seed_name.endswith("final_held_locks"))
             with open(os.path.join(out_dir, seed_name), "wb") as f:
                 f.write(data)
             print(f"{seed_name}: {len(data)} bytes")
