@@ -1,10 +1,14 @@
 /* Reassembly of snapshot streams into in-memory snapshots, with the receiver-side checks. */
+#define _GNU_SOURCE
 #include "heapdump/fidl/snapshot.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "heapdump_client.bindings.h"
 
@@ -98,7 +102,9 @@ static void snapshot_free(hd_snapshot *s) {
   free(s->threads);
   for (size_t i = 0; i < s->region_count; i++) free(s->regions[i].name);
   free(s->regions);
-  for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
+  if (!s->blocks_spilled) {
+    for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
+  }
   free(s->blocks);
   for (size_t i = 0; i < s->known_location_count; i++) {
     hd_snapshot_known_location *k = &s->known_locations[i];
@@ -121,7 +127,74 @@ static void snapshot_free(hd_snapshot *s) {
 void hd_reassembler_destroy(hd_reassembler *r) {
   for (size_t i = 0; i < r->snapshot_count; i++) snapshot_free(r->snapshots[i]);
   free(r->snapshots);
+  if (r->spill_map != NULL) munmap(r->spill_map, r->spill_end);
+  if (r->spilling) close(r->spill_fd);
   memset(r, 0, sizeof *r);
+}
+
+void hd_reassembler_spill_contents(hd_reassembler *r, int fd) {
+  r->spilling = true;
+  r->spill_fd = fd;
+  r->spill_end = 0;
+}
+
+static bool pwrite_all(int fd, const uint8_t *bytes, size_t size, uint64_t offset) {
+  while (size > 0) {
+    ssize_t n = pwrite(fd, bytes, size, (off_t)offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    bytes += n;
+    size -= (size_t)n;
+    offset += (uint64_t)n;
+  }
+  return true;
+}
+
+/* Appends a chunk of block b's contents to the spill file. A block's chunks must lie end to end:
+ * if another block's came in between, what it has so far is first copied to the end. */
+static hd_status spill_block(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
+                             const uint8_t *bytes, size_t size) {
+  s->blocks_spilled = true;
+  if (b->size > 0 && b->spill_offset + b->size != r->spill_end) {
+    uint8_t buffer[1 << 14];
+    for (size_t moved = 0; moved < b->size;) {
+      size_t n = b->size - moved < sizeof buffer ? b->size - moved : sizeof buffer;
+      if (pread(r->spill_fd, buffer, n, (off_t)(b->spill_offset + moved)) != (ssize_t)n ||
+          !pwrite_all(r->spill_fd, buffer, n, r->spill_end + moved)) {
+        return fail(r, HD_ERR_IO, "cannot write block contents to the temporary file: %s",
+                    strerror(errno));
+      }
+      moved += n;
+    }
+    b->spill_offset = r->spill_end;
+    r->spill_end += b->size;
+  }
+  if (b->size == 0) b->spill_offset = r->spill_end;
+  if (!pwrite_all(r->spill_fd, bytes, size, r->spill_end)) {
+    return fail(r, HD_ERR_IO, "cannot write block contents to the temporary file: %s",
+                strerror(errno));
+  }
+  r->spill_end += size;
+  b->size += size;
+  return HD_OK;
+}
+
+/* Maps the spill file and points every spilled block's bytes into it. */
+static hd_status map_spilled(hd_reassembler *r) {
+  if (!r->spilling || r->spill_end == 0 || r->spill_map != NULL) return HD_OK;
+  void *map = mmap(NULL, r->spill_end, PROT_READ, MAP_SHARED, r->spill_fd, 0);
+  if (map == MAP_FAILED) {
+    return fail(r, HD_ERR_NO_MEMORY, "cannot map the block contents: %s", strerror(errno));
+  }
+  r->spill_map = map;
+  for (size_t k = 0; k < r->snapshot_count; k++) {
+    hd_snapshot *s = r->snapshots[k];
+    for (size_t i = 0; s->blocks_spilled && i < s->block_count; i++) {
+      hd_snapshot_block *b = &s->blocks[i];
+      if (b->size > 0) b->bytes = (uint8_t *)map + b->spill_offset;
+    }
+  }
+  return HD_OK;
 }
 
 void hd_reassembler_keep(hd_reassembler *r, bool (*keep)(const hd_snapshot *s, void *ctx),
@@ -214,6 +287,7 @@ static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
   /* Allocations may arrive after contents, so the size is checked at the end; this only stops
    * a stream from growing a block without bound. */
   if (b->size + size > ((size_t)1 << 40)) return fail(r, HD_ERR_REASSEMBLY, "block too large");
+  if (r->spilling) return spill_block(r, s, b, bytes, size);
   uint8_t *grown = realloc(b->bytes, b->size + size);
   if (grown == NULL) return HD_ERR_NO_MEMORY;
   memcpy(grown + b->size, bytes, size);
@@ -317,6 +391,8 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
 }
 
 hd_status hd_reassembler_finish(hd_reassembler *r) {
+  hd_status mapped = map_spilled(r);
+  if (mapped != HD_OK) return mapped;
   for (size_t k = 0; k < r->snapshot_count; k++) {
     const hd_snapshot *s = r->snapshots[k];
     for (size_t i = 0; i < s->block_count; i++) {

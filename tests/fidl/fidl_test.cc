@@ -947,6 +947,42 @@ TEST(Reassembler, SkipsUnknownVariantsOfTheFlexibleUnion) {
   hd_reassembler_destroy(&ra);
 }
 
+// Contents kept in a spill file (as the CLI keeps them, so that they need not fit in memory) come
+// out as kept in memory, even when chunks of two blocks interleave in the stream.
+TEST(Reassembler, SpilledContentsAreTheSameAsInMemory) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  for (auto [address, size] : {std::pair<uint64_t, uint64_t>{0x10, 12}, {0x20, 6}}) {
+    auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
+    e.element.allocation = {true, address, true, size, true, 1, false, 0, true, 1, false, 0};
+    ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+  }
+  auto t = Element(heapdump_client_SnapshotElement_thread_info_tag);
+  t.element.thread_info = {true, 1, true, 1, true, "main"};
+  ASSERT_EQ(hd_batch_add(w.get(), &t), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0, false), HD_OK);
+  const std::string a1 = "abcd", b = "uvwxyz", a2 = "efghijkl";
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a1.data()), a1.size()), HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x20, reinterpret_cast<const uint8_t *>(b.data()), b.size()), HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a2.data()), a2.size()), HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  for (bool spill : {false, true}) {
+    hd_reassembler ra;
+    hd_reassembler_init(&ra);
+    if (spill) hd_reassembler_spill_contents(&ra, memfd_create("spill", MFD_CLOEXEC));
+    hd_status delivered = HD_OK;
+    Deliver(capture, &ra, &delivered);
+    ASSERT_EQ(delivered, HD_OK) << ra.error;
+    ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+    const hd_snapshot_block *first = hd_snapshot_find_block(ra.snapshots[0], 0x10);
+    const hd_snapshot_block *second = hd_snapshot_find_block(ra.snapshots[0], 0x20);
+    ASSERT_TRUE(first != nullptr && second != nullptr);
+    EXPECT_EQ(std::string(reinterpret_cast<const char *>(first->bytes), first->size), a1 + a2) << spill;
+    EXPECT_EQ(std::string(reinterpret_cast<const char *>(second->bytes), second->size), b) << spill;
+    hd_reassembler_destroy(&ra);
+  }
+}
+
 TEST(Reassembler, RejectsInconsistentStreams) {
   struct Case {
     const char *what;

@@ -553,6 +553,38 @@ TEST_F(CliTest, SnapshotWithContentsGivesDartheapReferencesOfThePointers) {
   EXPECT_EQ(seen, edges);
 }
 
+// Block contents are kept in a temporary file while a snapshot is received and written, not in
+// memory: a program's 200 MiB block is snapshotted, to raw and to dartheap, by a heapdump allowed
+// 128 MiB of data (RLIMIT_DATA, which counts the heap and private mappings, not a file's).
+TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
+  StartCollector();
+  Live child(HD_LEAK_CHILD, {"hog", "200"}, socket);
+  for (const std::string output : {"hog.heapdump", "hog.dartheap"}) {
+    Output s = RunProgram({"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot",
+                           "--socket=" + socket, "--pid", std::to_string(child.pid), "--contents",
+                           "-o", output},
+                          dir);
+    ASSERT_EQ(s.status, 0) << output << ": " << s.err;
+  }
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/hog.heapdump").c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 200 << 20);  // the raw file holds the block's bytes
+  dartheap::Graph graph;
+  std::string error;
+  ASSERT_TRUE(dartheap::ReadFile(dir + "/hog.dartheap", &graph, &error)) << error;
+  bool hog_found = false;
+  for (uint64_t id = 1; id <= graph.objects.size(); id++) hog_found |= graph.object(id).shallow_size == 200 << 20;
+  EXPECT_TRUE(hog_found);
+  // Without the temporary file, they would not fit.
+  Output in_memory = RunProgram({"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot",
+                                 "--socket=" + socket, "--pid", std::to_string(child.pid),
+                                 "--contents", "-o", "x.heapdump"},
+                                dir, {"TMPDIR=/nonexistent"});
+  EXPECT_NE(in_memory.status, 0);
+  EXPECT_NE(in_memory.err.find("cannot create a temporary file for block contents"), std::string::npos)
+      << in_memory.err;
+}
+
 TEST_F(CliTest, SelectorErrors) {
   StartCollector();
   Live a(HD_LEAK_CHILD, {"wait"}, socket);

@@ -2,7 +2,8 @@
  * bytes, leak_big 3 blocks of 4096 bytes, balanced() leaves nothing. Exits with status 3 so the
  * tests can check that `heapdump run` propagates it. With "wait", it stays alive until its stdin
  * closes, for live snapshots; with "sleep", for 1.5 s; with "deep", leak_deep also leaves one block
- * of 2222 bytes allocated 100 calls deep (past any frame limit under test). */
+ * of 2222 bytes allocated 100 calls deep (past any frame limit under test). With "hog MB", it
+ * also keeps one block of MB megabytes holding byte i = i * 7 & 0xff, and waits as with "wait". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,14 @@ int main(int argc, char **argv) {
   balanced();
   if (argc > 1 && strcmp(argv[1], "deep") == 0) leak_deep(100);
   if (argc > 1 && strcmp(argv[1], "sleep") == 0) usleep(1500 * 1000);
-  if (argc > 1 && strcmp(argv[1], "wait") == 0) {
+  if (argc > 2 && strcmp(argv[1], "hog") == 0) {
+    size_t size = (size_t)atol(argv[2]) << 20;
+    unsigned char *hog = malloc(size);
+    if (hog == NULL) return 1;
+    for (size_t i = 0; i < size; i++) hog[i] = (unsigned char)(i * 7);
+    keep(hog);
+  }
+  if (argc > 1 && (strcmp(argv[1], "wait") == 0 || strcmp(argv[1], "hog") == 0)) {
     printf("ready\n");
     fflush(stdout);
     char buf[16];

@@ -64,8 +64,9 @@ typedef struct hd_snapshot_region {
 
 typedef struct hd_snapshot_block {
   uint64_t address;
-  uint8_t *bytes;
+  uint8_t *bytes; /* spilled contents (hd_reassembler_spill_contents): NULL until finished */
   size_t size;
+  uint64_t spill_offset; /* spilled contents: where they are in the file */
 } hd_snapshot_block;
 
 /* One source-level frame. */
@@ -106,6 +107,7 @@ typedef struct hd_snapshot {
   size_t known_location_count, known_location_capacity;
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
   hd_u64_map known_location_index;
+  bool blocks_spilled; /* block bytes live in the reassembler's spill mapping, not the heap */
 } hd_snapshot;
 
 struct hd_reassembler;
@@ -120,6 +122,11 @@ typedef struct hd_reassembler {
   uint64_t batches_received, bytes_received; /* counted by hd_snapshot_receive */
   hd_progress_fn progress;                   /* optional */
   void *progress_ctx;
+  /* Block contents go to spill_fd instead of memory (hd_reassembler_spill_contents). */
+  bool spilling;
+  int spill_fd;
+  uint64_t spill_end;
+  void *spill_map; /* after hd_reassembler_finish: the file, read-only */
 } hd_reassembler;
 
 void hd_reassembler_init(hd_reassembler *r);
@@ -128,6 +135,10 @@ void hd_reassembler_destroy(hd_reassembler *r);
  * wants). */
 void hd_reassembler_keep(hd_reassembler *r, bool (*keep)(const hd_snapshot *s, void *ctx),
                          void *ctx);
+/* Keeps block contents in the file fd (taken: an unlinked temporary file) rather than in memory,
+ * so that a snapshot with contents may be larger than memory; hd_reassembler_finish maps the
+ * file read-only and points each block's bytes into it. Call before adding elements. */
+void hd_reassembler_spill_contents(hd_reassembler *r, int fd);
 /* Adds one element (an hd_element_fn: pass the reassembler as ctx). */
 HD_MUST_CHECK hd_status hd_reassembler_add(void *reassembler, const hd_element *e);
 /* Checks every snapshot: each block's reassembled size equals its allocation's size and each
