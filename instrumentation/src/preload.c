@@ -13,6 +13,7 @@
 
 #include "owned_fd.h"
 #include "runtime.h"
+#include "stack.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -150,17 +151,96 @@ EXPORT int dlclose(void *handle) {
 }
 
 /* libunwind validates the addresses it reads by writing them to a pipe that it creates on its
- * first walk and re-creates whenever a read from it fails (the program closed it). Created at
- * low numbers, that pipe would be re-created over, and written into, the files of a program
- * that closes every descriptor and opens its own. Made inside our capture, it is the library's:
- * moved to high numbers like the library's other descriptors. Other callers get pipe2 as is. */
+ * first walk, and re-creates (closing the old numbers) whenever a read from it fails. A program
+ * that closes every descriptor and opens its own files would get those numbers: libunwind would
+ * then read from, write into and close the program's files. So inside our capture the pipe is
+ * the library's: moved to high numbers and remembered by identity, and there read, write and
+ * close act only on its two ends while they are still that pipe; anything else fails with EBADF
+ * (an address that cannot be validated ends the trace there). Calls from anywhere else go
+ * straight to glibc, after one thread-local test. */
+static hd_owned_fd g_unwind_pipe[2] = {HD_OWNED_FD_NONE, HD_OWNED_FD_NONE};
+static int g_unwind_pipe_lock; /* libunwind's own pipe is shared by every thread */
+
+static void unwind_pipe_lock(void) {
+  while (__atomic_exchange_n(&g_unwind_pipe_lock, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+}
+
+static void unwind_pipe_unlock(void) { __atomic_store_n(&g_unwind_pipe_lock, 0, __ATOMIC_RELEASE); }
+
+/* Whether fd is still the given end of the unwinder's pipe; forget: it is being closed. */
+static bool is_unwind_pipe(int fd, int end, bool forget) {
+  unwind_pipe_lock();
+  bool ours = false;
+  for (int i = 0; i < 2; i++) {
+    if ((end < 0 || end == i) && g_unwind_pipe[i].fd == fd && fd >= 0) {
+      ours = hd_owned_fd_valid(&g_unwind_pipe[i]);
+      if (forget) g_unwind_pipe[i] = HD_OWNED_FD_NONE;
+    }
+  }
+  unwind_pipe_unlock();
+  return ours;
+}
+
+/* A call made by libunwind itself while this thread unwinds (a signal handler of the program
+ * that interrupted the capture makes its own calls, which go through). */
+static inline bool libunwind_call(void *return_address) {
+  return hd_called_from_unwinder((uintptr_t)return_address);
+}
+
+extern int __close(int fd);
+extern ssize_t __read(int fd, void *buf, size_t n);
+extern ssize_t __write(int fd, const void *buf, size_t n);
+
 EXPORT int pipe2(int fds[2], int flags) {
   int rc = (int)syscall(SYS_pipe2, fds, flags);
-  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && rc == 0) {
-    fds[0] = hd_fd_move_high(fds[0]);
-    fds[1] = hd_fd_move_high(fds[1]);
+  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && rc == 0 &&
+      hd_called_from_unwinder((uintptr_t)__builtin_return_address(0))) {
+    hd_owned_fd ends[2];
+    if (!hd_owned_fd_take(fds[0], &ends[0])) {
+      (void)__close(fds[1]);
+      errno = EMFILE;
+      return -1;
+    }
+    if (!hd_owned_fd_take(fds[1], &ends[1])) {
+      hd_owned_fd_close(&ends[0]);
+      errno = EMFILE;
+      return -1;
+    }
+    fds[0] = ends[0].fd;
+    fds[1] = ends[1].fd;
+    unwind_pipe_lock();
+    g_unwind_pipe[0] = ends[0];
+    g_unwind_pipe[1] = ends[1];
+    unwind_pipe_unlock();
   }
   return rc;
+}
+
+EXPORT int close(int fd) {
+  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
+      !is_unwind_pipe(fd, -1, true)) {
+    errno = EBADF;
+    return -1;
+  }
+  return __close(fd);
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t n) {
+  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
+      !is_unwind_pipe(fd, 0, false)) {
+    errno = EBADF;
+    return -1;
+  }
+  return __read(fd, buf, n);
+}
+
+EXPORT ssize_t write(int fd, const void *buf, size_t n) {
+  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
+      !is_unwind_pipe(fd, 1, false)) {
+    errno = EBADF;
+    return -1;
+  }
+  return __write(fd, buf, n);
 }
 
 /* Thread names: renames bump a generation that each thread compares (one load) before using

@@ -4,11 +4,34 @@
 
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
+#include <link.h>
 #include <pthread.h>
 
 static int g_method;
 static unsigned g_max = HD_MAX_FRAMES;
 static uintptr_t g_skip_lo, g_skip_hi;
+static uintptr_t g_unwinder_lo, g_unwinder_hi; /* libunwind's mapped segments */
+
+/* Finds the module whose segments hold `inside` (an address of libunwind's). */
+static int find_unwinder(struct dl_phdr_info *info, size_t size, void *inside) {
+  (void)size;
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type != PT_LOAD) continue;
+    const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+    if (start < lo) lo = start;
+    if (start + ph->p_memsz > hi) hi = start + ph->p_memsz;
+  }
+  if ((uintptr_t)inside < lo || (uintptr_t)inside >= hi) return 0;
+  g_unwinder_lo = lo;
+  g_unwinder_hi = hi;
+  return 1;
+}
+
+bool hd_called_from_unwinder(uintptr_t return_address) {
+  return return_address >= g_unwinder_lo && return_address < g_unwinder_hi;
+}
 
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) {
   g_method = method;
@@ -16,6 +39,7 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   g_skip_lo = skip_lo;
   g_skip_hi = skip_hi;
   if (method == HD_UNWIND_LIBUNWIND) {
+    dl_iterate_phdr(find_unwinder, (void *)(uintptr_t)&unw_backtrace);
     /* libunwind initialises itself here, creating its validation pipe: counted as inside the
      * unwinder so that the pipe is placed with the library's descriptors (preload.c, pipe2). */
     hd_tls.in_unwind++;

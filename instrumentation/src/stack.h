@@ -14,5 +14,8 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
  * *truncated: the frame limit cut the walk short. in_signal_handler: called from a nested call,
  * so 0 when capturing now could not be safe. */
 unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) HD_HIDDEN;
+/* Whether a call returning to this address comes from libunwind's own code (not from, say, a
+ * signal handler of the program that interrupted a capture). */
+bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;
 
 #endif

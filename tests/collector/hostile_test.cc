@@ -418,6 +418,19 @@ size_t StatusField(pid_t pid, const std::string &field) {
   return at == std::string::npos ? 0 : strtoul(status.c_str() + at + field.size() + 2, nullptr, 10);
 }
 
+// The thread count once it has stopped changing (stream threads end just after their client has
+// its answer).
+size_t SettledThreadCount(pid_t pid) {
+  size_t count = StatusField(pid, "Threads");
+  for (int same = 0, i = 0; same < 10 && i < 500; i++) {
+    usleep(50000);
+    const size_t now = StatusField(pid, "Threads");
+    same = now == count ? same + 1 : 0;
+    count = now;
+  }
+  return count;
+}
+
 // User and system CPU time the process has used, in seconds.
 double CpuSeconds(pid_t pid) {
   const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
@@ -437,7 +450,7 @@ double CpuSeconds(pid_t pid) {
 TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
   collector.Start();
   Child child(collector.socket, nullptr);
-  const size_t threads_before = StatusField(collector.pid, "Threads");
+  const size_t threads_before = SettledThreadCount(collector.pid);
   const size_t fds_before = collector.SettledFdCount();
   auto selector = ByPid(child.pid);
   std::vector<int> receivers;
@@ -547,7 +560,7 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
     ASSERT_EQ(TakeLiveSnapshot(collector.socket, &healthy_selector)->error, 0u);
     ASSERT_EQ(List(collector.socket).status, HD_OK);
   }
-  const size_t threads_before = StatusField(collector.pid, "Threads");
+  const size_t threads_before = SettledThreadCount(collector.pid);
   const size_t fds_before = collector.SettledFdCount();
   const size_t rss_before_kb = StatusField(collector.pid, "VmRSS");
 

@@ -363,6 +363,50 @@ static void scenario_foreign_fds(const char *dir) {
   (void)!read(0, &c, 1);  // the test takes a live snapshot, then closes our stdin
 }
 
+// Allocates from `depth` nested frames, each a return address the unwinder has not seen.
+__attribute__((noinline)) static void allocate_deep(int depth) {
+  if (depth == 0) {
+    keep(opaque(malloc(48)));
+    return;
+  }
+  allocate_deep(depth - 1);
+  __asm__ volatile("" ::: "memory");  // not a tail call: every level keeps its frame
+}
+
+// The unwinder's own descriptors (libunwind's validation pipe) are taken by a program that closes
+// every descriptor and opens hundreds of files: unwinding afterwards must not read, write or
+// close any of them. Prints "intact" when every file is as the program left it.
+static void scenario_unwinder_fds(const char *dir) {
+  for (int d = 1; d < 40; d++) allocate_deep(d);  // the unwinder has made its pipe
+  CHECK(syscall(SYS_close_range, 3, ~0U, 0) == 0);
+  enum { kFiles = 700 };  // past the library's high numbers (512 and up)
+  std::vector<int> files;
+  std::vector<ino_t> inodes;
+  for (int i = 0; i < kFiles; i++) {
+    std::string path = std::string(dir) + "/file_" + std::to_string(i);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    CHECK(fd >= 0 && write(fd, "program\n", 8) == 8 && lseek(fd, 0, SEEK_SET) == 0);
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0);
+    files.push_back(fd);
+    inodes.push_back(st.st_ino);
+  }
+  for (int d = 40; d < 400; d++) allocate_deep(d);
+  bool intact = true;
+  for (int i = 0; i < kFiles; i++) {
+    struct stat st;
+    char bytes[16] = {};
+    if (fstat(files[i], &st) != 0 || st.st_ino != inodes[i] || st.st_size != 8 ||
+        lseek(files[i], 0, SEEK_CUR) != 0 || pread(files[i], bytes, sizeof bytes, 0) != 8 ||
+        memcmp(bytes, "program\n", 8) != 0) {
+      fprintf(stderr, "file_%d (fd %d) was touched\n", i, files[i]);
+      intact = false;
+    }
+  }
+  printf("%s\n", intact ? "intact" : "touched");
+  fflush(stdout);
+}
+
 // Two SCHED_FIFO threads of different priorities on one CPU share a pool of blocks. The higher
 // one wakes every ~50 us and preempts the lower one, often inside the library's critical
 // sections; a lock that spins or yields for its preempted holder would never let it run again,
@@ -778,6 +822,7 @@ int main(int argc, char **argv) {
   else if (mode == "dlopen") scenario_dlopen(argv[2]);
   else if (mode == "fork-register") scenario_fork_register();
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
+  else if (mode == "unwinder-fds") scenario_unwinder_fds(argv[2]);
   else if (mode == "realtime") scenario_realtime();
   else if (mode == "impossible") scenario_impossible();
   else if (mode == "cancel") scenario_cancel();

@@ -129,6 +129,15 @@ TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
   EXPECT_EQ(collector.Log().find("after-close"), std::string::npos) << collector.Log();
 }
 
+// libunwind's validation pipe, re-created when the program closed it, never reads from, writes
+// into or closes the program's files, even where they took the pipe's numbers.
+TEST_P(ForkRegister, TheUnwinderNeverTouchesTheProgramsFiles) {
+  hdtest::Program program({HD_CHILD, "unwinder-fds", dir}, Env());
+  EXPECT_EQ(program.ReadLine(), "intact");
+  int status = program.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 // Threads cancelled (pthread_cancel) while they store named snapshots leave the API usable: a
 // cancelled call used to leave the registration lock held, and every later call hung.
 TEST_P(ForkRegister, CancellingASnapshottingThreadLeavesTheApiUsable) {
