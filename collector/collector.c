@@ -605,10 +605,17 @@ static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
     return reply_store(h, msg, heapdump_process_StoreError_INVALID_SNAPSHOT);
   }
   int reply_fd = fcntl(h->k->fd, F_DUPFD_CLOEXEC, 0);
-  if (reply_fd < 0 || !hd_queue_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
-                                                fd, reply_fd, msg->txid)) {
+  int queued = reply_fd < 0 ? -EMFILE
+                            : hd_queue_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
+                                                      fd, reply_fd, msg->txid);
+  if (queued != 0) {
     if (reply_fd >= 0) close(reply_fd);
     close(fd);
+    if (queued == -EBUSY) {
+      hd_log(h->c, HD_LOG_WARN, "%s[%u]: refused a named snapshot: one is still being stored",
+             h->k->process->name, (unsigned)h->k->process->pid);
+      return reply_store(h, msg, heapdump_process_StoreError_BUSY);
+    }
     return reply_store(h, msg, heapdump_process_StoreError_STORAGE_FAILED);
   }
   return HD_OK;

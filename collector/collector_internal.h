@@ -46,6 +46,7 @@ typedef struct hd_process {
   bool exit_snapshot;
   bool live;         /* in the live set */
   uint64_t exit_record; /* its hd_exit_record's seq once it has left the live set */
+  bool named_store_pending; /* protected by the storage worker's lock: one store at a time */
 } hd_process;
 
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
@@ -240,9 +241,10 @@ void hd_queue_exit_snapshot(hd_collector *c, hd_process *p, const char *name);
 /* Exit snapshots queued or being stored. */
 unsigned hd_worker_exits_pending(hd_collector *c);
 /* Queues storing a named snapshot from `memfd` (taken) and answering StoreNamedSnapshot with
- * `txid` on `reply_fd` (taken). False if it could not be queued: nothing is taken. */
-bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                             int reply_fd, uint32_t txid);
+ * `txid` on `reply_fd` (taken). A process has one store queued or running at a time: -EBUSY
+ * while it has; -ENOMEM if it could not be queued. Nothing is taken on error. */
+int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                            int reply_fd, uint32_t txid);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
 

@@ -61,6 +61,10 @@ static job *pop(job_queue *q) {
 static void store_named(hd_collector *c, hd_message *scratch, job *j) {
   uint32_t id = 0;
   int rc = hd_store_snapshot(c, j->process, j->name, j->memfd, &id);
+  /* Before the answer: the process may send its next request the moment it has it. */
+  pthread_mutex_lock(&c->worker->lock);
+  j->process->named_store_pending = false;
+  pthread_mutex_unlock(&c->worker->lock);
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   if (rc == 0) {
@@ -221,17 +225,26 @@ unsigned hd_worker_exits_pending(hd_collector *c) {
   return n;
 }
 
-bool hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                             int reply_fd, uint32_t txid) {
+int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                            int reply_fd, uint32_t txid) {
+  hd_worker *w = c->worker;
   job *j = calloc(1, sizeof *j);
-  if (j == NULL) return false;
+  if (j == NULL) return -ENOMEM;
+  pthread_mutex_lock(&w->lock);
+  const bool busy = p->named_store_pending;
+  p->named_store_pending = true;
+  pthread_mutex_unlock(&w->lock);
+  if (busy) {
+    free(j);
+    return -EBUSY;
+  }
   j->process = hd_process_retain(p);
   snprintf(j->name, sizeof j->name, "%s", name);
   j->memfd = memfd;
   j->reply_fd = reply_fd;
   j->txid = txid;
-  enqueue(c->worker, &c->worker->named, j);
-  return true;
+  enqueue(w, &w->named, j);
+  return 0;
 }
 
 void hd_queue_discovery(hd_collector *c) {

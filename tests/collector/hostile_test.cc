@@ -297,6 +297,55 @@ TEST_F(HostileTest, NamedSnapshotTablesMustBeSealedCopiesOfTheirSender) {
   child.Kill();
 }
 
+// A process has one named snapshot stored at a time: what it pipelines on its sink while one is
+// being stored is refused at once (BUSY), so that its flood cannot delay other processes' stores
+// behind its own. Another process stores meanwhile.
+TEST_F(HostileTest, AProcessStoresOneNamedSnapshotAtATime) {
+  collector.Start();
+  Workload flooder(collector.socket, {"many", "300000"}, false, {"HEAPDUMP_MAX_MEMORY=64M"});
+  Child healthy(collector.socket, nullptr);
+  int sink = TakeSink(flooder.pid);
+  ASSERT_GE(sink, 0);
+  struct timeval patience = {30, 0};
+  setsockopt(sink, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+  const int copy = CopyTable(flooder.pid, HD_ALLOC_FLAG_SNAPSHOT, static_cast<uint32_t>(flooder.pid),
+                             F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW);
+  ASSERT_GE(copy, 0);
+  enum { kRequests = 10 };
+  auto msg = std::make_unique<hd_message>();
+  for (int i = 0; i < kRequests; i++) {
+    heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
+        heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
+    req.has_name = req.has_allocations_snapshot = true;
+    snprintf(req.name, sizeof req.name, "flood-%d", i);
+    req.allocations_snapshot = {true, 0};
+    ASSERT_EQ(hd_message_encode(msg.get(), static_cast<uint32_t>(i + 1), 0,
+                                HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,
+                                &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req, 1),
+              HD_OK);
+    ASSERT_EQ(hd_message_send(sink, msg.get(), &copy, 1), HD_OK);
+  }
+  close(copy);
+  EXPECT_EQ(healthy.Snapshot("meanwhile"), 0);
+  int stored = 0, busy = 0;
+  for (int i = 0; i < kRequests; i++) {
+    ASSERT_EQ(hd_message_recv(sink, msg.get()), HD_OK) << "answer " << i;
+    heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
+        heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
+    ASSERT_EQ(hd_message_decode_body(msg.get(), &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg, &resp),
+              HD_OK);
+    stored += !resp.has_error;
+    busy += resp.has_error && resp.error == heapdump_process_StoreError_BUSY;
+  }
+  EXPECT_GE(stored, 1);
+  EXPECT_GE(busy, 1) << collector.Log();
+  EXPECT_EQ(stored + busy, kRequests);
+  EXPECT_EQ(CountStored(collector.socket, "meanwhile"), 1u);
+  close(sink);
+  flooder.program->Kill();
+  healthy.Finish();
+}
+
 // A process killed while it held a slot lock (the OOM killer's case, when users need the exit
 // snapshot most) leaves the lock held for good; its table cannot change any more and is read as
 // it was left. Its exit snapshot used to fail: "table kept changing".
