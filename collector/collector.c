@@ -1,8 +1,8 @@
 /* The collector: a poll loop that accepts connections on one socket, tells registry connections
  * (instrumented processes) from client connections by their first message, watches the exit of
- * every live process through its pidfd, and hands all slow work elsewhere: every snapshot stream
- * to a thread of its own, storing snapshots to the storage worker. So a slow client or a big
- * snapshot never delays anyone else.
+ * every live process through its pidfd, and hands all slow work elsewhere: snapshot streams to
+ * stream threads (a bounded pool), storing snapshots to the storage workers. So a slow client or
+ * a big snapshot never delays anyone else.
  *
  * Locking: `lock` protects the live set, the stored-snapshot list and next_id. Process entries
  * are reference-counted: a stream or a queued exit snapshot keeps the tables of a process mapped

@@ -2,7 +2,8 @@
  * processes, stream jobs, the storage worker and the stored-snapshot catalogue.
  *
  * Threads: the poll thread (hd_collector_run) serves every connection and watches process exits;
- * each snapshot stream runs on a thread of its own (stream.c); the storage workers (worker.c)
+ * snapshot streams run on stream threads, at most HD_MAX_STREAM_THREADS (stream.c); the storage
+ * workers (worker.c)
  * write named snapshots (one thread) and exit snapshots (another, which also rescans /proc when a
  * listing asks for it) to disk. */
 #ifndef HEAPDUMP_COLLECTOR_INTERNAL_H

@@ -1,6 +1,6 @@
-/* Snapshot streams: each runs on a thread of its own, picks the processes (after a rescan of
- * /proc, at most once a second), reads their tables (or a stored snapshot) and sends batches,
- * each acknowledged before the next (HD_BATCH_WINDOW). */
+/* Snapshot streams: each runs on a stream thread (a bounded pool), picks the processes (after a
+ * rescan of /proc, at most once a second), reads their tables (or a stored snapshot) and sends
+ * batches, each acknowledged before the next (HD_BATCH_WINDOW). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>

@@ -1,9 +1,10 @@
 /* The storage workers: threads that write named and exit snapshots to disk and rescan /proc when
  * a listing asks for it, so that none of this slow work (reading a big table, fsync) runs on the
  * poll thread and delays other clients. Named snapshots have a thread of their own: their
- * process waits for the answer (libheapdump.so gives up after 2 s), which must not wait behind a
- * big exit snapshot. Stopping finishes every queued job, so that a SIGTERM loses no exit
- * snapshot. */
+ * process waits for the answer (up to HEAPDUMP_SNAPSHOT_TIMEOUT), which must not wait behind a
+ * big exit snapshot, and a process has one store queued at a time, so that none can queue its
+ * stores ahead of everyone else's. Stopping finishes every queued job, so that a SIGTERM loses
+ * no exit snapshot. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
