@@ -4,14 +4,15 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
-#include "owned_fd.h"
 #include "runtime.h"
 #include "stack.h"
 
@@ -150,75 +151,95 @@ EXPORT int dlclose(void *handle) {
   return rc;
 }
 
-/* libunwind validates the addresses it reads by writing them to a pipe that it creates on its
- * first walk, and re-creates (closing the old numbers) whenever a read from it fails. A program
- * that closes every descriptor and opens its own files would get those numbers: libunwind would
- * then read from, write into and close the program's files. So inside our capture the pipe is
- * the library's: moved to high numbers and remembered by identity, and there read, write and
- * close act only on its two ends while they are still that pipe; anything else fails with EBADF
- * (an address that cannot be validated ends the trace there). Calls from anywhere else go
- * straight to glibc, after one thread-local test. */
-static hd_owned_fd g_unwind_pipe[2] = {HD_OWNED_FD_NONE, HD_OWNED_FD_NONE};
-static int g_unwind_pipe_lock; /* libunwind's own pipe is shared by every thread */
-
-static void unwind_pipe_lock(void) {
-  while (__atomic_exchange_n(&g_unwind_pipe_lock, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
-}
-
-static void unwind_pipe_unlock(void) { __atomic_store_n(&g_unwind_pipe_lock, 0, __ATOMIC_RELEASE); }
-
-/* Whether fd is still the given end of the unwinder's pipe; forget: it is being closed. */
-static bool is_unwind_pipe(int fd, int end, bool forget) {
-  unwind_pipe_lock();
-  bool ours = false;
-  for (int i = 0; i < 2; i++) {
-    if ((end < 0 || end == i) && g_unwind_pipe[i].fd == fd && fd >= 0) {
-      ours = hd_owned_fd_valid(&g_unwind_pipe[i]);
-      if (forget) g_unwind_pipe[i] = HD_OWNED_FD_NONE;
-    }
-  }
-  unwind_pipe_unlock();
-  return ours;
-}
-
-/* A call made by libunwind itself while this thread unwinds (a signal handler of the program
- * that interrupted the capture makes its own calls, which go through). */
+/* libunwind makes descriptors of its own while it unwinds: a validation pipe (re-created,
+ * closing the old numbers, whenever a read from it fails), and an open file for every frame in a
+ * module without .eh_frame_hdr, whose .debug_frame it then reads. In a program that closes every
+ * descriptor and opens its own files, those numbers are the program's: the unwinder would read
+ * from, write into and close them. So inside our capture libunwind gets no descriptor at all.
+ * Its pipe was only a way to ask the kernel whether an address is readable (it drains the pipe,
+ * then writes one byte from the address with syscall(SYS_write, ...)), so that conversation is
+ * answered here without one: its pipe2 succeeds with two ends that are no descriptors (-1), its
+ * read finds the pipe empty, its write reads that byte with process_vm_readv, which fails with
+ * EFAULT where the write would have, and its close does nothing. Its open fails: a module without
+ * .eh_frame_hdr ends the trace where frame pointers cannot continue it. Calls from anywhere else,
+ * including a program's signal handler that interrupted a capture, go straight to the kernel or
+ * glibc after one thread-local test. */
 static inline bool libunwind_call(void *return_address) {
-  return hd_called_from_unwinder((uintptr_t)return_address);
+  return HD_UNLIKELY(hd_tls.in_unwind != 0) && hd_called_from_unwinder((uintptr_t)return_address);
 }
 
-extern int __close(int fd);
-extern ssize_t __read(int fd, void *buf, size_t n);
-extern ssize_t __write(int fd, const void *buf, size_t n);
+static long raw_syscall6(long number, long a1, long a2, long a3, long a4, long a5, long a6) {
+  register long r10 __asm__("r10") = a4;
+  register long r8 __asm__("r8") = a5;
+  register long r9 __asm__("r9") = a6;
+  long ret;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(number), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8), "r"(r9)
+                   : "rcx", "r11", "memory");
+  return ret;
+}
 
-EXPORT int pipe2(int fds[2], int flags) {
-  int rc = (int)syscall(SYS_pipe2, fds, flags);
-  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && rc == 0 &&
-      hd_called_from_unwinder((uintptr_t)__builtin_return_address(0))) {
-    hd_owned_fd ends[2];
-    if (!hd_owned_fd_take(fds[0], &ends[0])) {
-      (void)__close(fds[1]);
-      errno = EMFILE;
-      return -1;
-    }
-    if (!hd_owned_fd_take(fds[1], &ends[1])) {
-      hd_owned_fd_close(&ends[0]);
-      errno = EMFILE;
-      return -1;
-    }
-    fds[0] = ends[0].fd;
-    fds[1] = ends[1].fd;
-    unwind_pipe_lock();
-    g_unwind_pipe[0] = ends[0];
-    g_unwind_pipe[1] = ends[1];
-    unwind_pipe_unlock();
+/* Whether n bytes at address can be read, as a write from them to a pipe would tell. */
+static long readable_like_write(const void *address, size_t n) {
+  char copy[16];
+  if (n > sizeof copy) n = sizeof copy;
+  struct iovec local = {copy, n}, remote = {(void *)(uintptr_t)address, n};
+  long rc = raw_syscall6(SYS_process_vm_readv, raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+                         (long)&local, 1, (long)&remote, 1, 0);
+  if (rc < 0 && rc > -4096) {
+    errno = (int)-rc;
+    return -1;
   }
   return rc;
 }
 
+extern int __open(const char *path, int flags, ...);
+extern int __close(int fd);
+extern ssize_t __read(int fd, void *buf, size_t n);
+extern ssize_t __write(int fd, const void *buf, size_t n);
+
+EXPORT long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
+  va_end(ap);
+  if (number == SYS_write && libunwind_call(__builtin_return_address(0)))
+    return readable_like_write((const void *)a[1], (size_t)a[2]);
+  long rc = raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  if (rc < 0 && rc > -4096) { /* glibc's convention for syscall() */
+    errno = (int)-rc;
+    return -1;
+  }
+  return rc;
+}
+
+EXPORT int pipe2(int fds[2], int flags) {
+  if (libunwind_call(__builtin_return_address(0))) {
+    fds[0] = fds[1] = -1;
+    return 0;
+  }
+  return (int)syscall(SYS_pipe2, fds, flags);
+}
+
+EXPORT int open(const char *path, int flags, ...) {
+  if (libunwind_call(__builtin_return_address(0))) {
+    errno = EMFILE;
+    return -1;
+  }
+  mode_t mode = 0;
+  if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) { /* as glibc reads it */
+    va_list ap;
+    va_start(ap, flags);
+    mode = va_arg(ap, mode_t);
+    va_end(ap);
+  }
+  return __open(path, flags, mode);
+}
+
 EXPORT int close(int fd) {
-  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
-      !is_unwind_pipe(fd, -1, true)) {
+  if (libunwind_call(__builtin_return_address(0))) {
     errno = EBADF;
     return -1;
   }
@@ -226,20 +247,15 @@ EXPORT int close(int fd) {
 }
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
-  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
-      !is_unwind_pipe(fd, 0, false)) {
-    errno = EBADF;
+  if (libunwind_call(__builtin_return_address(0))) {
+    errno = EAGAIN;
     return -1;
   }
   return __read(fd, buf, n);
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-  if (HD_UNLIKELY(hd_tls.in_unwind != 0) && libunwind_call(__builtin_return_address(0)) &&
-      !is_unwind_pipe(fd, 1, false)) {
-    errno = EBADF;
-    return -1;
-  }
+  if (libunwind_call(__builtin_return_address(0))) return readable_like_write(buf, (size_t)n);
   return __write(fd, buf, n);
 }
 

@@ -3,6 +3,7 @@
 #include "stack.h"
 
 #define UNW_LOCAL_ONLY
+#include <errno.h>
 #include <libunwind.h>
 #include <link.h>
 #include <pthread.h>
@@ -40,8 +41,8 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   g_skip_hi = skip_hi;
   if (method == HD_UNWIND_LIBUNWIND) {
     dl_iterate_phdr(find_unwinder, (void *)(uintptr_t)&unw_backtrace);
-    /* libunwind initialises itself here, creating its validation pipe: counted as inside the
-     * unwinder so that the pipe is placed with the library's descriptors (preload.c, pipe2). */
+    /* libunwind initialises itself here, where it would create its validation pipe: counted as
+     * inside the unwinder so that it gets no descriptor (preload.c, pipe2). */
     hd_tls.in_unwind++;
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
     hd_tls.in_unwind--;
@@ -100,7 +101,9 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
   /* Room for our own frames (a few) and one past the limit, to tell a cut trace from one that
    * ends exactly there. */
   void *ips[HD_MAX_FRAMES + 17];
+  const int saved_errno = errno; /* libunwind's system calls are no business of the program's */
   int got = unw_backtrace(ips, (int)(g_max + 17));
+  errno = saved_errno;
   unsigned n = 0;
   int i = 0;
   while (i < got && own_frame((uintptr_t)ips[i])) i++;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -811,6 +812,47 @@ static void scenario_dlopen(const char *lib) {
   CHECK(dlclose(h) == 0);
 }
 
+// Allocates through a module linked without .eh_frame_hdr, where libunwind would open the module's
+// file to read its .debug_frame, and deep in this program, where it would validate addresses
+// with a pipe of its own. Prints how often the module's file was opened meanwhile (an inotify
+// watch sees every open, however brief) and how many pipes the process holds beyond stdin and
+// stdout; with the library's unwinding, both are 0.
+static void scenario_unwinder_opens(const char *lib) {
+  void *h = dlopen(lib, RTLD_NOW);
+  CHECK(h);
+  auto fn = (void *(*)(size_t))dlsym(h, "testlib_allocate_framed");
+  CHECK(fn);
+  int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  CHECK(watch >= 0 && inotify_add_watch(watch, lib, IN_OPEN) >= 0);
+  for (int i = 0; i < 20; i++) keep(fn(7124));
+  for (int d = 1; d < 60; d++) allocate_deep(d);
+  int opened = 0;
+  alignas(struct inotify_event) char events[4096];
+  ssize_t n;
+  while ((n = read(watch, events, sizeof events)) > 0) {
+    for (ssize_t at = 0; at < n;) {
+      const struct inotify_event *e = (const struct inotify_event *)(events + at);
+      opened += (e->mask & IN_OPEN) != 0;
+      at += (ssize_t)(sizeof *e + e->len);
+    }
+  }
+  CHECK(errno == EAGAIN);
+  close(watch);
+  int pipes = 0;
+  DIR *fds = opendir("/proc/self/fd");
+  CHECK(fds);
+  while (struct dirent *e = readdir(fds)) {
+    char target[256];
+    std::string path = std::string("/proc/self/fd/") + e->d_name;
+    ssize_t len = readlink(path.c_str(), target, sizeof target - 1);
+    if (len <= 0 || atoi(e->d_name) <= 2) continue;
+    target[len] = 0;
+    pipes += strncmp(target, "pipe:", 5) == 0;
+  }
+  closedir(fds);
+  printf("opened %d pipes %d\n", opened, pipes);
+}
+
 int main(int argc, char **argv) {
   g_keep.reserve(100000);
   std::string mode = argc > 1 ? argv[1] : "";
@@ -823,6 +865,7 @@ int main(int argc, char **argv) {
   else if (mode == "fork-register") scenario_fork_register();
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
   else if (mode == "unwinder-fds") scenario_unwinder_fds(argv[2]);
+  else if (mode == "unwinder-opens") scenario_unwinder_opens(argv[2]);
   else if (mode == "realtime") scenario_realtime();
   else if (mode == "impossible") scenario_impossible();
   else if (mode == "cancel") scenario_cancel();

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,7 @@ ChildRun Start(const std::vector<std::string> &argv, const std::vector<std::stri
   if (r.pid == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
+    syscall(SYS_close_range, 3, ~0U, 0);  // the program starts with no descriptor of ours
     execve(a[0], a.data(), e.data());
     _exit(127);
   }
@@ -271,6 +273,26 @@ TEST_P(Preload, DlopenDlcloseRegionsAndAllocations) {
     }
   }
   EXPECT_TRUE(region) << "unloaded module's region must stay recorded";
+}
+
+// Unwinding opens no descriptor, not even briefly: libunwind's validation pipe and its reading of
+// a module without .eh_frame_hdr would take numbers a program may be reusing. Traces through
+// that module still reach the program (by its frame pointers).
+TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
+  Tables t;
+  RunChild({"unwinder-opens", HD_TEST_LIB_WITHOUT_EH_FRAME_HDR}, &t);
+  EXPECT_NE(last_output.find("opened 0 pipes 0\n"), std::string::npos) << last_output;
+  ASSERT_EQ(t.CountSize(7124), 20);
+  uint64_t frames[64];
+  size_t n;
+  ASSERT_EQ(hd_res_reader_stack(t.res, t.FindSize(7124)->stack_key, frames, 64, &n, nullptr,
+                                nullptr, nullptr),
+            HD_READ_OK);
+  std::string trace;
+  for (size_t i = 0; i < n; i++) trace += t.RegionOf(frames[i]) + "\n";
+  const size_t in_module = trace.find("libhd_testlib_nohdr.so\n");
+  ASSERT_NE(in_module, std::string::npos) << trace;
+  EXPECT_NE(trace.find("hd_child\n", in_module), std::string::npos) << trace;
 }
 
 TEST_P(Preload, VforkAndPosixSpawnChildrenGetTheirOwnTables) {
