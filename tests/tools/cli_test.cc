@@ -556,7 +556,8 @@ TEST_F(CliTest, SnapshotWithContentsGivesDartheapReferencesOfThePointers) {
 
 // Block contents are kept in a temporary file while a snapshot is received and written, not in
 // memory: a program's 200 MiB block is snapshotted, to raw and to dartheap, by a heapdump allowed
-// 128 MiB of data (RLIMIT_DATA, which counts the heap and private mappings, not a file's).
+// 128 MiB of data (RLIMIT_DATA, which counts the heap and private mappings, not a file's). The
+// raw file is then reported and converted, from its path and from a pipe, under the same limit.
 TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's runtime reserves more than the data limit this test sets";
@@ -587,6 +588,23 @@ TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
   EXPECT_NE(in_memory.status, 0);
   EXPECT_NE(in_memory.err.find("cannot create a temporary file for block contents"), std::string::npos)
       << in_memory.err;
+
+  const std::string limited = "/usr/bin/prlimit --data=134217728 " + std::string(HD_CLI);
+  for (const std::string &command :
+       {limited + " report hog.heapdump", limited + " report - < hog.heapdump",
+        "cat hog.heapdump | " + limited + " convert - -o from-pipe.dartheap",
+        limited + " convert hog.heapdump -o copy.heapdump"}) {
+    Output o = RunProgram({"/bin/sh", "-c", command}, dir);
+    EXPECT_EQ(o.status, 0) << command << ": " << o.err;
+  }
+  EXPECT_TRUE(ReadFile(dir + "/copy.heapdump") == ReadFile(dir + "/hog.heapdump"));  // lossless
+  ASSERT_TRUE(dartheap::ReadFile(dir + "/from-pipe.dartheap", &graph, &error)) << error;
+  hog_found = false;
+  for (uint64_t id = 1; id <= graph.objects.size(); id++) hog_found |= graph.object(id).shallow_size == 200 << 20;
+  EXPECT_TRUE(hog_found);
+  Output report_in_memory = RunProgram({"/bin/sh", "-c", limited + " report hog.heapdump"}, dir,
+                                       {"TMPDIR=/nonexistent"});
+  EXPECT_NE(report_in_memory.status, 0);
 }
 
 TEST_F(CliTest, SelectorErrors) {

@@ -136,8 +136,14 @@ int cmd_delete(cli_options *o, int argc, char **argv);
 int cmd_convert(cli_options *o, const char *input);
 int cmd_report(cli_options *o, const char *input);
 
-/* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. Returns an exit
- * code. */
+/* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
+ * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an
+ * exit code. */
 int cli_read_snapshot(const char *path, hd_reassembler *r);
+
+/* Block contents received into r go to an unlinked temporary file in $TMPDIR (else /tmp):
+ * they can be far larger than the rest of a snapshot. Where no such file can be made, says so
+ * and keeps them in memory. */
+void cli_spill_contents(hd_reassembler *r);
 
 #endif

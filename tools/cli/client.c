@@ -82,19 +82,6 @@ static const char *selector_text(const cli_options *o, uint64_t pid, char *buf, 
 
 typedef enum request_kind { LIVE, DOWNLOAD } request_kind;
 
-/* An unlinked temporary file for block contents, in $TMPDIR (else /tmp): contents can be far
- * larger than the rest of a snapshot, and need not fit in memory. -1 if none can be made. */
-static int contents_file(void) {
-  const char *dir = getenv("TMPDIR") != NULL && getenv("TMPDIR")[0] != '\0' ? getenv("TMPDIR") : "/tmp";
-  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd >= 0) return fd;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/heapdump-contents-XXXXXX", dir);
-  fd = mkostemp(path, O_CLOEXEC);
-  if (fd >= 0) unlink(path);
-  return fd;
-}
-
 /* Sends the request with a fresh receiver channel and receives the stream into r. */
 static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
                             uint32_t id, hd_reassembler *r, uint32_t *error) {
@@ -126,15 +113,7 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
     status = hd_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
   }
   close(ends[1]);
-  if (status == HD_OK && kind == LIVE && o->contents) {
-    int spill = contents_file();
-    if (spill >= 0) {
-      hd_reassembler_spill_contents(r, spill);
-    } else {
-      cli_error("cannot create a temporary file for block contents in %s (%s); keeping them in "
-                "memory", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", strerror(errno));
-    }
-  }
+  if (status == HD_OK && kind == LIVE && o->contents) cli_spill_contents(r);
   if (status == HD_OK) {
     cli_progress_attach(r);
     status = hd_snapshot_receive(ends[0], multi, r, error);

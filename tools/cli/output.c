@@ -1,6 +1,9 @@
 /* Writing results: format selection, output files that appear only when complete, the writers
  * of every format, and the progress line. */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -172,16 +175,12 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
 }
 
 /* The whole input, in memory: its first bytes tell its format. */
-static int read_input(const char *path, uint8_t **out, size_t *size) {
-  bool is_stdin = strcmp(path, "-") == 0;
-  FILE *in = is_stdin ? stdin : fopen(path, "rb");
-  if (in == NULL) {
-    int err = errno;
-    cli_error("cannot read %s: %s", path, strerror(err));
-    return err == EACCES || err == EPERM ? EXIT_PERMISSION : EXIT_FAILURE_;
-  }
-  size_t capacity = 1 << 16, used = 0;
+/* Reads the rest of in (after `prefix`, already taken from it) into memory. */
+static int read_input(FILE *in, const char *path, const uint8_t *prefix, size_t prefix_size,
+                      uint8_t **out, size_t *size) {
+  size_t capacity = 1 << 16, used = prefix_size;
   uint8_t *buf = malloc(capacity);
+  if (buf != NULL && prefix_size > 0) memcpy(buf, prefix, prefix_size);
   while (buf != NULL) {
     if (used == capacity) {
       uint8_t *bigger = realloc(buf, capacity * 2);
@@ -199,7 +198,6 @@ static int read_input(const char *path, uint8_t **out, size_t *size) {
   }
   bool failed = buf == NULL || ferror(in);
   int err = errno;
-  if (!is_stdin) fclose(in);
   if (failed) {
     free(buf);
     cli_error("cannot read %s: %s", path, buf == NULL ? "out of memory" : strerror(err));
@@ -229,23 +227,88 @@ static void name_from_path(const char *path, char *name, size_t size, uint64_t *
   snprintf(name, size, "%.*s", (int)strcspn(base, "."), base);
 }
 
+void cli_spill_contents(hd_reassembler *r) {
+  const char *tmpdir = getenv("TMPDIR");
+  const char *dir = tmpdir != NULL && tmpdir[0] != '\0' ? tmpdir : "/tmp";
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) { /* a file system without O_TMPFILE */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/heapdump-contents-XXXXXX", dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0) unlink(path);
+  }
+  if (fd >= 0) {
+    hd_reassembler_spill_contents(r, fd);
+  } else {
+    cli_error("cannot create a temporary file for block contents in %s (%s); keeping them in "
+              "memory", dir, strerror(errno));
+  }
+}
+
+/* Standard input, with the bytes already taken from it to tell its format put back in front:
+ * a pipe cannot be rewound, and a raw snapshot read from one is read as a stream too. */
+typedef struct peeked_input {
+  FILE *in;
+  uint8_t bytes[HD_RAW_MAGIC_SIZE];
+  size_t size, at;
+} peeked_input;
+
+static ssize_t read_peeked(void *cookie, char *buf, size_t size) {
+  peeked_input *p = cookie;
+  size_t n = 0;
+  while (n < size && p->at < p->size) buf[n++] = (char)p->bytes[p->at++];
+  if (n < size) n += fread(buf + n, 1, size - n, p->in);
+  return n == 0 && ferror(p->in) ? -1 : (ssize_t)n;
+}
+
+static int read_raw(FILE *in, const char *path, hd_reassembler *r) {
+  cli_spill_contents(r);
+  char error[256] = "";
+  int rc = hd_raw_read(in, r, error, sizeof error);
+  if (rc == -ENOMEM && error[0] == '\0') snprintf(error, sizeof error, "out of memory");
+  if (rc != 0) {
+    cli_error("%s: %s", path, error);
+    return EXIT_FAILURE_;
+  }
+  return 0;
+}
+
 int cli_read_snapshot(const char *path, hd_reassembler *r) {
+  const bool is_stdin = strcmp(path, "-") == 0;
+  FILE *in = is_stdin ? stdin : fopen(path, "rb");
+  if (in == NULL) {
+    int err = errno;
+    cli_error("cannot read %s: %s", path, strerror(err));
+    return err == EACCES || err == EPERM ? EXIT_PERMISSION : EXIT_FAILURE_;
+  }
+  peeked_input peeked = {.in = in};
+  peeked.size = fread(peeked.bytes, 1, sizeof peeked.bytes, in);
+  if (peeked.size == HD_RAW_MAGIC_SIZE && memcmp(peeked.bytes, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) == 0) {
+    int rc;
+    if (!is_stdin) {
+      rewind(in);
+      rc = read_raw(in, path, r);
+    } else {
+      FILE *stream = fopencookie(&peeked, "rb", (cookie_io_functions_t){.read = read_peeked});
+      rc = stream != NULL ? read_raw(stream, path, r) : EXIT_FAILURE_;
+      if (stream != NULL) fclose(stream);
+      else cli_error("cannot read %s: %s", path, strerror(errno));
+    }
+    if (!is_stdin) fclose(in);
+    return rc;
+  }
+  /* Not raw: a pprof profile, which is decoded whole. */
+  if (!is_stdin) rewind(in);
   uint8_t *data = NULL;
   size_t size = 0;
-  int rc = read_input(path, &data, &size);
+  int rc = read_input(in, path, is_stdin ? peeked.bytes : NULL, is_stdin ? peeked.size : 0, &data, &size);
+  if (!is_stdin) fclose(in);
   if (rc != 0) return rc;
   char error[256] = "";
-  if (size >= HD_RAW_MAGIC_SIZE && memcmp(data, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) == 0) {
-    FILE *in = fmemopen(data, size, "rb");
-    rc = in != NULL ? hd_raw_read(in, r, error, sizeof error) : -ENOMEM;
-    if (in != NULL) fclose(in);
-    if (rc == -ENOMEM && error[0] == '\0') snprintf(error, sizeof error, "out of memory");
-  } else {
-    char name[64];
-    uint64_t pid;
-    name_from_path(strcmp(path, "-") == 0 ? "profile" : path, name, sizeof name, &pid);
-    rc = hd_pprof_read(data, size, name, pid, r, error, sizeof error);
-  }
+  char name[64];
+  uint64_t pid;
+  name_from_path(is_stdin ? "profile" : path, name, sizeof name, &pid);
+  rc = hd_pprof_read(data, size, name, pid, r, error, sizeof error);
   bool gzip = size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
   free(data);
   if (rc == -EBADMSG && !gzip) {
