@@ -100,16 +100,10 @@ void hd_wake_poll_thread(hd_collector *c) {
 }
 
 int hd_default_socket_path(char *out, unsigned long size) {
-  const char *env = getenv("HEAPDUMP_SOCKET");
-  int n;
-  if (env != NULL && env[0] != '\0') {
-    n = snprintf(out, size, "%s", env);
-  } else if (getenv("XDG_RUNTIME_DIR") != NULL && getenv("XDG_RUNTIME_DIR")[0] == '/') {
-    n = snprintf(out, size, "%s/heapdump/collector.sock", getenv("XDG_RUNTIME_DIR"));
-  } else {
-    n = snprintf(out, size, "/tmp/heapdump-%u/collector.sock", (unsigned)getuid());
-  }
-  return (n < 0 || (unsigned long)n >= size) ? -ENAMETOOLONG : 0;
+  const unsigned uid = (unsigned)getuid();
+  return hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, out, size) == 0
+             ? 0
+             : -ENAMETOOLONG;
 }
 
 /* Creates the socket's directory 0700, or checks that an existing one is ours and private, so
@@ -501,25 +495,12 @@ static hd_status on_register(void *ctx, hd_message *msg,
   int sink_fd = hd_message_take_channel(msg, &req->snapshot_sink);
   hd_alloc_reader *alloc = NULL;
   hd_res_reader *res = NULL;
-  hd_alloc_table_info info;
   struct stat table;
-  hd_read_status rs = HD_READ_OK;
   const char *refused = NULL;
-  if (!hd_fd_is_memfd(alloc_fd, NULL) || !hd_fd_is_memfd(res_fd, NULL)) {
-    refused = "not memfds";
-  } else if ((fcntl(alloc_fd, F_GETFL) & O_ACCMODE) != O_RDONLY ||
-             (fcntl(res_fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
-    refused = "handed over writable (they must be read-only)";
-  } else if (sink_fd < 0) {
+  if (sink_fd < 0) {
     refused = "the snapshot sink is not a channel";
-  } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
-             (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
-    refused = hd_read_status_str(rs);
-  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)own_pid ||
-             hd_res_reader_pid(res) != (uint32_t)own_pid) {
-    refused = "the tables are another process's";
-  } else if (fstat(alloc_fd, &table) != 0) {
-    refused = "cannot stat the allocations table";
+  } else {
+    (void)hd_open_process_tables(alloc_fd, res_fd, false, own_pid, &alloc, &res, &table, &refused);
   }
   close(alloc_fd);
   close(res_fd);
@@ -550,7 +531,7 @@ static hd_status on_register(void *ctx, hd_message *msg,
     h->close_after = true;
     return HD_OK;
   }
-  char name[33];
+  char name[HD_NAME_SIZE];
   if (req->has_process_name && req->process_name[0] != '\0') {
     snprintf(name, sizeof name, "%s", req->process_name);
   } else if (!hd_read_process_name(pid, name, sizeof name)) {

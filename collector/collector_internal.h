@@ -13,11 +13,13 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "heapdump/collector.h"
+#include "heapdump/contract/names.h"
+#include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/batch.h"
-#include "heapdump/internal/shm_layout.h"
 #include "heapdump_client.pb.h"
 #include "table_reader.h"
 
@@ -42,7 +44,7 @@ typedef struct hd_process {
   int pidfd;
   hd_alloc_reader *alloc;
   hd_res_reader *res;
-  char name[33];
+  char name[HD_NAME_SIZE];
   /* Protected by hd_collector.lock. */
   bool exit_snapshot;
   bool live;         /* in the live set */
@@ -57,15 +59,15 @@ typedef struct hd_exit_record {
   uint64_t seq; /* 0: an empty slot; else slot = seq % HD_EXIT_RECORDS */
   pid_t pid;
   uid_t uid;
-  char name[33];
+  char name[HD_NAME_SIZE];
   heapdump_client_ProcessState state;
   uint32_t snapshot_id;
 } hd_exit_record;
 
 typedef struct hd_stored_snapshot_info {
   uint32_t id;
-  char name[33];
-  char process_name[33];
+  char name[HD_NAME_SIZE];
+  char process_name[HD_NAME_SIZE];
   uint64_t pid;
   uid_t uid;
   uint64_t bytes; /* the file's size */
@@ -181,6 +183,25 @@ bool hd_fd_is_memfd(int fd, const char *name);
 pid_t hd_own_pid(pid_t pid);
 /* pidfd_open(2): a descriptor readable once pid has exited; -1 with errno on failure. */
 int hd_pidfd_open(pid_t pid);
+
+/* What a process's two tables must be before the collector serves them, checked alike whether
+ * the process registered or was rediscovered: read-only memfds (with the library's names when
+ * by_name), readable as tables of this layout (hd_*_reader_open), both written by own_pid (the
+ * process's pid in its own PID namespace). */
+typedef enum hd_tables_verdict {
+  HD_TABLES_OK,
+  HD_TABLES_NOT_MEMFDS,     /* not memfds, or not named as the library names its tables */
+  HD_TABLES_WRITABLE,       /* handed over writable */
+  HD_TABLES_UNREADABLE,     /* the readers refused them: *why says how */
+  HD_TABLES_OTHER_PROCESS,  /* another process's tables (inherited across fork, or forged) */
+  HD_TABLES_NO_IDENTITY,    /* fstat failed */
+} hd_tables_verdict;
+/* On HD_TABLES_OK the caller owns *alloc and *res, and *table is the allocations table's
+ * identity; otherwise nothing is left open and *why says what failed, for the log. The
+ * descriptors stay the caller's. */
+hd_tables_verdict hd_open_process_tables(int alloc_fd, int res_fd, bool by_name, pid_t own_pid,
+                                         hd_alloc_reader **alloc, hd_res_reader **res,
+                                         struct stat *table, const char **why);
 /* A socket path made absolute (relative paths against cwd, or ours if cwd is NULL) with its
  * directory resolved, so that two spellings of one socket compare equal. 0 or -errno. */
 int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size);

@@ -29,8 +29,8 @@
 /* /proc/PID/environ is bounded by the kernel's argument limit; this is well above it. */
 #define MAX_ENVIRON_BYTES (16u << 20)
 
-static const char kAllocationsName[] = "heapdump-allocations";
-static const char kResourcesName[] = "heapdump-resources";
+static const char kAllocationsName[] = HD_MEMFD_ALLOCATIONS;
+static const char kResourcesName[] = HD_MEMFD_RESOURCES;
 
 pid_t hd_own_pid(pid_t pid) {
   char path[64];
@@ -82,6 +82,43 @@ bool hd_fd_is_memfd(int fd, const char *name) {
   if (n <= 0) return false;
   target[n] = '\0';
   return link_names_memfd(target, name);
+}
+
+hd_tables_verdict hd_open_process_tables(int alloc_fd, int res_fd, bool by_name, pid_t own_pid,
+                                         hd_alloc_reader **alloc, hd_res_reader **res,
+                                         struct stat *table, const char **why) {
+  *alloc = NULL;
+  *res = NULL;
+  hd_read_status rs = HD_READ_OK;
+  hd_alloc_table_info info;
+  hd_tables_verdict verdict = HD_TABLES_OK;
+  if (!hd_fd_is_memfd(alloc_fd, by_name ? kAllocationsName : NULL) ||
+      !hd_fd_is_memfd(res_fd, by_name ? kResourcesName : NULL)) {
+    verdict = HD_TABLES_NOT_MEMFDS;
+    *why = by_name ? "its descriptors are not its tables (any more)" : "not memfds";
+  } else if ((fcntl(alloc_fd, F_GETFL) & O_ACCMODE) != O_RDONLY ||
+             (fcntl(res_fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+    verdict = HD_TABLES_WRITABLE;
+    *why = "handed over writable (they must be read-only)";
+  } else if ((rs = hd_alloc_reader_open(alloc_fd, alloc)) != HD_READ_OK ||
+             (rs = hd_res_reader_open(res_fd, res)) != HD_READ_OK) {
+    verdict = HD_TABLES_UNREADABLE;
+    *why = hd_read_status_str(rs);
+  } else if (hd_alloc_reader_info(*alloc, &info) != HD_READ_OK || info.pid != (uint32_t)own_pid ||
+             hd_res_reader_pid(*res) != (uint32_t)own_pid) {
+    verdict = HD_TABLES_OTHER_PROCESS;
+    *why = "the tables are another process's";
+  } else if (fstat(alloc_fd, table) != 0) {
+    verdict = HD_TABLES_NO_IDENTITY;
+    *why = "cannot stat the allocations table";
+  }
+  if (verdict != HD_TABLES_OK) {
+    hd_alloc_reader_close(*alloc);
+    hd_res_reader_close(*res);
+    *alloc = NULL;
+    *res = NULL;
+  }
+  return verdict;
 }
 
 int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size) {
@@ -166,18 +203,12 @@ static bool real_uid_of(pid_t pid, unsigned *uid) {
  * computes from the process's environment (instrumentation/src/registration.c) is ours. */
 static bool would_register_here(hd_collector *c, pid_t pid, const char *env, size_t env_size) {
   char path[PATH_MAX];
-  const char *socket = env_value(env, env_size, "HEAPDUMP_SOCKET");
-  const char *runtime_dir = env_value(env, env_size, "XDG_RUNTIME_DIR");
   unsigned uid;
-  if (socket != NULL && socket[0] != '\0') {
-    snprintf(path, sizeof path, "%s", socket);
-  } else if (runtime_dir != NULL && runtime_dir[0] == '/') {
-    snprintf(path, sizeof path, "%s/heapdump/collector.sock", runtime_dir);
-  } else if (real_uid_of(pid, &uid)) {
-    snprintf(path, sizeof path, "/tmp/heapdump-%u/collector.sock", uid);
-  } else {
+  const bool uid_known = real_uid_of(pid, &uid);
+  if (hd_socket_path(env_value(env, env_size, HD_ENV_SOCKET),
+                     env_value(env, env_size, HD_ENV_RUNTIME_DIR), uid_known ? &uid : NULL, path,
+                     sizeof path) != 0)
     return false;
-  }
   char cwd_link[64], cwd[PATH_MAX];
   snprintf(cwd_link, sizeof cwd_link, "/proc/%d/cwd", (int)pid);
   ssize_t n = readlink(cwd_link, cwd, sizeof cwd - 1);
@@ -228,31 +259,22 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
   int res_fd = open(res_path, O_RDONLY | O_CLOEXEC);
   hd_alloc_reader *alloc = NULL;
   hd_res_reader *res = NULL;
-  hd_alloc_table_info info;
-  hd_read_status rs = HD_READ_OK;
   struct stat table, again;
   int pidfd = -1;
   pid_t own_pid = -1;
+  hd_tables_verdict verdict;
   const char *refused = NULL; /* why, for the log */
   bool expected = false;      /* a refusal that is no sign of a hostile or broken process */
   if (alloc_fd < 0 || res_fd < 0) {
     refused = "its tables are gone";
     expected = true;
-  } else if (!hd_fd_is_memfd(alloc_fd, kAllocationsName) || !hd_fd_is_memfd(res_fd, kResourcesName)) {
-    refused = "its descriptors changed";
-    expected = true;
-  } else if ((rs = hd_alloc_reader_open(alloc_fd, &alloc)) != HD_READ_OK ||
-             (rs = hd_res_reader_open(res_fd, &res)) != HD_READ_OK) {
-    refused = hd_read_status_str(rs);
   } else if ((own_pid = hd_own_pid(pid)) <= 0) {
     refused = "it exited";
     expected = true;
-  } else if (hd_alloc_reader_info(alloc, &info) != HD_READ_OK || info.pid != (uint32_t)own_pid ||
-             hd_res_reader_pid(res) != (uint32_t)own_pid) {
-    refused = "the tables are another process's (inherited across fork)";
-    expected = true;
-  } else if (fstat(alloc_fd, &table) != 0) {
-    refused = "cannot stat its tables";
+  } else if ((verdict = hd_open_process_tables(alloc_fd, res_fd, true, own_pid, &alloc, &res,
+                                               &table, &refused)) != HD_TABLES_OK) {
+    /* Its descriptors changed, or it is a fork child still holding its parent's tables. */
+    expected = verdict == HD_TABLES_NOT_MEMFDS || verdict == HD_TABLES_OTHER_PROCESS;
   } else if ((pidfd = hd_pidfd_open(pid)) < 0) {
     refused = "cannot watch its exit (pidfd_open failed)";
   } else if (stat(alloc_path, &again) != 0 || !same_file(&table, &again)) {
@@ -269,7 +291,7 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
     if (pidfd >= 0) close(pidfd);
     return;
   }
-  char name[33];
+  char name[HD_NAME_SIZE];
   if (!hd_read_process_name(pid, name, sizeof name)) {
     snprintf(name, sizeof name, "pid%u", (unsigned)pid);
   }
@@ -311,7 +333,7 @@ static void examine(hd_collector *c, pid_t pid) {
   char *env = read_proc_file(pid, "environ", MAX_ENVIRON_BYTES, &env_size);
   if (env == NULL) return;
   bool ours = would_register_here(c, pid, env, env_size);
-  const char *exit_option = env_value(env, env_size, "HEAPDUMP_EXIT_SNAPSHOT");
+  const char *exit_option = env_value(env, env_size, HD_ENV_EXIT_SNAPSHOT);
   bool exit_snapshot = exit_option != NULL && strcmp(exit_option, "1") == 0;
   free(env);
   if (!ours) {

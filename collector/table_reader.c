@@ -14,7 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/cpu.h"
+#include "heapdump/contract/shm_layout.h"
+#include "heapdump/contract/stack_codec.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 /* A slot whose writer keeps it changing (or holds it, e.g. preempted on a loaded machine) is
@@ -212,7 +214,7 @@ static uint64_t monotonic_ns(void) {
 /* Spins briefly, then yields, then sleeps, so a preempted writer gets the CPU back. */
 static void backoff(unsigned attempt) {
   if (attempt < 16) {
-    __builtin_ia32_pause();
+    hd_cpu_relax();
   } else if (attempt < 256) {
     sched_yield();
   } else {
@@ -497,26 +499,12 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
   copy_words(&rec, r->base + key, sizeof(rec));
   if (rec.frame_count > HD_MAX_FRAMES || rec.encoded_len > hdr.size - sizeof(rec))
     return HD_READ_ERR_CORRUPT;
-  uint8_t enc[HD_MAX_FRAMES * 10 + 8] = {0};
+  uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES + 8] = {0};
   if (rec.encoded_len > sizeof(enc)) return HD_READ_ERR_CORRUPT;
   copy_words(enc, r->base + key + sizeof(rec), (rec.encoded_len + 7) & ~7u);
-  size_t pos = 0;
-  uint64_t prev = 0;
-  for (unsigned i = 0; i < rec.frame_count; i++) {
-    uint64_t z = 0;
-    unsigned shift = 0;
-    for (;;) {
-      if (pos >= rec.encoded_len || shift > 63) return HD_READ_ERR_CORRUPT;
-      uint8_t byte = enc[pos++];
-      z |= (uint64_t)(byte & 0x7f) << shift;
-      shift += 7;
-      if (!(byte & 0x80)) break;
-    }
-    uint64_t delta = (z >> 1) ^ (0 - (z & 1));
-    prev += delta;
-    if (i < max) frames[i] = prev;
-  }
-  if (pos != rec.encoded_len) return HD_READ_ERR_CORRUPT;
+  if (!hd_stack_decode(enc, rec.encoded_len, rec.frame_count, frames,
+                       max < HD_MAX_FRAMES ? (unsigned)max : HD_MAX_FRAMES))
+    return HD_READ_ERR_CORRUPT;
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
   if (alloc_blocks) *alloc_blocks = LOAD(&live->alloc_blocks);
   if (alloc_bytes) *alloc_bytes = LOAD(&live->alloc_bytes);

@@ -1,4 +1,4 @@
-/* Reader of the heapdump shared-memory tables (layout: heapdump/internal/shm_layout.h), used by
+/* Reader of the heapdump shared-memory tables (layout: heapdump/contract/shm_layout.h), used by
  * the collector and by tests. Runs outside the profiled process and treats the tables as
  * hostile: everything is copied, then bounds-checked; corruption yields HD_READ_ERR_CORRUPT,
  * never a crash or an unbounded loop.

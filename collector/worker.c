@@ -19,7 +19,7 @@
 typedef struct job {
   struct job *next;
   hd_process *process;
-  char name[33];
+  char name[HD_NAME_SIZE];
   int memfd;    /* named snapshots: the frozen allocations copy */
   int reply_fd; /* named snapshots: where to answer */
   uint32_t txid;

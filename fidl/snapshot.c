@@ -12,6 +12,8 @@
 
 #include "heapdump_client.bindings.h"
 
+_Static_assert(HD_NAME_MAX == heapdump_client_Constants_MAX_NAME_LENGTH, "names as the IDL bounds them");
+
 /* ---- a u64 -> index map (open addressing, linear probing) ---- */
 
 static size_t hash_u64(uint64_t key) {

@@ -20,8 +20,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "heapdump/contract/names.h"
+#include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/channel.h"
-#include "heapdump/internal/shm_layout.h"
 #include "heapdump_process.bindings.h"
 #include "runtime.h"
 
@@ -56,7 +57,7 @@ static void set_timeout(int fd) { set_timeouts(fd, REPLY_TIMEOUT_MS, REPLY_TIMEO
 
 /* HEAPDUMP_SNAPSHOT_TIMEOUT, in whole seconds (1 to MAX_STORE_TIMEOUT_S). */
 static unsigned store_timeout_ms(void) {
-  const char *v = getenv("HEAPDUMP_SNAPSHOT_TIMEOUT");
+  const char *v = getenv(HD_ENV_SNAPSHOT_TIMEOUT);
   char *end;
   unsigned long s = v != NULL ? strtoul(v, &end, 10) : 0;
   if (v == NULL || end == v || *end != '\0' || s < 1 || s > MAX_STORE_TIMEOUT_S) {
@@ -86,15 +87,10 @@ static bool reopen_read_only(const hd_owned_fd *table, hd_owned_fd *out) {
 
 /* Registers with the collector, handing over the read-only tables. Called with g_lock held. */
 static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
-  char path[108];
-  const char *env = getenv("HEAPDUMP_SOCKET");
-  if (env != NULL && env[0] != '\0') {
-    snprintf(path, sizeof path, "%s", env);
-  } else if (getenv("XDG_RUNTIME_DIR") != NULL && getenv("XDG_RUNTIME_DIR")[0] == '/') {
-    snprintf(path, sizeof path, "%s/heapdump/collector.sock", getenv("XDG_RUNTIME_DIR"));
-  } else {
-    snprintf(path, sizeof path, "/tmp/heapdump-%u/collector.sock", (unsigned)getuid());
-  }
+  char path[108]; /* sun_path: a longer path would name another socket */
+  const unsigned uid = (unsigned)getuid();
+  if (hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, path, sizeof path) != 0)
+    return false;
   int connected, sink[2];
   hd_owned_fd registry, sink_end;
   if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK) return false;
@@ -123,7 +119,7 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   req.resources_table = (heapdump_client_Handle){true, 1};
   req.snapshot_sink = (heapdump_client_Handle){true, 2};
   req.has_exit_snapshot = true;
-  req.exit_snapshot = env_is_one("HEAPDUMP_EXIT_SNAPSHOT");
+  req.exit_snapshot = env_is_one(HD_ENV_EXIT_SNAPSHOT);
   int fds[3] = {alloc->fd, res->fd, sink[1]};
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
   hd_status status = hd_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);

@@ -18,10 +18,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "heapdump/contract/names.h"
 #include "heapdump/heapdump.h"
 #include "regions.h"
 #include "registration.h"
 #include "stack.h"
+
+_Static_assert(HD_NAME_MAX == HEAPDUMP_SNAPSHOT_NAME_MAX, "a named snapshot's name is a protocol name");
 
 __thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec")));
 int hd_state;
@@ -48,23 +51,15 @@ static const char *early_getenv(const char *name);
  * HEAPDUMP_PROFILE_ROOT is the command's pid (profiled whatever program it runs, across exec)
  * and HEAPDUMP_PROFILE_ONLY the programs profiled among its descendants, comma-separated ("":
  * none). A process not chosen keeps the library in LD_PRELOAD for its own children but records
- * nothing and never registers. Names compare as the kernel keeps them: 15 bytes at most. */
+ * nothing and never registers. */
 static bool program_selected(pid_t pid) {
-  const char *only = early_getenv("HEAPDUMP_PROFILE_ONLY");
+  const char *only = early_getenv(HD_ENV_PROFILE_ONLY);
   if (only == NULL) return true;
-  const char *root = early_getenv("HEAPDUMP_PROFILE_ROOT");
+  const char *root = early_getenv(HD_ENV_PROFILE_ROOT);
   if (root != NULL && strtol(root, NULL, 10) == (long)pid) return true;
-  char comm[16] = {0};
+  char comm[HD_COMM_MAX + 1] = {0};
   syscall(SYS_prctl, PR_GET_NAME, comm, 0, 0, 0); /* not prctl(): we interpose it */
-  size_t comm_len = strlen(comm);
-  for (const char *p = only; *p;) {
-    size_t n = strcspn(p, ",");
-    size_t compared = n < sizeof comm - 1 ? n : sizeof comm - 1;
-    if (n > 0 && compared == comm_len && strncmp(p, comm, compared) == 0) return true;
-    p += n;
-    if (*p == ',') p++;
-  }
-  return false;
+  return hd_comm_listed(only, comm);
 }
 
 /* getenv that works before libc has set `environ` (the first malloc may come from ld.so):
@@ -151,24 +146,24 @@ void hd_init_slow(void) {
     }
     return;
   }
-  const char *a = early_getenv("HEAPDUMP_ALLOCATOR");
+  const char *a = early_getenv(HD_ENV_ALLOCATOR);
   hd_use_system = a && strcmp(a, "system") == 0;
   hd_backend_init();
-  const char *u = early_getenv("HEAPDUMP_UNWIND");
+  const char *u = early_getenv(HD_ENV_UNWIND);
   int method = u && strcmp(u, "fp") == 0 ? HD_UNWIND_FP : HD_UNWIND_LIBUNWIND;
-  unsigned max_frames = (unsigned)parse_size(early_getenv("HEAPDUMP_MAX_FRAMES"), HD_MAX_FRAMES);
-  uint64_t max_mem = parse_size(early_getenv("HEAPDUMP_MAX_MEMORY"), (uint64_t)1 << 30);
-  const char *clock = early_getenv("HEAPDUMP_CLOCK");
+  unsigned max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
+  uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
+  const char *clock = early_getenv(HD_ENV_CLOCK);
   if (clock && strcmp(clock, "precise") == 0) g_clock = CLOCK_MONOTONIC;
-  const char *f = early_getenv("HEAPDUMP_FOLLOW_CHILDREN");
+  const char *f = early_getenv(HD_ENV_FOLLOW_CHILDREN);
   g_follow_children = !(f && strcmp(f, "0") == 0);
   uintptr_t lo, hi;
   own_text_range(&lo, &hi);
   int state = HD_STATE_OFF;
   if (!program_selected(getpid())) {
     /* not chosen: stay off, tables never created */
-  } else if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, "heapdump-allocations") == 0) {
-    if (hd_res_table_create(&g_res, max_mem / 4, "heapdump-resources") == 0) {
+  } else if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, HD_MEMFD_ALLOCATIONS) == 0) {
+    if (hd_res_table_create(&g_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
       hd_stack_configure(method, max_frames, lo, hi);
       state = HD_STATE_READY;
     } else {
@@ -484,7 +479,7 @@ int hd_snapshot_copy_live(hd_owned_fd *out) {
   hd_tls.guard++;
   hd_alloc_table snap;
   hd_alloc_table_lock_all(&g_alloc);
-  int rc = hd_alloc_table_clone_locked(&g_alloc, &snap, 0, "heapdump-snapshot");
+  int rc = hd_alloc_table_clone_locked(&g_alloc, &snap, 0, HD_MEMFD_SNAPSHOT);
   hd_alloc_table_unlock_all(&g_alloc);
   if (rc == 0) {
     rc = hd_alloc_table_freeze(&snap);
@@ -514,8 +509,8 @@ static void fork_prepare(void) {
   /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
    * is not known yet, but it is not the root: only its program (ours) decides. */
   if (program_selected(0) &&
-      hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, "heapdump-allocations") == 0) {
-    if (hd_res_table_clone_locked(&g_res, &g_fork_res, "heapdump-resources") == 0) {
+      hd_alloc_table_clone_locked(&g_alloc, &g_fork_alloc, g_alloc.size, HD_MEMFD_ALLOCATIONS) == 0) {
+    if (hd_res_table_clone_locked(&g_res, &g_fork_res, HD_MEMFD_RESOURCES) == 0) {
       uint64_t live_blocks, live_bytes;
       hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
       hd_res_reconcile_live(&g_fork_res, live_blocks, live_bytes);

@@ -13,6 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "heapdump/contract/cpu.h"
+#include "heapdump/contract/stack_codec.h"
+
 #define PAGE 4096u
 #define ALIGN_UP(x, a) (((x) + (a) - 1) & ~((uint64_t)(a) - 1))
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
@@ -144,7 +147,7 @@ static void slot_lock(hd_alloc_table *t, uint32_t *seq) {
       __atomic_thread_fence(__ATOMIC_RELEASE); /* odd value before the data stores */
       return;
     }
-    if (attempt < kSlotSpins) __builtin_ia32_pause();
+    if (attempt < kSlotSpins) hd_cpu_relax();
     else if (s & 1) slot_sleep(t, seq, s);
   }
 }
@@ -551,22 +554,6 @@ void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
   src->dedup = NULL;
 }
 
-size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out) {
-  uint8_t *p = out;
-  uint64_t prev = 0;
-  for (unsigned i = 0; i < count; i++) {
-    int64_t delta = (int64_t)(frames[i] - prev);
-    uint64_t z = ((uint64_t)delta << 1) ^ (uint64_t)(delta >> 63);
-    prev = frames[i];
-    while (z >= 0x80) {
-      *p++ = (uint8_t)(z | 0x80);
-      z >>= 7;
-    }
-    *p++ = (uint8_t)z;
-  }
-  return (size_t)(p - out);
-}
-
 static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
   uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
   while (n >= 8) {
@@ -627,9 +614,9 @@ static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc,
 
 static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
                              unsigned flags, bool may_wait) {
-  uint8_t enc[HD_MAX_FRAMES * 10];
+  uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES];
   if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
-  size_t len = hd_encode_frames(frames, count, enc);
+  size_t len = hd_stack_encode(frames, count, enc);
   uint64_t h = hash_bytes(enc, len, hd_trace_seed(count, flags));
   uint32_t tag = (uint32_t)(h >> 32);
   /* Lock-free lookup: entries are published with release stores after their records. */

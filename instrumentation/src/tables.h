@@ -1,4 +1,4 @@
-/* Writer side of the shared-memory tables (layout: heapdump/internal/shm_layout.h). Runs inside
+/* Writer side of the shared-memory tables (layout: heapdump/contract/shm_layout.h). Runs inside
  * the profiled process; no function here allocates heap memory or takes the loader lock.
  * Error convention: int-returning functions give 0 or a negative errno; insert gives an enum. */
 #ifndef HEAPDUMP_INSTRUMENTATION_TABLES_H
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/shm_layout.h"
 #include "owned_fd.h"
 
 #define HD_WUR __attribute__((warn_unused_result))
@@ -170,8 +170,5 @@ void hd_writer_thread_retire(hd_alloc_table *a, hd_res_table *r, hd_writer_threa
  * make (and in a fork child never will). Sets the freed counters (raising the allocated ones
  * if needed) so that allocated - freed equals the live set. */
 void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_bytes);
-
-/* Encodes frames (delta, zigzag, LEB128); returns bytes written (buffer >= count * 10). */
-size_t hd_encode_frames(const uint64_t *frames, unsigned count, uint8_t *out);
 
 #endif /* HEAPDUMP_INSTRUMENTATION_TABLES_H */

@@ -20,7 +20,7 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 }
 #include "client.h"
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/shm_layout.h"
 #include "process.h"
 
 namespace hdtest {

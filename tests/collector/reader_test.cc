@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/shm_layout.h"
 #include "table_reader.h"
 
 namespace {

@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/shm_layout.h"
 
 extern "C" {
 #include "heapdump_process.bindings.h"

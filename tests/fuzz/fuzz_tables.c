@@ -29,7 +29,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "heapdump/internal/shm_layout.h"
+#include "heapdump/contract/shm_layout.h"
 #include "table_reader.h"
 
 enum {

@@ -75,8 +75,8 @@ int cli_timed_out(const cli_options *o, const char *what);
 int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
 typedef struct cli_stored {
   uint32_t id;
-  char name[33];
-  char process_name[33];
+  char name[HD_NAME_SIZE];
+  char process_name[HD_NAME_SIZE];
   uint64_t pid;
   bool has_totals; /* false for snapshots an older collector stored */
   uint64_t taken_at_unix_ns;

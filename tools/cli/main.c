@@ -98,7 +98,7 @@ static const struct {
      "  -c, --contents          live snapshots carry the blocks' contents (exit snapshots\n"
      "                          cannot: the process is gone)\n"
      "      --children WHICH    the processes COMMAND starts that are profiled: all (the\n"
-     "                          default), none, or program names, e.g. cc1plus,ld (15 bytes\n"
+     "                          default), none, or program names, e.g. cc1plus,ld (" HD_STRINGIFY(HD_COMM_MAX) " bytes\n"
      "                          compared, as process names); COMMAND itself always is.\n"
      "                          --interval snapshots cover the ones chosen (COMMAND only when\n"
      "                          all, none, or named)\n"
@@ -116,7 +116,7 @@ static const struct {
      "it to heapdump.NAME.PID.pb.gz (or --output).\n"
      "\n"
      "  -p, --pid PID     the process with this pid\n"
-     "  -n, --name NAME   the process with this name (at most 32 bytes)\n"
+     "  -n, --name NAME   the process with this name (at most " HD_STRINGIFY(HD_NAME_MAX) " bytes)\n"
      "  -a, --all         every matching process (all of them without --pid/--name)\n"
      "  -c, --contents    include each block's bytes (needed for dartheap references)\n",
      true},
@@ -341,8 +341,8 @@ int main(int argc, char **argv) {
         o.pid = number;
         break;
       case 'n':
-        if (strlen(optarg) == 0 || strlen(optarg) > 32) {
-          return usage_error("--name wants a process name of 1 to 32 bytes");
+        if (strlen(optarg) == 0 || strlen(optarg) > HD_NAME_MAX) {
+          return usage_error("--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX) " bytes");
         }
         o.name = optarg;
         break;

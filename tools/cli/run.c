@@ -43,7 +43,7 @@ static bool is_file(const char *path) {
 /* libheapdump.so: $HEAPDUMP_LIBRARY, else beside this executable or in an installed lib dir,
  * else where this build put it. */
 static bool find_library(char *out, size_t size) {
-  const char *env = getenv("HEAPDUMP_LIBRARY");
+  const char *env = getenv(HD_ENV_LIBRARY);
   if (env != NULL && env[0] != '\0') {
     if (!is_file(env) || realpath(env, out) == NULL) return false;
     return true;
@@ -184,17 +184,17 @@ static pid_t spawn(char **argv, const char *library, const char *socket, const c
       snprintf(preload, sizeof preload, "%s", library);
     }
     setenv("LD_PRELOAD", preload, 1);
-    setenv("HEAPDUMP_SOCKET", socket, 1);
-    setenv("HEAPDUMP_EXIT_SNAPSHOT", "1", 1);
+    setenv(HD_ENV_SOCKET, socket, 1);
+    setenv(HD_ENV_EXIT_SNAPSHOT, "1", 1);
     /* --children: see the library's program_selected(). */
     if (children == NULL || strcmp(children, "all") == 0) {
-      unsetenv("HEAPDUMP_PROFILE_ONLY");
-      unsetenv("HEAPDUMP_PROFILE_ROOT");
+      unsetenv(HD_ENV_PROFILE_ONLY);
+      unsetenv(HD_ENV_PROFILE_ROOT);
     } else {
       char root[24];
       snprintf(root, sizeof root, "%d", (int)getpid());
-      setenv("HEAPDUMP_PROFILE_ROOT", root, 1);
-      setenv("HEAPDUMP_PROFILE_ONLY", strcmp(children, "none") == 0 ? "" : children, 1);
+      setenv(HD_ENV_PROFILE_ROOT, root, 1);
+      setenv(HD_ENV_PROFILE_ONLY, strcmp(children, "none") == 0 ? "" : children, 1);
     }
     execvp(argv[0], argv);
     int err = errno;
@@ -259,20 +259,6 @@ static int write_file(const cli_options *o, const hd_reassembler *r, cli_format 
   return cli_output_commit(&out);
 }
 
-/* Whether name is in the comma-separated list, compared as the kernel keeps process names (15
- * bytes), as the library does. */
-static bool name_listed(const char *list, const char *name) {
-  size_t len = strnlen(name, 15);
-  for (const char *p = list; *p;) {
-    size_t n = strcspn(p, ",");
-    size_t compared = n < 15 ? n : 15;
-    if (n > 0 && compared == len && strncmp(p, name, compared) == 0) return true;
-    p += n;
-    if (*p == ',') p++;
-  }
-  return false;
-}
-
 /* The parent of pid from /proc, 0 if gone. */
 static pid_t parent_of(pid_t pid) {
   char path[64], text[512];
@@ -301,8 +287,8 @@ static bool in_interval_scope(const hd_snapshot *s, void *ctx) {
   const interval_scope *scope = ctx;
   const char *spec = scope->o->children != NULL ? scope->o->children : "all";
   bool all = strcmp(spec, "all") == 0, none = strcmp(spec, "none") == 0;
-  if (s->pid == (uint64_t)scope->root) return all || none || name_listed(spec, s->process_name);
-  if (none || (!all && !name_listed(spec, s->process_name))) return false;
+  if (s->pid == (uint64_t)scope->root) return all || none || hd_comm_listed(spec, s->process_name);
+  if (none || (!all && !hd_comm_listed(spec, s->process_name))) return false;
   if (scope->embedded) return true;
   pid_t p = (pid_t)s->pid;
   for (int depth = 0; depth < 64 && p > 1; depth++) {

@@ -9,17 +9,16 @@
 
 #include <stdint.h>
 
+#include "heapdump/contract/names.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct hd_collector hd_collector;
 
-/* The names of the snapshots the collector stores by itself, for processes registered with exit
- * snapshots on: their live blocks when they exited, and when they exec'd another program (the
- * new image registers anew under the same pid, and gets its own exit snapshot). */
-#define HD_EXIT_SNAPSHOT_NAME "exit"
-#define HD_EXEC_SNAPSHOT_NAME "exec"
+/* HD_EXIT_SNAPSHOT_NAME and HD_EXEC_SNAPSHOT_NAME name the snapshots the collector stores by
+ * itself (contract/names.h). */
 
 enum hd_log_level { HD_LOG_ERROR = 0, HD_LOG_WARN = 1, HD_LOG_INFO = 2, HD_LOG_DEBUG = 3 };
 
@@ -52,7 +51,7 @@ typedef struct hd_collector_census {
   unsigned running, exited_unhandled, exits_pending;
   struct {
     uint32_t pid;
-    char name[33];
+    char name[HD_NAME_SIZE];
   } running_list[16];
 } hd_collector_census;
 void hd_collector_take_census(hd_collector *c, hd_collector_census *out);

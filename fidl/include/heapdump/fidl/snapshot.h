@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump/fidl/status.h"
 
@@ -52,7 +53,7 @@ typedef struct hd_snapshot_stack_trace {
 
 typedef struct hd_snapshot_thread {
   uint64_t key, koid;
-  char name[33];
+  char name[HD_NAME_SIZE];
 } hd_snapshot_thread;
 
 typedef struct hd_snapshot_region {
@@ -91,7 +92,7 @@ typedef struct hd_snapshot {
   bool has_header;
   bool has_stats;
   heapdump_client_ProcessStats stats;
-  char process_name[33];
+  char process_name[HD_NAME_SIZE];
   uint64_t pid;
   hd_snapshot_allocation *allocations;
   size_t allocation_count, allocation_capacity;

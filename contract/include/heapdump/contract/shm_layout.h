@@ -2,12 +2,16 @@
  * (libheapdump.so, inside the profiled process) and every reader (collector/table_reader.c).
  *
  * TWO MEMFDS PER PROCESS, each starting with a header at offset 0 that carries a magic, a layout
- * version and its own size. Every field is fixed-width little-endian (x86-64/aarch64 only), every
- * struct size and field offset is pinned below with _Static_assert, and all shared fields are
- * accessed with __atomic builtins on plain integers (so this header is valid C11 and C++17).
- * memfds are created with MFD_ALLOW_SEALING, sized once to their cap (sparse: a page is committed
- * when first written) and sealed F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL, so a reader's mapping can
- * never lose pages. Snapshot copies are additionally sealed F_SEAL_WRITE.
+ * version and its own size. Every field is fixed-width little-endian (heapdump runs on x86-64
+ * only), every struct size and field offset is pinned at the end of this header with
+ * _Static_assert, and all shared fields are accessed with __atomic builtins on plain integers (so
+ * this header is valid C11 and C++17). memfds are created with MFD_ALLOW_SEALING, sized once to
+ * their cap (sparse: a page is committed when first written) and sealed F_SEAL_SHRINK |
+ * F_SEAL_GROW, so a reader's mapping can never lose pages; a reader refuses a memfd without
+ * F_SEAL_SHRINK. Live tables are not sealed F_SEAL_SEAL: a snapshot copy is made the same way and
+ * then sealed F_SEAL_WRITE | F_SEAL_SEAL, and seals can only ever be added, so leaving F_SEAL_SEAL
+ * off takes nothing from a reader. A named snapshot's copy must carry F_SEAL_WRITE | F_SEAL_SHRINK
+ * | F_SEAL_GROW and HD_ALLOC_FLAG_SNAPSHOT, or the collector refuses it.
  *
  *   allocations table                         resources table
  *   +--------------------------+ 0            +------------------------+ 0
@@ -81,8 +85,8 @@
  * Every reader must treat all of this memory as hostile: copy, then bounds-check every offset,
  * length, index and chain length before use.
  */
-#ifndef HEAPDUMP_INTERNAL_SHM_LAYOUT_H
-#define HEAPDUMP_INTERNAL_SHM_LAYOUT_H
+#ifndef HEAPDUMP_CONTRACT_SHM_LAYOUT_H
+#define HEAPDUMP_CONTRACT_SHM_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -161,15 +165,6 @@ typedef struct hd_alloc_node {
 
 #define HD_NODE_ALIGN_MASK 0xffu
 
-HD_STATIC_ASSERT(sizeof(hd_alloc_header) == 144, "hd_alloc_header size");
-HD_STATIC_ASSERT(offsetof(hd_alloc_header, bucket_log2) == 40, "bucket_log2 offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_header, seq_offset) == 56, "seq_offset offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_header, reserved1) == 80, "reserved1 offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_header, pid) == 88, "pid offset");
-HD_STATIC_ASSERT(sizeof(hd_alloc_node) == 40, "hd_alloc_node size");
-HD_STATIC_ASSERT(offsetof(hd_alloc_node, address) == 16, "address offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_node, size) == 24, "size offset");
-HD_STATIC_ASSERT(offsetof(hd_alloc_node, timestamp) == 32, "timestamp offset");
 
 /* Process-wide statistics, in the resources header. All atomic, relaxed. The four allocated /
  * freed counters here are only a base: the totals are these plus the sums over every
@@ -186,7 +181,6 @@ typedef struct hd_stats_block {
                                    its lock busy in a signal handler */
   uint64_t dropped_resources;   /* thread infos / regions not stored: resources table full */
 } hd_stats_block;
-HD_STATIC_ASSERT(sizeof(hd_stats_block) == 64, "hd_stats_block size");
 
 typedef struct hd_res_header {
   uint64_t magic;          /* HD_RES_MAGIC */
@@ -203,10 +197,6 @@ typedef struct hd_res_header {
   uint32_t reserved1;
   uint64_t reserved[7];
 } hd_res_header;
-HD_STATIC_ASSERT(sizeof(hd_res_header) == 184, "hd_res_header size");
-HD_STATIC_ASSERT(offsetof(hd_res_header, used) == 32, "used offset");
-HD_STATIC_ASSERT(offsetof(hd_res_header, stats) == 56, "stats offset");
-HD_STATIC_ASSERT(offsetof(hd_res_header, counters_head) == 120, "counters_head offset");
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
  * multiple of 8. */
@@ -216,7 +206,6 @@ typedef struct hd_rec_header {
   uint16_t reserved;
   uint32_t size;
 } hd_rec_header;
-HD_STATIC_ASSERT(sizeof(hd_rec_header) == 8, "hd_rec_header size");
 
 typedef struct hd_rec_stack {
   hd_rec_header h;
@@ -230,11 +219,6 @@ typedef struct hd_rec_stack {
 /* The walk stopped at the frame limit with frames left: the root-most frames are missing. A
  * truncated trace and a whole one with the same frames are distinct records. */
 #define HD_STACK_TRUNCATED 1u
-HD_STATIC_ASSERT(sizeof(hd_rec_stack) == 32, "hd_rec_stack size");
-HD_STATIC_ASSERT(offsetof(hd_rec_stack, frame_count) == 24, "frame_count offset");
-HD_STATIC_ASSERT(offsetof(hd_rec_stack, flags) == 26, "flags offset");
-HD_STATIC_ASSERT(offsetof(hd_rec_stack, encoded_len) == 28, "encoded_len offset");
-HD_STATIC_ASSERT(offsetof(hd_rec_stack, alloc_blocks) == 8, "alloc_blocks offset");
 
 typedef struct hd_rec_thread {
   hd_rec_header h;
@@ -243,7 +227,6 @@ typedef struct hd_rec_thread {
   uint64_t timestamp;              /* when this name was first seen */
   char name[HD_THREAD_NAME_MAX];   /* NUL-terminated unless corrupt */
 } hd_rec_thread;
-HD_STATIC_ASSERT(sizeof(hd_rec_thread) == 40, "hd_rec_thread size");
 
 typedef struct hd_rec_region {
   hd_rec_header h;
@@ -257,9 +240,6 @@ typedef struct hd_rec_region {
   uint16_t name_len;     /* bytes of name that follow (no NUL), < HD_REGION_NAME_MAX */
   /* char name[name_len]; then padding to 8 */
 } hd_rec_region;
-HD_STATIC_ASSERT(sizeof(hd_rec_region) == 80, "hd_rec_region size");
-HD_STATIC_ASSERT(offsetof(hd_rec_region, build_id) == 40, "build_id offset");
-HD_STATIC_ASSERT(offsetof(hd_rec_region, name_len) == 78, "name_len offset");
 
 /* One thread's share of the allocated / freed statistics. Each record has exactly one writer at
  * a time (the thread that owns it; a record of an exited thread is handed to a new thread under
@@ -277,11 +257,111 @@ typedef struct hd_rec_counters {
   uint64_t blocks_freed;
   uint64_t bytes_freed;
 } hd_rec_counters;
-HD_STATIC_ASSERT(sizeof(hd_rec_counters) == 48, "hd_rec_counters size");
-HD_STATIC_ASSERT(offsetof(hd_rec_counters, blocks_allocated) == 16, "counters offset");
+
+/* Every field's offset and every struct's size, pinned: a change to any of them is a layout
+ * change (bump HD_LAYOUT_VERSION) and must be made here on purpose. */
+#define HD_PIN(type, field, offset) HD_STATIC_ASSERT(offsetof(type, field) == (offset), #type "." #field)
+#define HD_PIN_SIZE(type, size) HD_STATIC_ASSERT(sizeof(type) == (size), #type " size")
+HD_PIN(hd_alloc_header, magic, 0);
+HD_PIN(hd_alloc_header, version, 8);
+HD_PIN(hd_alloc_header, header_size, 12);
+HD_PIN(hd_alloc_header, total_size, 16);
+HD_PIN(hd_alloc_header, node_size, 24);
+HD_PIN(hd_alloc_header, flags, 28);
+HD_PIN(hd_alloc_header, seq_slots, 32);
+HD_PIN(hd_alloc_header, max_bucket_log2, 36);
+HD_PIN(hd_alloc_header, bucket_log2, 40);
+HD_PIN(hd_alloc_header, resize_seq, 44);
+HD_PIN(hd_alloc_header, node_capacity, 48);
+HD_PIN(hd_alloc_header, node_high_water, 52);
+HD_PIN(hd_alloc_header, seq_offset, 56);
+HD_PIN(hd_alloc_header, buckets_offset, 64);
+HD_PIN(hd_alloc_header, nodes_offset, 72);
+HD_PIN(hd_alloc_header, reserved1, 80);
+HD_PIN(hd_alloc_header, pid, 88);
+HD_PIN(hd_alloc_header, reserved0, 92);
+HD_PIN(hd_alloc_header, reserved, 96);
+HD_PIN_SIZE(hd_alloc_header, 144);
+
+HD_PIN(hd_alloc_node, next, 0);
+HD_PIN(hd_alloc_node, thread_key, 4);
+HD_PIN(hd_alloc_node, stack_key, 8);
+HD_PIN(hd_alloc_node, flags, 12);
+HD_PIN(hd_alloc_node, address, 16);
+HD_PIN(hd_alloc_node, size, 24);
+HD_PIN(hd_alloc_node, timestamp, 32);
+HD_PIN_SIZE(hd_alloc_node, 40);
+
+HD_PIN(hd_stats_block, blocks_allocated, 0);
+HD_PIN(hd_stats_block, bytes_allocated, 8);
+HD_PIN(hd_stats_block, blocks_freed, 16);
+HD_PIN(hd_stats_block, bytes_freed, 24);
+HD_PIN(hd_stats_block, peak_live_bytes, 32);
+HD_PIN(hd_stats_block, dropped_allocations, 40);
+HD_PIN(hd_stats_block, dropped_stack_traces, 48);
+HD_PIN(hd_stats_block, dropped_resources, 56);
+HD_PIN_SIZE(hd_stats_block, 64);
+
+HD_PIN(hd_res_header, magic, 0);
+HD_PIN(hd_res_header, version, 8);
+HD_PIN(hd_res_header, header_size, 12);
+HD_PIN(hd_res_header, total_size, 16);
+HD_PIN(hd_res_header, records_offset, 24);
+HD_PIN(hd_res_header, used, 32);
+HD_PIN(hd_res_header, pid, 40);
+HD_PIN(hd_res_header, reserved0, 44);
+HD_PIN(hd_res_header, start_time_ns, 48);
+HD_PIN(hd_res_header, stats, 56);
+HD_PIN(hd_res_header, counters_head, 120);
+HD_PIN(hd_res_header, reserved1, 124);
+HD_PIN(hd_res_header, reserved, 128);
+HD_PIN_SIZE(hd_res_header, 184);
+
+HD_PIN(hd_rec_header, type, 0);
+HD_PIN(hd_rec_header, reserved, 2);
+HD_PIN(hd_rec_header, size, 4);
+HD_PIN_SIZE(hd_rec_header, 8);
+
+HD_PIN(hd_rec_stack, h, 0);
+HD_PIN(hd_rec_stack, alloc_blocks, 8);
+HD_PIN(hd_rec_stack, alloc_bytes, 16);
+HD_PIN(hd_rec_stack, frame_count, 24);
+HD_PIN(hd_rec_stack, flags, 26);
+HD_PIN(hd_rec_stack, encoded_len, 28);
+HD_PIN_SIZE(hd_rec_stack, 32);
+
+HD_PIN(hd_rec_thread, h, 0);
+HD_PIN(hd_rec_thread, tid, 8);
+HD_PIN(hd_rec_thread, reserved, 12);
+HD_PIN(hd_rec_thread, timestamp, 16);
+HD_PIN(hd_rec_thread, name, 24);
+HD_PIN_SIZE(hd_rec_thread, 40);
+
+HD_PIN(hd_rec_region, h, 0);
+HD_PIN(hd_rec_region, address, 8);
+HD_PIN(hd_rec_region, size, 16);
+HD_PIN(hd_rec_region, file_offset, 24);
+HD_PIN(hd_rec_region, vaddr, 32);
+HD_PIN(hd_rec_region, build_id, 40);
+HD_PIN(hd_rec_region, build_id_len, 72);
+HD_PIN(hd_rec_region, reserved, 73);
+HD_PIN(hd_rec_region, name_len, 78);
+HD_PIN_SIZE(hd_rec_region, 80);
+
+HD_PIN(hd_rec_counters, h, 0);
+HD_PIN(hd_rec_counters, next, 8);
+HD_PIN(hd_rec_counters, writer_private, 12);
+HD_PIN(hd_rec_counters, blocks_allocated, 16);
+HD_PIN(hd_rec_counters, bytes_allocated, 24);
+HD_PIN(hd_rec_counters, blocks_freed, 32);
+HD_PIN(hd_rec_counters, bytes_freed, 40);
+HD_PIN_SIZE(hd_rec_counters, 48);
+
+#undef HD_PIN
+#undef HD_PIN_SIZE
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* HEAPDUMP_INTERNAL_SHM_LAYOUT_H */
+#endif /* HEAPDUMP_CONTRACT_SHM_LAYOUT_H */

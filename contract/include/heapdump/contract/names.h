@@ -1,0 +1,89 @@
+/* Names, limits and rules every heapdump process must agree on: the library inside a profiled
+ * program, the collector (which finds programs it did not start by these names), and the
+ * heapdump command (which sets them up for `run`). Each is defined here once; docs/tools.md and
+ * docs/instrumentation.md describe them for users. */
+#ifndef HEAPDUMP_CONTRACT_NAMES_H
+#define HEAPDUMP_CONTRACT_NAMES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The names of the library's memfds, as /proc/PID/fd shows them ("/memfd:NAME (deleted)"): the
+ * collector rediscovers a process's tables by them after a restart. */
+#define HD_MEMFD_ALLOCATIONS "heapdump-allocations"
+#define HD_MEMFD_RESOURCES "heapdump-resources"
+#define HD_MEMFD_SNAPSHOT "heapdump-snapshot" /* a named snapshot's frozen copy */
+
+/* The environment. */
+#define HD_ENV_SOCKET "HEAPDUMP_SOCKET"                   /* the collector's socket */
+#define HD_ENV_RUNTIME_DIR "XDG_RUNTIME_DIR"              /* where the default socket is */
+#define HD_ENV_EXIT_SNAPSHOT "HEAPDUMP_EXIT_SNAPSHOT"     /* 1: a snapshot is stored at exit */
+#define HD_ENV_PROFILE_ONLY "HEAPDUMP_PROFILE_ONLY"       /* `run --children`: which programs */
+#define HD_ENV_PROFILE_ROOT "HEAPDUMP_PROFILE_ROOT"       /* the pid `run` started */
+#define HD_ENV_FOLLOW_CHILDREN "HEAPDUMP_FOLLOW_CHILDREN" /* 0: exec'd children unprofiled */
+#define HD_ENV_ALLOCATOR "HEAPDUMP_ALLOCATOR"             /* jemalloc (default) or system */
+#define HD_ENV_UNWIND "HEAPDUMP_UNWIND"                   /* the unwinder */
+#define HD_ENV_MAX_FRAMES "HEAPDUMP_MAX_FRAMES"
+#define HD_ENV_MAX_MEMORY "HEAPDUMP_MAX_MEMORY"           /* the tables' shared memory */
+#define HD_ENV_CLOCK "HEAPDUMP_CLOCK"
+#define HD_ENV_SNAPSHOT_TIMEOUT "HEAPDUMP_SNAPSHOT_TIMEOUT"
+#define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY"                 /* the library `run` preloads */
+
+/* The names of the snapshots the collector stores by itself, for processes registered with exit
+ * snapshots on: their live blocks when they exited, and when they exec'd another program (the
+ * new image registers anew under the same pid, and gets its own exit snapshot). */
+#define HD_EXIT_SNAPSHOT_NAME "exit"
+#define HD_EXEC_SNAPSHOT_NAME "exec"
+
+/* The longest process or snapshot name, in bytes (the protocol's MAX_NAME_LENGTH and the public
+ * API's HEAPDUMP_SNAPSHOT_NAME_MAX, both checked against it where they meet), and the buffer
+ * that holds one with its NUL. */
+#define HD_NAME_MAX 32
+#define HD_NAME_SIZE (HD_NAME_MAX + 1)
+
+/* The kernel keeps at most this many bytes of a process's name (/proc/PID/comm); names compare
+ * on as many. */
+#define HD_COMM_MAX 15
+
+#define HD_STRINGIFY_(x) #x
+#define HD_STRINGIFY(x) HD_STRINGIFY_(x) /* HD_STRINGIFY(HD_NAME_MAX) is "32", for messages */
+
+/* Whether the process named name is in a comma-separated list of program names (`run
+ * --children`, HEAPDUMP_PROFILE_ONLY): both compared as the kernel keeps names, on their first
+ * HD_COMM_MAX bytes, so a list may give a name in full. */
+static inline bool hd_comm_listed(const char *list, const char *name) {
+  const size_t len = strnlen(name, HD_COMM_MAX);
+  for (const char *p = list; *p;) {
+    const size_t n = strcspn(p, ",");
+    const size_t compared = n < HD_COMM_MAX ? n : HD_COMM_MAX;
+    if (n > 0 && compared == len && strncmp(p, name, compared) == 0) return true;
+    p += n;
+    if (*p == ',') p++;
+  }
+  return false;
+}
+
+/* The collector's socket path, the same in every process: $HEAPDUMP_SOCKET when set and not
+ * empty, else $XDG_RUNTIME_DIR/heapdump/collector.sock when that is an absolute path, else
+ * /tmp/heapdump-UID/collector.sock. The caller passes the variables' values (NULL when unset:
+ * the collector reads another process's environment) and the real uid, or NULL where it is not
+ * known (only the last rule needs it). Returns 0, -1 when the uid is needed and not given, or -2
+ * when the path does not fit in size bytes. */
+static inline int hd_socket_path(const char *socket, const char *runtime_dir, const unsigned *uid,
+                                 char *out, size_t size) {
+  int n;
+  if (socket != NULL && socket[0] != '\0') {
+    n = snprintf(out, size, "%s", socket);
+  } else if (runtime_dir != NULL && runtime_dir[0] == '/') {
+    n = snprintf(out, size, "%s/heapdump/collector.sock", runtime_dir);
+  } else if (uid != NULL) {
+    n = snprintf(out, size, "/tmp/heapdump-%u/collector.sock", *uid);
+  } else {
+    return -1;
+  }
+  return n < 0 || (size_t)n >= size ? -2 : 0;
+}
+
+#endif /* HEAPDUMP_CONTRACT_NAMES_H */
