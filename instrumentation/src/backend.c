@@ -26,15 +26,12 @@ void *__libc_realloc(void *p, size_t size);
 void __libc_free(void *p);
 
 /* glibc's own malloc_usable_size, not ours nor jemalloc's (both come before it in the lookup
- * order): asked for by glibc's base symbol version, which differs per architecture. Looked up
- * at init so that no later call (possibly from a signal handler) runs the dynamic linker. */
-#if defined(__x86_64__)
-#define HD_GLIBC_BASE_VERSION "GLIBC_2.2.5"
-#elif defined(__aarch64__)
-#define HD_GLIBC_BASE_VERSION "GLIBC_2.17"
-#else
-#error "heapdump supports x86-64 and aarch64 (see shm_layout.h)"
+ * order): asked for by glibc's base symbol version on x86-64. Looked up at init so that no later
+ * call (possibly from a signal handler) runs the dynamic linker. */
+#if !defined(__x86_64__)
+#error "heapdump runs on x86-64 only (contract/include/heapdump/contract/shm_layout.h)"
 #endif
+#define HD_GLIBC_BASE_VERSION "GLIBC_2.2.5"
 static size_t (*g_libc_usable)(void *);
 
 static inline void enter(void) {
