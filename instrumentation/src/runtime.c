@@ -534,6 +534,7 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
   if (!g_fork_locked) return;
+  hd_stack_after_fork_child();
   hd_regions_after_fork_child();
   if (g_fork_copied) {
     hd_alloc_table old_alloc = g_alloc;

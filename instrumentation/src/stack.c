@@ -49,6 +49,19 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   }
 }
 
+/* libunwind (Debian's 1.6 has no per-thread cache) takes one process-wide lock around every
+ * step it cannot take from a thread's trace cache. A fork while another thread of the parent
+ * held it leaves it held for good in the child, whose first unwinding through a frame new to it
+ * would wait forever (with every signal blocked). So the child gives up libunwind's shared cache,
+ * and with it the lock: its steps parse the unwind tables each time, and each thread's trace
+ * cache still spares the walk most of them. */
+void hd_stack_after_fork_child(void) {
+  if (g_method != HD_UNWIND_LIBUNWIND) return;
+  hd_tls.in_unwind++;
+  unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_NONE);
+  hd_tls.in_unwind--;
+}
+
 static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }
 
 /* Thread stack bounds, once per thread. pthread_getattr_np may allocate: under the guard, so

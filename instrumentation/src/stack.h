@@ -18,4 +18,8 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
  * signal handler of the program that interrupted a capture). */
 bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;
 
+/* In a fork child, before anything unwinds: the unwinder must not wait for a lock that a thread
+ * of the parent held at the fork (see stack.c). */
+void hd_stack_after_fork_child(void) HD_HIDDEN;
+
 #endif

@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "heapdump/contract/names.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -154,7 +155,7 @@ int OpenTable(pid_t pid, const std::string &name) {
 }
 
 MappedTable::MappedTable(pid_t pid) {
-  int fd = OpenTable(pid, "heapdump-allocations");
+  int fd = OpenTable(pid, HD_MEMFD_ALLOCATIONS);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
     ADD_FAILURE() << "no allocations table in process " << pid;

@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "heapdump/contract/names.h"
 #include "heapdump/heapdump.h"
 #include "heapdump_process.bindings.h"
 
@@ -182,7 +183,7 @@ int CopyTable(pid_t pid, const std::string &name, int seals, const std::function
 
 // A copy of a process's allocations table, its header's flags and pid set.
 int CopyTable(pid_t pid, uint32_t flags, uint32_t table_pid, int seals) {
-  return CopyTable(pid, "heapdump-allocations", seals, [&](char *bytes) {
+  return CopyTable(pid, HD_MEMFD_ALLOCATIONS, seals, [&](char *bytes) {
     auto *header = reinterpret_cast<hd_alloc_header *>(bytes);
     header->flags = flags;
     header->pid = table_pid;
@@ -245,7 +246,7 @@ TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
   };
   auto alloc_copy = [&] { return CopyTable(child.pid, 0, self, seals); };
   auto res_copy = [&] {
-    return CopyTable(child.pid, "heapdump-resources", seals,
+    return CopyTable(child.pid, HD_MEMFD_RESOURCES, seals,
                      [&](char *bytes) { reinterpret_cast<hd_res_header *>(bytes)->pid = self; });
   };
   auto writable = register_with(alloc_copy(), res_copy());

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "heapdump/contract/names.h"
 #include "heapdump/contract/shm_layout.h"
 
 extern "C" {
@@ -130,7 +131,7 @@ Bytes RegisterRequest(pid_t pid) {
 // A memfd of 8 KiB holding `fill`, handed over read-only as tables must be: right kind of
 // descriptor, wrong contents.
 int GarbageMemfd(uint8_t fill, bool seal) {
-  int fd = memfd_create("heapdump-allocations", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = memfd_create(HD_MEMFD_ALLOCATIONS, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   Bytes page(8192, fill);
   EXPECT_EQ(write(fd, page.data(), page.size()), static_cast<ssize_t>(page.size()));

@@ -28,8 +28,12 @@
 #include <string>
 #include <vector>
 
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
 #include "heapdump/heapdump.h"
 #include "table_reader.h"
+#include "heapdump/contract/names.h"
 
 #define CHECK(c)                                                   \
   do {                                                             \
@@ -171,7 +175,7 @@ static hd_alloc_reader *open_own_table() {
     ssize_t n = readlink(path, link, sizeof(link) - 1);
     if (n <= 0) continue;
     link[n] = 0;
-    if (strstr(link, "memfd:heapdump-allocations")) {
+    if (strstr(link, "memfd:" HD_MEMFD_ALLOCATIONS)) {
       int fd = open(path, O_RDONLY);
       CHECK(fd >= 0);
       CHECK(hd_alloc_reader_open(fd, &r) == HD_READ_OK);
@@ -579,7 +583,7 @@ static int scenario_probe(bool expect_instrumented) {
   CHECK(maps_mention("libheapdump") == expect_instrumented);
   CHECK((heapdump_available() != 0) == expect_instrumented);
   // The parent's memfds are close-on-exec: at most our own table is open.
-  CHECK(count_fds("memfd:heapdump-allocations") == (expect_instrumented ? 1 : 0));
+  CHECK(count_fds("memfd:" HD_MEMFD_ALLOCATIONS) == (expect_instrumented ? 1 : 0));
   void *p = opaque(malloc(12121));
   CHECK(p);
   memset(p, 1, 12121);
@@ -812,6 +816,44 @@ static void scenario_dlopen(const char *lib) {
   CHECK(dlclose(h) == 0);
 }
 
+// Called only in a fork child: its return address is new to the unwinder there, which must then
+// step through this frame rather than take it from a thread's trace cache.
+__attribute__((noinline)) static void *allocate_in_child_only(size_t size) {
+  void *p = malloc(size);
+  return opaque(p);
+}
+
+// A fork while another thread holds libunwind's process-wide cache lock (a thread inside a step
+// at that instant, which a busy program hits sooner or later): the lock stays held in the child.
+// Holding it here makes that instant certain. It lies in libunwind 1.6's local address space,
+// whose layout (Debian 12's) places it 0x58 bytes in; other versions print "skipped". Prints
+// whether the child could allocate through a frame new to the unwinder within 10 s.
+static void scenario_fork_unwinder_locked() {
+#if UNW_VERSION_MAJOR == 1 && UNW_VERSION_MINOR == 6
+  keep(opaque(malloc(100)));  // libunwind has initialised itself
+  auto *lock = reinterpret_cast<pthread_mutex_t *>(reinterpret_cast<char *>(unw_local_addr_space) + 0x58);
+  CHECK(pthread_mutex_trylock(lock) == 0);  // a mutex, free while no thread unwinds
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    free(allocate_in_child_only(4321));
+    _exit(0);
+  }
+  CHECK(pthread_mutex_unlock(lock) == 0);
+  int st = 0;
+  for (int i = 0; i < 1000 && waitpid(pid, &st, WNOHANG) == 0; i++) usleep(10000);
+  if (waitpid(pid, &st, WNOHANG) == 0) {
+    kill(pid, SIGKILL);
+    wait_status(pid);
+    printf("child deadlocked\n");
+  } else {
+    printf("child %s\n", exited_zero(st) ? "allocated" : "failed");
+  }
+#else
+  printf("skipped\n");
+#endif
+}
+
 // Allocates through a module linked without .eh_frame_hdr, where libunwind would open the module's
 // file to read its .debug_frame, and deep in this program, where it would validate addresses
 // with a pipe of its own. Prints how often the module's file was opened meanwhile (an inotify
@@ -866,6 +908,7 @@ int main(int argc, char **argv) {
   else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
   else if (mode == "unwinder-fds") scenario_unwinder_fds(argv[2]);
   else if (mode == "unwinder-opens") scenario_unwinder_opens(argv[2]);
+  else if (mode == "fork-unwinder-locked") scenario_fork_unwinder_locked();
   else if (mode == "realtime") scenario_realtime();
   else if (mode == "impossible") scenario_impossible();
   else if (mode == "cancel") scenario_cancel();
