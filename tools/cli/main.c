@@ -260,6 +260,218 @@ static const char *option_refused(int option, size_t command) {
  * snapshot's batches in well under a second, so a silent one is stuck, stopped or not one. */
 #define DEFAULT_TIMEOUT_SECONDS 10
 
+static const struct option kLong[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"output", required_argument, NULL, 'o'},
+    {"format", required_argument, NULL, 'f'},
+    {"pid", required_argument, NULL, 'p'},
+    {"name", required_argument, NULL, 'n'},
+    {"all", no_argument, NULL, 'a'},
+    {"contents", no_argument, NULL, 'c'},
+    {"interval", required_argument, NULL, 'i'},
+    {"socket", required_argument, NULL, OPT_SOCKET},
+    {"symbolize", no_argument, NULL, OPT_SYMBOLIZE},
+    {"no-symbolize", no_argument, NULL, OPT_NO_SYMBOLIZE},
+    {"debug-dir", required_argument, NULL, OPT_DEBUG_DIR},
+    {"tags", no_argument, NULL, OPT_TAGS},
+    {"sample-index", required_argument, NULL, OPT_SAMPLE_INDEX},
+    {"top", required_argument, NULL, OPT_TOP},
+    {"by", required_argument, NULL, OPT_BY},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"children", required_argument, NULL, OPT_CHILDREN},
+    {"children-dir", required_argument, NULL, OPT_CHILDREN_DIR},
+    {"verbose", no_argument, NULL, OPT_VERBOSE},
+    {"force", no_argument, NULL, OPT_FORCE},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+/* parse_option's answer when the command line goes on. */
+#define CONTINUE (-1)
+
+/* Applies one option (c from getopt_long, its argument arg, as written option_text) of the
+ * command (an index in kCommands) to o. Returns CONTINUE, or the exit code to end with now. */
+static int parse_option(int c, size_t command, const char *arg, const char *option_text,
+                        cli_options *o) {
+  const char *name = kCommands[command].name;
+  const char *refused = option_refused(c, command);
+  if (refused != NULL) {
+    return usage_error("%s does not take %s (heapdump %s --help lists its options)", name, refused,
+                       name);
+  }
+  uint64_t number;
+  switch (c) {
+    case 'h':
+      command_help(command);
+      return EXIT_OK;
+    case 'o':
+      o->output = arg;
+      return CONTINUE;
+    case 'f':
+      o->format = cli_parse_format(arg);
+      if (o->format == FORMAT_NONE) {
+        return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded)", arg);
+      }
+      return CONTINUE;
+    case 'p':
+      if (!parse_u64(arg, &number) || number == 0) {
+        return usage_error("--pid wants a process id, not '%s'", arg);
+      }
+      o->has_pid = true;
+      o->pid = number;
+      return CONTINUE;
+    case 'n':
+      if (strlen(arg) == 0 || strlen(arg) > HD_NAME_MAX) {
+        return usage_error("--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX) " bytes");
+      }
+      o->name = arg;
+      return CONTINUE;
+    case 'a':
+      o->all = true;
+      return CONTINUE;
+    case 'c':
+      o->contents = true;
+      return CONTINUE;
+    case 'i': {
+      char *end;
+      errno = 0;
+      o->interval = strtod(arg, &end);
+      if (errno != 0 || end == arg || *end != '\0' || !(o->interval > 0)) {
+        return usage_error("--interval wants a positive number of seconds, not '%s'", arg);
+      }
+      return CONTINUE;
+    }
+    case OPT_SOCKET:
+      o->socket = arg;
+      return CONTINUE;
+    case OPT_SYMBOLIZE:
+      o->symbolize = true;
+      return CONTINUE;
+    case OPT_NO_SYMBOLIZE:
+      o->symbolize = false;
+      return CONTINUE;
+    case OPT_DEBUG_DIR:
+      if (o->debug_dir_count == sizeof o->debug_dirs / sizeof o->debug_dirs[0]) {
+        return usage_error("too many --debug-dir options");
+      }
+      o->debug_dirs[o->debug_dir_count++] = arg;
+      return CONTINUE;
+    case OPT_TAGS:
+      o->tags = true;
+      return CONTINUE;
+    case OPT_SAMPLE_INDEX:
+      if (strcmp(arg, "inuse_space") == 0) {
+        o->sample = HD_PPROF_INUSE_SPACE;
+      } else if (strcmp(arg, "inuse_objects") == 0) {
+        o->sample = HD_PPROF_INUSE_OBJECTS;
+      } else if (strcmp(arg, "alloc_space") == 0) {
+        o->sample = HD_PPROF_ALLOC_SPACE;
+      } else if (strcmp(arg, "alloc_objects") == 0) {
+        o->sample = HD_PPROF_ALLOC_OBJECTS;
+      } else {
+        return usage_error("unknown sample type '%s'", arg);
+      }
+      return CONTINUE;
+    case OPT_TOP:
+      if (!parse_u64(arg, &number)) return usage_error("--top wants a number");
+      o->top = (size_t)number;
+      return CONTINUE;
+    case OPT_BY:
+      if (strcmp(arg, "site") == 0) {
+        o->by = HD_REPORT_BY_SITE;
+      } else if (strcmp(arg, "stack") == 0) {
+        o->by = HD_REPORT_BY_STACK;
+      } else if (strcmp(arg, "thread") == 0) {
+        o->by = HD_REPORT_BY_THREAD;
+      } else {
+        return usage_error("--by wants site, stack or thread, not '%s'", arg);
+      }
+      return CONTINUE;
+    case OPT_JSON:
+      o->json = true;
+      return CONTINUE;
+    case OPT_CHILDREN:
+      if (arg[0] == '\0' || arg[strspn(arg, "abcdefghijklmnopqrstuvwxyz"
+                                                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,")] !=
+                                    '\0') {
+        return usage_error("--children wants all, none or program names separated by commas, "
+                           "not '%s'", arg);
+      }
+      o->children = arg;
+      return CONTINUE;
+    case OPT_CHILDREN_DIR:
+      o->children_dir = arg;
+      return CONTINUE;
+    case OPT_VERBOSE:
+      o->verbose = true;
+      return CONTINUE;
+    case OPT_FORCE:
+      o->force = true;
+      return CONTINUE;
+    case OPT_VERSION:
+      printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
+      return EXIT_OK;
+    case OPT_TIMEOUT: {
+      char *end;
+      errno = 0;
+      o->timeout = strtod(arg, &end);
+      if (errno != 0 || end == arg || *end != '\0' || !(o->timeout >= 0) || o->timeout > 1e6) {
+        return usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
+                           arg);
+      }
+      return CONTINUE;
+    }
+    default:
+      if (optopt != 0 && optopt < 256) {
+        return usage_error("%s: option -%c is unknown or needs a value", name, optopt);
+      }
+      return usage_error("%s: option %s is unknown or needs a value", name, option_text);
+  }
+  return CONTINUE;
+}
+
+/* Checks what only the whole command line tells, then runs the command with its arguments (rest
+ * of them at args). Returns the exit code. */
+static int run_command(size_t command, cli_options *o, int rest, char **args) {
+  const char *name = kCommands[command].name;
+  if (o->socket == NULL) {
+    if (hd_default_socket_path(o->socket_buf, sizeof o->socket_buf) != 0) {
+      cli_error("the collector's socket path is too long");
+      return EXIT_USAGE;
+    }
+    o->socket = o->socket_buf;
+  }
+  if (command == 0 && o->output != NULL && strcmp(o->output, "-") == 0) {
+    return usage_error("run: --output - would mix the profile into COMMAND's own output; give a "
+                       "file");
+  }
+  if (strcmp(name, "report") == 0 && o->output != NULL &&
+      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_TEXT) {
+    return usage_error("report writes text or JSON, not '%s' (heapdump convert writes other "
+                       "formats)", o->output);
+  }
+  if (strcmp(name, "run") == 0) {
+    if (rest > 0 && strcmp(args[0], "--") == 0) {
+      rest--;
+      args++;
+    }
+    return cmd_run(o, rest, args);
+  }
+  if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0) {
+    if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
+    return strcmp(name, "list") == 0 ? cmd_list(o) : cmd_snapshot(o);
+  }
+  if (strcmp(name, "delete") == 0) return cmd_delete(o, rest, args);
+  if (rest != 1) {
+    return usage_error("%s: wants exactly one %s", name,
+                       strcmp(name, "download") == 0 ? "snapshot ID" : "INPUT file");
+  }
+  if (strcmp(name, "download") == 0) return cmd_download(o, args[0]);
+  if (strcmp(name, "convert") == 0) return cmd_convert(o, args[0]);
+  return cmd_report(o, args[0]);
+}
+
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
     printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
@@ -279,32 +491,6 @@ int main(int argc, char **argv) {
 
   cli_options o = {.symbolize = true, .top = 20, .max_frames = 8,
                    .timeout = DEFAULT_TIMEOUT_SECONDS};
-  static const struct option kLong[] = {
-      {"help", no_argument, NULL, 'h'},
-      {"output", required_argument, NULL, 'o'},
-      {"format", required_argument, NULL, 'f'},
-      {"pid", required_argument, NULL, 'p'},
-      {"name", required_argument, NULL, 'n'},
-      {"all", no_argument, NULL, 'a'},
-      {"contents", no_argument, NULL, 'c'},
-      {"interval", required_argument, NULL, 'i'},
-      {"socket", required_argument, NULL, OPT_SOCKET},
-      {"symbolize", no_argument, NULL, OPT_SYMBOLIZE},
-      {"no-symbolize", no_argument, NULL, OPT_NO_SYMBOLIZE},
-      {"debug-dir", required_argument, NULL, OPT_DEBUG_DIR},
-      {"tags", no_argument, NULL, OPT_TAGS},
-      {"sample-index", required_argument, NULL, OPT_SAMPLE_INDEX},
-      {"top", required_argument, NULL, OPT_TOP},
-      {"by", required_argument, NULL, OPT_BY},
-      {"json", no_argument, NULL, OPT_JSON},
-      {"timeout", required_argument, NULL, OPT_TIMEOUT},
-      {"children", required_argument, NULL, OPT_CHILDREN},
-      {"children-dir", required_argument, NULL, OPT_CHILDREN_DIR},
-      {"verbose", no_argument, NULL, OPT_VERBOSE},
-      {"force", no_argument, NULL, OPT_FORCE},
-      {"version", no_argument, NULL, OPT_VERSION},
-      {NULL, 0, NULL, 0},
-  };
   /* run: "+" stops at the first non-option, so COMMAND's own options are left alone; the other
    * commands take options before and after their arguments. */
   const char *short_options = strcmp(name, "run") == 0 ? "+ho:f:p:n:aci:" : "ho:f:p:n:aci:";
@@ -313,176 +499,9 @@ int main(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c;
-  uint64_t number;
   while ((c = getopt_long(argc, argv, short_options, kLong, NULL)) != -1) {
-    const char *refused = option_refused(c, command);
-    if (refused != NULL) {
-      return usage_error("%s does not take %s (heapdump %s --help lists its options)", name, refused,
-                         name);
-    }
-    switch (c) {
-      case 'h':
-        command_help(command);
-        return EXIT_OK;
-      case 'o':
-        o.output = optarg;
-        break;
-      case 'f':
-        o.format = cli_parse_format(optarg);
-        if (o.format == FORMAT_NONE) {
-          return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded)", optarg);
-        }
-        break;
-      case 'p':
-        if (!parse_u64(optarg, &number) || number == 0) {
-          return usage_error("--pid wants a process id, not '%s'", optarg);
-        }
-        o.has_pid = true;
-        o.pid = number;
-        break;
-      case 'n':
-        if (strlen(optarg) == 0 || strlen(optarg) > HD_NAME_MAX) {
-          return usage_error("--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX) " bytes");
-        }
-        o.name = optarg;
-        break;
-      case 'a':
-        o.all = true;
-        break;
-      case 'c':
-        o.contents = true;
-        break;
-      case 'i': {
-        char *end;
-        errno = 0;
-        o.interval = strtod(optarg, &end);
-        if (errno != 0 || end == optarg || *end != '\0' || !(o.interval > 0)) {
-          return usage_error("--interval wants a positive number of seconds, not '%s'", optarg);
-        }
-        break;
-      }
-      case OPT_SOCKET:
-        o.socket = optarg;
-        break;
-      case OPT_SYMBOLIZE:
-        o.symbolize = true;
-        break;
-      case OPT_NO_SYMBOLIZE:
-        o.symbolize = false;
-        break;
-      case OPT_DEBUG_DIR:
-        if (o.debug_dir_count == sizeof o.debug_dirs / sizeof o.debug_dirs[0]) {
-          return usage_error("too many --debug-dir options");
-        }
-        o.debug_dirs[o.debug_dir_count++] = optarg;
-        break;
-      case OPT_TAGS:
-        o.tags = true;
-        break;
-      case OPT_SAMPLE_INDEX:
-        if (strcmp(optarg, "inuse_space") == 0) {
-          o.sample = HD_PPROF_INUSE_SPACE;
-        } else if (strcmp(optarg, "inuse_objects") == 0) {
-          o.sample = HD_PPROF_INUSE_OBJECTS;
-        } else if (strcmp(optarg, "alloc_space") == 0) {
-          o.sample = HD_PPROF_ALLOC_SPACE;
-        } else if (strcmp(optarg, "alloc_objects") == 0) {
-          o.sample = HD_PPROF_ALLOC_OBJECTS;
-        } else {
-          return usage_error("unknown sample type '%s'", optarg);
-        }
-        break;
-      case OPT_TOP:
-        if (!parse_u64(optarg, &number)) return usage_error("--top wants a number");
-        o.top = (size_t)number;
-        break;
-      case OPT_BY:
-        if (strcmp(optarg, "site") == 0) {
-          o.by = HD_REPORT_BY_SITE;
-        } else if (strcmp(optarg, "stack") == 0) {
-          o.by = HD_REPORT_BY_STACK;
-        } else if (strcmp(optarg, "thread") == 0) {
-          o.by = HD_REPORT_BY_THREAD;
-        } else {
-          return usage_error("--by wants site, stack or thread, not '%s'", optarg);
-        }
-        break;
-      case OPT_JSON:
-        o.json = true;
-        break;
-      case OPT_CHILDREN:
-        if (optarg[0] == '\0' || optarg[strspn(optarg, "abcdefghijklmnopqrstuvwxyz"
-                                                      "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,")] !=
-                                      '\0') {
-          return usage_error("--children wants all, none or program names separated by commas, "
-                             "not '%s'", optarg);
-        }
-        o.children = optarg;
-        break;
-      case OPT_CHILDREN_DIR:
-        o.children_dir = optarg;
-        break;
-      case OPT_VERBOSE:
-        o.verbose = true;
-        break;
-      case OPT_FORCE:
-        o.force = true;
-        break;
-      case OPT_VERSION:
-        printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
-        return EXIT_OK;
-      case OPT_TIMEOUT: {
-        char *end;
-        errno = 0;
-        o.timeout = strtod(optarg, &end);
-        if (errno != 0 || end == optarg || *end != '\0' || !(o.timeout >= 0) || o.timeout > 1e6) {
-          return usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
-                             optarg);
-        }
-        break;
-      }
-      default:
-        if (optopt != 0 && optopt < 256) {
-          return usage_error("%s: option -%c is unknown or needs a value", name, optopt);
-        }
-        return usage_error("%s: option %s is unknown or needs a value", name, argv[optind - 1]);
-    }
+    const int rc = parse_option(c, command, optarg, argv[optind - 1], &o);
+    if (rc != CONTINUE) return rc;
   }
-  if (o.socket == NULL) {
-    if (hd_default_socket_path(o.socket_buf, sizeof o.socket_buf) != 0) {
-      cli_error("the collector's socket path is too long");
-      return EXIT_USAGE;
-    }
-    o.socket = o.socket_buf;
-  }
-  if (command == 0 && o.output != NULL && strcmp(o.output, "-") == 0) {
-    return usage_error("run: --output - would mix the profile into COMMAND's own output; give a "
-                       "file");
-  }
-  if (strcmp(name, "report") == 0 && o.output != NULL &&
-      cli_output_format(&o, o.output, FORMAT_TEXT) != FORMAT_TEXT) {
-    return usage_error("report writes text or JSON, not '%s' (heapdump convert writes other "
-                       "formats)", o.output);
-  }
-  int rest = argc - optind;
-  char **args = argv + optind;
-  if (strcmp(name, "run") == 0) {
-    if (rest > 0 && strcmp(args[0], "--") == 0) {
-      rest--;
-      args++;
-    }
-    return cmd_run(&o, rest, args);
-  }
-  if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0) {
-    if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
-    return strcmp(name, "list") == 0 ? cmd_list(&o) : cmd_snapshot(&o);
-  }
-  if (strcmp(name, "delete") == 0) return cmd_delete(&o, rest, args);
-  if (rest != 1) {
-    return usage_error("%s: wants exactly one %s", name,
-                       strcmp(name, "download") == 0 ? "snapshot ID" : "INPUT file");
-  }
-  if (strcmp(name, "download") == 0) return cmd_download(&o, args[0]);
-  if (strcmp(name, "convert") == 0) return cmd_convert(&o, args[0]);
-  return cmd_report(&o, args[0]);
+  return run_command(command, &o, argc - optind, argv + optind);
 }
