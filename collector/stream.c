@@ -110,7 +110,12 @@ static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
     e.element.stack_trace_counters =
-        (heapdump_client_StackTraceCounters){true, key, true, blocks_allocated, true, bytes_allocated};
+        (heapdump_client_StackTraceCounters){.has_stack_trace_key = true,
+                                             .stack_trace_key = key,
+                                             .has_allocated_blocks = true,
+                                             .allocated_blocks = blocks_allocated,
+                                             .has_allocated_bytes = true,
+                                             .allocated_bytes = bytes_allocated};
     status = hd_batch_add(w, &e);
   }
   return status;

@@ -14,11 +14,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define HD_READ_WUR __attribute__((warn_unused_result))
 
 typedef enum hd_read_status {
   HD_READ_OK = 0,
@@ -64,9 +65,9 @@ typedef struct hd_alloc_table_info {
 } hd_alloc_table_info;
 
 /* Maps fd read-only (the fd is not kept; close it when you like) and validates the header. */
-hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) HD_READ_WUR;
+hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) HD_MUST_CHECK;
 void hd_alloc_reader_close(hd_alloc_reader *r);
-hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) HD_READ_WUR;
+hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out) HD_MUST_CHECK;
 /* Drops this process's page-table entries for the mapping (MADV_DONTNEED). The table itself
  * lives in the memfd and is untouched; the next read faults the pages back in. A collector
  * calls it after a snapshot, so that a table it has read does not stay counted in its own
@@ -94,10 +95,10 @@ typedef struct hd_read_limits {
  * caller can use); free() it. On error *blocks is NULL. limits may be NULL (no bounds beyond
  * the per-slot patience). */
 hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
-                                                  hd_live_block **blocks, size_t *count) HD_READ_WUR;
+                                                  hd_live_block **blocks, size_t *count) HD_MUST_CHECK;
 /* The same copy, sorted by address. */
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
-                                        size_t *count) HD_READ_WUR;
+                                        size_t *count) HD_MUST_CHECK;
 
 /* ---- resources table ---- */
 typedef struct hd_res_reader hd_res_reader;
@@ -133,23 +134,23 @@ typedef struct hd_res_entry {
   } u;
 } hd_res_entry;
 
-hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) HD_READ_WUR;
+hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) HD_MUST_CHECK;
 void hd_res_reader_close(hd_res_reader *r);
 uint32_t hd_res_reader_pid(const hd_res_reader *r);
 /* Statistics (each counter read atomically; together approximate). */
-hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_READ_WUR;
+hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
  * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. truncated (nullable):
  * the library's walk was cut at its frame limit. */
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
                                    size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
-                                   bool *truncated) HD_READ_WUR;
+                                   bool *truncated) HD_MUST_CHECK;
 hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
-                                    hd_thread_info *out) HD_READ_WUR;
+                                    hd_thread_info *out) HD_MUST_CHECK;
 /* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */
 hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor,
-                                  hd_res_entry *out) HD_READ_WUR;
+                                  hd_res_entry *out) HD_MUST_CHECK;
 
 #ifdef __cplusplus
 }

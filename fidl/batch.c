@@ -16,6 +16,39 @@
 /* Field 1 of SnapshotReceiverBatchRequest, length-delimited. */
 #define BATCH_FIELD_KEY KEY(1, PB_WT_STRING)
 
+/* Allocation and BlockContents are encoded and decoded by hand below, field by field, with the
+ * IDL's own tags. A field the IDL adds to either, or a field whose kind or type changes, would be
+ * dropped or misread silently; instead the build fails here, from nanopb's field lists: each
+ * message has exactly the fields the hand code handles, each tag with the kind and type it
+ * writes. (A kind or type not listed below fails as an undeclared HD_HAND_* name.) */
+#define HD_HAND_STATIC_OPTIONAL_UINT64 1
+#define HD_HAND_STATIC_OPTIONAL_INT64 2
+#define HD_HAND_CALLBACK_OPTIONAL_BYTES 3
+#define HD_HAND_Allocation_1 HD_HAND_STATIC_OPTIONAL_UINT64 /* address */
+#define HD_HAND_Allocation_2 HD_HAND_STATIC_OPTIONAL_UINT64 /* size */
+#define HD_HAND_Allocation_3 HD_HAND_STATIC_OPTIONAL_UINT64 /* stack_trace_key */
+#define HD_HAND_Allocation_4 HD_HAND_STATIC_OPTIONAL_INT64  /* timestamp */
+#define HD_HAND_Allocation_5 HD_HAND_STATIC_OPTIONAL_UINT64 /* thread_info_key */
+#define HD_HAND_Allocation_6 HD_HAND_STATIC_OPTIONAL_UINT64 /* count */
+#define HD_HAND_BlockContents_1 HD_HAND_STATIC_OPTIONAL_UINT64  /* address */
+#define HD_HAND_BlockContents_2 HD_HAND_CALLBACK_OPTIONAL_BYTES /* contents */
+#define HD_COUNT_FIELD(a, allocation, kind, type, name, tag) +1
+#define HD_ALLOCATION_FIELD_AS_HANDLED(a, allocation, kind, type, name, tag) \
+  &&HD_HAND_Allocation_##tag == HD_HAND_##allocation##_##kind##_##type
+#define HD_CONTENTS_FIELD_AS_HANDLED(a, allocation, kind, type, name, tag) \
+  &&HD_HAND_BlockContents_##tag == HD_HAND_##allocation##_##kind##_##type
+_Static_assert(0 heapdump_client_Allocation_FIELDLIST(HD_COUNT_FIELD, _) == 6,
+               "Allocation has another field: add it to hd_batch_add_allocation and decode_allocation");
+_Static_assert(1 heapdump_client_Allocation_FIELDLIST(HD_ALLOCATION_FIELD_AS_HANDLED, _),
+               "an Allocation field changed its kind or type: the hand code writes optional varints");
+_Static_assert(0 heapdump_client_BlockContents_FIELDLIST(HD_COUNT_FIELD, _) == 2,
+               "BlockContents has another field: add it to the contents encoder and decoder");
+_Static_assert(1 heapdump_client_BlockContents_FIELDLIST(HD_CONTENTS_FIELD_AS_HANDLED, _),
+               "a BlockContents field changed its kind or type");
+#undef HD_COUNT_FIELD
+#undef HD_ALLOCATION_FIELD_AS_HANDLED
+#undef HD_CONTENTS_FIELD_AS_HANDLED
+
 static size_t varint_size(uint64_t v) {
   size_t n = 1;
   while (v >= 0x80) {

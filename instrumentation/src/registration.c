@@ -115,9 +115,9 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   prctl(PR_GET_NAME, name, 0, 0, 0);
   snprintf(req.process_name, sizeof req.process_name, "%s", name);
   req.has_allocations_table = req.has_resources_table = req.has_snapshot_sink = true;
-  req.allocations_table = (heapdump_client_Handle){true, 0};
-  req.resources_table = (heapdump_client_Handle){true, 1};
-  req.snapshot_sink = (heapdump_client_Handle){true, 2};
+  req.allocations_table = (heapdump_client_Handle){.has_index = true, .index = 0};
+  req.resources_table = (heapdump_client_Handle){.has_index = true, .index = 1};
+  req.snapshot_sink = (heapdump_client_Handle){.has_index = true, .index = 2};
   req.has_exit_snapshot = true;
   req.exit_snapshot = env_is_one(HD_ENV_EXIT_SNAPSHOT);
   int fds[3] = {alloc->fd, res->fd, sink[1]};
@@ -177,7 +177,7 @@ static int store_on_sink(const char *name, int snapshot_fd, bool *sent) {
       heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
   req.has_name = req.has_allocations_snapshot = true;
   snprintf(req.name, sizeof req.name, "%s", name);
-  req.allocations_snapshot = (heapdump_client_Handle){true, 0};
+  req.allocations_snapshot = (heapdump_client_Handle){.has_index = true, .index = 0};
   const uint32_t txid = hd_next_txid();
   *sent = false;
   if (hd_message_encode(&g_msg, txid, 0, HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,

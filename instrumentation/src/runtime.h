@@ -134,6 +134,6 @@ void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) HD_HIDDEN;
 /* Copies the live set under the table lock into a new memfd, sealed (incl. F_SEAL_WRITE), with
  * the allocations-table layout and HD_ALLOC_FLAG_SNAPSHOT; *out is the caller's to close.
  * Returns 0 or -errno. */
-int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_WUR;
+int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_MUST_CHECK;
 
 #endif /* HEAPDUMP_INSTRUMENTATION_RUNTIME_H */

@@ -9,10 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/shm_layout.h"
 #include "owned_fd.h"
 
-#define HD_WUR __attribute__((warn_unused_result))
 
 /* One live block as the writer sees it (the shared node minus its link). */
 typedef struct hd_alloc_info {
@@ -69,7 +69,7 @@ typedef enum hd_insert_result {
 
 /* Creates a sealed, sparse memfd of about max_bytes (clamped to a minimum) and maps it.
  * flags: HD_ALLOC_FLAG_*. Returns 0 or -errno. */
-int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_WUR;
+int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 /* Unmaps and closes. */
 void hd_alloc_table_destroy(hd_alloc_table *t);
 /* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
@@ -77,10 +77,10 @@ uint64_t hd_alloc_table_bytes_for(uint64_t nodes);
 
 /* w: the calling thread's state, or NULL. */
 hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
-                                       const hd_alloc_info *info, hd_alloc_info *replaced) HD_WUR;
+                                       const hd_alloc_info *info, hd_alloc_info *replaced) HD_MUST_CHECK;
 /* Unlinks the record of address; true and *out filled if it was present. */
 bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t address,
-                          hd_alloc_info *out) HD_WUR;
+                          hd_alloc_info *out) HD_MUST_CHECK;
 /* A block was freed without its record being erased (see lost_frees). */
 void hd_alloc_table_note_lost_free(hd_alloc_table *t);
 /* Starts loading the cache lines an insert or erase of address will need. */
@@ -92,7 +92,7 @@ static inline void hd_alloc_table_prefetch(const hd_alloc_table *t, uint64_t add
 }
 /* Rewrites the record of info->address in one critical section (in-place realloc); true and
  * *old filled (if non-NULL) if it was present. */
-bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_WUR;
+bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_MUST_CHECK;
 
 /* Stops every writer (world_lock + every slot lock in use); pair with unlock_all. */
 void hd_alloc_table_lock_all(hd_alloc_table *t);
@@ -100,12 +100,12 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t);
 /* With src locked: creates dst (a new memfd of max_bytes, or exactly big enough when
  * max_bytes == 0) holding a copy of every live record of src. Returns 0 or -errno. */
 int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
-                                const char *memfd_name) HD_WUR;
+                                const char *memfd_name) HD_MUST_CHECK;
 /* With t locked (or private): the number and total requested size of its live records. */
 void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
 /* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.
  * The memfd stays open (t->memfd); returns 0 or -errno. */
-int hd_alloc_table_freeze(hd_alloc_table *t) HD_WUR;
+int hd_alloc_table_freeze(hd_alloc_table *t) HD_MUST_CHECK;
 
 /* ---- resources table ---- */
 typedef struct hd_res_table {
@@ -123,12 +123,12 @@ typedef struct hd_res_table {
   int64_t live_bytes;       /* atomic; process total of the threads' flushed live_delta */
 } hd_res_table;
 
-int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_WUR;
+int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_destroy(hd_res_table *t);
 /* With src->lock held: a new table (new memfd, same size) with the same records and counters
  * but no dedup index; after fork the child moves its copy of src's index over with
  * hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */
-int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_WUR;
+int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
 
 /* What identifies a trace besides its frames, as one number to seed its hashes with: its frame

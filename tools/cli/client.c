@@ -99,7 +99,7 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
         heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
     selector_from(o, pid, &req.has_process_selector, &req.process_selector);
     req.has_receiver = true;
-    req.receiver = (heapdump_client_Handle){true, 0};
+    req.receiver = (heapdump_client_Handle){.has_index = true, .index = 0};
     req.has_with_contents = req.has_multi_process = true;
     req.with_contents = o->contents;
     req.multi_process = multi;
@@ -109,7 +109,7 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
         heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
     req.has_snapshot_id = req.has_receiver = true;
     req.snapshot_id = id;
-    req.receiver = (heapdump_client_Handle){true, 0};
+    req.receiver = (heapdump_client_Handle){.has_index = true, .index = 0};
     status = hd_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
   }
   close(ends[1]);
@@ -265,7 +265,7 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
     heapdump_client_CollectorListStoredSnapshotsRequest req =
         heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
     req.has_iterator = true;
-    req.iterator = (heapdump_client_Handle){true, 0};
+    req.iterator = (heapdump_client_Handle){.has_index = true, .index = 0};
     selector_from(o, o->has_pid ? o->pid : 0, &req.has_process_selector, &req.process_selector);
     status = hd_collector_list_stored_snapshots(fd, msg, &req, &ends[1], 1);
   }

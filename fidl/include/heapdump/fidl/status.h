@@ -3,11 +3,11 @@
 #ifndef HEAPDUMP_FIDL_STATUS_H
 #define HEAPDUMP_FIDL_STATUS_H
 
+#include "heapdump/contract/must_check.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define HD_MUST_CHECK __attribute__((warn_unused_result))
 
 typedef enum hd_status {
   HD_OK = 0,
