@@ -619,26 +619,41 @@ __attribute__((constructor)) static void hd_constructor(void) {
 
 /* ------------------------------------------------------------------ public API */
 
-__attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_stats *out) {
-  if (!out) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
-  memset(out, 0, sizeof(*out));
+/* The size of struct heapdump_stats in heapdump 0.1, whose programs call heapdump_get_stats. */
+#define STATS_V1_SIZE 64
+_Static_assert(offsetof(struct heapdump_stats, dropped_allocations) + 8 == STATS_V1_SIZE,
+               "fields are only ever added at the end of struct heapdump_stats");
+
+__attribute__((visibility("default"))) int heapdump_get_stats_sized(struct heapdump_stats *out,
+                                                                     size_t size) {
+  if (!out || size < STATS_V1_SIZE) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  memset(out, 0, size); /* a newer caller's fields this library does not know are zero */
   hd_ensure_init();
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return HEAPDUMP_ERROR_NOT_RECORDING;
   hd_stats_block s;
   hd_res_read_stats(&g_res, &s);
-  out->blocks_freed = s.blocks_freed;
-  out->bytes_freed = s.bytes_freed;
-  out->blocks_allocated = s.blocks_allocated;
-  out->bytes_allocated = s.bytes_allocated;
-  out->peak_live_bytes = s.peak_live_bytes;
-  out->dropped_allocations = s.dropped_allocations;
+  struct heapdump_stats now = {
+      .blocks_allocated = s.blocks_allocated,
+      .bytes_allocated = s.bytes_allocated,
+      .blocks_freed = s.blocks_freed,
+      .bytes_freed = s.bytes_freed,
+      .peak_live_bytes = s.peak_live_bytes,
+      .dropped_allocations = s.dropped_allocations,
+  };
   /* The counters are read one by one while other threads move them: a free counted after its
    * allocation was read would make the difference wrap below zero. */
-  out->live_blocks = out->blocks_allocated > out->blocks_freed ? out->blocks_allocated - out->blocks_freed : 0;
-  out->live_bytes = out->bytes_allocated > out->bytes_freed ? out->bytes_allocated - out->bytes_freed : 0;
-  if (out->peak_live_bytes < out->live_bytes) out->peak_live_bytes = out->live_bytes;
+  now.live_blocks = now.blocks_allocated > now.blocks_freed ? now.blocks_allocated - now.blocks_freed : 0;
+  now.live_bytes = now.bytes_allocated > now.bytes_freed ? now.bytes_allocated - now.bytes_freed : 0;
+  if (now.peak_live_bytes < now.live_bytes) now.peak_live_bytes = now.live_bytes;
+  memcpy(out, &now, size < sizeof now ? size : sizeof now); /* only what an older caller knows */
   return HEAPDUMP_OK;
 }
+
+/* The entry point of programs built against heapdump 0.1's header, where heapdump_get_stats was
+ * a function (now a macro passing the struct's size). */
+#undef heapdump_get_stats
+__attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_stats *out);
+int heapdump_get_stats(struct heapdump_stats *out) { return heapdump_get_stats_sized(out, STATS_V1_SIZE); }
 
 __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const char *name) {
   if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX) return HEAPDUMP_ERROR_INVALID_ARGUMENT;

@@ -32,6 +32,11 @@
 #include <libunwind.h>
 
 #include "heapdump/heapdump.h"
+
+// heapdump 0.1's entry point, a function then (a macro now): what programs built against that
+// header call.
+extern "C" __attribute__((weak)) int heapdump_get_stats_v0_1(struct heapdump_stats *out)
+    __asm__("heapdump_get_stats");
 #include "table_reader.h"
 #include "heapdump/contract/names.h"
 
@@ -927,6 +932,21 @@ int main(int argc, char **argv) {
       CHECK(heapdump_get_stats(&st) == HEAPDUMP_OK);
       CHECK(st.live_blocks >= 1 && st.blocks_allocated >= st.live_blocks && st.peak_live_bytes >= 3333);
       CHECK(heapdump_get_stats(nullptr) == HEAPDUMP_ERROR_INVALID_ARGUMENT);
+      // Callers of other versions: one built with a larger struct gets zeros past the fields
+      // this library knows; one built against 0.1 (the heapdump_get_stats function, 64 bytes)
+      // gets its fields and nothing written past them; a size below 0.1's is refused.
+      struct {
+        heapdump_stats known;
+        uint64_t later[3];
+      } newer;
+      memset(&newer, 0xff, sizeof newer);
+      CHECK(heapdump_get_stats_sized(&newer.known, sizeof newer) == HEAPDUMP_OK);
+      CHECK(newer.known.live_blocks >= 1 && newer.later[0] == 0 && newer.later[2] == 0);
+      alignas(8) unsigned char old[80];
+      memset(old, 0xab, sizeof old);
+      CHECK((heapdump_get_stats_v0_1)(reinterpret_cast<heapdump_stats *>(old)) == HEAPDUMP_OK);
+      CHECK(reinterpret_cast<heapdump_stats *>(old)->live_blocks >= 1 && old[64] == 0xab && old[79] == 0xab);
+      CHECK(heapdump_get_stats_sized(&st, 63) == HEAPDUMP_ERROR_INVALID_ARGUMENT);
       CHECK(heapdump_take_named_snapshot("") == HEAPDUMP_ERROR_INVALID_ARGUMENT);
       CHECK(heapdump_take_named_snapshot("x") == HEAPDUMP_ERROR_NO_COLLECTOR);
       printf("loaded\n");

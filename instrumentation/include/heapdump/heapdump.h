@@ -21,6 +21,7 @@
 #ifndef HEAPDUMP_HEAPDUMP_H
 #define HEAPDUMP_HEAPDUMP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -30,9 +31,9 @@ extern "C" {
 /* The version of heapdump this header belongs to; every heapdump program prints it with
  * --version. */
 #define HEAPDUMP_VERSION_MAJOR 0
-#define HEAPDUMP_VERSION_MINOR 1
+#define HEAPDUMP_VERSION_MINOR 2
 #define HEAPDUMP_VERSION_PATCH 0
-#define HEAPDUMP_VERSION_STRING "0.1.0"
+#define HEAPDUMP_VERSION_STRING "0.2.0"
 
 #define HEAPDUMP_OK 0
 /* An argument is NULL or out of range. */
@@ -57,7 +58,11 @@ extern "C" {
 #define HEAPDUMP_SNAPSHOT_NAME_MAX 32
 
 /* Process-wide counters since the start of recording. Counters cover recorded blocks only:
- * allocations made while the tables were full are counted in dropped_allocations instead. */
+ * allocations made while the tables were full are counted in dropped_allocations instead.
+ * Later versions add fields only at the end. The size a program was compiled with travels with
+ * every call (heapdump_get_stats passes it), so a library fills only the fields its caller knows
+ * and zeroes the ones it does not know itself: old programs keep working with new libraries, and
+ * new programs with old ones. */
 struct heapdump_stats {
   uint64_t blocks_allocated;
   uint64_t bytes_allocated;     /* requested bytes */
@@ -80,7 +85,12 @@ struct heapdump_stats {
  * consistent set at one instant while other threads allocate.
  * Returns HEAPDUMP_OK; HEAPDUMP_ERROR_INVALID_ARGUMENT if out is NULL;
  * HEAPDUMP_ERROR_NOT_RECORDING (and *out zeroed) if the library is not recording. */
-HEAPDUMP_DECL int heapdump_get_stats(struct heapdump_stats *out);
+#define heapdump_get_stats(out) heapdump_get_stats_sized((out), sizeof(struct heapdump_stats))
+
+/* What heapdump_get_stats calls: size is sizeof(struct heapdump_stats) as the caller was
+ * compiled, at least the 64 bytes of version 0.1's struct (else
+ * HEAPDUMP_ERROR_INVALID_ARGUMENT). */
+HEAPDUMP_DECL int heapdump_get_stats_sized(struct heapdump_stats *out, size_t size);
 
 /* Takes a snapshot of exactly the live allocations at the call (other threads' allocations
  * wait while it is copied) and stores it in the collector under `name`, a NUL-terminated
@@ -100,7 +110,7 @@ HEAPDUMP_DECL int heapdump_take_named_snapshot(const char *name);
 
 #if defined(HEAPDUMP_WEAK_API)
 /* Nonzero if libheapdump.so is present in the process. */
-static inline int heapdump_available(void) { return heapdump_get_stats != 0; }
+static inline int heapdump_available(void) { return heapdump_get_stats_sized != 0; }
 #endif
 
 #ifdef __cplusplus
