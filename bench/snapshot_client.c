@@ -66,7 +66,7 @@ static hd_status on_batch(void *ctx, hd_message *msg,
   c->wire_bytes += msg->size;
   if (c->reader->element_count == 0) c->ended = true;
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
-  return hd_snapshot_receiver_batch_reply(c->channel, msg, msg->txid, &empty);
+  return hd_fidl_snapshot_receiver_batch_reply(c->channel, msg, msg->txid, &empty);
 }
 
 static hd_status on_report_error(void *ctx, hd_message *msg,
@@ -76,7 +76,7 @@ static hd_status on_report_error(void *ctx, hd_message *msg,
   c->error = req->has_error ? (uint32_t)req->error : UINT32_MAX;
   c->ended = true;
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
-  return hd_snapshot_receiver_report_error_reply(c->channel, msg, msg->txid, &empty);
+  return hd_fidl_snapshot_receiver_report_error_reply(c->channel, msg, msg->txid, &empty);
 }
 
 static void usage(FILE *out) {
@@ -147,18 +147,18 @@ int main(int argc, char **argv) {
   req.receiver.index = 0;
   req.has_with_contents = true;
   req.with_contents = contents;
-  status = hd_collector_take_live_snapshot(collector_fd, msg, &req, &ends[1], 1);
+  status = hd_fidl_collector_take_live_snapshot(collector_fd, msg, &req, &ends[1], 1);
   close(ends[1]);
   if (status != HD_OK) {
     fprintf(stderr, "hd_snapshot_client: TakeLiveSnapshot: %s\n", hd_status_str(status));
     return 1;
   }
   c.channel = ends[0];
-  const hd_snapshot_receiver_server server = {
+  const hd_fidl_snapshot_receiver_server server = {
       .batch_prepare = prepare_batch, .batch = on_batch, .report_error = on_report_error};
   while (status == HD_OK && !c.ended) {
     status = hd_message_recv(ends[0], msg);
-    if (status == HD_OK) status = hd_snapshot_receiver_dispatch(&server, &c, msg);
+    if (status == HD_OK) status = hd_fidl_snapshot_receiver_dispatch(&server, &c, msg);
   }
   uint64_t elapsed = now_ns() - start;
   close(ends[0]);

@@ -459,7 +459,7 @@ static hd_status reply_register(handler_ctx *h, hd_message *msg,
     h->close_after = true;
   }
   uint32_t txid = msg->txid;
-  return hd_registry_register_reply(h->k->fd, msg, txid, &resp);
+  return hd_fidl_registry_register_reply(h->k->fd, msg, txid, &resp);
 }
 
 /* Whether the peer of a connection is still there (it waits for our answer until it exits). */
@@ -573,7 +573,7 @@ static hd_status reply_store(handler_ctx *h, hd_message *msg,
   resp.has_error = true;
   resp.error = error;
   uint32_t txid = msg->txid;
-  return hd_snapshot_sink_store_named_snapshot_reply(h->k->fd, msg, txid, &resp);
+  return hd_fidl_snapshot_sink_store_named_snapshot_reply(h->k->fd, msg, txid, &resp);
 }
 
 /* Checked here, stored and answered by the storage worker. */
@@ -700,7 +700,7 @@ static hd_status on_delete(void *ctx, hd_message *msg,
     result.result.err = heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND;
   }
   uint32_t txid = msg->txid;
-  return hd_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);
+  return hd_fidl_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);
 }
 
 static hd_status on_get_process_state(void *ctx, hd_message *msg,
@@ -718,7 +718,7 @@ static hd_status on_get_process_state(void *ctx, hd_message *msg,
     result.result.response = process_state(h->c, (pid_t)req->process_koid, h->k->peer.uid);
   }
   uint32_t txid = msg->txid;
-  return hd_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
+  return hd_fidl_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
 }
 
 static hd_status on_get_next(void *ctx, hd_message *msg,
@@ -734,18 +734,18 @@ static hd_status on_get_next(void *ctx, hd_message *msg,
   result.which_result = heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag;
   result.result.err = h->k->listing_error;
   uint32_t txid = msg->txid;
-  return hd_stored_snapshot_iterator_get_next_reply(h->k->fd, msg, txid, &result);
+  return hd_fidl_stored_snapshot_iterator_get_next_reply(h->k->fd, msg, txid, &result);
 }
 
-static const hd_registry_server registry_server = {.register_ = on_register};
-static const hd_snapshot_sink_server sink_server = {.store_named_snapshot = on_store_named_snapshot};
-static const hd_collector_server collector_server = {
+static const hd_fidl_registry_server registry_server = {.register_ = on_register};
+static const hd_fidl_snapshot_sink_server sink_server = {.store_named_snapshot = on_store_named_snapshot};
+static const hd_fidl_collector_server collector_server = {
     .take_live_snapshot = on_take_live_snapshot,
     .list_stored_snapshots = on_list,
     .download_stored_snapshot = on_download,
     .delete_stored_snapshot = on_delete,
     .get_process_state = on_get_process_state};
-static const hd_stored_snapshot_iterator_server iterator_server = {.get_next = on_get_next};
+static const hd_fidl_stored_snapshot_iterator_server iterator_server = {.get_next = on_get_next};
 
 /* Handles one readable connection; returns false if it must be closed. */
 static bool serve(hd_collector *c, size_t index) {
@@ -759,19 +759,19 @@ static bool serve(hd_collector *c, size_t index) {
   if (status == HD_OK) {
     switch (kind) {
       case CONN_NEW:
-        status = hd_registry_dispatch(&registry_server, &h, msg);
+        status = hd_fidl_registry_dispatch(&registry_server, &h, msg);
         if (status == HD_ERR_UNKNOWN_ORDINAL) {
-          status = hd_collector_dispatch(&collector_server, &h, msg);
+          status = hd_fidl_collector_dispatch(&collector_server, &h, msg);
         }
         break;
       case CONN_CLIENT:
-        status = hd_collector_dispatch(&collector_server, &h, msg);
+        status = hd_fidl_collector_dispatch(&collector_server, &h, msg);
         break;
       case CONN_SINK:
-        status = hd_snapshot_sink_dispatch(&sink_server, &h, msg);
+        status = hd_fidl_snapshot_sink_dispatch(&sink_server, &h, msg);
         break;
       case CONN_ITERATOR:
-        status = hd_stored_snapshot_iterator_dispatch(&iterator_server, &h, msg);
+        status = hd_fidl_stored_snapshot_iterator_dispatch(&iterator_server, &h, msg);
         break;
       case CONN_REGISTRY:
         status = HD_ERR_UNEXPECTED_MESSAGE; /* nothing follows a registration */

@@ -505,7 +505,7 @@ hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing)
   result.result.response.batch.funcs.encode = encode_page;
   result.result.response.batch.arg = &pg;
   uint32_t txid = msg->txid;
-  hd_status status = hd_stored_snapshot_iterator_get_next_reply(fd, msg, txid, &result);
+  hd_status status = hd_fidl_stored_snapshot_iterator_get_next_reply(fd, msg, txid, &result);
   if (status == HD_OK) listing->next = pg.end;
   return status;
 }

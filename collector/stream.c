@@ -254,7 +254,7 @@ static void report_error(hd_batch_channel *ch, heapdump_client_CollectorError er
   heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
   hd_status status = hd_batch_channel_drain(ch);
   if (status == HD_OK) {
-    status = hd_snapshot_receiver_report_error(ch->channel, ch->scratch, &req, NULL, 0, &ack);
+    status = hd_fidl_snapshot_receiver_report_error(ch->channel, ch->scratch, &req, NULL, 0, &ack);
   }
   (void)status; /* the client may be gone; nothing else to tell it */
 }

@@ -76,7 +76,7 @@ static void store_named(hd_collector *c, hd_message *scratch, job *j) {
     resp.error = rc == -EINVAL ? heapdump_process_StoreError_INVALID_SNAPSHOT
                                : heapdump_process_StoreError_STORAGE_FAILED;
   }
-  if (hd_snapshot_sink_store_named_snapshot_reply(j->reply_fd, scratch, j->txid, &resp) != HD_OK) {
+  if (hd_fidl_snapshot_sink_store_named_snapshot_reply(j->reply_fd, scratch, j->txid, &resp) != HD_OK) {
     hd_log(c, HD_LOG_INFO, "%s[%u] did not wait for the answer to its snapshot \"%s\"",
            j->process->name, (unsigned)j->process->pid, j->name);
   }

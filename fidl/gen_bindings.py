@@ -27,6 +27,11 @@ C_KEYWORDS = {"auto", "break", "case", "char", "const", "continue", "default", "
               "switch", "typedef", "union", "unsigned", "void", "volatile", "while"}
 
 
+# Every generated function and type starts with this, so a binding is never mistaken for the
+# hand-written code beside it (the collector's own API, the snapshot reassembler).
+PREFIX = "hd_fidl_"
+
+
 def snake(name):
     """TakeLiveSnapshot -> take_live_snapshot."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
@@ -90,10 +95,10 @@ def generate(fd, stem):
         sc = snake(sname)
         h.append("/* ---- %s ---- */" % sname)
         for m, ordinal in methods:
-            fn = "hd_%s_%s" % (sc, snake(m.name))
+            fn = "%s%s_%s" % (PREFIX, sc, snake(m.name))
             req, resp = c_type(m.input_type), c_type(m.output_type)
             one_way = m.output_type == NO_REPLY
-            h.append("#define HD_ORDINAL_%s UINT64_C(0x%x)" % (fn[3:].upper(), ordinal))
+            h.append("#define HD_ORDINAL_%s_%s UINT64_C(0x%x)" % (sc.upper(), snake(m.name).upper(), ordinal))
             if one_way:
                 h.append("/* One-way: sends %s. fds are borrowed. */" % m.name)
                 h.append("HD_MUST_CHECK hd_status %s(int channel, hd_message *scratch, "
@@ -134,30 +139,30 @@ def generate(fd, stem):
                  " hooks, if set, install nanopb decode callbacks into the zeroed request before it"
                  " is decoded. Handlers take descriptors with hd_message_take_fd and, for two-way"
                  " methods, answer with the *_reply function and msg->txid. */" % sname)
-        h.append("typedef struct hd_%s_server {" % sc)
+        h.append("typedef struct %s%s_server {" % (PREFIX, sc))
         for m, _ in methods:
             req = c_type(m.input_type)
             h.append("  void (*%s_prepare)(void *ctx, %s *request);" % (snake(m.name), req))
             h.append("  hd_status (*%s)(void *ctx, hd_message *msg, %s *request);"
                      % (member(m.name), req))
-        h.append("} hd_%s_server;" % sc)
+        h.append("} %s%s_server;" % (PREFIX, sc))
         h.append("/* True if ordinal is a method of %s. */" % sname)
-        h.append("bool hd_%s_has_ordinal(uint64_t ordinal);" % sc)
+        h.append("bool %s%s_has_ordinal(uint64_t ordinal);" % (PREFIX, sc))
         h.append("/* Decodes msg by ordinal and calls its handler; descriptors the handler leaves"
                  " are closed. HD_ERR_UNKNOWN_ORDINAL (msg untouched) if not a %s method;"
                  " HD_ERR_UNEXPECTED_MESSAGE for a response, a one-way request with a txid, a"
                  " two-way request without one, or a method with no handler. */" % sname)
-        h.append("HD_MUST_CHECK hd_status hd_%s_dispatch(const hd_%s_server *server, void *ctx, "
-                 "hd_message *msg);" % (sc, sc))
+        h.append("HD_MUST_CHECK hd_status %s%s_dispatch(const %s%s_server *server, void *ctx, "
+                 "hd_message *msg);" % (PREFIX, sc, PREFIX, sc))
         h.append("")
-        c.append("bool hd_%s_has_ordinal(uint64_t ordinal) {" % sc)
+        c.append("bool %s%s_has_ordinal(uint64_t ordinal) {" % (PREFIX, sc))
         c.append("  switch (ordinal) {")
         for m, ordinal in methods:
             c.append("    case 0x%xu: return true;" % ordinal)
         c += ["    default: return false;", "  }", "}", ""]
-        c.append("hd_status hd_%s_dispatch(const hd_%s_server *server, void *ctx, hd_message *msg) {"
-                 % (sc, sc))
-        c.append("  if (!hd_%s_has_ordinal(msg->ordinal)) return HD_ERR_UNKNOWN_ORDINAL;" % sc)
+        c.append("hd_status %s%s_dispatch(const %s%s_server *server, void *ctx, hd_message *msg) {"
+                 % (PREFIX, sc, PREFIX, sc))
+        c.append("  if (!%s%s_has_ordinal(msg->ordinal)) return HD_ERR_UNKNOWN_ORDINAL;" % (PREFIX, sc))
         c.append("  hd_status status = HD_ERR_UNEXPECTED_MESSAGE;")
         c.append("  switch (msg->ordinal) {")
         for m, ordinal in methods:

@@ -460,8 +460,8 @@ static hd_status ack(receive_state *st, hd_message *msg, uint64_t ordinal) {
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
   uint32_t txid = msg->txid;
   return ordinal == HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH
-             ? hd_snapshot_receiver_batch_reply(st->channel, msg, txid, &empty)
-             : hd_snapshot_receiver_report_error_reply(st->channel, msg, txid, &empty);
+             ? hd_fidl_snapshot_receiver_batch_reply(st->channel, msg, txid, &empty)
+             : hd_fidl_snapshot_receiver_report_error_reply(st->channel, msg, txid, &empty);
 }
 
 static hd_status on_batch(void *ctx, hd_message *msg,
@@ -504,12 +504,12 @@ hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r
   hd_batch_reader_init(reader, hd_reassembler_add, r);
   receive_state st = {
       .channel = channel, .reader = reader, .reassembler = r, .multi_process = multi_process};
-  const hd_snapshot_receiver_server server = {
+  const hd_fidl_snapshot_receiver_server server = {
       .batch_prepare = prepare_batch, .batch = on_batch, .report_error = on_report_error};
   hd_status status = HD_OK;
   while (status == HD_OK && !st.ended) {
     status = hd_message_recv(channel, msg);
-    if (status == HD_OK) status = hd_snapshot_receiver_dispatch(&server, &st, msg);
+    if (status == HD_OK) status = hd_fidl_snapshot_receiver_dispatch(&server, &st, msg);
     /* An element the reassembler refused is the stream's fault, reported as such. */
     if (status == HD_ERR_DECODE && reader->status != HD_OK) status = reader->status;
   }

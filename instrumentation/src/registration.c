@@ -122,7 +122,7 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   req.exit_snapshot = env_is_one(HD_ENV_EXIT_SNAPSHOT);
   int fds[3] = {alloc->fd, res->fd, sink[1]};
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
-  hd_status status = hd_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
+  hd_status status = hd_fidl_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
   close(sink[1]);
   if (status != HD_OK || resp.has_error) {
     hd_owned_fd_close(&registry);

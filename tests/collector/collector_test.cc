@@ -224,7 +224,7 @@ TEST_F(CollectorTest, BatchesInFlightMayBeAnsweredLaterAndInAnyOrder) {
   }
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
   for (auto it = unanswered.rbegin(); it != unanswered.rend(); ++it) {
-    ASSERT_EQ(hd_snapshot_receiver_batch_reply(call.ends[0], msg.get(), *it, &empty), HD_OK);
+    ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(call.ends[0], msg.get(), *it, &empty), HD_OK);
   }
   ASSERT_EQ(hd_snapshot_receive(call.ends[0], false, &result.ra, &result.error), HD_OK);
   EXPECT_EQ(result.error, 0u);

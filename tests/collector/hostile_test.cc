@@ -200,7 +200,7 @@ int64_t Store(int sink, const char *name, int table) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   auto msg = std::make_unique<hd_message>();
-  hd_status status = hd_snapshot_sink_store_named_snapshot(sink, msg.get(), &req, &table, 1, &resp);
+  hd_status status = hd_fidl_snapshot_sink_store_named_snapshot(sink, msg.get(), &req, &table, 1, &resp);
   close(table);
   EXPECT_EQ(status, HD_OK) << hd_status_str(status);
   if (status != HD_OK) return -1000;
@@ -240,7 +240,7 @@ TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
     const int fds[3] = {alloc, res, sink[1]};
     heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
     auto msg = std::make_unique<hd_message>();
-    EXPECT_EQ(hd_registry_register(fd, msg.get(), &req, fds, 3, &resp), HD_OK);
+    EXPECT_EQ(hd_fidl_registry_register(fd, msg.get(), &req, fds, 3, &resp), HD_OK);
     for (int f : {alloc, res, sink[1]}) close(f);
     return std::make_pair(resp.has_error ? static_cast<int>(resp.error) : 0, std::array<int, 2>{fd, sink[0]});
   };
@@ -674,7 +674,7 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
             req.has_receiver = true;
             req.receiver = {true, 0};
             auto msg = std::make_unique<hd_message>();
-            hd_status sent = hd_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
+            hd_status sent = hd_fidl_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
             (void)sent;  // the collector may have closed the connection already
             close(ends[0]);
             close(ends[1]);

@@ -77,7 +77,7 @@ TEST_F(PermissionTest, ClientOfAnotherUidIsRefused) {
     req.receiver = {true, 0};
     hd_message msg;
     // The collector may already have closed the connection, failing the send: refused too.
-    hd_status sent = hd_collector_take_live_snapshot(fd, &msg, &req, &ends[1], 1);
+    hd_status sent = hd_fidl_collector_take_live_snapshot(fd, &msg, &req, &ends[1], 1);
     close(ends[1]);
     Result result;
     hd_status status = hd_snapshot_receive(ends[0], false, &result.ra, &result.error);

@@ -314,7 +314,7 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
     req.receiver = {true, 0};
     req.with_contents = true;
     auto msg = std::make_unique<hd_message>();
-    ASSERT_EQ(hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+    ASSERT_EQ(hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
     call.SentTheirEnd();
     pid_t target = big.pid;
     result->ra.progress_ctx = &target;

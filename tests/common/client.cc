@@ -40,7 +40,7 @@ hd_status RequestLiveSnapshot(Call &call, const heapdump_client_ProcessSelector 
   req.with_contents = with_contents;
   req.multi_process = multi;
   auto msg = std::make_unique<hd_message>();
-  hd_status status = hd_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1);
+  hd_status status = hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1);
   call.SentTheirEnd();
   return status;
 }
@@ -67,7 +67,7 @@ std::unique_ptr<Result> Download(const std::string &socket, uint32_t id) {
   req.has_snapshot_id = req.has_receiver = true;
   req.snapshot_id = id;
   req.receiver = {true, 0};
-  EXPECT_EQ(hd_collector_download_stored_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1),
+  EXPECT_EQ(hd_fidl_collector_download_stored_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1),
             HD_OK);
   call.SentTheirEnd();
   result->status = hd_snapshot_receive(call.ends[0], false, &result->ra, &result->error);
@@ -120,7 +120,7 @@ Listing List(const std::string &socket, const heapdump_client_ProcessSelector *s
     req.has_process_selector = true;
     req.process_selector = *selector;
   }
-  EXPECT_EQ(hd_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  EXPECT_EQ(hd_fidl_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
   call.SentTheirEnd();
   for (;;) {
     heapdump_client_StoredSnapshotIteratorGetNextRequest next =
@@ -130,7 +130,7 @@ Listing List(const std::string &socket, const heapdump_client_ProcessSelector *s
     size_t before = listing.items.size();
     result.cb_result.arg = &listing.items;
     result.cb_result.funcs.decode = PrepareResponse;
-    listing.status = hd_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next, nullptr,
+    listing.status = hd_fidl_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next, nullptr,
                                                           0, &result);
     if (listing.status != HD_OK) break;
     if (result.which_result == heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag) {
@@ -152,7 +152,7 @@ CallResult Delete(const std::string &socket, uint32_t id) {
   req.snapshot_id = id;
   heapdump_client_CollectorDeleteStoredSnapshotResult result =
       heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
-  out.status = hd_collector_delete_stored_snapshot(call.fd, msg.get(), &req, nullptr, 0, &result);
+  out.status = hd_fidl_collector_delete_stored_snapshot(call.fd, msg.get(), &req, nullptr, 0, &result);
   if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag) {
     out.error = static_cast<uint32_t>(result.result.err);
   }
@@ -169,7 +169,7 @@ ProcessStatus GetProcessState(const std::string &socket, pid_t pid) {
   req.process_koid = static_cast<uint64_t>(pid);
   heapdump_client_CollectorGetProcessStateResult result =
       heapdump_client_CollectorGetProcessStateResult_init_zero;
-  out.status = hd_collector_get_process_state(call.fd, msg.get(), &req, nullptr, 0, &result);
+  out.status = hd_fidl_collector_get_process_state(call.fd, msg.get(), &req, nullptr, 0, &result);
   if (result.which_result == heapdump_client_CollectorGetProcessStateResult_err_tag) {
     out.error = static_cast<uint32_t>(result.result.err);
   } else if (out.status == HD_OK) {

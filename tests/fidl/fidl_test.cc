@@ -113,7 +113,7 @@ hd_status OnTakeLiveSnapshot(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-const hd_collector_server kCollector = {
+const hd_fidl_collector_server kCollector = {
     .take_live_snapshot_prepare = nullptr,
     .take_live_snapshot = OnTakeLiveSnapshot,
     .list_stored_snapshots_prepare = nullptr,
@@ -141,14 +141,14 @@ TEST(Channel, OneWayCallCarriesTheReceiverEnd) {
   req.has_with_contents = true;
   req.with_contents = true;
   int fds[] = {receiver.b};
-  ASSERT_EQ(hd_collector_take_live_snapshot(pair.a, msg.get(), &req, fds, 1), HD_OK);
+  ASSERT_EQ(hd_fidl_collector_take_live_snapshot(pair.a, msg.get(), &req, fds, 1), HD_OK);
 
   auto in = NewMessage();
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
   EXPECT_EQ(in->txid, 0u);
   EXPECT_EQ(in->ordinal, HD_ORDINAL_COLLECTOR_TAKE_LIVE_SNAPSHOT);
   CollectorCalls calls;
-  ASSERT_EQ(hd_collector_dispatch(&kCollector, &calls, in.get()), HD_OK);
+  ASSERT_EQ(hd_fidl_collector_dispatch(&kCollector, &calls, in.get()), HD_OK);
   EXPECT_EQ(calls.take_live_snapshot, 1);
   EXPECT_TRUE(calls.with_contents);
   EXPECT_EQ(calls.by_name, "demo");
@@ -184,7 +184,7 @@ TEST(Channel, MemfdTravelsWithItsContents) {
       std::string name, contents;
       int b;
     } ctx{"", "", pair.b};
-    hd_snapshot_sink_server sink = {};
+    hd_fidl_snapshot_sink_server sink = {};
     sink.store_named_snapshot = [](void *c, hd_message *m,
                                    heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *r) {
       auto *ctx = static_cast<Ctx *>(c);
@@ -197,16 +197,16 @@ TEST(Channel, MemfdTravelsWithItsContents) {
       resp.has_snapshot_id = true;
       resp.snapshot_id = 42;
       uint32_t txid = m->txid;
-      return hd_snapshot_sink_store_named_snapshot_reply(ctx->b, m, txid, &resp);
+      return hd_fidl_snapshot_sink_store_named_snapshot_reply(ctx->b, m, txid, &resp);
     };
-    ASSERT_EQ(hd_snapshot_sink_dispatch(&sink, &ctx, in.get()), HD_OK);
+    ASSERT_EQ(hd_fidl_snapshot_sink_dispatch(&sink, &ctx, in.get()), HD_OK);
     EXPECT_EQ(ctx.name, "after-load");
     EXPECT_EQ(ctx.contents, "table bytes");
   });
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   int fds[] = {memfd};
-  ASSERT_EQ(hd_snapshot_sink_store_named_snapshot(pair.a, msg.get(), &req, fds, 1, &resp), HD_OK);
+  ASSERT_EQ(hd_fidl_snapshot_sink_store_named_snapshot(pair.a, msg.get(), &req, fds, 1, &resp), HD_OK);
   server.join();
   EXPECT_TRUE(resp.has_snapshot_id);
   EXPECT_EQ(resp.snapshot_id, 42u);
@@ -251,7 +251,7 @@ class Malformed : public ::testing::Test {
     hd_status status = hd_message_recv(pair.b, in.get());
     if (status != HD_OK) return status;
     CollectorCalls calls;
-    status = hd_collector_dispatch(&kCollector, &calls, in.get());
+    status = hd_fidl_collector_dispatch(&kCollector, &calls, in.get());
     if (calls.receiver_fd >= 0) close(calls.receiver_fd);
     return status;
   }
@@ -418,7 +418,7 @@ TEST_F(Malformed, ReplyWithWrongTxidIsRefused) {
     auto msg = NewMessage();
     ASSERT_EQ(hd_message_recv(pair.b, msg.get()), HD_OK);
     heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
-    ASSERT_EQ(hd_snapshot_receiver_report_error_reply(pair.b, msg.get(), msg->txid + 1, &empty),
+    ASSERT_EQ(hd_fidl_snapshot_receiver_report_error_reply(pair.b, msg.get(), msg->txid + 1, &empty),
               HD_OK);
   });
   auto msg = NewMessage();
@@ -427,7 +427,7 @@ TEST_F(Malformed, ReplyWithWrongTxidIsRefused) {
   req.has_error = true;
   req.error = heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED;
   heapdump_client_Empty resp = heapdump_client_Empty_init_zero;
-  EXPECT_EQ(hd_snapshot_receiver_report_error(pair.a, msg.get(), &req, nullptr, 0, &resp),
+  EXPECT_EQ(hd_fidl_snapshot_receiver_report_error(pair.a, msg.get(), &req, nullptr, 0, &resp),
             HD_ERR_UNEXPECTED_MESSAGE);
   server.join();
 }
@@ -467,7 +467,7 @@ size_t Deliver(const Capture &capture, hd_reassembler *out, hd_status *final_sta
       hd_status status = hd_batch_reader_decode(reader.get(), in.get());
       if (status != HD_OK) result = status;
       heapdump_client_Empty ack = heapdump_client_Empty_init_zero;
-      ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), txid, &ack), HD_OK);
+      ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(pair.b, in.get(), txid, &ack), HD_OK);
     }
   });
   auto scratch = NewMessage();
@@ -903,7 +903,7 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   EXPECT_EQ(recv(pair.b, &more, 1, MSG_DONTWAIT), -1) << "a batch beyond the window was sent";
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
   // One answer, to the latest batch, opens the window by one.
-  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), txids.back(), &empty), HD_OK);
+  ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(pair.b, in.get(), txids.back(), &empty), HD_OK);
   txids.pop_back();
   ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
@@ -911,7 +911,7 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   // Answers in any order; drain consumes every one.
   EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_TIMED_OUT);
   for (auto it = txids.rbegin(); it != txids.rend(); ++it) {
-    ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), *it, &empty), HD_OK);
+    ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(pair.b, in.get(), *it, &empty), HD_OK);
   }
   EXPECT_EQ(hd_batch_channel_drain(&ch), HD_OK);
   EXPECT_EQ(ch.unanswered_count, 0u);
@@ -919,12 +919,12 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
   EXPECT_EQ(hd_batch_send_on_channel(&ch, body, 0), HD_ERR_TIMED_OUT);
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
   EXPECT_EQ(in->size, HD_HEADER_BYTES);
-  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid, &empty), HD_OK);
+  ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid, &empty), HD_OK);
   EXPECT_EQ(hd_batch_channel_drain(&ch), HD_OK);
   // An answer to a call never made is refused.
   ASSERT_EQ(hd_batch_send_on_channel(&ch, body, sizeof body), HD_OK);
   ASSERT_EQ(hd_message_recv(pair.b, in.get()), HD_OK);
-  ASSERT_EQ(hd_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid + 1, &empty), HD_OK);
+  ASSERT_EQ(hd_fidl_snapshot_receiver_batch_reply(pair.b, in.get(), in->txid + 1, &empty), HD_OK);
   EXPECT_EQ(hd_batch_channel_drain(&ch), HD_ERR_UNEXPECTED_MESSAGE);
 }
 

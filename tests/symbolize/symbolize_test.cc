@@ -676,7 +676,7 @@ void TakeLiveSnapshot(const std::string &socket, pid_t pid, hd_reassembler *ra) 
   req.has_receiver = true;
   req.receiver = {true, 0};
   auto msg = std::make_unique<hd_message>();
-  hd_status sent = hd_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
+  hd_status sent = hd_fidl_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
   close(ends[1]);
   uint32_t error = 0;
   hd_status received = sent == HD_OK ? hd_snapshot_receive(ends[0], false, ra, &error) : sent;

@@ -201,7 +201,7 @@ TEST_F(DaemonTest, StopDoesNotWaitForAStalledClient) {
   req.has_receiver = true;
   req.receiver = {true, 0};
   hd_message msg;
-  ASSERT_EQ(hd_collector_take_live_snapshot(stalled.fd, &msg, &req, &stalled.ends[1], 1), HD_OK);
+  ASSERT_EQ(hd_fidl_collector_take_live_snapshot(stalled.fd, &msg, &req, &stalled.ends[1], 1), HD_OK);
   stalled.SentTheirEnd();
   usleep(300 * 1000);  // the first batch is sent and waits for an acknowledgement never given
   double start = Now();

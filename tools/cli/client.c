@@ -103,14 +103,14 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
     req.has_with_contents = req.has_multi_process = true;
     req.with_contents = o->contents;
     req.multi_process = multi;
-    status = hd_collector_take_live_snapshot(fd, msg, &req, &ends[1], 1);
+    status = hd_fidl_collector_take_live_snapshot(fd, msg, &req, &ends[1], 1);
   } else if (msg != NULL) {
     heapdump_client_CollectorDownloadStoredSnapshotRequest req =
         heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
     req.has_snapshot_id = req.has_receiver = true;
     req.snapshot_id = id;
     req.receiver = (heapdump_client_Handle){.has_index = true, .index = 0};
-    status = hd_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
+    status = hd_fidl_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
   }
   close(ends[1]);
   if (status == HD_OK && kind == LIVE && o->contents) cli_spill_contents(r);
@@ -267,7 +267,7 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
     req.has_iterator = true;
     req.iterator = (heapdump_client_Handle){.has_index = true, .index = 0};
     selector_from(o, o->has_pid ? o->pid : 0, &req.has_process_selector, &req.process_selector);
-    status = hd_collector_list_stored_snapshots(fd, msg, &req, &ends[1], 1);
+    status = hd_fidl_collector_list_stored_snapshots(fd, msg, &req, &ends[1], 1);
   }
   close(ends[1]);
   while (status == HD_OK) {
@@ -278,7 +278,7 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
     result.cb_result.arg = &st;
     result.cb_result.funcs.decode = decode_result;
     st.in_response = 0;
-    status = hd_stored_snapshot_iterator_get_next(ends[0], msg, &next, NULL, 0, &result);
+    status = hd_fidl_stored_snapshot_iterator_get_next(ends[0], msg, &next, NULL, 0, &result);
     if (status == HD_OK &&
         result.which_result == heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag) {
       /* A selector that matches no process is an empty listing, not a failure. */
@@ -331,7 +331,7 @@ int cli_delete(const cli_options *o, uint32_t id) {
   if (msg != NULL) {
     heapdump_client_CollectorDeleteStoredSnapshotRequest req = {.has_snapshot_id = true,
                                                                 .snapshot_id = id};
-    status = hd_collector_delete_stored_snapshot(fd, msg, &req, NULL, 0, &result);
+    status = hd_fidl_collector_delete_stored_snapshot(fd, msg, &req, NULL, 0, &result);
   }
   free(msg);
   close(fd);
@@ -358,7 +358,7 @@ int cli_process_state(const cli_options *o, uint64_t pid,
   if (msg != NULL) {
     heapdump_client_CollectorGetProcessStateRequest req = {.has_process_koid = true,
                                                            .process_koid = pid};
-    status = hd_collector_get_process_state(fd, msg, &req, NULL, 0, &result);
+    status = hd_fidl_collector_get_process_state(fd, msg, &req, NULL, 0, &result);
   }
   free(msg);
   close(fd);
