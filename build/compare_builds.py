@@ -90,7 +90,8 @@ def gn_tests(out_dir):
             if not words:
                 continue
             scripts = [w for w in words if w.endswith(".py")]
-            name = os.path.basename(scripts[0] if scripts else words[-1])
+            programs = [w for w in words if w.startswith("./")]
+            name = os.path.basename(scripts[0] if scripts else programs[0])
             result.add((name, "HD_TEST_COLLECTOR_MODE=detached" in words))
     return result
 
