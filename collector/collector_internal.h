@@ -21,6 +21,7 @@
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump_client.pb.h"
+#include "stored_file.h"
 #include "table_reader.h"
 
 #define HD_MAX_PROCESSES 1024
@@ -64,16 +65,6 @@ typedef struct hd_exit_record {
   uint32_t snapshot_id;
 } hd_exit_record;
 
-typedef struct hd_stored_snapshot_info {
-  uint32_t id;
-  char name[HD_NAME_SIZE];
-  char process_name[HD_NAME_SIZE];
-  uint64_t pid;
-  uid_t uid;
-  uint64_t bytes; /* the file's size */
-  uint64_t taken_at_unix_ns; /* 0: unknown (stored by an older collector) */
-  uint64_t live_bytes, live_blocks;
-} hd_stored_snapshot_info;
 
 typedef struct hd_stored_list {
   hd_stored_snapshot_info *items;

@@ -1,9 +1,7 @@
 /* Stored snapshots: one file per snapshot under the storage directory, written atomically
  * (temporary file, fsync, rename, fsync of the directory), listed and streamed back on request.
  *
- * File layout (little-endian): "HDSNAP01", u32 uid, u32 metadata length, a StoredSnapshot
- * message, then the snapshot's batches as they are sent on the wire: u32 length, Batch body.
- * Snapshot ids come from the `next-id` file, advanced before an id is used, so an id is never
+ * The file layout is in stored_file.h, which reads the files back. Snapshot ids come from the `next-id` file, advanced before an id is used, so an id is never
  * reused, across restarts and evictions alike.
  *
  * The directory must be the collector's own and private (a root collector given a directory
@@ -26,7 +24,6 @@
 #include "collector_internal.h"
 #include "heapdump_client.bindings.h"
 
-static const char kMagic[8] = {'H', 'D', 'S', 'N', 'A', 'P', '0', '1'};
 
 static int mkdirs(const char *path) {
   char buf[4096];
@@ -45,18 +42,6 @@ static bool write_all(int fd, const void *data, size_t size) {
   const uint8_t *p = data;
   while (size > 0) {
     ssize_t n = write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    size -= (size_t)n;
-  }
-  return true;
-}
-
-static bool read_all(int fd, void *data, size_t size) {
-  uint8_t *p = data;
-  while (size > 0) {
-    ssize_t n = read(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     p += n;
@@ -96,44 +81,7 @@ static int take_id(hd_collector *c, uint32_t *id) {
 static int load_info(int dir_fd, const char *name, hd_stored_snapshot_info *info) {
   int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return -errno;
-  int rc = -EINVAL;
-  char magic[8];
-  uint32_t uid, meta_len;
-  uint8_t meta[512];
-  struct stat st;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && read_all(fd, magic, 8) && memcmp(magic, kMagic, 8) == 0 &&
-      read_all(fd, &uid, 4) && read_all(fd, &meta_len, 4) && meta_len <= sizeof meta &&
-      read_all(fd, meta, meta_len)) {
-    heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
-    pb_istream_t in = pb_istream_from_buffer(meta, meta_len);
-    off_t offset = 16 + (off_t)meta_len;
-    if (pb_decode(&in, heapdump_client_StoredSnapshot_fields, &s) && s.has_snapshot_id) {
-      /* Walk the records: each length must fit a batch and the file must end on a record. */
-      rc = 0;
-      while (offset < st.st_size) {
-        uint32_t len;
-        if (pread(fd, &len, 4, offset) != 4 || len > HD_BATCH_CAPACITY ||
-            offset + 4 + (off_t)len > st.st_size) {
-          rc = -EINVAL;
-          break;
-        }
-        offset += 4 + (off_t)len;
-      }
-      if (rc == 0) {
-        memset(info, 0, sizeof *info);
-        info->id = s.snapshot_id;
-        snprintf(info->name, sizeof info->name, "%s", s.snapshot_name);
-        snprintf(info->process_name, sizeof info->process_name, "%s", s.process_name);
-        info->pid = s.process_koid;
-        info->uid = uid;
-        info->bytes = (uint64_t)st.st_size;
-        /* Files stored before these fields existed lack them: zero reads as unknown. */
-        info->taken_at_unix_ns = s.taken_at_unix_ns;
-        info->live_bytes = s.live_bytes;
-        info->live_blocks = s.live_blocks;
-      }
-    }
-  }
+  int rc = hd_stored_file_info(fd, info);
   close(fd);
   return rc;
 }
@@ -384,11 +332,13 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   };
   snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
   snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
+  _Static_assert(heapdump_client_StoredSnapshot_size <= HD_STORED_META_MAX,
+                 "a stored file's reader takes metadata this long");
   uint8_t meta_buf[heapdump_client_StoredSnapshot_size];
   uint32_t meta_len = 0;
   file_sink sink = {fd, encode_meta(&meta, meta_buf, &meta_len) ? 0 : EINVAL};
   uint32_t uid = (uint32_t)p->uid;
-  (void)(sink_write(&sink, kMagic, 8) && sink_write(&sink, &uid, 4) &&
+  (void)(sink_write(&sink, HD_STORED_MAGIC, 8) && sink_write(&sink, &uid, 4) &&
          sink_write(&sink, &meta_len, 4) && sink_write(&sink, meta_buf, meta_len));
   hd_batch_writer *w = malloc(sizeof *w);
   hd_snapshot_totals totals = {0};
@@ -546,23 +496,7 @@ int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *
   snapshot_file_name(id, name, sizeof name);
   int fd = openat(c->storage_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return -ENOENT; /* evicted meanwhile */
-  uint8_t *body = malloc(HD_BATCH_CAPACITY);
-  uint32_t header[2];
-  char magic[8];
-  int rc = 0;
-  if (body == NULL || !read_all(fd, magic, 8) || memcmp(magic, kMagic, 8) != 0 ||
-      !read_all(fd, header, 8) || header[1] > HD_BATCH_CAPACITY || !read_all(fd, body, header[1])) {
-    rc = -EIO;
-  }
-  uint32_t len;
-  while (rc == 0 && read_all(fd, &len, 4)) {
-    if (len > HD_BATCH_CAPACITY || !read_all(fd, body, len)) {
-      rc = -EIO;
-      break;
-    }
-    if (hd_batch_forward(w, body, len) != HD_OK) rc = -EPIPE;
-  }
-  free(body);
+  int rc = hd_stored_file_stream(fd, w);
   close(fd);
   return rc;
 }
