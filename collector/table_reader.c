@@ -67,6 +67,23 @@ static void copy_words(void *dst, const void *src, size_t bytes) {
   for (size_t i = 0; i < bytes / 8; i++) d[i] = LOAD(&s[i]);
 }
 
+/* Maps a table and copies its header, whose magic and layout version come first in both tables
+ * (pinned in the layout header); on any error nothing stays mapped. */
+static hd_read_status map_table(int fd, uint64_t magic, void *header, size_t header_size,
+                                const uint8_t **base, uint64_t *size) {
+  hd_read_status st = map_fd(fd, base, size);
+  if (st != HD_READ_OK) return st;
+  copy_words(header, *base, header_size);
+  uint64_t found_magic;
+  uint32_t found_version;
+  memcpy(&found_magic, header, sizeof found_magic);
+  memcpy(&found_version, (const uint8_t *)header + 8, sizeof found_version);
+  if (found_magic != magic) st = HD_READ_ERR_BAD_MAGIC;
+  else if (found_version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
+  if (st != HD_READ_OK) munmap((void *)*base, *size);
+  return st;
+}
+
 /* ------------------------------------------------------------------ allocations */
 
 struct hd_alloc_reader {
@@ -84,14 +101,10 @@ hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
   *out = NULL;
   const uint8_t *base;
   uint64_t size;
-  hd_read_status st = map_fd(fd, &base, &size);
-  if (st != HD_READ_OK) return st;
   hd_alloc_header h = {0};
-  copy_words(&h, base, sizeof(h));
-  st = HD_READ_OK;
-  if (h.magic != HD_ALLOC_MAGIC) st = HD_READ_ERR_BAD_MAGIC;
-  else if (h.version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
-  else if (h.header_size != sizeof(h) || h.node_size != sizeof(hd_alloc_node) ||
+  hd_read_status st = map_table(fd, HD_ALLOC_MAGIC, &h, sizeof h, &base, &size);
+  if (st != HD_READ_OK) return st;
+  if (h.header_size != sizeof(h) || h.node_size != sizeof(hd_alloc_node) ||
            h.seq_slots != HD_SEQ_SLOTS || h.total_size != size || h.max_bucket_log2 > 31 ||
            h.max_bucket_log2 < HD_MIN_BUCKET_LOG2 || h.node_capacity >= UINT32_MAX ||
            h.seq_offset < sizeof(h) || (h.seq_offset | h.buckets_offset | h.nodes_offset) % 8 ||
@@ -394,13 +407,10 @@ hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
   *out = NULL;
   const uint8_t *base;
   uint64_t size;
-  hd_read_status st = map_fd(fd, &base, &size);
-  if (st != HD_READ_OK) return st;
   hd_res_header h = {0};
-  copy_words(&h, base, sizeof(h));
-  if (h.magic != HD_RES_MAGIC) st = HD_READ_ERR_BAD_MAGIC;
-  else if (h.version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
-  else if (h.header_size != sizeof(h) || h.total_size != size || size > UINT32_MAX ||
+  hd_read_status st = map_table(fd, HD_RES_MAGIC, &h, sizeof h, &base, &size);
+  if (st != HD_READ_OK) return st;
+  if (h.header_size != sizeof(h) || h.total_size != size || size > UINT32_MAX ||
            h.records_offset < sizeof(h) || h.records_offset % 8 || h.records_offset > size)
     st = HD_READ_ERR_BAD_SIZE;
   hd_res_reader *r = st == HD_READ_OK ? calloc(1, sizeof(*r)) : NULL;

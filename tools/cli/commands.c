@@ -50,21 +50,25 @@ static int write_result(const cli_options *o, const hd_reassembler *r, const cha
   return rc;
 }
 
+/* Fails on an unwritable output before the collector is asked for anything. */
+static int probe_output(const cli_options *o) {
+  if (o->output == NULL || strcmp(o->output, "-") == 0) return 0;
+  cli_output probe;
+  int rc = cli_output_open(&probe, o->output);
+  if (rc == 0) cli_output_abort(&probe);
+  return rc;
+}
+
 int cmd_snapshot(cli_options *o) {
   if (o->has_pid && o->name != NULL) {
     cli_error("snapshot: --pid and --name cannot be combined");
     return EXIT_USAGE;
   }
-  /* Fail on an unwritable output before asking the collector for anything. */
-  if (o->output != NULL && strcmp(o->output, "-") != 0) {
-    cli_output probe;
-    int rc = cli_output_open(&probe, o->output);
-    if (rc != 0) return rc;
-    cli_output_abort(&probe);
-  }
+  int rc = probe_output(o);
+  if (rc != 0) return rc;
   hd_reassembler r;
   hd_reassembler_init(&r);
-  int rc = cli_take_live_snapshot(o, o->has_pid ? o->pid : 0, &r);
+  rc = cli_take_live_snapshot(o, o->has_pid ? o->pid : 0, &r);
   if (rc == 0) {
     char stem[128], name[40];
     if (o->all || r.snapshot_count != 1) {
@@ -165,12 +169,8 @@ int cmd_download(cli_options *o, const char *id_text) {
               id_text);
     return EXIT_USAGE;
   }
-  if (o->output != NULL && strcmp(o->output, "-") != 0) {
-    cli_output probe;
-    int rc = cli_output_open(&probe, o->output);
-    if (rc != 0) return rc;
-    cli_output_abort(&probe);
-  }
+  int rc = probe_output(o);
+  if (rc != 0) return rc;
   /* The listing tells which process the snapshot is of; an id it lacks is still asked for, so
    * the collector's answer decides. */
   cli_stored meta = {.id = id};
@@ -179,7 +179,7 @@ int cmd_download(cli_options *o, const char *id_text) {
   cli_options all = *o;
   all.has_pid = false;
   all.name = NULL;
-  int rc = cli_list(&all, &items, &count);
+  rc = cli_list(&all, &items, &count);
   if (rc != 0) return rc;
   for (size_t i = 0; i < count; i++) {
     if (items[i].id == id) meta = items[i];

@@ -14,6 +14,7 @@
 #include "heapdump/tools/dartheap.h"
 #include "heapdump/tools/rawfile.h"
 #include "heapdump/tools/symbolize.h"
+#include "heapdump/tools/util.h"
 
 static const struct {
   const char *name;
@@ -178,19 +179,18 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
 /* Reads the rest of in (after `prefix`, already taken from it) into memory. */
 static int read_input(FILE *in, const char *path, const uint8_t *prefix, size_t prefix_size,
                       uint8_t **out, size_t *size) {
-  size_t capacity = 1 << 16, used = prefix_size;
-  uint8_t *buf = malloc(capacity);
-  if (buf != NULL && prefix_size > 0) memcpy(buf, prefix, prefix_size);
-  while (buf != NULL) {
-    if (used == capacity) {
-      uint8_t *bigger = realloc(buf, capacity * 2);
-      if (bigger == NULL) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = bigger;
-      capacity *= 2;
+  size_t capacity = 0, used = 0;
+  uint8_t *buf = NULL;
+  for (;;) {
+    if (!HD_RESERVE(buf, used, capacity)) { /* room for at least 64 bytes, then doubling */
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    if (used < prefix_size) { /* the bytes already taken from in come first */
+      buf[used] = prefix[used];
+      used++;
+      continue;
     }
     size_t n = fread(buf + used, 1, capacity - used, in);
     used += n;

@@ -238,16 +238,11 @@ static int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *
   z.avail_in = (uInt)size;
   int zrc = Z_OK;
   while (buf != NULL && zrc == Z_OK) {
-    if (used == capacity) {
-      if (capacity >= MAX_PROFILE_BYTES) break;
-      uint8_t *bigger = realloc(buf, capacity * 2);
-      if (bigger == NULL) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = bigger;
-      capacity *= 2;
+    if (used == capacity && capacity >= MAX_PROFILE_BYTES) break;
+    if (!HD_RESERVE(buf, used, capacity)) {
+      free(buf);
+      buf = NULL;
+      break;
     }
     z.next_out = buf + used;
     z.avail_out = (uInt)(capacity - used > UINT32_MAX ? UINT32_MAX : capacity - used);
