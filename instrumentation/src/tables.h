@@ -1,4 +1,5 @@
-/* Writer side of the shared-memory tables (layout: heapdump/contract/shm_layout.h). Runs inside
+/* Writer side of the shared-memory tables (layout: heapdump/contract/shm_layout.h):
+ * alloc_table.c and res_table.c. Runs inside
  * the profiled process; no function here allocates heap memory or takes the loader lock.
  * Error convention: int-returning functions give 0 or a negative errno; insert gives an enum. */
 #ifndef HEAPDUMP_INSTRUMENTATION_TABLES_H
@@ -48,7 +49,7 @@ typedef struct hd_alloc_table {
   hd_alloc_node *nodes;
   uint64_t size;            /* mapping size == memfd size */
   hd_owned_fd memfd;
-  uint32_t slot_sleepers;   /* threads asleep on a slot lock (tables.c, slot_lock) */
+  uint32_t slot_sleepers;   /* threads asleep on a slot lock (alloc_table.c, slot_lock) */
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
    * of a free node is kept in its shared `next` field (unreachable from any bucket). */
   uint64_t free_top;
@@ -103,6 +104,8 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
                                 const char *memfd_name) HD_MUST_CHECK;
 /* With t locked (or private): the number and total requested size of its live records. */
 void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
+/* Hands n of the thread's cached free nodes back to the table's shared free list. */
+void hd_alloc_cache_spill(hd_alloc_table *t, hd_writer_thread *w, uint32_t n);
 /* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.
  * The memfd stays open (t->memfd); returns 0 or -errno. */
 int hd_alloc_table_freeze(hd_alloc_table *t) HD_MUST_CHECK;

@@ -1,4 +1,4 @@
-// Unit tests of the table writer (instrumentation/src/tables.c) read back through the
+// Unit tests of the table writer (instrumentation/src/alloc_table.c, res_table.c) read back through the
 // collector's reader (collector/table_reader.c), both linked directly.
 #include <fcntl.h>
 #include <pthread.h>

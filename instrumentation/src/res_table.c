@@ -1,0 +1,431 @@
+/* Writer side of the resources table: the append-only log of stack traces, thread infos,
+ * executable regions and per-thread counters (heapdump/contract/shm_layout.h). */
+#define _GNU_SOURCE
+#include "tables.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapdump/contract/cpu.h"
+#include "heapdump/contract/stack_codec.h"
+#include "table_memory.h"
+
+/* Private dedup index of stack records: open addressing, slot = (hash >> 32) << 32 | key, 0 =
+ * empty; at most half full. Written under the table lock with release stores, probed lock-free
+ * with acquire loads. It starts small and doubles (a program with few traces should not pay for
+ * the index a huge one needs). A lock-free reader may still be probing an older index: those
+ * stay mapped until the table is destroyed (together no bigger than the current one); a miss
+ * there only sends the reader to the locked path, which uses the current index. */
+typedef struct hd_dedup_index {
+  struct hd_dedup_index *older;
+  uint64_t mask;
+  uint64_t bytes;
+  uint64_t slots[];
+} hd_dedup_index;
+
+#define DEDUP_INITIAL_SLOTS (64u << 10)
+
+static hd_dedup_index *dedup_new(uint64_t slots) {
+  uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(uint64_t), PAGE);
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (m == MAP_FAILED) return NULL;
+  hd_dedup_index *d = m;
+  d->mask = slots - 1;
+  d->bytes = bytes;
+  return d;
+}
+
+static void dedup_free_all(hd_dedup_index *d) {
+  while (d) {
+    hd_dedup_index *older = d->older;
+    munmap(d, d->bytes);
+    d = older;
+  }
+}
+
+static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
+  memset(t, 0, sizeof(*t));
+  t->memfd = HD_OWNED_FD_NONE;
+  if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;
+  if (max_bytes > UINT32_MAX - PAGE) max_bytes = UINT32_MAX - PAGE; /* keys are u32 offsets */
+  max_bytes = ALIGN_UP(max_bytes, PAGE);
+  /* At most one stack record per 40 bytes, and the index at most half full. */
+  t->dedup_max_slots = 1024;
+  while (t->dedup_max_slots < 2 * (max_bytes / 40)) t->dedup_max_slots <<= 1;
+  if (index) {
+    t->dedup = dedup_new(t->dedup_max_slots < DEDUP_INITIAL_SLOTS ? t->dedup_max_slots
+                                                                  : DEDUP_INITIAL_SLOTS);
+    if (!t->dedup) return -ENOMEM;
+  }
+  void *m = NULL;
+  int rc = hd_table_memfd(memfd_name, max_bytes, &m, &t->memfd);
+  if (rc != 0) {
+    dedup_free_all(t->dedup);
+    t->dedup = NULL;
+    return rc;
+  }
+  t->size = max_bytes;
+  t->base = m;
+  t->hdr = m;
+  hd_res_header *h = t->hdr;
+  h->magic = HD_RES_MAGIC;
+  h->version = HD_LAYOUT_VERSION;
+  h->header_size = sizeof(*h);
+  h->total_size = max_bytes;
+  h->records_offset = ALIGN_UP(sizeof(*h), 64);
+  h->pid = (uint32_t)getpid();
+  h->start_time_ns = hd_table_now_ns();
+  __atomic_store_n(&h->used, h->records_offset, __ATOMIC_RELEASE);
+  pthread_mutex_init(&t->lock, NULL);
+  return 0;
+}
+
+int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) {
+  return res_create(t, max_bytes, memfd_name, true);
+}
+
+void hd_res_table_destroy(hd_res_table *t) {
+  if (t->base) munmap(t->base, t->size);
+  dedup_free_all(t->dedup);
+  hd_owned_fd_close(&t->memfd);
+  t->base = NULL;
+  t->hdr = NULL;
+  t->dedup = NULL;
+}
+
+int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) {
+  int rc = res_create(dst, src->size, memfd_name, false);
+  if (rc != 0) return rc;
+  uint64_t used = __atomic_load_n(&src->hdr->used, __ATOMIC_ACQUIRE);
+  memcpy(dst->base, src->base, used);
+  dst->hdr->pid = (uint32_t)getpid();
+  dst->live_bytes = LOAD(&src->live_bytes);
+  dst->dedup_count = src->dedup_count;
+  dst->counters_pool = src->counters_pool;
+  return 0;
+}
+
+void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
+  dst->dedup = src->dedup;
+  dst->dedup_max_slots = src->dedup_max_slots;
+  src->dedup = NULL;
+}
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
+  uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdu;
+    h ^= h >> 32;
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  memcpy(&w, p, n);
+  h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
+  return h ^ (h >> 29);
+}
+
+/* Appends a zeroed record of `size` bytes (multiple of 8) under t->lock; returns its offset or
+ * 0 when full. The caller fills it and then calls publish(). */
+static uint32_t reserve(hd_res_table *t, uint32_t size) {
+  uint64_t used = LOAD(&t->hdr->used);
+  if (used + size > t->size) return 0;
+  return (uint32_t)used;
+}
+
+static void publish(hd_res_table *t, uint32_t off, uint32_t size) {
+  /* Release: the record bytes happen-before any reader that loads the new `used`. */
+  __atomic_store_n(&t->hdr->used, (uint64_t)off + size, __ATOMIC_RELEASE);
+}
+
+/* Under the lock: doubles the index; false when it is at its maximum or memory is short. */
+static bool dedup_grow(hd_res_table *t) {
+  hd_dedup_index *old = t->dedup;
+  uint64_t slots = (old->mask + 1) * 2;
+  if (slots > t->dedup_max_slots) return false;
+  hd_dedup_index *d = dedup_new(slots);
+  if (!d) return false;
+  for (uint64_t i = 0; i <= old->mask; i++) {
+    uint64_t e = old->slots[i];
+    if (e == 0) continue;
+    /* The slot keeps only the hash's high half: the position comes from the record. */
+    const hd_rec_stack *r = (const hd_rec_stack *)(t->base + (uint32_t)e);
+    uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len,
+                            hd_trace_seed(r->frame_count, r->flags)) & d->mask;
+    while (d->slots[j] != 0) j = (j + 1) & d->mask;
+    d->slots[j] = e;
+  }
+  d->older = old;
+  __atomic_store_n(&t->dedup, d, __ATOMIC_RELEASE);
+  return true;
+}
+
+static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc, size_t len,
+                        unsigned count, unsigned flags) {
+  const hd_rec_stack *r = (const hd_rec_stack *)(t->base + key);
+  return r->frame_count == count && r->flags == flags && r->encoded_len == len &&
+         memcmp((const uint8_t *)(r + 1), enc, len) == 0;
+}
+
+static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             unsigned flags, bool may_wait) {
+  uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES];
+  if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
+  size_t len = hd_stack_encode(frames, count, enc);
+  uint64_t h = hash_bytes(enc, len, hd_trace_seed(count, flags));
+  uint32_t tag = (uint32_t)(h >> 32);
+  /* Lock-free lookup: entries are published with release stores after their records. */
+  const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);
+  for (uint64_t i = h & d->mask;; i = (i + 1) & d->mask) {
+    uint64_t e = __atomic_load_n(&d->slots[i], __ATOMIC_ACQUIRE);
+    if (e == 0) break;
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags))
+      return (uint32_t)e;
+  }
+  if (!may_wait) {
+    if (pthread_mutex_trylock(&t->lock) != 0) {
+      __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+      return 0;
+    }
+  } else {
+    pthread_mutex_lock(&t->lock);
+  }
+  hd_dedup_index *idx = t->dedup;
+  uint64_t i = h & idx->mask;
+  for (;; i = (i + 1) & idx->mask) {
+    uint64_t e = LOAD(&idx->slots[i]);
+    if (e == 0) break;
+    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags)) {
+      pthread_mutex_unlock(&t->lock);
+      return (uint32_t)e;
+    }
+  }
+  if ((t->dedup_count + 1) * 2 > idx->mask + 1) {
+    if (!dedup_grow(t)) {
+      pthread_mutex_unlock(&t->lock);
+      __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+      return 0;
+    }
+    idx = t->dedup;
+    for (i = h & idx->mask; idx->slots[i] != 0; i = (i + 1) & idx->mask) {
+    }
+  }
+  uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_stack) + len, 8);
+  uint32_t off = reserve(t, size);
+  if (off == 0) {
+    pthread_mutex_unlock(&t->lock);
+    __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
+    return 0;
+  }
+  hd_rec_stack *r = (hd_rec_stack *)(t->base + off);
+  r->h.type = HD_REC_STACK;
+  r->h.size = size;
+  r->frame_count = (uint16_t)count;
+  r->flags = (uint16_t)flags;
+  r->encoded_len = (uint32_t)len;
+  memcpy(r + 1, enc, len);
+  publish(t, off, size);
+  t->dedup_count++;
+  __atomic_store_n(&idx->slots[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&t->lock);
+  return off;
+}
+
+uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             unsigned flags) {
+  return intern_stack(t, frames, count, flags, true);
+}
+
+uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
+                                    unsigned flags) {
+  return intern_stack(t, frames, count, flags, false);
+}
+
+uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp) {
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = reserve(t, sizeof(hd_rec_thread));
+  if (off != 0) {
+    hd_rec_thread *r = (hd_rec_thread *)(t->base + off);
+    r->h.type = HD_REC_THREAD;
+    r->h.size = sizeof(*r);
+    r->tid = tid;
+    r->timestamp = timestamp;
+    strncpy(r->name, name ? name : "", sizeof(r->name) - 1);
+    publish(t, off, sizeof(*r));
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  return off;
+}
+
+uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *ri) {
+  size_t name_len = ri->name ? strnlen(ri->name, HD_REGION_NAME_MAX - 1) : 0;
+  uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_region) + name_len, 8);
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = reserve(t, size);
+  if (off != 0) {
+    hd_rec_region *r = (hd_rec_region *)(t->base + off);
+    r->h.type = HD_REC_REGION;
+    r->h.size = size;
+    r->address = ri->address;
+    r->size = ri->size;
+    r->file_offset = ri->file_offset;
+    r->vaddr = ri->vaddr;
+    unsigned bl = ri->build_id_len > HD_MAX_BUILD_ID ? HD_MAX_BUILD_ID : ri->build_id_len;
+    memcpy(r->build_id, ri->build_id, bl);
+    r->build_id_len = (uint8_t)bl;
+    r->name_len = (uint16_t)name_len;
+    memcpy(r + 1, ri->name, name_len);
+    publish(t, off, size);
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  return off;
+}
+
+bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w) {
+  if (w->counters_key != 0 || w->retired) return w->counters_key != 0;
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = t->counters_pool;
+  if (off != 0) {
+    /* The previous owner's last counts happen-before this via the lock. */
+    t->counters_pool = ((hd_rec_counters *)(t->base + off))->writer_private;
+  } else if ((off = reserve(t, sizeof(hd_rec_counters))) != 0) {
+    hd_rec_counters *r = (hd_rec_counters *)(t->base + off);
+    r->h.type = HD_REC_COUNTERS;
+    r->h.size = sizeof(*r);
+    r->next = LOAD(&t->hdr->counters_head);
+    publish(t, off, sizeof(*r));
+    __atomic_store_n(&t->hdr->counters_head, off, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  w->counters_key = off;
+  return off != 0;
+}
+
+/* The single writer of a counter: a plain load and store, atomic only so readers see no tear. */
+static inline void counter_add(uint64_t *c, uint64_t n) { STORE(c, LOAD(c) + n); }
+
+static hd_rec_counters *own_counters(hd_res_table *t, const hd_writer_thread *w) {
+  return w && w->counters_key ? (hd_rec_counters *)(t->base + w->counters_key) : NULL;
+}
+
+/* Moves the process's live bytes by delta and raises the peak. A thread holds back its share
+ * while the total cannot be at a new peak because of it (so a single thread's peak is exact;
+ * with several, each holds back less than HD_LIVE_DELTA_FLUSH). */
+static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta) {
+  hd_stats_block *s = &t->hdr->stats;
+  int64_t d = delta;
+  if (w && !w->retired) {
+    d += w->live_delta;
+    bool may_peak = d > 0 && (uint64_t)(LOAD(&t->live_bytes) + d) > LOAD(&s->peak_live_bytes);
+    if (!may_peak && d < HD_LIVE_DELTA_FLUSH && d > -HD_LIVE_DELTA_FLUSH) {
+      w->live_delta = d;
+      return;
+    }
+    w->live_delta = 0;
+  }
+  int64_t live = __atomic_add_fetch(&t->live_bytes, d, __ATOMIC_RELAXED);
+  if (d <= 0 || live <= 0) return;
+  uint64_t peak = LOAD(&s->peak_live_bytes);
+  while ((uint64_t)live > peak && !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak,
+                                                               (uint64_t)live, true,
+                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size) {
+  if (stack_key != 0) {
+    hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
+    __atomic_fetch_add(&r->alloc_blocks, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
+  }
+  hd_rec_counters *c = own_counters(t, w);
+  if (c) {
+    counter_add(&c->blocks_allocated, 1);
+    counter_add(&c->bytes_allocated, size);
+  } else {
+    __atomic_fetch_add(&t->hdr->stats.blocks_allocated, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_allocated, size, __ATOMIC_RELAXED);
+  }
+  add_live(t, w, (int64_t)size);
+}
+
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size) {
+  hd_rec_counters *c = own_counters(t, w);
+  if (c) {
+    counter_add(&c->blocks_freed, 1);
+    counter_add(&c->bytes_freed, size);
+  } else {
+    __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
+  }
+  add_live(t, w, -(int64_t)size);
+}
+
+void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out) {
+  const hd_stats_block *s = &t->hdr->stats;
+  out->blocks_allocated = LOAD(&s->blocks_allocated);
+  out->bytes_allocated = LOAD(&s->bytes_allocated);
+  out->blocks_freed = LOAD(&s->blocks_freed);
+  out->bytes_freed = LOAD(&s->bytes_freed);
+  out->peak_live_bytes = LOAD(&s->peak_live_bytes);
+  out->dropped_allocations = LOAD(&s->dropped_allocations);
+  out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
+  out->dropped_resources = LOAD(&s->dropped_resources);
+  for (uint32_t off = __atomic_load_n(&t->hdr->counters_head, __ATOMIC_ACQUIRE); off != 0;) {
+    const hd_rec_counters *c = (const hd_rec_counters *)(t->base + off);
+    out->blocks_allocated += LOAD(&c->blocks_allocated);
+    out->bytes_allocated += LOAD(&c->bytes_allocated);
+    out->blocks_freed += LOAD(&c->blocks_freed);
+    out->bytes_freed += LOAD(&c->bytes_freed);
+    off = c->next;
+  }
+}
+
+void hd_writer_thread_retire(hd_alloc_table *a, hd_res_table *r, hd_writer_thread *w) {
+  if (w->retired) return;
+  if (w->live_delta != 0) __atomic_add_fetch(&r->live_bytes, w->live_delta, __ATOMIC_RELAXED);
+  w->live_delta = 0;
+  if (w->node_count != 0) hd_alloc_cache_spill(a, w, w->node_count);
+  if (w->counters_key != 0) {
+    pthread_mutex_lock(&r->lock);
+    ((hd_rec_counters *)(r->base + w->counters_key))->writer_private = r->counters_pool;
+    r->counters_pool = w->counters_key;
+    pthread_mutex_unlock(&r->lock);
+    w->counters_key = 0;
+  }
+  w->retired = true;
+}
+
+void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_bytes) {
+  hd_stats_block now;
+  hd_res_read_stats(t, &now);
+  uint64_t blocks = now.blocks_allocated < live_blocks ? live_blocks : now.blocks_allocated;
+  uint64_t bytes = now.bytes_allocated < live_bytes ? live_bytes : now.bytes_allocated;
+  /* Only the base is written: the threads' records keep their counts; unsigned wrap-around
+   * makes base + sum come out right even when the base has to go "below zero". */
+  hd_stats_block *s = &t->hdr->stats;
+  STORE(&s->blocks_allocated, LOAD(&s->blocks_allocated) + (blocks - now.blocks_allocated));
+  STORE(&s->bytes_allocated, LOAD(&s->bytes_allocated) + (bytes - now.bytes_allocated));
+  STORE(&s->blocks_freed, LOAD(&s->blocks_freed) + ((blocks - live_blocks) - now.blocks_freed));
+  STORE(&s->bytes_freed, LOAD(&s->bytes_freed) + ((bytes - live_bytes) - now.bytes_freed));
+  if (LOAD(&s->peak_live_bytes) < live_bytes) STORE(&s->peak_live_bytes, live_bytes);
+  STORE(&t->live_bytes, (int64_t)live_bytes);
+}
+
+void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {
+  uint64_t *f = (uint64_t *)((uint8_t *)&t->hdr->stats + field_offset_in_stats);
+  __atomic_fetch_add(f, 1, __ATOMIC_RELAXED);
+}
