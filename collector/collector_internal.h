@@ -162,6 +162,10 @@ void hd_process_exited(hd_collector *c, hd_process *p);
 heapdump_client_CollectorError hd_select_processes(hd_collector *c, uid_t uid, bool has_selector,
                                                    const heapdump_client_ProcessSelector *sel,
                                                    bool multi, hd_process **out, size_t *count);
+/* Where process pid stands (GetProcessState), as uid (0 sees every process) may know it: from
+ * the live set, else from the record of recent exits. */
+heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *c, pid_t pid,
+                                                                  uid_t uid);
 /* Reads /proc/PID/comm into out. */
 bool hd_read_process_name(pid_t pid, char *out, size_t size);
 
