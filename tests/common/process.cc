@@ -45,10 +45,32 @@ bool WaitUntil(const std::function<bool()> &pred, double seconds) {
 }
 
 std::string ReadFile(const std::string &path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+bool Exists(const std::string &path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> Lines(const std::string &text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::vector<std::string> Glob(const std::string &dir, const std::string &prefix) {
+  std::vector<std::string> out;
+  DIR *d = opendir(dir.c_str());
+  while (dirent *e = d ? readdir(d) : nullptr) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+  }
+  if (d) closedir(d);
+  return out;
 }
 
 void WriteFile(const std::string &path, const std::string &bytes) {

@@ -27,6 +27,11 @@ struct RemoveWhenPassed {
 bool WaitUntil(const std::function<bool()> &pred, double seconds = 20);
 std::string ReadFile(const std::string &path);
 void WriteFile(const std::string &path, const std::string &bytes);
+bool Exists(const std::string &path);
+// The lines of text, without their newlines.
+std::vector<std::string> Lines(const std::string &text);
+// The names of the files in dir that start with prefix.
+std::vector<std::string> Glob(const std::string &dir, const std::string &prefix);
 // Switches the calling process (a fork child) to uid and its primary group; false on failure.
 bool BecomeUser(uid_t uid, gid_t gid);
 

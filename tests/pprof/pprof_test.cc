@@ -169,16 +169,7 @@ WriteResult WriteProfile(const hd_reassembler *r, const hd_pprof_options &option
   return result;
 }
 
-std::string ReadFile(const std::string &path) {
-  std::string data;
-  FILE *f = fopen(path.c_str(), "rb");
-  if (f == nullptr) return data;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
-  fclose(f);
-  return data;
-}
+using hdtest::ReadFile;
 
 std::string Gunzip(const std::string &path) {
   std::string data;

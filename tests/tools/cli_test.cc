@@ -26,43 +26,15 @@ extern "C" {
 #include "heapdump/heapdump.h"
 }
 #include "listener.h"
+#include "process.h"
 
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/hd-cli-test-XXXXXX";
-  return mkdtemp(tmpl);
-}
-
-std::string ReadFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool Exists(const std::string &path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-std::vector<std::string> Lines(const std::string &text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-// Files in dir whose names start with prefix.
-std::vector<std::string> Glob(const std::string &dir, const std::string &prefix) {
-  std::vector<std::string> out;
-  DIR *d = opendir(dir.c_str());
-  while (dirent *e = d ? readdir(d) : nullptr) {
-    if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
-  }
-  if (d) closedir(d);
-  return out;
-}
+using hdtest::Exists;
+using hdtest::Glob;
+using hdtest::Lines;
+using hdtest::ReadFile;
+std::string TempDir() { return hdtest::TempDir("cli-test"); }
 
 struct Output {
   int status = -1;  // exit status, or 128 + signal
