@@ -471,14 +471,7 @@ size_t StatusField(pid_t pid, const std::string &field) {
 // The thread count once it has stopped changing (stream threads end just after their client has
 // its answer).
 size_t SettledThreadCount(pid_t pid) {
-  size_t count = StatusField(pid, "Threads");
-  for (int same = 0, i = 0; same < 10 && i < 500; i++) {
-    usleep(50000);
-    const size_t now = StatusField(pid, "Threads");
-    same = now == count ? same + 1 : 0;
-    count = now;
-  }
-  return count;
+  return hdtest::Settled([pid] { return StatusField(pid, "Threads"); });
 }
 
 // User and system CPU time the process has used, in seconds.

@@ -172,15 +172,19 @@ void Collector::Stop(int sig) {
   pid = -1;
 }
 
-size_t Collector::SettledFdCount() const {
-  size_t count = Fds().size();
+size_t Settled(const std::function<size_t()> &count) {
+  size_t settled = count();
   for (int same = 0, i = 0; same < 10 && i < 500; i++) {
     usleep(50000);
-    size_t now = Fds().size();
-    same = now == count ? same + 1 : 0;
-    count = now;
+    const size_t now = count();
+    same = now == settled ? same + 1 : 0;
+    settled = now;
   }
-  return count;
+  return settled;
+}
+
+size_t Collector::SettledFdCount() const {
+  return Settled([this] { return Fds().size(); });
 }
 
 size_t Collector::PeakRssKb() const {

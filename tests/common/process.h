@@ -25,6 +25,9 @@ struct RemoveWhenPassed {
 };
 // Polls pred every 20 ms for up to `seconds`; true as soon as it holds.
 bool WaitUntil(const std::function<bool()> &pred, double seconds = 20);
+// A count once it has stopped moving (the same for half a second; at most 25 s): of a daemon's
+// descriptors or threads after the work that changed them.
+size_t Settled(const std::function<size_t()> &count);
 std::string ReadFile(const std::string &path);
 void WriteFile(const std::string &path, const std::string &bytes);
 bool Exists(const std::string &path);
