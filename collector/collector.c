@@ -237,99 +237,128 @@ static bool peer_connected(int fd) {
   return poll(&pfd, 1, 0) == 0;
 }
 
-static hd_status on_register(void *ctx, hd_message *msg,
-                             heapdump_process_RegistryRegisterRequest *req) {
-  handler_ctx *h = ctx;
-  hd_collector *c = h->c;
-  pid_t pid = h->k->peer.pid;
-  if (h->k->kind != CONN_NEW) {
-    return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
-  }
+/* What a registration brings, until the live set takes it. */
+typedef struct registration {
+  pid_t pid, own_pid;
+  int sink_fd, pidfd;
+  hd_alloc_reader *alloc;
+  hd_res_reader *res;
+  struct stat table; /* the allocations table's identity */
+} registration;
+
+static void drop_registration(registration *reg) {
+  if (reg->pidfd >= 0) close(reg->pidfd);
+  if (reg->sink_fd >= 0) close(reg->sink_fd);
+  hd_alloc_reader_close(reg->alloc);
+  hd_res_reader_close(reg->res);
+}
+
+/* Checks the versions and the pid the process claims; UNSPECIFIED if they hold. A process in a
+ * container's PID namespace knows itself by another pid than ours: the kernel tells both
+ * (NSpid), so its claim is checked, not trusted. */
+static heapdump_process_RegistryError check_claims(hd_collector *c, pid_t pid,
+                                                   const heapdump_process_RegistryRegisterRequest *req,
+                                                   pid_t *own_pid) {
   if (!req->has_protocol_version || req->protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
       !req->has_layout_version || req->layout_version != HD_LAYOUT_VERSION) {
     hd_log(c, HD_LOG_WARN, "pid %u: unsupported protocol %u / layout %u", (unsigned)pid,
            req->protocol_version, req->layout_version);
-    return reply_register(h, msg, heapdump_process_RegistryError_UNSUPPORTED_VERSION);
+    return heapdump_process_RegistryError_UNSUPPORTED_VERSION;
   }
-  /* A process in a container's PID namespace knows itself by another pid than ours: the kernel
-   * tells both (NSpid), so its claim is checked, not trusted. */
-  const pid_t own_pid = req->has_pid && req->pid != (uint64_t)pid ? hd_own_pid(pid) : pid;
-  if (!req->has_pid || own_pid <= 0 || req->pid != (uint64_t)own_pid) {
+  *own_pid = req->has_pid && req->pid != (uint64_t)pid ? hd_own_pid(pid) : pid;
+  if (!req->has_pid || *own_pid <= 0 || req->pid != (uint64_t)*own_pid) {
     hd_log(c, HD_LOG_WARN, "pid %u tried to register pid %llu", (unsigned)pid,
            (unsigned long long)req->pid);
-    return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+    return heapdump_process_RegistryError_NOT_ALLOWED;
   }
+  return heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED;
+}
+
+/* Takes the tables and the sink out of the message and checks them; false (logged) if refused. */
+static bool take_tables(hd_collector *c, hd_message *msg,
+                        heapdump_process_RegistryRegisterRequest *req, registration *reg) {
   int alloc_fd = hd_message_take_fd(msg, &req->allocations_table);
   int res_fd = hd_message_take_fd(msg, &req->resources_table);
-  int sink_fd = hd_message_take_channel(msg, &req->snapshot_sink);
-  hd_alloc_reader *alloc = NULL;
-  hd_res_reader *res = NULL;
-  struct stat table;
+  reg->sink_fd = hd_message_take_channel(msg, &req->snapshot_sink);
   const char *refused = NULL;
-  if (sink_fd < 0) {
+  if (reg->sink_fd < 0) {
     refused = "the snapshot sink is not a channel";
   } else {
-    (void)hd_open_process_tables(alloc_fd, res_fd, false, own_pid, &alloc, &res, &table, &refused);
+    (void)hd_open_process_tables(alloc_fd, res_fd, false, reg->own_pid, &reg->alloc, &reg->res,
+                                 &reg->table, &refused);
   }
   close(alloc_fd);
   close(res_fd);
-  if (refused != NULL) {
-    hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)pid, refused);
-    close(sink_fd);
-    hd_alloc_reader_close(alloc);
-    hd_res_reader_close(res);
+  if (refused != NULL) hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)reg->pid, refused);
+  return refused == NULL;
+}
+
+/* The name the process gives, else its /proc/PID/comm, else "pidN". */
+static void registered_name(const heapdump_process_RegistryRegisterRequest *req, pid_t pid,
+                            char name[HD_NAME_SIZE]) {
+  if (req->has_process_name && req->process_name[0] != '\0') {
+    snprintf(name, HD_NAME_SIZE, "%s", req->process_name);
+  } else if (!hd_read_process_name(pid, name, HD_NAME_SIZE)) {
+    snprintf(name, HD_NAME_SIZE, "pid%u", (unsigned)pid);
+  }
+}
+
+static hd_status on_register(void *ctx, hd_message *msg,
+                             heapdump_process_RegistryRegisterRequest *req) {
+  handler_ctx *h = ctx;
+  hd_collector *c = h->c;
+  registration reg = {.pid = h->k->peer.pid, .sink_fd = -1, .pidfd = -1};
+  if (h->k->kind != CONN_NEW) {
+    return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+  }
+  heapdump_process_RegistryError claims = check_claims(c, reg.pid, req, &reg.own_pid);
+  if (claims != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
+    return reply_register(h, msg, claims);
+  }
+  if (!take_tables(c, msg, req, &reg)) {
+    drop_registration(&reg);
     return reply_register(h, msg, heapdump_process_RegistryError_BAD_TABLE);
   }
   /* Opened while the peer still waits for our answer, the pidfd names that very process. Without
    * one, the pid may already name another process, whose memory would be served under this
    * one's name: no pidfd, no registration. */
-  int pidfd = hd_pidfd_open(pid);
-  if (pidfd < 0) {
+  reg.pidfd = hd_pidfd_open(reg.pid);
+  if (reg.pidfd < 0) {
     hd_log(c, HD_LOG_WARN, "pid %u: refused: cannot watch its exit (pidfd_open: %s)",
-           (unsigned)pid, strerror(errno));
-    close(sink_fd);
-    hd_alloc_reader_close(alloc);
-    hd_res_reader_close(res);
+           (unsigned)reg.pid, strerror(errno));
+    drop_registration(&reg);
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
   }
   if (!peer_connected(h->k->fd)) {
-    close(pidfd);
-    close(sink_fd);
-    hd_alloc_reader_close(alloc);
-    hd_res_reader_close(res);
+    drop_registration(&reg);
     h->close_after = true;
     return HD_OK;
   }
   char name[HD_NAME_SIZE];
-  if (req->has_process_name && req->process_name[0] != '\0') {
-    snprintf(name, sizeof name, "%s", req->process_name);
-  } else if (!hd_read_process_name(pid, name, sizeof name)) {
-    snprintf(name, sizeof name, "pid%u", (unsigned)pid);
-  }
+  registered_name(req, reg.pid, name);
   bool exit_snapshot = req->has_exit_snapshot && req->exit_snapshot;
-  hd_process *p = hd_process_new(pid, own_pid, h->k->peer.uid, name, exit_snapshot, table.st_dev,
-                                 table.st_ino, pidfd, alloc, res);
+  hd_process *p = hd_process_new(reg.pid, reg.own_pid, h->k->peer.uid, name, exit_snapshot,
+                                 reg.table.st_dev, reg.table.st_ino, reg.pidfd, reg.alloc, reg.res);
   if (p == NULL) {
-    close(pidfd);
-    close(sink_fd);
-    hd_alloc_reader_close(alloc);
-    hd_res_reader_close(res);
+    drop_registration(&reg);
     return HD_ERR_NO_MEMORY;
   }
   bool absorbed;
   hd_process *entry = hd_live_set_add(c, p, true, &absorbed);
   if (entry == NULL) {
-    hd_log(c, HD_LOG_WARN, "pid %u: too many processes", (unsigned)pid);
-    close(sink_fd);
+    hd_log(c, HD_LOG_WARN, "pid %u: too many processes", (unsigned)reg.pid);
+    close(reg.sink_fd);
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
   }
   h->k->kind = CONN_REGISTRY;
   h->k->process = entry;
   /* Without room for its sink the process is still served; its named snapshots fail. */
-  (void)add_conn(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer);
+  (void)add_conn(c, reg.sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer);
   char own[48] = "";
-  if (own_pid != pid) snprintf(own, sizeof own, " (pid %u in its PID namespace)", (unsigned)own_pid);
-  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s%s", name, (unsigned)pid, own,
+  if (reg.own_pid != reg.pid) {
+    snprintf(own, sizeof own, " (pid %u in its PID namespace)", (unsigned)reg.own_pid);
+  }
+  hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s%s", name, (unsigned)reg.pid, own,
          exit_snapshot ? " (exit snapshot on)" : "", absorbed ? ", merged with its entry" : "");
   return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }

@@ -125,10 +125,10 @@ static bool stop_requested(void *collector) {
   return atomic_load(&((hd_collector *)collector)->stop_requested);
 }
 
-int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals) {
-  hd_live_block *blocks = NULL;
-  size_t count = 0;
+/* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc) within the read
+ * timeout; 0, or -EIO (logged). */
+static int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+                            hd_live_block **blocks, size_t *count) {
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
   /* A sealed copy cannot change, nor can the table of a process that has exited (a process
    * killed inside the library leaves a slot locked forever): both are read as they are. */
@@ -138,7 +138,7 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
       .stop_ctx = c,
       .final = snapshot_alloc != NULL || !hd_process_alive(p),
   };
-  hd_read_status rs = hd_alloc_reader_snapshot_unordered(table, &limits, &blocks, &count);
+  hd_read_status rs = hd_alloc_reader_snapshot_unordered(table, &limits, blocks, count);
   hd_alloc_reader_release_pages(table); /* the copy is all this snapshot needs from now on */
   if (rs != HD_READ_OK) {
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
@@ -149,13 +149,19 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u]: %u slot(s) left mid-update by the exited process "
            "skipped", p->name, (unsigned)p->pid, limits.torn_slots);
   }
-  key_set stacks = {0}, threads = {0};
+  return 0;
+}
+
+/* One Allocation per block, noting the stack traces and threads they name. *out_of_memory when
+ * a key could not be noted. */
+static hd_status add_allocations(const hd_live_block *blocks, size_t count, hd_batch_writer *w,
+                                 hd_snapshot_totals *totals, key_set *stacks, key_set *threads,
+                                 bool *out_of_memory) {
   hd_status status = HD_OK;
-  int rc = 0;
   for (size_t i = 0; i < count && status == HD_OK; i++) {
     const hd_live_block *b = &blocks[i];
-    if (!key_set_add(&stacks, b->stack_key) || !key_set_add(&threads, b->thread_key)) {
-      rc = -ENOMEM;
+    if (!key_set_add(stacks, b->stack_key) || !key_set_add(threads, b->thread_key)) {
+      *out_of_memory = true;
       break;
     }
     const heapdump_client_Allocation a = {
@@ -176,15 +182,21 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
       totals->live_blocks++;
     }
   }
-  for (size_t i = 0; i < threads.count && status == HD_OK && rc == 0; i++) {
+  return status;
+}
+
+/* A ThreadInfo for every thread key the allocations name. */
+static hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batch_writer *w) {
+  hd_status status = HD_OK;
+  for (size_t i = 0; i < threads->count && status == HD_OK; i++) {
     hd_thread_info t;
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
     e.element.thread_info.has_thread_info_key = true;
-    e.element.thread_info.thread_info_key = threads.order[i];
+    e.element.thread_info.thread_info_key = threads->order[i];
     e.element.thread_info.has_name = true;
     /* Key 0 (or an unreadable record) still gets an entry, so every reference resolves. */
-    if (threads.order[i] != 0 && hd_res_reader_thread(p->res, threads.order[i], &t) == HD_READ_OK) {
+    if (threads->order[i] != 0 && hd_res_reader_thread(p->res, threads->order[i], &t) == HD_READ_OK) {
       e.element.thread_info.has_koid = true;
       e.element.thread_info.koid = t.tid;
       snprintf(e.element.thread_info.name, sizeof e.element.thread_info.name, "%s", t.name);
@@ -193,40 +205,62 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
     }
     status = hd_batch_add(w, &e);
   }
+  return status;
+}
+
+static hd_status add_region(const hd_region *g, hd_batch_writer *w) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
+  heapdump_client_ExecutableRegion *r = &e.element.executable_region;
+  r->has_address = r->has_size = r->has_file_offset = r->has_vaddr = r->has_name = true;
+  r->address = g->address;
+  r->size = g->size;
+  r->file_offset = g->file_offset;
+  r->vaddr = g->vaddr;
+  r->has_build_id = g->build_id_len > 0;
+  r->build_id.value.size = (pb_size_t)g->build_id_len;
+  memcpy(r->build_id.value.bytes, g->build_id, g->build_id_len);
+  snprintf(r->name, sizeof r->name, "%s", g->name);
+  return hd_batch_add(w, &e);
+}
+
+/* The stack traces the allocations name, then from the resources log the traces no live block
+ * names any more (they still carry allocation counters: what was allocated since start, pprof's
+ * alloc_space) and every executable region. */
+static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
-  for (size_t i = 0; i < stacks.count && status == HD_OK && rc == 0; i++) {
-    status = add_stack_trace(p, stacks.order[i], frames, false, w);
+  hd_status status = HD_OK;
+  for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
+    status = add_stack_trace(p, stacks->order[i], frames, false, w);
   }
-  uint64_t cursor = 0;
   hd_res_entry *entry = malloc(sizeof *entry);
-  while (entry != NULL && status == HD_OK && rc == 0 &&
-         (rs = hd_res_reader_next(p->res, &cursor, entry)) == HD_READ_OK) {
-    /* Stack traces with no live block left still carry allocation counters (what was allocated
-     * since start: pprof's alloc_space), so they are sent too, after the referenced ones. */
-    if (entry->type == HD_ENTRY_STACK && entry->key != 0 && !key_set_contains(&stacks, entry->key)) {
+  if (entry == NULL) return HD_ERR_NO_MEMORY;
+  uint64_t cursor = 0;
+  while (status == HD_OK && hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
+    if (entry->type == HD_ENTRY_STACK && entry->key != 0 && !key_set_contains(stacks, entry->key)) {
       status = add_stack_trace(p, entry->key, frames, true, w);
-      continue;
+    } else if (entry->type == HD_ENTRY_REGION) {
+      status = add_region(&entry->u.region, w);
     }
-    if (entry->type != HD_ENTRY_REGION) continue;
-    const hd_region *g = &entry->u.region;
-    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
-    heapdump_client_ExecutableRegion *r = &e.element.executable_region;
-    r->has_address = r->has_size = r->has_file_offset = r->has_vaddr = r->has_name = true;
-    r->address = g->address;
-    r->size = g->size;
-    r->file_offset = g->file_offset;
-    r->vaddr = g->vaddr;
-    r->has_build_id = g->build_id_len > 0;
-    r->build_id.value.size = (pb_size_t)g->build_id_len;
-    memcpy(r->build_id.value.bytes, g->build_id, g->build_id_len);
-    snprintf(r->name, sizeof r->name, "%s", g->name);
-    status = hd_batch_add(w, &e);
   }
   free(entry);
-  if (status == HD_OK && rc == 0) status = add_stats(p, w);
+  return status;
+}
+
+int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals) {
+  hd_live_block *blocks = NULL;
+  size_t count = 0;
+  int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count);
+  if (rc != 0) return rc;
+  key_set stacks = {0}, threads = {0};
+  bool out_of_memory = false;
+  hd_status status = add_allocations(blocks, count, w, totals, &stacks, &threads, &out_of_memory);
+  if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
+  if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
+  if (status == HD_OK && !out_of_memory) status = add_stats(p, w);
   /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
-  if (with_contents && status == HD_OK && rc == 0) {
+  if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;
     status = hd_read_block_contents(p->pid, p->pidfd, blocks, count, MAX_CONTENTS_BLOCK,
                                     c->max_contents_bytes, &cut, add_contents, w);
@@ -238,8 +272,8 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   free(blocks);
   key_set_free(&stacks);
   key_set_free(&threads);
-  if (rc == 0 && status != HD_OK) rc = -EPIPE;
-  return rc;
+  if (out_of_memory) return -ENOMEM;
+  return status == HD_OK ? 0 : -EPIPE;
 }
 
 /* ---- stream threads ---- */
