@@ -298,10 +298,66 @@ static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
   return HD_OK;
 }
 
+static hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ThreadInfo *t) {
+  size_t unused;
+  if (hd_u64_map_find(&s->thread_index, t->thread_info_key, &unused)) {
+    return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
+                (unsigned long long)t->thread_info_key);
+  }
+  if (!RESERVE(s, threads, thread_count, thread_capacity)) return HD_ERR_NO_MEMORY;
+  hd_snapshot_thread *out = &s->threads[s->thread_count];
+  out->key = t->thread_info_key;
+  out->koid = t->koid;
+  snprintf(out->name, sizeof out->name, "%s", t->name);
+  if (!hd_u64_map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
+  s->thread_count++;
+  return HD_OK;
+}
+
+static hd_status add_region(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ExecutableRegion *g) {
+  size_t unused;
+  if (hd_u64_map_find(&s->region_index, g->address, &unused)) {
+    return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
+                (unsigned long long)g->address);
+  }
+  if (!RESERVE(s, regions, region_count, region_capacity)) return HD_ERR_NO_MEMORY;
+  hd_snapshot_region *out = &s->regions[s->region_count];
+  memset(out, 0, sizeof *out);
+  out->address = g->address;
+  out->size = g->size;
+  out->file_offset = g->file_offset;
+  out->vaddr = g->vaddr;
+  if (g->has_build_id) {
+    out->build_id_size = g->build_id.value.size;
+    memcpy(out->build_id, g->build_id.value.bytes, out->build_id_size);
+  }
+  out->name = strdup(g->name);
+  if (out->name == NULL) return HD_ERR_NO_MEMORY;
+  if (!hd_u64_map_put(&s->region_index, g->address, s->region_count)) {
+    free(out->name);
+    return HD_ERR_NO_MEMORY;
+  }
+  s->region_count++;
+  return HD_OK;
+}
+
+static hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
+                              const heapdump_client_StackTraceCounters *c) {
+  hd_snapshot_stack_trace *t = stack_trace_slot(s, c->stack_trace_key);
+  if (t == NULL) return HD_ERR_NO_MEMORY;
+  if (t->has_counters) {
+    return fail(r, HD_ERR_REASSEMBLY, "duplicate counters for stack trace %llu",
+                (unsigned long long)c->stack_trace_key);
+  }
+  t->has_counters = true;
+  t->allocated_blocks = c->allocated_blocks;
+  t->allocated_bytes = c->allocated_bytes;
+  return HD_OK;
+}
+
 hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
   hd_reassembler *r = reassembler;
   const heapdump_client_SnapshotElement *el = e->element;
-  size_t unused;
   if (el->which_element == heapdump_client_SnapshotElement_snapshot_header_tag) {
     hd_snapshot *s = new_snapshot(r);
     if (s == NULL) return HD_ERR_NO_MEMORY;
@@ -327,60 +383,12 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
         return fail(r, HD_ERR_REASSEMBLY, "block contents without an address");
       }
       return add_block(r, s, el->element.block_contents.address, e->contents, e->contents_size);
-    case heapdump_client_SnapshotElement_thread_info_tag: {
-      const heapdump_client_ThreadInfo *t = &el->element.thread_info;
-      if (hd_u64_map_find(&s->thread_index, t->thread_info_key, &unused)) {
-        return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
-                    (unsigned long long)t->thread_info_key);
-      }
-      if (!RESERVE(s, threads, thread_count, thread_capacity)) return HD_ERR_NO_MEMORY;
-      hd_snapshot_thread *out = &s->threads[s->thread_count];
-      out->key = t->thread_info_key;
-      out->koid = t->koid;
-      snprintf(out->name, sizeof out->name, "%s", t->name);
-      if (!hd_u64_map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
-      s->thread_count++;
-      return HD_OK;
-    }
-    case heapdump_client_SnapshotElement_executable_region_tag: {
-      const heapdump_client_ExecutableRegion *g = &el->element.executable_region;
-      if (hd_u64_map_find(&s->region_index, g->address, &unused)) {
-        return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
-                    (unsigned long long)g->address);
-      }
-      if (!RESERVE(s, regions, region_count, region_capacity)) return HD_ERR_NO_MEMORY;
-      hd_snapshot_region *out = &s->regions[s->region_count];
-      memset(out, 0, sizeof *out);
-      out->address = g->address;
-      out->size = g->size;
-      out->file_offset = g->file_offset;
-      out->vaddr = g->vaddr;
-      if (g->has_build_id) {
-        out->build_id_size = g->build_id.value.size;
-        memcpy(out->build_id, g->build_id.value.bytes, out->build_id_size);
-      }
-      out->name = strdup(g->name);
-      if (out->name == NULL) return HD_ERR_NO_MEMORY;
-      if (!hd_u64_map_put(&s->region_index, g->address, s->region_count)) {
-        free(out->name);
-        return HD_ERR_NO_MEMORY;
-      }
-      s->region_count++;
-      return HD_OK;
-    }
-    case heapdump_client_SnapshotElement_stack_trace_counters_tag: {
-      const heapdump_client_StackTraceCounters *c = &el->element.stack_trace_counters;
-      hd_snapshot_stack_trace *t = stack_trace_slot(s, c->stack_trace_key);
-      if (t == NULL) return HD_ERR_NO_MEMORY;
-      if (t->has_counters) {
-        return fail(r, HD_ERR_REASSEMBLY, "duplicate counters for stack trace %llu",
-                    (unsigned long long)c->stack_trace_key);
-      }
-      t->has_counters = true;
-      t->allocated_blocks = c->allocated_blocks;
-      t->allocated_bytes = c->allocated_bytes;
-      return HD_OK;
-    }
+    case heapdump_client_SnapshotElement_thread_info_tag:
+      return add_thread_info(r, s, &el->element.thread_info);
+    case heapdump_client_SnapshotElement_executable_region_tag:
+      return add_region(r, s, &el->element.executable_region);
+    case heapdump_client_SnapshotElement_stack_trace_counters_tag:
+      return add_counters(r, s, &el->element.stack_trace_counters);
     case heapdump_client_SnapshotElement_process_stats_tag:
       if (s->has_stats) return fail(r, HD_ERR_REASSEMBLY, "duplicate process stats");
       s->has_stats = true;
