@@ -141,6 +141,10 @@ int cmd_report(cli_options *o, const char *input);
  * exit code. */
 int cli_read_snapshot(const char *path, hd_reassembler *r);
 
+/* Fails (with its exit code) on an unwritable --output before anything is asked of a collector
+ * or a command is run. */
+int cli_probe_output(const cli_options *o);
+
 /* Block contents received into r go to an unlinked temporary file in $TMPDIR (else /tmp):
  * they can be far larger than the rest of a snapshot. Where no such file can be made, says so
  * and keeps them in memory. */

@@ -50,21 +50,12 @@ static int write_result(const cli_options *o, const hd_reassembler *r, const cha
   return rc;
 }
 
-/* Fails on an unwritable output before the collector is asked for anything. */
-static int probe_output(const cli_options *o) {
-  if (o->output == NULL || strcmp(o->output, "-") == 0) return 0;
-  cli_output probe;
-  int rc = cli_output_open(&probe, o->output);
-  if (rc == 0) cli_output_abort(&probe);
-  return rc;
-}
-
 int cmd_snapshot(cli_options *o) {
   if (o->has_pid && o->name != NULL) {
     cli_error("snapshot: --pid and --name cannot be combined");
     return EXIT_USAGE;
   }
-  int rc = probe_output(o);
+  int rc = cli_probe_output(o);
   if (rc != 0) return rc;
   hd_reassembler r;
   hd_reassembler_init(&r);
@@ -169,7 +160,7 @@ int cmd_download(cli_options *o, const char *id_text) {
               id_text);
     return EXIT_USAGE;
   }
-  int rc = probe_output(o);
+  int rc = cli_probe_output(o);
   if (rc != 0) return rc;
   /* The listing tells which process the snapshot is of; an id it lacks is still asked for, so
    * the collector's answer decides. */

@@ -227,6 +227,14 @@ static void name_from_path(const char *path, char *name, size_t size, uint64_t *
   snprintf(name, size, "%.*s", (int)strcspn(base, "."), base);
 }
 
+int cli_probe_output(const cli_options *o) {
+  if (o->output == NULL || strcmp(o->output, "-") == 0) return 0;
+  cli_output probe;
+  int rc = cli_output_open(&probe, o->output);
+  if (rc == 0) cli_output_abort(&probe);
+  return rc;
+}
+
 void cli_spill_contents(hd_reassembler *r) {
   const char *tmpdir = getenv("TMPDIR");
   const char *dir = tmpdir != NULL && tmpdir[0] != '\0' ? tmpdir : "/tmp";

@@ -608,6 +608,41 @@ static void save_others(const cli_options *o, const run_results *res, pid_t pid,
   free(children);
 }
 
+/* The terminal sends ^C to the command too; heapdump stays to collect what it leaves, and
+ * passes SIGTERM and SIGHUP on to the command. */
+typedef struct signal_guard {
+  struct sigaction old_int, old_quit, old_term, old_hup;
+} signal_guard;
+
+static void guard_signals(signal_guard *g) {
+  struct sigaction ignore = {.sa_handler = SIG_IGN}, forward = {.sa_handler = forward_signal};
+  sigaction(SIGINT, &ignore, &g->old_int);
+  sigaction(SIGQUIT, &ignore, &g->old_quit);
+  sigaction(SIGTERM, &forward, &g->old_term);
+  sigaction(SIGHUP, &forward, &g->old_hup);
+}
+
+static void restore_signals(const signal_guard *g) {
+  sigaction(SIGINT, &g->old_int, NULL);
+  sigaction(SIGQUIT, &g->old_quit, NULL);
+  sigaction(SIGTERM, &g->old_term, NULL);
+  sigaction(SIGHUP, &g->old_hup, NULL);
+}
+
+/* Downloads the command's exit snapshot, writes it in format f and prints the report. */
+static void write_exit_snapshot(const cli_options *o, const run_results *results, pid_t pid,
+                                cli_format f, int status) {
+  hd_reassembler r;
+  hd_reassembler_init(&r);
+  if (cli_download(o, results->main_exit, &r) == 0) {
+    char path[4200];
+    output_path(o, f, results->main_exit->process_name, (uint64_t)pid, NULL, path, sizeof path);
+    if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
+    print_report(o, &r, results, pid, status);
+  }
+  hd_reassembler_destroy(&r);
+}
+
 int cmd_run(cli_options *o, int argc, char **argv) {
   if (argc == 0) {
     cli_error("run: no command given (usage: heapdump run [OPTIONS] -- COMMAND [ARGS...])");
@@ -619,12 +654,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     return EXIT_RUN_FAILED;
   }
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
-  if (o->output != NULL && strcmp(o->output, "-") != 0) {
-    cli_output probe;
-    int rc = cli_output_open(&probe, o->output);
-    if (rc != 0) return EXIT_RUN_FAILED;
-    cli_output_abort(&probe);
-  }
+  if (cli_probe_output(o) != 0) return EXIT_RUN_FAILED;
 
   embedded e = {0};
   int probe_fd;
@@ -644,14 +674,9 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     embedded_stop(&e);
     return EXIT_RUN_FAILED;
   }
-  /* The terminal sends ^C to the command too; heapdump stays to collect what it leaves. */
-  struct sigaction ignore = {.sa_handler = SIG_IGN}, forward = {.sa_handler = forward_signal};
-  struct sigaction old_int, old_quit, old_term, old_hup;
-  sigaction(SIGINT, &ignore, &old_int);
-  sigaction(SIGQUIT, &ignore, &old_quit);
   g_child = pid;
-  sigaction(SIGTERM, &forward, &old_term);
-  sigaction(SIGHUP, &forward, &old_hup);
+  signal_guard signals;
+  guard_signals(&signals);
 
   int status = wait_for(o, pid, argv[0], e.running, f);
   int command_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -675,22 +700,11 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     cli_error("no exit snapshot of %s[%d]: %s", argv[0], (int)pid,
               missing != NULL ? missing : "it was not stored");
   } else {
-    hd_reassembler r;
-    hd_reassembler_init(&r);
-    if (cli_download(o, results.main_exit, &r) == 0) {
-      char path[4200];
-      output_path(o, f, results.main_exit->process_name, (uint64_t)pid, NULL, path, sizeof path);
-      if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
-      print_report(o, &r, &results, pid, status);
-    }
-    hd_reassembler_destroy(&r);
+    write_exit_snapshot(o, &results, pid, f, status);
   }
   if (e.running) save_others(o, &results, pid, f, &census);
   free(results.items);
   embedded_stop(&e);
-  sigaction(SIGINT, &old_int, NULL);
-  sigaction(SIGQUIT, &old_quit, NULL);
-  sigaction(SIGTERM, &old_term, NULL);
-  sigaction(SIGHUP, &old_hup, NULL);
+  restore_signals(&signals);
   return command_rc;
 }
