@@ -309,7 +309,23 @@ static bool parse_seconds(const char *option, const char *text, unsigned max, ui
   return true;
 }
 
-int main(int argc, char **argv) {
+/* The command line, parsed. */
+typedef struct arguments {
+  hd_collector_options options;
+  bool foreground, stop;
+  const char *log_file, *socket, *storage; /* NULL: not given */
+} arguments;
+
+/* parse_args's answer when the daemon goes on. */
+#define CONTINUE (-1)
+
+/* Parses the command line into *a; CONTINUE, or the exit code to end with now (a usage error,
+ * --help, --version). */
+static int parse_args(int argc, char **argv, arguments *a) {
+  *a = (arguments){.options = {.log_level = HD_LOG_INFO,
+                               .max_stored = DEFAULT_MAX_STORED,
+                               .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES,
+                               .max_contents_bytes = HD_DEFAULT_MAX_CONTENTS_BYTES}};
   static const struct option longopts[] = {
       {"socket", required_argument, 0, 's'},      {"storage", required_argument, 0, 'd'},
       {"max-stored", required_argument, 0, 'n'},  {"max-storage-bytes", required_argument, 0, 'b'},
@@ -319,43 +335,38 @@ int main(int argc, char **argv) {
       {"idle-timeout", required_argument, 0, 'i'}, {"read-timeout", required_argument, 0, 'r'},
       {"max-contents-bytes", required_argument, 0, 'c'},
       {0, 0, 0, 0}};
-  hd_collector_options options = {.log_level = HD_LOG_INFO,
-                                  .max_stored = DEFAULT_MAX_STORED,
-                                  .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES,
-                                  .max_contents_bytes = HD_DEFAULT_MAX_CONTENTS_BYTES};
-  int foreground = 0, stop = 0, opt;
-  const char *log_file = NULL, *socket_arg = NULL, *storage_arg = NULL;
+  int opt;
   unsigned long long count;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (opt) {
-      case 's': socket_arg = optarg; break;
-      case 'd': storage_arg = optarg; break;
+      case 's': a->socket = optarg; break;
+      case 'd': a->storage = optarg; break;
       case 'n':
         if (!parse_count(optarg, UINT32_MAX, &count)) {
           fprintf(stderr, "heapdump-collector: bad --max-stored: %s (a count, 0 for no limit)\n",
                   optarg);
           return 2;
         }
-        options.max_stored = (uint32_t)count;
+        a->options.max_stored = (uint32_t)count;
         break;
       case 'b':
-        if (!parse_bytes("max-storage-bytes", optarg, &options.max_storage_bytes)) return 2;
+        if (!parse_bytes("max-storage-bytes", optarg, &a->options.max_storage_bytes)) return 2;
         break;
       case 'i':
-        if (!parse_seconds("idle-timeout", optarg, 86400, &options.idle_timeout_seconds)) return 2;
+        if (!parse_seconds("idle-timeout", optarg, 86400, &a->options.idle_timeout_seconds)) return 2;
         break;
       case 'r':
-        if (!parse_seconds("read-timeout", optarg, 3600, &options.read_timeout_seconds)) return 2;
+        if (!parse_seconds("read-timeout", optarg, 3600, &a->options.read_timeout_seconds)) return 2;
         break;
       case 'c':
-        if (!parse_bytes("max-contents-bytes", optarg, &options.max_contents_bytes)) return 2;
+        if (!parse_bytes("max-contents-bytes", optarg, &a->options.max_contents_bytes)) return 2;
         break;
-      case 'f': foreground = 1; break;
-      case 'L': log_file = optarg; break;
-      case 'S': stop = 1; break;
+      case 'f': a->foreground = true; break;
+      case 'L': a->log_file = optarg; break;
+      case 'S': a->stop = true; break;
       case 'l':
-        options.log_level = parse_level(optarg);
-        if (options.log_level < 0) {
+        a->options.log_level = parse_level(optarg);
+        if (a->options.log_level < 0) {
           fprintf(stderr, "heapdump-collector: bad --log-level: %s\n", optarg);
           return 2;
         }
@@ -369,6 +380,36 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  return CONTINUE;
+}
+
+/* Signals and limits of the daemon process. Before the socket exists: a SIGTERM the moment a
+ * client sees it listening must stop the collector cleanly (socket and pid file removed), not
+ * kill it. */
+static void prepare_process(void) {
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  /* A file-size limit (ulimit -f) must fail a store with EFBIG, not kill the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
+  /* Connections, processes (a pidfd each) and queued streams hold a descriptor apiece, a few
+   * thousand at most: the usual soft limit of 1024 is raised towards the hard one. */
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max < 65536 ? files.rlim_max : 65536;
+    (void)setrlimit(RLIMIT_NOFILE, &files); /* best effort: the old limit still works */
+  }
+}
+
+int main(int argc, char **argv) {
+  arguments args;
+  const int parsed = parse_args(argc, argv, &args);
+  if (parsed != CONTINUE) return parsed;
+  hd_collector_options options = args.options;
+  const bool foreground = args.foreground;
+  const char *log_file = args.log_file, *socket_arg = args.socket, *storage_arg = args.storage;
   char socket_path[PATH_MAX], storage[PATH_MAX], log_path[PATH_MAX] = "", pid_path[PATH_MAX];
   if (socket_arg != NULL) {
     if (!make_absolute(socket_arg, socket_path, sizeof socket_path)) {
@@ -379,7 +420,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "heapdump-collector: the default socket path is too long\n");
     return 2;
   }
-  if (stop) return stop_daemon(socket_path);
+  if (args.stop) return stop_daemon(socket_path);
   if (storage_arg != NULL) {
     if (!make_absolute(storage_arg, storage, sizeof storage)) {
       fprintf(stderr, "heapdump-collector: --storage path too long\n");
@@ -406,22 +447,7 @@ int main(int argc, char **argv) {
     start_log = memfd_create("heapdump-collector-start", MFD_CLOEXEC);
     if (terminal_fd >= 0 && start_log >= 0) dup2(start_log, STDERR_FILENO);
   }
-  /* Before the socket exists: a SIGTERM the moment a client sees it listening must stop the
-   * collector cleanly (socket and pid file removed), not kill it. */
-  struct sigaction sa = {.sa_handler = on_signal};
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
-  /* A file-size limit (ulimit -f) must fail a store with EFBIG, not kill the daemon. */
-  signal(SIGXFSZ, SIG_IGN);
-  /* Connections, processes (a pidfd each) and queued streams hold a descriptor apiece, a few
-   * thousand at most: the usual soft limit of 1024 is raised towards the hard one. */
-  struct rlimit files;
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max < 65536 ? files.rlim_max : 65536;
-    (void)setrlimit(RLIMIT_NOFILE, &files); /* best effort: the old limit still works */
-  }
+  prepare_process();
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
   if (terminal_fd >= 0) {
