@@ -144,7 +144,8 @@ static void enforce_retention(hd_collector *c) {
   }
 }
 
-int hd_storage_open(hd_collector *c, const char *dir) {
+/* The storage directory: dir, else $XDG_STATE_HOME/heapdump, else ~/.local/state/heapdump. */
+static int choose_storage_dir(hd_collector *c, const char *dir) {
   int n;
   if (dir != NULL) {
     n = snprintf(c->storage_dir, sizeof c->storage_dir, "%s", dir);
@@ -155,7 +156,11 @@ int hd_storage_open(hd_collector *c, const char *dir) {
   } else {
     return -ENOENT;
   }
-  if (n < 0 || (size_t)n >= sizeof c->storage_dir - 64) return -ENAMETOOLONG;
+  return n < 0 || (size_t)n >= sizeof c->storage_dir - 64 ? -ENAMETOOLONG : 0;
+}
+
+/* Creates the directory if need be and opens it; it must be ours, mode 0700, and not a link. */
+static int open_private_dir(hd_collector *c) {
   int rc = mkdirs(c->storage_dir);
   if (rc != 0) {
     hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir, strerror(-rc));
@@ -176,6 +181,11 @@ int hd_storage_open(hd_collector *c, const char *dir) {
            c->storage_dir, (unsigned)geteuid(), (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
     return -EPERM;
   }
+  return 0;
+}
+
+/* The persisted id counter (1 when there is none). */
+static void read_next_id(hd_collector *c) {
   c->next_id = 1;
   int next_fd = openat(c->storage_fd, "next-id", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   FILE *f = next_fd >= 0 ? fdopen(next_fd, "re") : NULL;
@@ -186,10 +196,15 @@ int hd_storage_open(hd_collector *c, const char *dir) {
   } else if (next_fd >= 0) {
     close(next_fd);
   }
+}
+
+/* Lists the stored snapshots in the directory: removes interrupted stores, keeps every id a file
+ * names taken, and skips (with a warning) damaged files. */
+static int scan_stored(hd_collector *c) {
   int list_fd = dup(c->storage_fd); /* closedir closes the descriptor it reads */
   DIR *d = list_fd >= 0 ? fdopendir(list_fd) : NULL;
   if (d == NULL) {
-    rc = -errno;
+    int rc = -errno;
     if (list_fd >= 0) close(list_fd);
     return rc;
   }
@@ -224,6 +239,16 @@ int hd_storage_open(hd_collector *c, const char *dir) {
   closedir(d);
   if (c->stored_count > 1) qsort(c->stored, c->stored_count, sizeof *c->stored, compare_ids);
   if (c->stored_count > 0) hd_log(c, HD_LOG_INFO, "loaded %zu stored snapshots", c->stored_count);
+  return 0;
+}
+
+int hd_storage_open(hd_collector *c, const char *dir) {
+  int rc = choose_storage_dir(c, dir);
+  if (rc == 0) rc = open_private_dir(c);
+  if (rc != 0) return rc;
+  read_next_id(c);
+  rc = scan_stored(c);
+  if (rc != 0) return rc;
   /* Limits lowered since the last run apply at once. */
   pthread_mutex_lock(&c->lock);
   enforce_retention(c);
@@ -287,6 +312,28 @@ static const char *frozen_copy_refusal(int memfd, const hd_process *p, hd_alloc_
   return refused;
 }
 
+/* The summary at the head of a stored file, taken now; its live totals are filled in later. */
+static heapdump_client_StoredSnapshot stored_meta(uint32_t id, const char *name, const hd_process *p) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  heapdump_client_StoredSnapshot meta = {
+      .has_snapshot_id = true,
+      .snapshot_id = id,
+      .has_snapshot_name = true,
+      .has_process_koid = true,
+      .process_koid = (uint64_t)p->pid,
+      .has_process_name = true,
+      .has_taken_at_unix_ns = true,
+      .taken_at_unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec,
+      /* Rewritten in place once known: fixed64, so the message keeps its size. */
+      .has_live_bytes = true,
+      .has_live_blocks = true,
+  };
+  snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
+  snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
+  return meta;
+}
+
 int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
                       uint32_t *out_id) {
   hd_alloc_reader *frozen = NULL;
@@ -315,23 +362,7 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     hd_alloc_reader_close(frozen);
     return -EIO;
   }
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  heapdump_client_StoredSnapshot meta = {
-      .has_snapshot_id = true,
-      .snapshot_id = id,
-      .has_snapshot_name = true,
-      .has_process_koid = true,
-      .process_koid = (uint64_t)p->pid,
-      .has_process_name = true,
-      .has_taken_at_unix_ns = true,
-      .taken_at_unix_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec,
-      /* Rewritten in place once known: fixed64, so the message keeps its size. */
-      .has_live_bytes = true,
-      .has_live_blocks = true,
-  };
-  snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
-  snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
+  heapdump_client_StoredSnapshot meta = stored_meta(id, name, p);
   _Static_assert(heapdump_client_StoredSnapshot_size <= HD_STORED_META_MAX,
                  "a stored file's reader takes metadata this long");
   uint8_t meta_buf[heapdump_client_StoredSnapshot_size];
