@@ -864,7 +864,21 @@ static void scenario_fork_unwinder_locked() {
 // with a pipe of its own. Prints how often the module's file was opened meanwhile (an inotify
 // watch sees every open, however brief) and how many pipes the process holds beyond stdin and
 // stdout; with the library's unwinding, both are 0.
-static void scenario_unwinder_opens(const char *lib) {
+static void scenario_unwinder_opens(const char *built_lib) {
+  // A private copy: the watch must see only this process's opens, not those of the same test
+  // run in parallel for another configuration.
+  char dir[] = "/tmp/hd-unwinder-opens-XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  const std::string copy = std::string(dir) + "/libhd_testlib_nohdr.so";
+  const char *lib = copy.c_str();
+  {
+    int in = open(built_lib, O_RDONLY | O_CLOEXEC), out = open(lib, O_WRONLY | O_CREAT | O_CLOEXEC, 0700);
+    CHECK(in >= 0 && out >= 0);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0) CHECK(write(out, buf, (size_t)n) == n);
+    CHECK(n == 0 && close(in) == 0 && close(out) == 0);
+  }
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
   auto fn = (void *(*)(size_t))dlsym(h, "testlib_allocate_framed");
@@ -897,6 +911,8 @@ static void scenario_unwinder_opens(const char *lib) {
     pipes += strncmp(target, "pipe:", 5) == 0;
   }
   closedir(fds);
+  unlink(lib);
+  rmdir(dir);
   printf("opened %d pipes %d\n", opened, pipes);
 }
 
