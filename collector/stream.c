@@ -82,10 +82,16 @@ static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
   e.element.process_stats = (heapdump_client_ProcessStats){
-      true, st.blocks_allocated, true, st.bytes_allocated, true, st.blocks_freed,
-      true, st.bytes_freed, true, st.live_blocks, true, st.live_bytes,
-      true, st.peak_live_bytes, true, st.dropped_allocations, true, st.dropped_stack_traces,
-      true, st.dropped_resources};
+      .has_blocks_allocated = true, .blocks_allocated = st.blocks_allocated,
+      .has_bytes_allocated = true, .bytes_allocated = st.bytes_allocated,
+      .has_blocks_freed = true, .blocks_freed = st.blocks_freed,
+      .has_bytes_freed = true, .bytes_freed = st.bytes_freed,
+      .has_live_blocks = true, .live_blocks = st.live_blocks,
+      .has_live_bytes = true, .live_bytes = st.live_bytes,
+      .has_peak_live_bytes = true, .peak_live_bytes = st.peak_live_bytes,
+      .has_dropped_allocations = true, .dropped_allocations = st.dropped_allocations,
+      .has_dropped_stack_traces = true, .dropped_stack_traces = st.dropped_stack_traces,
+      .has_dropped_resources = true, .dropped_resources = st.dropped_resources};
   return hd_batch_add(w, &e);
 }
 

@@ -77,7 +77,9 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
       e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
       e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
       e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
-          true, t->key, true, t->allocated_blocks, true, t->allocated_bytes};
+          .has_stack_trace_key = true, .stack_trace_key = t->key,
+          .has_allocated_blocks = true, .allocated_blocks = t->allocated_blocks,
+          .has_allocated_bytes = true, .allocated_bytes = t->allocated_bytes};
       status = hd_batch_add(w, &e);
     }
   }
