@@ -54,6 +54,49 @@ int cli_connect(const cli_options *o, int *fd) {
   return EXIT_NO_COLLECTOR;
 }
 
+/* One request to the collector: the connection, a message buffer for the request and its
+ * answer, and the channel that goes with the request, if any (end 1 is sent; -1 once closed). */
+typedef struct collector_call {
+  int fd;
+  int ends[2];
+  hd_message *msg;
+} collector_call;
+
+/* Closes the channel's end that went with the request: the collector holds its own copy. */
+static void call_sent(collector_call *k) {
+  if (k->ends[1] >= 0) close(k->ends[1]);
+  k->ends[1] = -1;
+}
+
+static void call_close(collector_call *k) {
+  call_sent(k);
+  if (k->ends[0] >= 0) close(k->ends[0]);
+  close(k->fd);
+  free(k->msg);
+}
+
+/* Connects and readies a call, with a channel when with_channel; a call whose answer comes on
+ * the connection itself waits for it at most o->timeout when timed. Reports its own errors;
+ * returns 0 or an exit code. */
+static int call_open(const cli_options *o, bool with_channel, bool timed, collector_call *k) {
+  *k = (collector_call){.fd = -1, .ends = {-1, -1}};
+  int rc = cli_connect(o, &k->fd);
+  if (rc != 0) return rc;
+  if (timed && hd_channel_set_timeout(k->fd, o->timeout) != HD_OK) {
+    cli_error("cannot set a timeout on a channel: %s", strerror(errno));
+    rc = EXIT_FAILURE_;
+  }
+  if (rc == 0 && with_channel && (rc = new_channel(o, k->ends)) != 0) {
+    k->ends[0] = k->ends[1] = -1; /* new_channel closed what it made */
+  }
+  if (rc == 0 && (k->msg = malloc(sizeof *k->msg)) == NULL) {
+    cli_error("out of memory");
+    rc = EXIT_FAILURE_;
+  }
+  if (rc != 0) call_close(k);
+  return rc;
+}
+
 static void selector_from(const cli_options *o, uint64_t pid, bool *has,
                           heapdump_client_ProcessSelector *s) {
   *s = (heapdump_client_ProcessSelector)heapdump_client_ProcessSelector_init_zero;
@@ -85,16 +128,11 @@ typedef enum request_kind { LIVE, DOWNLOAD } request_kind;
 /* Sends the request with a fresh receiver channel and receives the stream into r. */
 static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
                             uint32_t id, hd_reassembler *r, uint32_t *error) {
-  int fd, rc = cli_connect(o, &fd);
+  collector_call k;
+  int rc = call_open(o, true, false, &k);
   if (rc != 0) return rc;
-  int ends[2];
-  if ((rc = new_channel(o, ends)) != 0) {
-    close(fd);
-    return rc;
-  }
-  hd_message *msg = malloc(sizeof *msg);
-  hd_status status = HD_ERR_NO_MEMORY;
-  if (msg != NULL && kind == LIVE) {
+  hd_status status;
+  if (kind == LIVE) {
     heapdump_client_CollectorTakeLiveSnapshotRequest req =
         heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
     selector_from(o, pid, &req.has_process_selector, &req.process_selector);
@@ -103,26 +141,24 @@ static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pi
     req.has_with_contents = req.has_multi_process = true;
     req.with_contents = o->contents;
     req.multi_process = multi;
-    status = hd_fidl_collector_take_live_snapshot(fd, msg, &req, &ends[1], 1);
-  } else if (msg != NULL) {
+    status = hd_fidl_collector_take_live_snapshot(k.fd, k.msg, &req, &k.ends[1], 1);
+  } else {
     heapdump_client_CollectorDownloadStoredSnapshotRequest req =
         heapdump_client_CollectorDownloadStoredSnapshotRequest_init_zero;
     req.has_snapshot_id = req.has_receiver = true;
     req.snapshot_id = id;
     req.receiver = (heapdump_client_Handle){.has_index = true, .index = 0};
-    status = hd_fidl_collector_download_stored_snapshot(fd, msg, &req, &ends[1], 1);
+    status = hd_fidl_collector_download_stored_snapshot(k.fd, k.msg, &req, &k.ends[1], 1);
   }
-  close(ends[1]);
+  call_sent(&k);
   if (status == HD_OK && kind == LIVE && o->contents) cli_spill_contents(r);
   if (status == HD_OK) {
     cli_progress_attach(r);
-    status = hd_snapshot_receive(ends[0], multi, r, error);
+    status = hd_snapshot_receive(k.ends[0], multi, r, error);
     cli_progress_done(r);
     if (status == HD_OK && *error == 0) status = hd_reassembler_finish(r);
   }
-  free(msg);
-  close(ends[0]);
-  close(fd);
+  call_close(&k);
   if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, "send the next part of the snapshot");
   if (status != HD_OK) {
     if (status == HD_ERR_REASSEMBLY || status == HD_ERR_DECODE) {
@@ -251,25 +287,17 @@ static bool decode_result(pb_istream_t *stream, const pb_field_t *field, void **
 }
 
 int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
-  int fd, rc = cli_connect(o, &fd);
+  collector_call k;
+  int rc = call_open(o, true, false, &k);
   if (rc != 0) return rc;
-  int ends[2];
-  if ((rc = new_channel(o, ends)) != 0) {
-    close(fd);
-    return rc;
-  }
-  hd_message *msg = malloc(sizeof *msg);
   list_state st = {0};
-  hd_status status = HD_ERR_NO_MEMORY;
-  if (msg != NULL) {
-    heapdump_client_CollectorListStoredSnapshotsRequest req =
-        heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
-    req.has_iterator = true;
-    req.iterator = (heapdump_client_Handle){.has_index = true, .index = 0};
-    selector_from(o, o->has_pid ? o->pid : 0, &req.has_process_selector, &req.process_selector);
-    status = hd_fidl_collector_list_stored_snapshots(fd, msg, &req, &ends[1], 1);
-  }
-  close(ends[1]);
+  heapdump_client_CollectorListStoredSnapshotsRequest req =
+      heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
+  req.has_iterator = true;
+  req.iterator = (heapdump_client_Handle){.has_index = true, .index = 0};
+  selector_from(o, o->has_pid ? o->pid : 0, &req.has_process_selector, &req.process_selector);
+  hd_status status = hd_fidl_collector_list_stored_snapshots(k.fd, k.msg, &req, &k.ends[1], 1);
+  call_sent(&k);
   while (status == HD_OK) {
     heapdump_client_StoredSnapshotIteratorGetNextRequest next =
         heapdump_client_StoredSnapshotIteratorGetNextRequest_init_zero;
@@ -278,23 +306,19 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
     result.cb_result.arg = &st;
     result.cb_result.funcs.decode = decode_result;
     st.in_response = 0;
-    status = hd_fidl_stored_snapshot_iterator_get_next(ends[0], msg, &next, NULL, 0, &result);
+    status = hd_fidl_stored_snapshot_iterator_get_next(k.ends[0], k.msg, &next, NULL, 0, &result);
     if (status == HD_OK &&
         result.which_result == heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag) {
       /* A selector that matches no process is an empty listing, not a failure. */
       if (result.result.err == heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH) break;
       cli_error("the collector refused the listing (error %d)", (int)result.result.err);
-      free(msg);
       free(st.items);
-      close(ends[0]);
-      close(fd);
+      call_close(&k);
       return EXIT_FAILURE_;
     }
     if (status == HD_OK && st.in_response == 0) break;
   }
-  free(msg);
-  close(ends[0]);
-  close(fd);
+  call_close(&k);
   if (status == HD_ERR_TIMED_OUT) {
     free(st.items);
     return cli_timed_out(o, "answer the listing");
@@ -310,31 +334,16 @@ int cli_list(const cli_options *o, cli_stored **out, size_t *count) {
   return 0;
 }
 
-/* Connects for one two-way call whose answer may take o->timeout. */
-static int connect_for_call(const cli_options *o, int *fd) {
-  int rc = cli_connect(o, fd);
-  if (rc == 0 && hd_channel_set_timeout(*fd, o->timeout) != HD_OK) {
-    cli_error("cannot set a timeout on a channel: %s", strerror(errno));
-    close(*fd);
-    rc = EXIT_FAILURE_;
-  }
-  return rc;
-}
-
 int cli_delete(const cli_options *o, uint32_t id) {
-  int fd, rc = connect_for_call(o, &fd);
+  collector_call k;
+  int rc = call_open(o, false, true, &k);
   if (rc != 0) return rc;
-  hd_message *msg = malloc(sizeof *msg);
   heapdump_client_CollectorDeleteStoredSnapshotResult result =
       heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
-  hd_status status = HD_ERR_NO_MEMORY;
-  if (msg != NULL) {
-    heapdump_client_CollectorDeleteStoredSnapshotRequest req = {.has_snapshot_id = true,
-                                                                .snapshot_id = id};
-    status = hd_fidl_collector_delete_stored_snapshot(fd, msg, &req, NULL, 0, &result);
-  }
-  free(msg);
-  close(fd);
+  heapdump_client_CollectorDeleteStoredSnapshotRequest req = {.has_snapshot_id = true,
+                                                              .snapshot_id = id};
+  hd_status status = hd_fidl_collector_delete_stored_snapshot(k.fd, k.msg, &req, NULL, 0, &result);
+  call_close(&k);
   if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, "answer the deletion");
   if (status != HD_OK) {
     cli_error("deleting snapshot %" PRIu32 " failed: %s", id, hd_status_str(status));
@@ -349,19 +358,15 @@ int cli_delete(const cli_options *o, uint32_t id) {
 
 int cli_process_state(const cli_options *o, uint64_t pid,
                       heapdump_client_CollectorGetProcessStateResponse *out) {
-  int fd, rc = connect_for_call(o, &fd);
+  collector_call k;
+  int rc = call_open(o, false, true, &k);
   if (rc != 0) return rc;
-  hd_message *msg = malloc(sizeof *msg);
   heapdump_client_CollectorGetProcessStateResult result =
       heapdump_client_CollectorGetProcessStateResult_init_zero;
-  hd_status status = HD_ERR_NO_MEMORY;
-  if (msg != NULL) {
-    heapdump_client_CollectorGetProcessStateRequest req = {.has_process_koid = true,
-                                                           .process_koid = pid};
-    status = hd_fidl_collector_get_process_state(fd, msg, &req, NULL, 0, &result);
-  }
-  free(msg);
-  close(fd);
+  heapdump_client_CollectorGetProcessStateRequest req = {.has_process_koid = true,
+                                                         .process_koid = pid};
+  hd_status status = hd_fidl_collector_get_process_state(k.fd, k.msg, &req, NULL, 0, &result);
+  call_close(&k);
   /* Quiet: the caller falls back to waiting when the collector cannot say. */
   if (status == HD_ERR_TIMED_OUT) return EXIT_TIMEOUT;
   if (status != HD_OK ||
