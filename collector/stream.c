@@ -214,22 +214,6 @@ static hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batc
   return status;
 }
 
-static hd_status add_region(const hd_region *g, hd_batch_writer *w) {
-  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-  e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
-  heapdump_client_ExecutableRegion *r = &e.element.executable_region;
-  r->has_address = r->has_size = r->has_file_offset = r->has_vaddr = r->has_name = true;
-  r->address = g->address;
-  r->size = g->size;
-  r->file_offset = g->file_offset;
-  r->vaddr = g->vaddr;
-  r->has_build_id = g->build_id_len > 0;
-  r->build_id.value.size = (pb_size_t)g->build_id_len;
-  memcpy(r->build_id.value.bytes, g->build_id, g->build_id_len);
-  snprintf(r->name, sizeof r->name, "%s", g->name);
-  return hd_batch_add(w, &e);
-}
-
 /* The stack traces the allocations name, then from the resources log the traces no live block
  * names any more (they still carry allocation counters: what was allocated since start, pprof's
  * alloc_space) and every executable region. */
@@ -246,7 +230,9 @@ static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd
     if (entry->type == HD_ENTRY_STACK && entry->key != 0 && !key_set_contains(stacks, entry->key)) {
       status = add_stack_trace(p, entry->key, frames, true, w);
     } else if (entry->type == HD_ENTRY_REGION) {
-      status = add_region(&entry->u.region, w);
+      const hd_region *g = &entry->u.region;
+      status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
+                                              g->build_id, g->build_id_len, g->name);
     }
   }
   free(entry);

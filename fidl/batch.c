@@ -4,6 +4,7 @@
 
 #include <pb_decode.h>
 #include <pb_encode.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "heapdump_client.bindings.h"
@@ -275,6 +276,26 @@ static size_t contents_chunk(uint64_t address, size_t left, size_t room) {
   if (n > left) n = left;
   while (n < left && block_contents_total(address, n + 1) <= room) n++;
   return n;
+}
+
+hd_status hd_batch_add_executable_region(hd_batch_writer *w, uint64_t address, uint64_t size,
+                                         uint64_t file_offset, uint64_t vaddr,
+                                         const uint8_t *build_id, size_t build_id_size,
+                                         const char *name) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
+  heapdump_client_ExecutableRegion *r = &e.element.executable_region;
+  if (build_id_size > sizeof r->build_id.value.bytes) return HD_ERR_INVALID_ARGS;
+  r->has_address = r->has_size = r->has_file_offset = r->has_vaddr = r->has_name = true;
+  r->address = address;
+  r->size = size;
+  r->file_offset = file_offset;
+  r->vaddr = vaddr;
+  r->has_build_id = build_id_size > 0;
+  r->build_id.value.size = (pb_size_t)build_id_size;
+  if (build_id_size > 0) memcpy(r->build_id.value.bytes, build_id, build_id_size);
+  snprintf(r->name, sizeof r->name, "%s", name);
+  return hd_batch_add(w, &e);
 }
 
 hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address, const uint8_t *bytes,

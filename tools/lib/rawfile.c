@@ -85,19 +85,8 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
   }
   for (size_t i = 0; i < s->region_count && status == HD_OK; i++) {
     const hd_snapshot_region *g = &s->regions[i];
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
-    heapdump_client_ExecutableRegion *x = &e.element.executable_region;
-    x->has_address = x->has_size = x->has_file_offset = x->has_vaddr = x->has_name = true;
-    x->address = g->address;
-    x->size = g->size;
-    x->file_offset = g->file_offset;
-    x->vaddr = g->vaddr;
-    x->has_build_id = g->build_id_size > 0;
-    x->build_id.value.size = (pb_size_t)g->build_id_size;
-    memcpy(x->build_id.value.bytes, g->build_id, g->build_id_size);
-    snprintf(x->name, sizeof x->name, "%s", g->name ? g->name : "");
-    status = hd_batch_add(w, &e);
+    status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
+                                            g->build_id, g->build_id_size, g->name ? g->name : "");
   }
   for (size_t i = 0; i < s->allocation_count && status == HD_OK; i++) {
     const hd_snapshot_allocation *a = &s->allocations[i];

@@ -48,6 +48,12 @@ HD_MUST_CHECK hd_status hd_batch_add_allocation(hd_batch_writer *w,
 HD_MUST_CHECK hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key,
                                                  const uint64_t *addresses, size_t count,
                                                  bool truncated);
+/* Appends an executable region (a build ID longer than the IDL allows is HD_ERR_INVALID_ARGS;
+ * a name longer than it allows is cut). */
+HD_MUST_CHECK hd_status hd_batch_add_executable_region(hd_batch_writer *w, uint64_t address,
+                                                       uint64_t size, uint64_t file_offset,
+                                                       uint64_t vaddr, const uint8_t *build_id,
+                                                       size_t build_id_size, const char *name);
 /* Appends a block's contents, split into several elements with the same address if needed. */
 HD_MUST_CHECK hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address,
                                                     const uint8_t *bytes, size_t size);
