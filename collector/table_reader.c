@@ -96,6 +96,16 @@ static bool range_ok(uint64_t off, uint64_t len, uint64_t size) {
   return off <= size && len <= size - off;
 }
 
+/* A zeroed reader of reader_size bytes for a mapped table whose header passed (*st OK); NULL
+ * otherwise, or out of memory (*st says which), with the table unmapped. */
+static void *reader_or_unmap(hd_read_status *st, const uint8_t *base, uint64_t size,
+                             size_t reader_size) {
+  void *r = *st == HD_READ_OK ? calloc(1, reader_size) : NULL;
+  if (*st == HD_READ_OK && r == NULL) *st = HD_READ_ERR_NO_MEMORY;
+  if (*st != HD_READ_OK) munmap((void *)base, size);
+  return r;
+}
+
 hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
   if (!out) return HD_READ_ERR_ARG;
   *out = NULL;
@@ -114,12 +124,8 @@ hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
            h.nodes_offset < h.buckets_offset + ((uint64_t)4 << h.max_bucket_log2) ||
            !range_ok(h.nodes_offset, (uint64_t)h.node_capacity * sizeof(hd_alloc_node), size))
     st = HD_READ_ERR_BAD_SIZE;
-  hd_alloc_reader *r = st == HD_READ_OK ? calloc(1, sizeof(*r)) : NULL;
-  if (st == HD_READ_OK && !r) st = HD_READ_ERR_NO_MEMORY;
-  if (st != HD_READ_OK) {
-    munmap((void *)base, size);
-    return st;
-  }
+  hd_alloc_reader *r = reader_or_unmap(&st, base, size, sizeof *r);
+  if (r == NULL) return st;
   r->base = base;
   r->size = size;
   r->h = h;
@@ -244,144 +250,184 @@ static hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_u
   return now > give_up_at ? HD_READ_ERR_BUSY : HD_READ_OK;
 }
 
+/* Waits out a doubling in progress (for up to kSlotPatienceNs, like a busy slot) rather than
+ * count it as a restart: one doubling of a big table outlasts many quick retries. Only passes
+ * that a doubling invalidated count, and a table doubles at most 31 times. *resize_seq: the
+ * (even) value the pass starts from. */
+static hd_read_status wait_out_doubling(const hd_alloc_header *h, hd_read_limits *limits,
+                                        uint32_t *resize_seq) {
+  uint32_t rs = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
+  if (limits != NULL && limits->final && (rs & 1)) {
+    return HD_READ_ERR_CORRUPT; /* its writer died doubling it: the buckets are half moved */
+  }
+  uint64_t give_up_at = 0;
+  hd_read_status waited;
+  for (unsigned wait = 0; rs & 1; wait++) {
+    if (wait == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
+    if (wait > 16 && wait % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
+      return waited;
+    }
+    backoff(wait);
+    rs = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
+  }
+  *resize_seq = rs;
+  return HD_READ_OK;
+}
+
+/* One pass over the buckets, copying every chain into bv. */
+typedef struct copy_pass {
+  const hd_alloc_reader *r;
+  const hd_alloc_header *h;
+  const uint32_t *seq, *buckets;
+  const hd_alloc_node *nodes;
+  uint32_t log2;
+  uint64_t bucket_count;
+  uint64_t high_water; /* refreshed when a link points past it */
+  size_t limit;        /* pass_limit, refreshed when reached */
+  block_vec *bv;
+  /* resized: the bucket array changed under the pass; overfull: the pass copied more blocks
+   * than the table can hold, which only churn (or a hostile writer) explains. Either restarts. */
+  bool resized, overfull;
+} copy_pass;
+
+static hd_read_status begin_pass(const hd_alloc_reader *r, block_vec *bv, copy_pass *p) {
+  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
+  const uint32_t log2 = LOAD(&h->bucket_log2);
+  if (log2 < HD_MIN_BUCKET_LOG2 || log2 > r->h.max_bucket_log2) return HD_READ_ERR_CORRUPT;
+  bv->n = 0;
+  *p = (copy_pass){
+      .r = r,
+      .h = h,
+      .seq = (const uint32_t *)(r->base + r->h.seq_offset),
+      .buckets = (const uint32_t *)(r->base + r->h.buckets_offset),
+      .nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset),
+      .log2 = log2,
+      .bucket_count = (uint64_t)1 << log2,
+      .high_water = high_water_now(r),
+      .limit = pass_limit(r),
+      .bv = bv,
+  };
+  return HD_READ_OK;
+}
+
+/* Appends the chain of bucket b to the pass's copy. *bad when no writer could have left it so
+ * (a node never handed out, a cycle, a node in another bucket, an address twice); may set
+ * p->overfull. False only when out of memory. */
+static bool copy_chain(copy_pass *p, uint64_t b, bool *bad) {
+  const size_t chain_start = p->bv->n;
+  /* Brent's cycle detection: a chain that returns to a node is caught within twice its length,
+   * at no memory cost, however many nodes the header claims. */
+  uint32_t tortoise = HD_LINK_NONE;
+  uint64_t power = 1, lambda = 0;
+  for (uint32_t link = LOAD(&p->buckets[b]); link != HD_LINK_NONE;) {
+    if (link > p->high_water) p->high_water = high_water_now(p->r); /* a writer took nodes since */
+    if (link > p->high_water || link == tortoise) {
+      *bad = true; /* a node never handed out, or a cycle */
+      return true;
+    }
+    if (++lambda == power) {
+      tortoise = link;
+      power *= 2;
+      lambda = 0;
+    }
+    if (p->bv->n >= p->limit && (p->limit = pass_limit(p->r), p->bv->n >= p->limit)) {
+      p->overfull = true;
+      return true;
+    }
+    const hd_alloc_node *n = &p->nodes[link - 1];
+    hd_live_block blk = {
+        .address = LOAD(&n->address),
+        .size = LOAD(&n->size),
+        .timestamp = LOAD(&n->timestamp),
+        .thread_key = LOAD(&n->thread_key),
+        .stack_key = LOAD(&n->stack_key),
+        .flags = LOAD(&n->flags),
+    };
+    if ((hd_alloc_hash(blk.address) & (p->bucket_count - 1)) != b) {
+      *bad = true; /* node in the wrong bucket */
+      return true;
+    }
+    if (!push(p->bv, &blk)) return false;
+    link = LOAD(&n->next);
+  }
+  const size_t chain_length = p->bv->n - chain_start;
+  if (chain_length > 1 && chain_has_duplicate(p->bv->v + chain_start, chain_length)) *bad = true;
+  return true;
+}
+
+/* Copies the buckets of one sequence slot as a seqlock reader: again while a writer changes the
+ * slot, until a copy is stable. HD_READ_OK also when the pass must restart (p->resized or
+ * p->overfull); otherwise why the snapshot fails. */
+static hd_read_status copy_slot(copy_pass *p, uint64_t slot, hd_read_limits *limits) {
+  const bool final = limits != NULL && limits->final;
+  uint64_t give_up_at = 0;
+  hd_read_status waited;
+  for (unsigned attempt = 0;; attempt++) {
+    if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
+    if (attempt > 16 && attempt % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
+      return waited;
+    }
+    uint32_t s1 = __atomic_load_n(&p->seq[slot], __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
+    const bool left_locked = final && (s1 & 1);
+    if ((s1 & 1) && !left_locked) {
+      backoff(attempt);
+      continue;
+    }
+    const size_t mark = p->bv->n;
+    bool bad = false;
+    if (LOAD(&p->h->bucket_log2) != p->log2) p->resized = true;
+    for (uint64_t b = slot; b < p->bucket_count && !bad && !p->resized && !p->overfull;
+         b += HD_SEQ_SLOTS) {
+      if (!copy_chain(p, b, &bad)) return HD_READ_ERR_NO_MEMORY;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
+    uint32_t s2 = LOAD(&p->seq[slot]);
+    if (p->resized || p->overfull) return HD_READ_OK;
+    if (s1 == s2) {
+      if (bad && left_locked) {
+        p->bv->n = mark; /* its writer died mid-update: the rest of the table is still whole */
+        limits->torn_slots++;
+      } else if (bad) {
+        return HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
+      }
+      return HD_READ_OK;
+    }
+    p->bv->n = mark; /* a writer changed the slot: retry it */
+    backoff(attempt);
+  }
+}
+
 hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
                                                   hd_live_block **blocks, size_t *count) {
   if (!r || !blocks || !count) return HD_READ_ERR_ARG;
-  const bool final = limits != NULL && limits->final;
   if (limits != NULL) limits->torn_slots = 0;
   *blocks = NULL;
   *count = 0;
   const hd_alloc_header *h = (const hd_alloc_header *)r->base;
-  const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset);
-  const uint32_t *buckets = (const uint32_t *)(r->base + r->h.buckets_offset);
-  const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
   block_vec bv = {0};
-  hd_read_status st = HD_READ_ERR_BUSY, waited;
   if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
+  hd_read_status st = HD_READ_ERR_BUSY;
   for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
-    if (restart > 0 && (waited = keep_waiting(limits, UINT64_MAX)) != HD_READ_OK) {
-      st = waited;
-      goto out;
+    uint32_t resize_seq;
+    copy_pass p;
+    if (restart > 0 && (st = keep_waiting(limits, UINT64_MAX)) != HD_READ_OK) break;
+    if ((st = wait_out_doubling(h, limits, &resize_seq)) != HD_READ_OK) break;
+    if ((st = begin_pass(r, &bv, &p)) != HD_READ_OK) break;
+    const uint64_t slots = p.bucket_count < HD_SEQ_SLOTS ? p.bucket_count : HD_SEQ_SLOTS;
+    for (uint64_t slot = 0; slot < slots && st == HD_READ_OK && !p.resized && !p.overfull; slot++) {
+      st = copy_slot(&p, slot, limits);
     }
-    bv.n = 0;
-    /* A doubling in progress is waited out (for up to kSlotPatienceNs, like a busy slot) rather
-     * than counted as a restart: one doubling of a big table outlasts many quick retries. Only
-     * passes that a doubling invalidated count, and a table doubles at most 31 times. */
-    uint32_t rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
-    if (final && (rs1 & 1)) {
-      st = HD_READ_ERR_CORRUPT; /* its writer died doubling it: the buckets are half moved */
-      goto out;
-    }
-    uint64_t give_up_at = 0;
-    for (unsigned wait = 0; rs1 & 1; wait++) {
-      if (wait == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-      if (wait > 16 && wait % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
-        st = waited;
-        goto out;
-      }
-      backoff(wait);
-      rs1 = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
-    }
-    uint32_t log2 = LOAD(&h->bucket_log2);
-    if (log2 < HD_MIN_BUCKET_LOG2 || log2 > r->h.max_bucket_log2) {
-      st = HD_READ_ERR_CORRUPT;
-      goto out;
-    }
-    const uint64_t nb = (uint64_t)1 << log2;
-    const uint64_t slots = nb < HD_SEQ_SLOTS ? nb : HD_SEQ_SLOTS;
-    uint64_t high_water = high_water_now(r);
-    size_t limit = pass_limit(r);
-    /* resized: the bucket array changed under the pass; overfull: the pass copied more blocks
-     * than the table can hold, which only churn (or a hostile writer) explains. Either restarts. */
-    bool resized = false, overfull = false;
-    for (uint64_t slot = 0; slot < slots && !resized && !overfull; slot++) {
-      unsigned attempt = 0;
-      uint64_t give_up_at = 0;
-      for (;; attempt++) {
-        if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-        if (attempt > 16 && attempt % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
-          st = waited;
-          goto out;
-        }
-        uint32_t s1 = __atomic_load_n(&seq[slot], __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
-        const bool left_locked = final && (s1 & 1);
-        if ((s1 & 1) && !left_locked) {
-          backoff(attempt);
-          continue;
-        }
-        size_t mark = bv.n;
-        bool bad = false;
-        if (LOAD(&h->bucket_log2) != log2) resized = true;
-        for (uint64_t b = slot; b < nb && !bad && !resized && !overfull; b += HD_SEQ_SLOTS) {
-          size_t chain_start = bv.n;
-          /* Brent's cycle detection: a chain that returns to a node is caught within twice its
-           * length, at no memory cost, however many nodes the header claims. */
-          uint32_t tortoise = HD_LINK_NONE;
-          uint64_t power = 1, lambda = 0;
-          for (uint32_t link = LOAD(&buckets[b]); link != HD_LINK_NONE;) {
-            if (link > high_water) high_water = high_water_now(r); /* a writer took nodes since */
-            if (link > high_water || link == tortoise) {
-              bad = true; /* a node never handed out, or a cycle */
-              break;
-            }
-            if (++lambda == power) {
-              tortoise = link;
-              power *= 2;
-              lambda = 0;
-            }
-            if (bv.n >= limit && (limit = pass_limit(r), bv.n >= limit)) {
-              overfull = true;
-              break;
-            }
-            const hd_alloc_node *n = &nodes[link - 1];
-            hd_live_block blk = {
-                .address = LOAD(&n->address),
-                .size = LOAD(&n->size),
-                .timestamp = LOAD(&n->timestamp),
-                .thread_key = LOAD(&n->thread_key),
-                .stack_key = LOAD(&n->stack_key),
-                .flags = LOAD(&n->flags),
-            };
-            if ((hd_alloc_hash(blk.address) & (nb - 1)) != b) {
-              bad = true; /* node in the wrong bucket */
-              break;
-            }
-            if (!push(&bv, &blk)) {
-              st = HD_READ_ERR_NO_MEMORY;
-              goto out;
-            }
-            link = LOAD(&n->next);
-          }
-          const size_t chain_length = bv.n - chain_start;
-          if (!bad && chain_length > 1 && chain_has_duplicate(bv.v + chain_start, chain_length)) {
-            bad = true;
-          }
-        }
-        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
-        uint32_t s2 = LOAD(&seq[slot]);
-        if (resized || overfull) break;
-        if (s1 == s2) {
-          if (bad && left_locked) {
-            bv.n = mark; /* its writer died mid-update: the rest of the table is still whole */
-            limits->torn_slots++;
-          } else if (bad) {
-            st = HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
-            goto out;
-          }
-          break;
-        }
-        bv.n = mark; /* a writer changed the slot: retry it */
-        backoff(attempt);
-      }
-    }
+    if (st != HD_READ_OK) break;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (resized || overfull || LOAD(&h->resize_seq) != rs1 || LOAD(&h->bucket_log2) != log2)
+    if (p.resized || p.overfull || LOAD(&h->resize_seq) != resize_seq ||
+        LOAD(&h->bucket_log2) != p.log2) {
+      st = HD_READ_ERR_BUSY;
       continue;
+    }
     *blocks = bv.v;
     *count = bv.n;
     return HD_READ_OK;
   }
-out:
   free(bv.v);
   return st;
 }
@@ -413,12 +459,8 @@ hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
   if (h.header_size != sizeof(h) || h.total_size != size || size > UINT32_MAX ||
            h.records_offset < sizeof(h) || h.records_offset % 8 || h.records_offset > size)
     st = HD_READ_ERR_BAD_SIZE;
-  hd_res_reader *r = st == HD_READ_OK ? calloc(1, sizeof(*r)) : NULL;
-  if (st == HD_READ_OK && !r) st = HD_READ_ERR_NO_MEMORY;
-  if (st != HD_READ_OK) {
-    munmap((void *)base, size);
-    return st;
-  }
+  hd_res_reader *r = reader_or_unmap(&st, base, size, sizeof *r);
+  if (r == NULL) return st;
   r->base = base;
   r->size = size;
   r->records_offset = h.records_offset;
