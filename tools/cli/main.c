@@ -2,7 +2,9 @@
  * live snapshots, list and download stored ones, and convert or report snapshot files. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -290,21 +292,74 @@ static const struct option kLong[] = {
 /* parse_option's answer when the command line goes on. */
 #define CONTINUE (-1)
 
-/* Applies one option (c from getopt_long, its argument arg, as written option_text) of the
- * command (an index in kCommands) to o. Returns CONTINUE, or the exit code to end with now. */
-static int parse_option(int c, size_t command, const char *arg, const char *option_text,
-                        cli_options *o) {
-  const char *name = kCommands[command].name;
-  const char *refused = option_refused(c, command);
-  if (refused != NULL) {
-    return usage_error("%s does not take %s (heapdump %s --help lists its options)", name, refused,
-                       name);
+/* Options that only switch something on (or off): which field they set, to what. */
+static const struct {
+  int option;
+  size_t field; /* offset of a bool in cli_options */
+  bool value;
+} kSwitches[] = {
+    {'a', offsetof(cli_options, all), true},
+    {'c', offsetof(cli_options, contents), true},
+    {OPT_SYMBOLIZE, offsetof(cli_options, symbolize), true},
+    {OPT_NO_SYMBOLIZE, offsetof(cli_options, symbolize), false},
+    {OPT_TAGS, offsetof(cli_options, tags), true},
+    {OPT_JSON, offsetof(cli_options, json), true},
+    {OPT_VERBOSE, offsetof(cli_options, verbose), true},
+    {OPT_FORCE, offsetof(cli_options, force), true},
+};
+
+/* Sets the switch c; false if c is not one. */
+static bool apply_switch(int c, cli_options *o) {
+  for (size_t i = 0; i < sizeof kSwitches / sizeof kSwitches[0]; i++) {
+    if (kSwitches[i].option == c) {
+      *(bool *)((char *)o + kSwitches[i].field) = kSwitches[i].value;
+      return true;
+    }
   }
+  return false;
+}
+
+/* The value of the keyword arg among names (NULL-terminated, values alike); false if none. */
+static bool pick_keyword(const char *arg, const char *const names[], const int values[], int *out) {
+  for (size_t i = 0; names[i] != NULL; i++) {
+    if (strcmp(arg, names[i]) == 0) {
+      *out = values[i];
+      return true;
+    }
+  }
+  return false;
+}
+
+/* A number of seconds in [min, max] (min itself only when zero_ok), or false. */
+static bool parse_seconds(const char *arg, bool zero_ok, double max, double *out) {
+  char *end;
+  errno = 0;
+  const double seconds = strtod(arg, &end);
+  if (errno != 0 || end == arg || *end != '\0' || !(zero_ok ? seconds >= 0 : seconds > 0) ||
+      seconds > max) {
+    return false;
+  }
+  *out = seconds;
+  return true;
+}
+
+/* apply_value's answer for what is not an option with a value (getopt's '?'). */
+#define NOT_A_VALUE_OPTION (-2)
+
+/* Applies an option that takes a value (c from getopt_long, its argument arg). Returns
+ * CONTINUE, NOT_A_VALUE_OPTION, or the exit code of a usage error. */
+static int apply_value(int c, const char *arg, cli_options *o) {
+  static const char *const kSamples[] = {"inuse_space", "inuse_objects", "alloc_space",
+                                         "alloc_objects", NULL};
+  static const int kSampleValues[] = {HD_PPROF_INUSE_SPACE, HD_PPROF_INUSE_OBJECTS,
+                                      HD_PPROF_ALLOC_SPACE, HD_PPROF_ALLOC_OBJECTS};
+  static const char *const kBy[] = {"site", "stack", "thread", NULL};
+  static const int kByValues[] = {HD_REPORT_BY_SITE, HD_REPORT_BY_STACK, HD_REPORT_BY_THREAD};
+  static const char kProgramNameChars[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,";
   uint64_t number;
+  int keyword;
   switch (c) {
-    case 'h':
-      command_help(command);
-      return EXIT_OK;
     case 'o':
       o->output = arg;
       return CONTINUE;
@@ -327,29 +382,19 @@ static int parse_option(int c, size_t command, const char *arg, const char *opti
       }
       o->name = arg;
       return CONTINUE;
-    case 'a':
-      o->all = true;
-      return CONTINUE;
-    case 'c':
-      o->contents = true;
-      return CONTINUE;
-    case 'i': {
-      char *end;
-      errno = 0;
-      o->interval = strtod(arg, &end);
-      if (errno != 0 || end == arg || *end != '\0' || !(o->interval > 0)) {
+    case 'i':
+      if (!parse_seconds(arg, false, INFINITY, &o->interval)) {
         return usage_error("--interval wants a positive number of seconds, not '%s'", arg);
       }
       return CONTINUE;
-    }
+    case OPT_TIMEOUT:
+      if (!parse_seconds(arg, true, 1e6, &o->timeout)) {
+        return usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
+                           arg);
+      }
+      return CONTINUE;
     case OPT_SOCKET:
       o->socket = arg;
-      return CONTINUE;
-    case OPT_SYMBOLIZE:
-      o->symbolize = true;
-      return CONTINUE;
-    case OPT_NO_SYMBOLIZE:
-      o->symbolize = false;
       return CONTINUE;
     case OPT_DEBUG_DIR:
       if (o->debug_dir_count == sizeof o->debug_dirs / sizeof o->debug_dirs[0]) {
@@ -357,44 +402,24 @@ static int parse_option(int c, size_t command, const char *arg, const char *opti
       }
       o->debug_dirs[o->debug_dir_count++] = arg;
       return CONTINUE;
-    case OPT_TAGS:
-      o->tags = true;
-      return CONTINUE;
     case OPT_SAMPLE_INDEX:
-      if (strcmp(arg, "inuse_space") == 0) {
-        o->sample = HD_PPROF_INUSE_SPACE;
-      } else if (strcmp(arg, "inuse_objects") == 0) {
-        o->sample = HD_PPROF_INUSE_OBJECTS;
-      } else if (strcmp(arg, "alloc_space") == 0) {
-        o->sample = HD_PPROF_ALLOC_SPACE;
-      } else if (strcmp(arg, "alloc_objects") == 0) {
-        o->sample = HD_PPROF_ALLOC_OBJECTS;
-      } else {
+      if (!pick_keyword(arg, kSamples, kSampleValues, &keyword)) {
         return usage_error("unknown sample type '%s'", arg);
       }
+      o->sample = (hd_pprof_sample)keyword;
       return CONTINUE;
     case OPT_TOP:
       if (!parse_u64(arg, &number)) return usage_error("--top wants a number");
       o->top = (size_t)number;
       return CONTINUE;
     case OPT_BY:
-      if (strcmp(arg, "site") == 0) {
-        o->by = HD_REPORT_BY_SITE;
-      } else if (strcmp(arg, "stack") == 0) {
-        o->by = HD_REPORT_BY_STACK;
-      } else if (strcmp(arg, "thread") == 0) {
-        o->by = HD_REPORT_BY_THREAD;
-      } else {
+      if (!pick_keyword(arg, kBy, kByValues, &keyword)) {
         return usage_error("--by wants site, stack or thread, not '%s'", arg);
       }
-      return CONTINUE;
-    case OPT_JSON:
-      o->json = true;
+      o->by = (hd_report_by)keyword;
       return CONTINUE;
     case OPT_CHILDREN:
-      if (arg[0] == '\0' || arg[strspn(arg, "abcdefghijklmnopqrstuvwxyz"
-                                                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,")] !=
-                                    '\0') {
+      if (arg[0] == '\0' || arg[strspn(arg, kProgramNameChars)] != '\0') {
         return usage_error("--children wants all, none or program names separated by commas, "
                            "not '%s'", arg);
       }
@@ -403,32 +428,35 @@ static int parse_option(int c, size_t command, const char *arg, const char *opti
     case OPT_CHILDREN_DIR:
       o->children_dir = arg;
       return CONTINUE;
-    case OPT_VERBOSE:
-      o->verbose = true;
-      return CONTINUE;
-    case OPT_FORCE:
-      o->force = true;
-      return CONTINUE;
+  }
+  return NOT_A_VALUE_OPTION;
+}
+
+/* Applies one option (c from getopt_long, its argument arg, as written option_text) of the
+ * command (an index in kCommands) to o. Returns CONTINUE, or the exit code to end with now. */
+static int parse_option(int c, size_t command, const char *arg, const char *option_text,
+                        cli_options *o) {
+  const char *name = kCommands[command].name;
+  const char *refused = option_refused(c, command);
+  if (refused != NULL) {
+    return usage_error("%s does not take %s (heapdump %s --help lists its options)", name, refused,
+                       name);
+  }
+  switch (c) {
+    case 'h':
+      command_help(command);
+      return EXIT_OK;
     case OPT_VERSION:
       printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
       return EXIT_OK;
-    case OPT_TIMEOUT: {
-      char *end;
-      errno = 0;
-      o->timeout = strtod(arg, &end);
-      if (errno != 0 || end == arg || *end != '\0' || !(o->timeout >= 0) || o->timeout > 1e6) {
-        return usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
-                           arg);
-      }
-      return CONTINUE;
-    }
-    default:
-      if (optopt != 0 && optopt < 256) {
-        return usage_error("%s: option -%c is unknown or needs a value", name, optopt);
-      }
-      return usage_error("%s: option %s is unknown or needs a value", name, option_text);
   }
-  return CONTINUE;
+  if (apply_switch(c, o)) return CONTINUE;
+  const int rc = apply_value(c, arg, o);
+  if (rc != NOT_A_VALUE_OPTION) return rc;
+  if (optopt != 0 && optopt < 256) {
+    return usage_error("%s: option -%c is unknown or needs a value", name, optopt);
+  }
+  return usage_error("%s: option %s is unknown or needs a value", name, option_text);
 }
 
 /* Checks what only the whole command line tells, then runs the command with its arguments (rest
