@@ -518,6 +518,94 @@ static int by_peak_descending(const void *a, const void *b) {
   return x->peak < y->peak ? 1 : x->peak > y->peak ? -1 : 0;
 }
 
+/* What save_others wrote, for its summary. */
+typedef struct others_tally {
+  char dir[4200]; /* the run's directory for other processes' snapshots, once made */
+  child_peak *children;
+  size_t child_count, exec_images, files, failed;
+} others_tally;
+
+/* Downloads stored snapshot s and writes it where save_others says; false if it stops there
+ * (the run's directory cannot be made). */
+static bool save_other(const cli_options *o, const cli_stored *s, pid_t pid, cli_format f,
+                       const char *main_name, others_tally *t) {
+  const bool is_exit = strcmp(s->name, HD_EXIT_SNAPSHOT_NAME) == 0;
+  const bool is_exec = strcmp(s->name, HD_EXEC_SNAPSHOT_NAME) == 0;
+  const bool ours = s->pid == (uint64_t)pid && !is_exit && !is_exec;
+  if (!ours && t->dir[0] == '\0' && !children_dir(o, f, main_name, pid, t->dir, sizeof t->dir)) {
+    return false;
+  }
+  hd_reassembler r;
+  hd_reassembler_init(&r);
+  char path[4400]; /* the directory, then a name of bounded parts */
+  if (ours) {
+    cli_options named = *o;
+    named.output = NULL;
+    output_path(&named, f, s->process_name, s->pid, s->name, path, sizeof path);
+  } else {
+    char name[40], snap[40];
+    cli_safe_name(name, sizeof name, s->process_name);
+    cli_safe_name(snap, sizeof snap, s->name);
+    snprintf(path, sizeof path, "%s/%s.%" PRIu64 ".%s.%" PRIu32 "%s", t->dir, name, s->pid, snap,
+             s->id, cli_format_extension(f));
+  }
+  if (cli_download(o, s, &r) != 0 || write_file(o, &r, f, path) != 0) {
+    t->failed++;
+    hd_reassembler_destroy(&r);
+    return true;
+  }
+  t->files++;
+  if (ours || o->verbose) {
+    fprintf(stderr, "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path, s->name,
+            s->process_name, s->pid);
+  }
+  if (is_exec && s->pid == (uint64_t)pid) t->exec_images++;
+  if (!ours && is_exit && s->pid != (uint64_t)pid) {
+    child_peak *c = &t->children[t->child_count++];
+    c->snapshot = s;
+    const hd_snapshot *snapshot = r.snapshot_count == 1 ? r.snapshots[0] : NULL;
+    c->peak = snapshot && snapshot->has_stats ? snapshot->stats.peak_live_bytes : 0;
+    snprintf(c->path, sizeof c->path, "%s", path);
+  }
+  hd_reassembler_destroy(&r);
+  return true;
+}
+
+/* One line of what was saved, a line per process lost (still running), the top children. */
+static void summarize_others(const others_tally *t, const hd_collector_census *census) {
+  const unsigned lost = census != NULL ? census->running : 0;
+  const size_t processes = t->child_count + lost;
+  if (t->dir[0] != '\0' || lost > 0) {
+    char images[64] = "";
+    if (t->exec_images > 0) {
+      snprintf(images, sizeof images, " and %zu program%s it exec'd away from", t->exec_images,
+               t->exec_images == 1 ? "" : "s");
+    }
+    fprintf(stderr, "heapdump: %zu child process%s%s: %zu snapshot%s in %s/%s\n", processes,
+            processes == 1 ? "" : "es", images, t->files, t->files == 1 ? "" : "s",
+            t->dir[0] ? t->dir : ".", t->failed ? " (some could not be written: see above)" : "");
+  }
+  for (unsigned i = 0; i < lost; i++) {
+    if (i < sizeof census->running_list / sizeof census->running_list[0]) {
+      fprintf(stderr, "heapdump: lost %s[%u]: still running %d s after the command exited\n",
+              census->running_list[i].name, census->running_list[i].pid, CHILD_GRACE_SECONDS);
+    } else {
+      fprintf(stderr, "heapdump: lost %u more still running\n", lost - i);
+      break;
+    }
+  }
+  if (t->child_count == 0) return;
+  qsort(t->children, t->child_count, sizeof *t->children, by_peak_descending);
+  const size_t top = t->child_count < TOP_CHILDREN ? t->child_count : TOP_CHILDREN;
+  fprintf(stderr, "\nheapdump: top child processes by peak live bytes:\n");
+  for (size_t i = 0; i < top; i++) {
+    char who[64];
+    snprintf(who, sizeof who, "%s[%" PRIu64 "]", t->children[i].snapshot->process_name,
+             t->children[i].snapshot->pid);
+    fprintf(stderr, "  %14" PRIu64 "  %-28s %s\n", t->children[i].peak, who, t->children[i].path);
+  }
+}
+
 /* Writes the other snapshots the embedded collector stored, before its storage goes: the
  * command's own named snapshots beside the output, everything of other processes (and of
  * images the command exec'd away from) in the run's directory, under names made unique by the
@@ -525,87 +613,14 @@ static int by_peak_descending(const void *a, const void *b) {
  * live bytes. */
 static void save_others(const cli_options *o, const run_results *res, pid_t pid, cli_format f,
                         const hd_collector_census *census) {
-  char dir[4200] = "";
-  child_peak *children = calloc(res->count + 1, sizeof *children);
-  size_t child_count = 0, exec_images = 0, files = 0, failed = 0;
+  others_tally t = {.children = calloc(res->count + 1, sizeof *t.children)};
   const char *main_name = res->main_exit ? res->main_exit->process_name : "process";
-  for (size_t i = 0; i < res->count && children != NULL; i++) {
+  for (size_t i = 0; i < res->count && t.children != NULL; i++) {
     const cli_stored *s = &res->items[i];
-    if (s == res->main_exit) continue;
-    bool is_exit = strcmp(s->name, HD_EXIT_SNAPSHOT_NAME) == 0;
-    bool is_exec = strcmp(s->name, HD_EXEC_SNAPSHOT_NAME) == 0;
-    bool ours = s->pid == (uint64_t)pid && !is_exit && !is_exec;
-    if (!ours && dir[0] == '\0' && !children_dir(o, f, main_name, pid, dir, sizeof dir)) break;
-    hd_reassembler r;
-    hd_reassembler_init(&r);
-    char path[4400]; /* the directory, then a name of bounded parts */
-    if (cli_download(o, s, &r) == 0) {
-      if (ours) {
-        cli_options named = *o;
-        named.output = NULL;
-        output_path(&named, f, s->process_name, s->pid, s->name, path, sizeof path);
-      } else {
-        char name[40], snap[40];
-        cli_safe_name(name, sizeof name, s->process_name);
-        cli_safe_name(snap, sizeof snap, s->name);
-        snprintf(path, sizeof path, "%s/%s.%" PRIu64 ".%s.%" PRIu32 "%s", dir, name, s->pid, snap,
-                 s->id, cli_format_extension(f));
-      }
-      if (write_file(o, &r, f, path) == 0) {
-        files++;
-        if (ours || o->verbose) {
-          fprintf(stderr, "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path, s->name,
-                  s->process_name, s->pid);
-        }
-        if (is_exec && s->pid == (uint64_t)pid) exec_images++;
-        if (!ours && is_exit && s->pid != (uint64_t)pid) {
-          child_peak *c = &children[child_count++];
-          c->snapshot = s;
-          const hd_snapshot *snap0 = r.snapshot_count == 1 ? r.snapshots[0] : NULL;
-          c->peak = snap0 && snap0->has_stats ? snap0->stats.peak_live_bytes : 0;
-          snprintf(c->path, sizeof c->path, "%s", path);
-        }
-      } else {
-        failed++;
-      }
-    } else {
-      failed++;
-    }
-    hd_reassembler_destroy(&r);
+    if (s != res->main_exit && !save_other(o, s, pid, f, main_name, &t)) break;
   }
-  unsigned lost = census != NULL ? census->running : 0;
-  if (dir[0] != '\0' || lost > 0) {
-    char images[64] = "";
-    if (exec_images > 0) {
-      snprintf(images, sizeof images, " and %zu program%s it exec'd away from", exec_images,
-               exec_images == 1 ? "" : "s");
-    }
-    fprintf(stderr, "heapdump: %zu child process%s%s: %zu snapshot%s in %s/%s\n",
-            child_count + lost, child_count + lost == 1 ? "" : "es", images, files,
-            files == 1 ? "" : "s", dir[0] ? dir : ".",
-            failed ? " (some could not be written: see above)" : "");
-  }
-  for (unsigned i = 0; census != NULL && i < census->running; i++) {
-    if (i < sizeof census->running_list / sizeof census->running_list[0]) {
-      fprintf(stderr, "heapdump: lost %s[%u]: still running %d s after the command exited\n",
-              census->running_list[i].name, census->running_list[i].pid, CHILD_GRACE_SECONDS);
-    } else {
-      fprintf(stderr, "heapdump: lost %u more still running\n", census->running - i);
-      break;
-    }
-  }
-  if (child_count > 0) {
-    qsort(children, child_count, sizeof *children, by_peak_descending);
-    size_t top = child_count < TOP_CHILDREN ? child_count : TOP_CHILDREN;
-    fprintf(stderr, "\nheapdump: top child processes by peak live bytes:\n");
-    for (size_t i = 0; i < top; i++) {
-      char who[64];
-      snprintf(who, sizeof who, "%s[%" PRIu64 "]", children[i].snapshot->process_name,
-               children[i].snapshot->pid);
-      fprintf(stderr, "  %14" PRIu64 "  %-28s %s\n", children[i].peak, who, children[i].path);
-    }
-  }
-  free(children);
+  summarize_others(&t, census);
+  free(t.children);
 }
 
 /* The terminal sends ^C to the command too; heapdump stays to collect what it leaves, and
