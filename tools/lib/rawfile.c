@@ -148,7 +148,8 @@ int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_s
 
 enum stream_state { IN_PROCESS, BETWEEN_PROCESSES, ENDED };
 
-int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
+/* Reads and checks the file header; *multi from its flags. */
+static int read_raw_header(FILE *in, bool *multi, char *error, size_t error_size) {
   uint8_t header[16];
   size_t n = fread(header, 1, sizeof header, in);
   if (n != sizeof header || memcmp(header, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) != 0) {
@@ -164,7 +165,52 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
   if (flags & ~HD_RAW_FLAG_MULTI_PROCESS) {
     return hd_tool_fail(error, error_size, -EINVAL, "raw snapshot has unknown flags 0x%x", flags);
   }
-  bool multi = flags & HD_RAW_FLAG_MULTI_PROCESS;
+  *multi = flags & HD_RAW_FLAG_MULTI_PROCESS;
+  return 0;
+}
+
+/* Reads record number `record` (a length, then a batch body of that length) into body; *size
+ * its length, 0 for the empty batch that ends a process or the stream. */
+static int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size, char *error,
+                       size_t error_size) {
+  uint8_t length[4];
+  if (fread(length, 1, sizeof length, in) != sizeof length) {
+    return ferror(in) ? hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno))
+                      : hd_tool_fail(error, error_size, -EINVAL,
+                             "truncated raw snapshot: the stream ends before its last batch");
+  }
+  *size = get_u32(length);
+  if (*size > HD_BATCH_CAPACITY) {
+    return hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
+                (unsigned long long)record, *size);
+  }
+  if (fread(body, 1, *size, in) != *size) {
+    return hd_tool_fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
+                (unsigned long long)record);
+  }
+  return 0;
+}
+
+/* Decodes one batch body into the reassembler through reader. */
+static int decode_record(hd_batch_reader *reader, hd_reassembler *r, uint64_t record,
+                         const uint8_t *body, uint32_t size, char *error, size_t error_size) {
+  heapdump_client_SnapshotReceiverBatchRequest request =
+      heapdump_client_SnapshotReceiverBatchRequest_init_zero;
+  hd_batch_reader_prepare(reader, &request);
+  reader->status = HD_OK;
+  pb_istream_t stream = pb_istream_from_buffer(body, size);
+  if (!pb_decode(&stream, heapdump_client_SnapshotReceiverBatchRequest_fields, &request)) {
+    return hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
+                (unsigned long long)record,
+                reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
+  }
+  return 0;
+}
+
+int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
+  bool multi = false;
+  int rc = read_raw_header(in, &multi, error, error_size);
+  if (rc != 0) return rc;
   uint8_t *body = malloc(HD_BATCH_CAPACITY);
   hd_batch_reader *reader = malloc(sizeof *reader);
   if (body == NULL || reader == NULL) {
@@ -174,43 +220,15 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
   }
   hd_batch_reader_init(reader, hd_reassembler_add, r);
   enum stream_state state = multi ? BETWEEN_PROCESSES : IN_PROCESS;
-  int rc = 0;
   for (uint64_t record = 0; rc == 0 && state != ENDED; record++) {
-    uint8_t length[4];
-    n = fread(length, 1, sizeof length, in);
-    if (n != sizeof length) {
-      rc = ferror(in) ? hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno))
-                      : hd_tool_fail(error, error_size, -EINVAL,
-                             "truncated raw snapshot: the stream ends before its last batch");
-      break;
-    }
-    uint32_t size = get_u32(length);
-    if (size > HD_BATCH_CAPACITY) {
-      rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
-                (unsigned long long)record, size);
-      break;
-    }
-    if (fread(body, 1, size, in) != size) {
-      rc = hd_tool_fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
-                (unsigned long long)record);
-      break;
-    }
+    uint32_t size = 0;
+    if ((rc = read_record(in, record, body, &size, error, error_size)) != 0) break;
     if (size == 0) {
       state = (multi && state == IN_PROCESS) ? BETWEEN_PROCESSES : ENDED;
       continue;
     }
-    size_t snapshots_before = r->snapshot_count;
-    heapdump_client_SnapshotReceiverBatchRequest request =
-        heapdump_client_SnapshotReceiverBatchRequest_init_zero;
-    hd_batch_reader_prepare(reader, &request);
-    reader->status = HD_OK;
-    pb_istream_t stream = pb_istream_from_buffer(body, size);
-    if (!pb_decode(&stream, heapdump_client_SnapshotReceiverBatchRequest_fields, &request)) {
-      rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
-                (unsigned long long)record,
-                reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
-      break;
-    }
+    const size_t snapshots_before = r->snapshot_count;
+    if ((rc = decode_record(reader, r, record, body, size, error, error_size)) != 0) break;
     if (multi && state == BETWEEN_PROCESSES) {
       if (r->snapshot_count != snapshots_before + 1) {
         rc = hd_tool_fail(error, error_size, -EINVAL,
