@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -90,6 +91,16 @@ uint64_t hd_monotonic_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
+                    void *arg) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  const int rc = pthread_create(thread, attr, run, arg);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc;
 }
 
 void hd_wake_poll_thread(hd_collector *c) {

@@ -132,6 +132,12 @@ struct hd_collector {
  * lines per HD_LOG_WINDOW_NS), so pass a literal format, never a computed one. */
 void hd_log(hd_collector *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 uint64_t hd_monotonic_ns(void);
+/* pthread_create for the collector's own threads (stream and storage threads), started with
+ * every signal blocked: a signal is then always handled by a thread of the program that embeds
+ * the collector, never by one of ours, so a handler can never race with the collector's
+ * teardown on another thread (e.g. the daemon's handler and hd_collector_destroy). */
+int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
+                    void *arg);
 /* Wakes the poll thread (async-signal-safe). */
 void hd_wake_poll_thread(hd_collector *c);
 

@@ -437,7 +437,7 @@ void hd_start_stream(hd_stream_job *job) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t thread;
-    if (pthread_create(&thread, &attr, run_streams, job) != 0) {
+    if (hd_start_thread(&thread, &attr, run_streams, job) != 0) {
       refused = "cannot start a stream thread";
       pthread_mutex_lock(&c->lock);
       c->stream_threads--;

@@ -163,9 +163,9 @@ int hd_worker_start(hd_collector *c) {
   pthread_mutex_init(&w->lock, NULL);
   pthread_cond_init(&w->wake, NULL);
   c->worker = w;
-  int rc = pthread_create(&w->named_thread, NULL, run_named, c);
+  int rc = hd_start_thread(&w->named_thread, NULL, run_named, c);
   if (rc == 0) {
-    rc = pthread_create(&w->exit_thread, NULL, run_exits, c);
+    rc = hd_start_thread(&w->exit_thread, NULL, run_exits, c);
     if (rc != 0) {
       signal_stop(w);
       pthread_join(w->named_thread, NULL);

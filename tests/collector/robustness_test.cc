@@ -440,6 +440,26 @@ TEST_F(RobustnessTest, IdleClientConnectionsAreClosed) {
   child.Finish();
 }
 
+// The daemon's SIGTERM handler stops the collector it runs; were it run on a storage thread while
+// the main thread tears that collector down, it would touch a freed collector (TSan saw the race).
+// So every thread but the main one blocks the signals the daemon handles.
+TEST_F(RobustnessTest, OnlyTheMainThreadTakesTheStopSignals) {
+  const std::string tasks = "/proc/" + std::to_string(collector.pid) + "/task";
+  size_t helpers = 0;
+  for (const std::string &tid : Glob(tasks, "")) {
+    if (tid[0] == '.' || tid == std::to_string(collector.pid)) continue;
+    helpers++;
+    std::string blocked;
+    for (const std::string &line : Lines(ReadFile(tasks + "/" + tid + "/status"))) {
+      if (line.rfind("SigBlk:", 0) == 0) blocked = line.substr(7);
+    }
+    const unsigned long long mask = std::stoull(blocked, nullptr, 16);
+    EXPECT_TRUE(mask & (1ull << (SIGTERM - 1))) << tid << " does not block SIGTERM: " << blocked;
+    EXPECT_TRUE(mask & (1ull << (SIGINT - 1))) << tid << " does not block SIGINT: " << blocked;
+  }
+  EXPECT_GE(helpers, 2u);  // the storage workers
+}
+
 // Clients that fill three quarters of the connection table are closed once idle for a second,
 // whatever the idle timeout: a new client is still served.
 TEST_F(RobustnessTest, CrowdingClientsLeaveRoomForNewOnes) {
