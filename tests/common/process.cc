@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +226,18 @@ static bool AimNextPid(pid_t pid) {
 
 Program::Program(const std::vector<std::string> &argv, const std::vector<std::string> &env,
                  uid_t uid, gid_t gid, pid_t want_pid) {
+  Start(argv, env, false, uid, gid, want_pid);
+}
+
+Program::Program(Isolated, const std::vector<std::string> &argv,
+                 const std::vector<std::string> &env) {
+  Start(argv, env, true, kSameUser, 0, 0);
+}
+
+void Program::Start(const std::vector<std::string> &argv, const std::vector<std::string> &env,
+                    bool isolated, uid_t uid, gid_t gid, pid_t want_pid) {
+  // Built before fork: in a child of a threaded test, malloc could wait forever on a lock.
+  std::vector<char *> args = CStrings(argv), envp = CStrings(env);
   int to_child[2], from_child[2];
   EXPECT_EQ(pipe2(to_child, O_CLOEXEC), 0);
   EXPECT_EQ(pipe2(from_child, O_CLOEXEC), 0);
@@ -235,10 +248,17 @@ Program::Program(const std::vector<std::string> &argv, const std::vector<std::st
       if (want_pid != 0 && getpid() != want_pid) _exit(0);
       dup2(to_child[0], 0);
       dup2(from_child[1], 1);
-      for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+      if (isolated) syscall(SYS_close_range, 3, ~0U, 0);
+      if (!isolated) {
+        for (const std::string &e : env) putenv(const_cast<char *>(e.c_str()));
+      }
       if (uid != kSameUser && !BecomeUser(uid, gid)) _exit(126);
       DieWithTheTest();
-      execv(argv[0].c_str(), CStrings(argv).data());
+      if (isolated) {
+        execve(args[0], args.data(), envp.data());
+      } else {
+        execv(args[0], args.data());
+      }
       _exit(127);
     }
     if (want_pid == 0 || pid == want_pid) break;
@@ -269,9 +289,25 @@ void Program::Send(const std::string &line) {
   EXPECT_EQ(write(in, text.data(), text.size()), static_cast<ssize_t>(text.size()));
 }
 
-int Program::Finish() {
+std::string Program::ReadThrough(const std::string &line) {
+  std::string text;
+  char *buf = nullptr;
+  size_t size = 0;
+  ssize_t n;
+  while ((n = getline(&buf, &size, out)) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+    if (std::string(buf, static_cast<size_t>(n)) == line + "\n") break;
+  }
+  free(buf);
+  return text;
+}
+
+int Program::Finish(std::string *rest) {
   if (in >= 0) close(in);
   in = -1;
+  char buf[4096];
+  size_t n;
+  while (rest != nullptr && (n = fread(buf, 1, sizeof buf, out)) > 0) rest->append(buf, n);
   int status = -1;
   if (pid > 0) waitpid(pid, &status, 0);
   pid = -1;

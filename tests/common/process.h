@@ -64,22 +64,34 @@ struct Collector {
   std::string Log() const { return ReadFile(log); }
 };
 
+// Asks for a Program whose environment is exactly the env given (not the test's plus env) and
+// that inherits no descriptor beyond its stdin and stdout: what it opens is then all its own.
+struct Isolated {};
+
 // A program with piped stdin and stdout.
 struct Program {
   pid_t pid = -1;
   int in = -1;
   FILE *out = nullptr;
 
-  // With want_pid, only a child that got that pid runs argv (others are reaped and retried);
-  // pid stays -1 if it could not be had.
+  // The test's environment plus env. With want_pid, only a child that got that pid runs argv
+  // (others are reaped and retried); pid stays -1 if it could not be had.
   Program(const std::vector<std::string> &argv, const std::vector<std::string> &env,
           uid_t uid = kSameUser, gid_t gid = 0, pid_t want_pid = 0);
+  Program(Isolated, const std::vector<std::string> &argv, const std::vector<std::string> &env);
   ~Program();
   std::string ReadLine();
+  // Its output up to and including the line `line` (or all of it, if that never comes).
+  std::string ReadThrough(const std::string &line);
   void Send(const std::string &line);
-  // Closes its stdin and reaps it; returns the wait status.
-  int Finish();
+  // Closes its stdin, reads the rest of its output into *rest (if given) and reaps it; returns
+  // the wait status.
+  int Finish(std::string *rest = nullptr);
   void Kill();
+
+ private:
+  void Start(const std::vector<std::string> &argv, const std::vector<std::string> &env,
+             bool isolated, uid_t uid, gid_t gid, pid_t want_pid);
 };
 
 // What a shell script printed (stdout and stderr together) and its exit status (128+N if a

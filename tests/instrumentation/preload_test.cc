@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,18 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "process.h"
 #include "table_reader.h"
 #include "heapdump/contract/names.h"
 
 extern char **environ;
 
 namespace {
-
-struct ChildRun {
-  pid_t pid = -1;
-  int to_child = -1, from_child = -1;
-  std::string out;
-};
 
 // The environment of a test program; HEAPDUMP_SOCKET names no collector unless `extra` sets
 // it, so a collector running at the default path cannot change a result.
@@ -40,52 +34,18 @@ std::vector<std::string> Env(bool preload, const std::vector<std::string> &extra
   return env;
 }
 
-ChildRun Start(const std::vector<std::string> &argv, const std::vector<std::string> &env) {
-  int in[2], out[2];
-  EXPECT_EQ(pipe2(in, O_CLOEXEC), 0);
-  EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-  std::vector<char *> a, e;
-  for (auto &s : argv) a.push_back(const_cast<char *>(s.c_str()));
-  a.push_back(nullptr);
-  for (auto &s : env) e.push_back(const_cast<char *>(s.c_str()));
-  e.push_back(nullptr);
-  ChildRun r;
-  r.pid = fork();
-  if (r.pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    syscall(SYS_close_range, 3, ~0U, 0);  // the program starts with no descriptor of ours
-    execve(a[0], a.data(), e.data());
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  r.to_child = in[1];
-  r.from_child = out[0];
-  return r;
-}
+// What a program printed and how it ended.
+struct Ran {
+  int status = -1;
+  std::string out;
+};
 
-// Reads the child's stdout until a line "ready" (or EOF).
-bool WaitReady(ChildRun &r) {
-  char buf[4096];
-  while (r.out.find("ready\n") == std::string::npos) {
-    ssize_t n = read(r.from_child, buf, sizeof(buf));
-    if (n <= 0) return false;
-    r.out.append(buf, (size_t)n);
-  }
-  return true;
-}
-
-// Lets the child exit; returns its wait status.
-int Finish(ChildRun &r) {
-  if (r.to_child >= 0) close(r.to_child);
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(r.from_child, buf, sizeof(buf))) > 0) r.out.append(buf, (size_t)n);
-  close(r.from_child);
-  int st = 0;
-  EXPECT_EQ(waitpid(r.pid, &st, 0), r.pid);
-  return st;
+// Runs argv with exactly env to its end, with nothing on its stdin.
+Ran RunToEnd(const std::vector<std::string> &argv, const std::vector<std::string> &env) {
+  hdtest::Program program(hdtest::Isolated{}, argv, env);
+  Ran ran;
+  ran.status = program.Finish(&ran.out);
+  return ran;
 }
 
 int OpenMemfd(pid_t pid, const char *name) {
@@ -171,13 +131,14 @@ class Preload : public ::testing::TestWithParam<Config> {
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> env = GetParam().env;
     env.insert(env.end(), extra_env.begin(), extra_env.end());
-    ChildRun r = Start(argv, Env(true, env));
-    bool ready = WaitReady(r);
-    if (ready) ReadTables(r.pid, t);
-    int st = Finish(r);
-    ASSERT_TRUE(ready) << "child output: " << r.out;
-    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << " out: " << r.out;
-    last_output = r.out;
+    hdtest::Program child(hdtest::Isolated{}, argv, Env(true, env));
+    std::string out = child.ReadThrough("ready");
+    const bool ready = out.size() >= 6 && out.compare(out.size() - 6, 6, "ready\n") == 0;
+    if (ready) ReadTables(child.pid, t);
+    int st = child.Finish(&out);
+    ASSERT_TRUE(ready) << "child output: " << out;
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << " out: " << out;
+    last_output = out;
   }
   std::string last_output;  // the child's stdout
 };
@@ -453,18 +414,16 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Config> &i) { return std::string(i.param.name); });
 
 TEST(PreloadApi, WeakApiWithoutLibrary) {
-  ChildRun r = Start({HD_CHILD, "api"}, Env(false, {}));
-  ASSERT_TRUE(WaitReady(r));
-  int st = Finish(r);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  Ran r = RunToEnd({HD_CHILD, "api"}, Env(false, {}));
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0);
   EXPECT_EQ(r.out, "not-loaded\nready\n");
 }
 
 TEST(PreloadEnv, FollowChildrenZeroStripsLdPreload) {
   for (const char *follow : {"0", "1"}) {
-    ChildRun r = Start({"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""},
-                  Env(true, {std::string("HEAPDUMP_FOLLOW_CHILDREN=") + follow}));
-    int st = Finish(r);
+    Ran r = RunToEnd({"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""},
+                     Env(true, {std::string("HEAPDUMP_FOLLOW_CHILDREN=") + follow}));
+    int st = r.status;
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (follow[0] == '0') EXPECT_EQ(r.out, "[]\n");
     else EXPECT_EQ(r.out, std::string("[") + HD_PRELOAD_LIB + "]\n");
@@ -472,23 +431,21 @@ TEST(PreloadEnv, FollowChildrenZeroStripsLdPreload) {
 }
 
 // Real Debian programs behave identically with and without the library, on both backends.
-struct Program {
+struct RealProgram {
   const char *name;
   std::vector<std::string> argv;
 };
 
-class RealPrograms : public ::testing::TestWithParam<Program> {};
+class RealPrograms : public ::testing::TestWithParam<RealProgram> {};
 
 TEST_P(RealPrograms, SameOutputAndStatus) {
   const auto &argv = GetParam().argv;
   if (access(argv[0].c_str(), X_OK) != 0) GTEST_SKIP() << argv[0] << " not installed";
-  ChildRun plain = Start(argv, Env(false, {}));
-  int plain_st = Finish(plain);
+  Ran plain = RunToEnd(argv, Env(false, {}));
   for (std::vector<std::string> extra :
        {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"}}) {
-    ChildRun r = Start(argv, Env(true, extra));
-    int st = Finish(r);
-    EXPECT_EQ(st, plain_st) << (extra.empty() ? "" : extra[0]);
+    Ran r = RunToEnd(argv, Env(true, extra));
+    EXPECT_EQ(r.status, plain.status) << (extra.empty() ? "" : extra[0]);
     EXPECT_EQ(r.out, plain.out) << (extra.empty() ? "" : extra[0]);
   }
   EXPECT_FALSE(plain.out.empty());
@@ -497,17 +454,17 @@ TEST_P(RealPrograms, SameOutputAndStatus) {
 INSTANTIATE_TEST_SUITE_P(
     Debian, RealPrograms,
     ::testing::Values(
-        Program{"perl_hash", {"/usr/bin/perl", "-e",
+        RealProgram{"perl_hash", {"/usr/bin/perl", "-e",
                               "my %h; $h{$_} = $_ x 3 for 1..200000; delete $h{$_} for 1..100000;"
                               " print scalar(keys %h), \"\\n\"; exit 3"}},
-        Program{"python3", {"/usr/bin/python3", "-c",
+        RealProgram{"python3", {"/usr/bin/python3", "-c",
                             "import json,threading\n"
                             "d=[{'k':i,'v':str(i)*5} for i in range(100000)]\n"
                             "ts=[threading.Thread(target=lambda: sorted(map(str,range(50000)))) for _ in range(4)]\n"
                             "[t.start() for t in ts]; [t.join() for t in ts]\n"
                             "print(len(json.dumps(d)))"}},
-        Program{"git_version", {"/usr/bin/git", "--version"}},
-        Program{"sh_pipeline", {"/bin/sh", "-c", "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
-    [](const ::testing::TestParamInfo<Program> &i) { return std::string(i.param.name); });
+        RealProgram{"git_version", {"/usr/bin/git", "--version"}},
+        RealProgram{"sh_pipeline", {"/bin/sh", "-c", "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
+    [](const ::testing::TestParamInfo<RealProgram> &i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -5,7 +5,6 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <link.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,7 +29,8 @@ extern "C" {
 #include "heapdump_client.bindings.h"
 #include "symbolize_fixture.h"
 }
-#include "listener.h"
+#include "client.h"
+#include "process.h"
 
 // Known code of the test program itself, for names as the linker sees them.
 extern "C" __attribute__((noinline)) int hd_symbolize_test_c_function(int x) { return x * 3 + 1; }
@@ -225,17 +225,9 @@ void ExpectSymbolOnly(const hd_location_info &loc, const char *function) {
   EXPECT_EQ(loc.frames[0].line, 0u);
 }
 
-// A scratch directory for copies of the fixture, made with objcopy.
+// A scratch directory for copies of the fixture, made with objcopy; kept when the test fails.
 class Files {
  public:
-  Files() {
-    char tmpl[] = "/tmp/hd-symbolize-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  ~Files() {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
   std::string Path(const std::string &relative) const {
     std::string path = dir_ + "/" + relative;
     fs::create_directories(fs::path(path).parent_path());
@@ -251,16 +243,14 @@ class Files {
     fs::copy_file(from, to, fs::copy_options::overwrite_existing);
   }
   void Write(const std::string &path, const std::string &bytes) const {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    hdtest::WriteFile(path, bytes);
   }
-  std::string Read(const std::string &path) const {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string Read(const std::string &path) const { return hdtest::ReadFile(path); }
   const std::string &dir() const { return dir_; }
 
  private:
-  std::string dir_;
+  std::string dir_ = hdtest::TempDir("symbolize");
+  hdtest::RemoveWhenPassed remove_{dir_};
 };
 
 std::string BuildIdPath(const std::string &root, const hd_snapshot_region &r) {
@@ -645,95 +635,23 @@ TEST(SymbolizeApiTest, CreateRejectsANullDebugDir) {
 
 // ---- End to end: a real program under LD_PRELOAD and a real collector -----------------------
 
-// A forked process, killed and reaped when the test leaves its scope (also on a failed ASSERT).
-struct Process {
-  pid_t pid = -1;
-  ~Process() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  // Waits for a clean exit.
-  bool Exited() {
-    int status = 0;
-    bool ok = waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    pid = -1;
-    return ok;
-  }
-};
-
-// Takes a live snapshot of pid from the collector at socket.
-void TakeLiveSnapshot(const std::string &socket, pid_t pid, hd_reassembler *ra) {
-  int fd = -1, ends[2] = {-1, -1};
-  ASSERT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
-  ASSERT_EQ(hd_channel_pair(ends), HD_OK);
-  heapdump_client_CollectorTakeLiveSnapshotRequest req =
-      heapdump_client_CollectorTakeLiveSnapshotRequest_init_zero;
-  req.has_process_selector = true;
-  req.process_selector.which_selector = heapdump_client_ProcessSelector_by_koid_tag;
-  req.process_selector.selector.by_koid = static_cast<uint64_t>(pid);
-  req.has_receiver = true;
-  req.receiver = {true, 0};
-  auto msg = std::make_unique<hd_message>();
-  hd_status sent = hd_fidl_collector_take_live_snapshot(fd, msg.get(), &req, &ends[1], 1);
-  close(ends[1]);
-  uint32_t error = 0;
-  hd_status received = sent == HD_OK ? hd_snapshot_receive(ends[0], false, ra, &error) : sent;
-  close(ends[0]);
-  close(fd);
-  ASSERT_EQ(sent, HD_OK);
-  ASSERT_EQ(received, HD_OK) << ra->error;
-  ASSERT_EQ(error, 0u);
-  ASSERT_EQ(hd_reassembler_finish(ra), HD_OK) << ra->error;
-  ASSERT_EQ(ra->snapshot_count, 1u);
-}
-
 TEST(SymbolizeEndToEndTest, SnapshotStacksResolveToTheAllocatingCode) {
   Files files;
-  std::string socket = files.dir() + "/run/collector.sock";  // the collector makes run/ itself
-  std::string storage = files.dir() + "/state";
-  Process collector;
-  collector.pid = fork();
-  if (collector.pid == 0) {
-    execl(HD_COLLECTOR, HD_COLLECTOR, "--foreground", "--socket", socket.c_str(), "--storage",
-          storage.c_str(), "--log-level", "warn", (char *)nullptr);
-    _exit(127);
-  }
-  ASSERT_TRUE(hdtest::WaitForListener(socket, collector.pid)) << "collector did not start";
-
-  // Close-on-exec pipes: the child keeps only its stdin and stdout, so it sees EOF if we die.
-  int to_child[2], from_child[2];
-  ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
-  ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);
-  Process child;
-  child.pid = fork();
-  if (child.pid == 0) {
-    dup2(to_child[0], 0);
-    dup2(from_child[1], 1);
-    setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
-    setenv("HEAPDUMP_SOCKET", socket.c_str(), 1);
-    execl(HD_SYMBOLIZE_CHILD, HD_SYMBOLIZE_CHILD, (char *)nullptr);
-    _exit(127);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
-  FILE *out = fdopen(from_child[0], "r");
+  hdtest::Collector collector(files.dir());
+  collector.Start();
+  if (HasFatalFailure()) return;
+  hdtest::Program child({HD_SYMBOLIZE_CHILD}, hdtest::InstrumentedEnv(collector.socket));
   int pid = 0, malloc_line = 0, call_line = 0;
-  int scanned = fscanf(out, "ready %d %d %d", &pid, &malloc_line, &call_line);
-  fclose(out);
-  ASSERT_EQ(scanned, 3);
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(sscanf(ready.c_str(), "ready %d %d %d", &pid, &malloc_line, &call_line), 3) << ready;
   EXPECT_EQ(pid, child.pid);
 
-  std::unique_ptr<hd_reassembler, void (*)(hd_reassembler *)> ra(new hd_reassembler,
-                                                                 [](hd_reassembler *r) {
-                                                                   hd_reassembler_destroy(r);
-                                                                   delete r;
-                                                                 });
-  hd_reassembler_init(ra.get());
-  TakeLiveSnapshot(socket, child.pid, ra.get());
-  if (HasFatalFailure()) return;
-  const hd_snapshot *snap = ra->snapshots[0];
+  const heapdump_client_ProcessSelector selector = hdtest::ByPid(child.pid);
+  std::unique_ptr<hdtest::Result> result = hdtest::TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(result->status, HD_OK) << result->ra.error;
+  ASSERT_EQ(result->error, 0u);
+  const hd_snapshot *snap = result->only();
+  ASSERT_NE(snap, nullptr);
 
   // The instrumentation drops its own frames: every address of a trace, the first included, is
   // a return address into the code that made the call.
@@ -763,11 +681,9 @@ TEST(SymbolizeEndToEndTest, SnapshotStacksResolveToTheAllocatingCode) {
   EXPECT_EQ(blocks, 3u);
   EXPECT_TRUE(symbolizer.found_symbols());
 
-  EXPECT_EQ(write(to_child[1], "go\n", 3), 3);
-  close(to_child[1]);
-  EXPECT_TRUE(child.Exited());
-  kill(collector.pid, SIGTERM);
-  EXPECT_TRUE(collector.Exited());
+  child.Send("go");
+  const int status = child.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace
