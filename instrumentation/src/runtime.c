@@ -150,7 +150,10 @@ void hd_init_slow(void) {
   hd_use_system = a && strcmp(a, "system") == 0;
   hd_backend_init();
   const char *u = early_getenv(HD_ENV_UNWIND);
-  int method = u && strcmp(u, "fp") == 0 ? HD_UNWIND_FP : HD_UNWIND_LIBUNWIND;
+  int method = HD_UNWIND_LIBUNWIND;
+  if (u != NULL && strcmp(u, "fp") == 0) method = HD_UNWIND_FP;
+  if (u != NULL && strcmp(u, "cfi") == 0) method = HD_UNWIND_CFI;
+  if (u != NULL && strcmp(u, "compare") == 0) method = HD_UNWIND_COMPARE;
   unsigned max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
   uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
   const char *clock = early_getenv(HD_ENV_CLOCK);
@@ -462,6 +465,7 @@ void hd_rescan_regions(void) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
   hd_tls.guard++;
   hd_regions_scan(&g_res, g_exe_name);
+  hd_stack_modules_changed();
   hd_tls.guard--;
 }
 

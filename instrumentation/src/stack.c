@@ -2,6 +2,14 @@
 #define _GNU_SOURCE
 #include "stack.h"
 
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cfi.h"
+
 #define UNW_LOCAL_ONLY
 #include <errno.h>
 #include <libunwind.h>
@@ -39,7 +47,7 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   g_max = max_frames == 0 || max_frames > HD_MAX_FRAMES ? HD_MAX_FRAMES : max_frames;
   g_skip_lo = skip_lo;
   g_skip_hi = skip_hi;
-  if (method == HD_UNWIND_LIBUNWIND) {
+  if (method != HD_UNWIND_FP) { /* libunwind: the unwinder, or the fallback of ours */
     dl_iterate_phdr(find_unwinder, (void *)(uintptr_t)&unw_backtrace);
     /* libunwind initialises itself here, where it would create its validation pipe: counted as
      * inside the unwinder so that it gets no descriptor (preload.c, pipe2). */
@@ -47,6 +55,11 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
     hd_tls.in_unwind--;
   }
+  hd_stack_modules_changed();
+}
+
+void hd_stack_modules_changed(void) {
+  if (g_method == HD_UNWIND_CFI || g_method == HD_UNWIND_COMPARE) hd_cfi_modules_changed();
 }
 
 /* libunwind (Debian's 1.6 has no per-thread cache) takes one process-wide lock around every
@@ -56,7 +69,8 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
  * and with it the lock: its steps parse the unwind tables each time, and each thread's trace
  * cache still spares the walk most of them. */
 void hd_stack_after_fork_child(void) {
-  if (g_method != HD_UNWIND_LIBUNWIND) return;
+  if (g_method == HD_UNWIND_FP) return;
+  hd_cfi_after_fork_child();
   hd_tls.in_unwind++;
   unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_NONE);
   hd_tls.in_unwind--;
@@ -81,6 +95,16 @@ static void thread_bounds(void) {
     pthread_attr_destroy(&a);
   }
   hd_tls.guard--;
+}
+
+/* Keeps the frames of a walk past our own, at most g_max of them. */
+static unsigned keep_callers(const uint64_t *walked, unsigned got, uint64_t *frames,
+                             bool *truncated) {
+  unsigned n = 0, i = 0;
+  while (i < got && own_frame((uintptr_t)walked[i])) i++;
+  for (; i < got && n < g_max; i++) frames[n++] = walked[i];
+  *truncated = i < got;
+  return n;
 }
 
 __attribute__((noinline)) static unsigned capture_fp(uint64_t *frames, bool *truncated) {
@@ -117,12 +141,100 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
   const int saved_errno = errno; /* libunwind's system calls are no business of the program's */
   int got = unw_backtrace(ips, (int)(g_max + 17));
   errno = saved_errno;
-  unsigned n = 0;
-  int i = 0;
-  while (i < got && own_frame((uintptr_t)ips[i])) i++;
-  for (; i < got && n < g_max; i++) frames[n++] = (uint64_t)(uintptr_t)ips[i];
-  *truncated = i < got;
+  uint64_t walked[HD_MAX_FRAMES + 17];
+  for (int i = 0; i < got; i++) walked[i] = (uint64_t)(uintptr_t)ips[i];
+  return keep_callers(walked, got > 0 ? (unsigned)got : 0, frames, truncated);
+}
+
+/* Stacks our unwinder left to libunwind, and (HD_UNWIND_COMPARE) traces compared and found
+ * different. Counted only off the common path. */
+static uint64_t g_cfi_fallbacks, g_compared, g_differed;
+
+/* Our unwinder; false if it could not describe the stack (nothing is written then). */
+__attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated) {
+  if (hd_tls.stack_hi == 0) thread_bounds();
+  hd_cfi_bounds bounds = {.lo = {hd_tls.stack_lo}, .hi = {hd_tls.stack_hi}, .count = 1};
+  const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+  if (sp < bounds.lo[0] || sp >= bounds.hi[0]) {
+    /* Not on the thread's stack: a handler on an alternate signal stack (a system call, but
+     * only here), else a stack the program made itself, which libunwind walks instead. */
+    stack_t alt;
+    if (sigaltstack(NULL, &alt) != 0 || !(alt.ss_flags & SS_ONSTACK) ||
+        sp < (uintptr_t)alt.ss_sp || sp >= (uintptr_t)alt.ss_sp + alt.ss_size) {
+      return false;
+    }
+    bounds.lo[1] = (uintptr_t)alt.ss_sp;
+    bounds.hi[1] = (uintptr_t)alt.ss_sp + alt.ss_size;
+    bounds.count = 2;
+  }
+  uint64_t walked[HD_MAX_FRAMES + 17];
+  unsigned got;
+  if (hd_cfi_backtrace(&bounds, walked, g_max + 17, &got) == HD_CFI_UNSUPPORTED) return false;
+  *n = keep_callers(walked, got, frames, truncated);
+  return true;
+}
+
+static void write_trace(char *line, size_t size, const char *who, const uint64_t *frames,
+                        unsigned n) {
+  size_t used = (size_t)snprintf(line, size, "heapdump: %s:", who);
+  for (unsigned i = 0; i < n && used < size; i++) {
+    used += (size_t)snprintf(line + used, size - used, " %#" PRIx64, frames[i]);
+  }
+  if (used >= size) used = size - 1;
+  line[used] = '\n';
+  (void)!write(STDERR_FILENO, line, used + 1);
+}
+
+/* libunwind's trace (recorded) against ours; the first few differences are printed. */
+static unsigned capture_compared(uint64_t *frames, bool *truncated) {
+  const unsigned n = capture_unwind(frames, truncated);
+  uint64_t ours[HD_MAX_FRAMES];
+  unsigned m;
+  bool ours_truncated;
+  if (!capture_cfi(ours, &m, &ours_truncated)) {
+    if (__atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED) < 5) {
+      char line[HD_MAX_FRAMES * 20 + 64];
+      write_trace(line, sizeof line, "left to libunwind", frames, n);
+    }
+    return n;
+  }
+  __atomic_fetch_add(&g_compared, 1, __ATOMIC_RELAXED);
+  if (m == n && memcmp(ours, frames, n * sizeof *frames) == 0) return n;
+  if (__atomic_fetch_add(&g_differed, 1, __ATOMIC_RELAXED) < 5) {
+    char line[HD_MAX_FRAMES * 20 + 64];
+    write_trace(line, sizeof line, "libunwind", frames, n);
+    write_trace(line, sizeof line, "cfi", ours, m);
+  }
   return n;
+}
+
+/* HD_UNWIND_COMPARE's verdict, when the program exits. */
+__attribute__((destructor)) static void report_comparison(void) {
+  if (g_method != HD_UNWIND_COMPARE) return;
+  char line[200];
+  const int n = snprintf(line, sizeof line,
+                         "heapdump: unwinders compared on %" PRIu64 " stacks: %" PRIu64
+                         " differ; %" PRIu64 " left to libunwind\n",
+                         __atomic_load_n(&g_compared, __ATOMIC_RELAXED),
+                         __atomic_load_n(&g_differed, __ATOMIC_RELAXED),
+                         __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED));
+  (void)!write(STDERR_FILENO, line, (size_t)n);
+}
+
+static unsigned capture(uint64_t *frames, bool *truncated) {
+  unsigned n;
+  switch (g_method) {
+    case HD_UNWIND_FP:
+      return capture_fp(frames, truncated);
+    case HD_UNWIND_CFI:
+      if (capture_cfi(frames, &n, truncated)) return n;
+      __atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED);
+      return capture_unwind(frames, truncated);
+    case HD_UNWIND_COMPARE:
+      return capture_compared(frames, truncated);
+    default:
+      return capture_unwind(frames, truncated);
+  }
 }
 
 unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) {
@@ -130,12 +242,11 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
   /* A handler that interrupted a capture must not re-enter the unwinder (its per-thread cache is
    * mid-update), nor compute stack bounds (pthread_getattr_np is not async-signal-safe). */
   if (in_signal_handler &&
-      (hd_tls.in_unwind || (g_method == HD_UNWIND_FP && hd_tls.stack_hi == 0)))
+      (hd_tls.in_unwind || (g_method != HD_UNWIND_LIBUNWIND && hd_tls.stack_hi == 0)))
     return 0;
   hd_tls.in_unwind++;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  unsigned n = g_method == HD_UNWIND_FP ? capture_fp(frames, truncated)
-                                        : capture_unwind(frames, truncated);
+  unsigned n = capture(frames, truncated);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   hd_tls.in_unwind--;
   return n;

@@ -1,4 +1,5 @@
-/* Stack capture for libheapdump.so: libunwind (default) or a bounded frame-pointer walk. */
+/* Stack capture for libheapdump.so: libunwind (default), our own DWARF CFI unwinder (cfi.c,
+ * falling back to libunwind for what it cannot describe), or a bounded frame-pointer walk. */
 #ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
 #define HEAPDUMP_INSTRUMENTATION_STACK_H
 
@@ -7,7 +8,9 @@
 
 #include "runtime.h"
 
-enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1 };
+/* HD_UNWIND_COMPARE records libunwind's traces and checks ours against each (a diagnostic:
+ * its summary is printed at exit). */
+enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1, HD_UNWIND_CFI = 2, HD_UNWIND_COMPARE = 3 };
 /* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
 /* Fills frames[0..HD_MAX_FRAMES) with return addresses, innermost first; returns the count.
@@ -17,6 +20,9 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
 /* Whether a call returning to this address comes from libunwind's own code (not from, say, a
  * signal handler of the program that interrupted a capture). */
 bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;
+
+/* After dlopen or dlclose: the unwinder rereads the modules' tables. */
+void hd_stack_modules_changed(void) HD_HIDDEN;
 
 /* In a fork child, before anything unwinds: the unwinder must not wait for a lock that a thread
  * of the parent held at the fork (see stack.c). */

@@ -651,11 +651,21 @@ static void on_alarm(int) {
   errno = saved;
 }
 
-static void scenario_signals() {
+// on_alt_stack: the handler runs on an alternate signal stack (sigaltstack, SA_ONSTACK), which an
+// unwinder must follow back to the thread's own stack.
+static void scenario_signals(bool on_alt_stack) {
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_handler = on_alarm;
   sa.sa_flags = SA_RESTART;
+  if (on_alt_stack) {
+    static char alt_stack[1 << 16];
+    stack_t ss = {};
+    ss.ss_sp = alt_stack;
+    ss.ss_size = sizeof alt_stack;
+    CHECK(sigaltstack(&ss, nullptr) == 0);
+    sa.sa_flags |= SA_ONSTACK;
+  }
   CHECK(sigaction(SIGALRM, &sa, nullptr) == 0);
   struct itimerval storm = {{0, 200}, {0, 200}};
   CHECK(setitimer(ITIMER_REAL, &storm, nullptr) == 0);
@@ -935,7 +945,8 @@ int main(int argc, char **argv) {
   else if (mode == "cancel") scenario_cancel();
   else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
   else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
-  else if (mode == "signals") scenario_signals();
+  else if (mode == "signals") scenario_signals(false);
+  else if (mode == "signals-altstack") scenario_signals(true);
   else if (mode == "thread-churn") scenario_thread_churn();
   else if (mode == "cap") scenario_cap();
   else if (mode == "comm-rename") scenario_comm_rename();

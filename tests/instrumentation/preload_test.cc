@@ -410,7 +410,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Config{"jemalloc_libunwind", {}},
                       Config{"system_libunwind", {"HEAPDUMP_ALLOCATOR=system"}},
                       Config{"jemalloc_fp", {"HEAPDUMP_UNWIND=fp"}},
-                      Config{"system_fp", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=fp"}}),
+                      Config{"system_fp", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=fp"}},
+                      Config{"jemalloc_cfi", {"HEAPDUMP_UNWIND=cfi"}},
+                      Config{"system_cfi", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=cfi"}}),
     [](const ::testing::TestParamInfo<Config> &i) { return std::string(i.param.name); });
 
 TEST(PreloadApi, WeakApiWithoutLibrary) {
@@ -443,7 +445,8 @@ TEST_P(RealPrograms, SameOutputAndStatus) {
   if (access(argv[0].c_str(), X_OK) != 0) GTEST_SKIP() << argv[0] << " not installed";
   Ran plain = RunToEnd(argv, Env(false, {}));
   for (std::vector<std::string> extra :
-       {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"}}) {
+       {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"},
+        {"HEAPDUMP_UNWIND=cfi"}}) {
     Ran r = RunToEnd(argv, Env(true, extra));
     EXPECT_EQ(r.status, plain.status) << (extra.empty() ? "" : extra[0]);
     EXPECT_EQ(r.out, plain.out) << (extra.empty() ? "" : extra[0]);
@@ -466,5 +469,75 @@ INSTANTIATE_TEST_SUITE_P(
         RealProgram{"git_version", {"/usr/bin/git", "--version"}},
         RealProgram{"sh_pipeline", {"/bin/sh", "-c", "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
     [](const ::testing::TestParamInfo<RealProgram> &i) { return std::string(i.param.name); });
+
+// Our unwinder against libunwind, the oracle: with HEAPDUMP_UNWIND=compare every allocation of a
+// real program is unwound both ways, and each process says at exit how many stacks were
+// compared, how many differed, and how many ours left to libunwind. Ours must give exactly
+// libunwind's trace every time, and leave it almost nothing.
+struct UnwindWorkload {
+  const char *name;
+  std::string script;  // run by bash as the last step (exec), in a scratch directory
+  size_t min_compared;
+};
+
+void PrintTo(const UnwindWorkload &w, std::ostream *os) { *os << w.name; }
+
+class Unwinders : public ::testing::TestWithParam<UnwindWorkload> {};
+
+TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
+  const UnwindWorkload &w = GetParam();
+  const std::string dir = hdtest::TempDir("unwind");
+  hdtest::RemoveWhenPassed cleanup{dir};
+  hdtest::WriteFile(dir + "/t.cc",
+                    "#include <algorithm>\n#include <map>\n#include <string>\n#include <vector>\n"
+                    "template <int N> struct F { static int v() { return N + F<N - 1>::v(); } };\n"
+                    "template <> struct F<0> { static int v() { return 0; } };\n"
+                    "int main() { std::map<std::string, std::vector<int>> m; "
+                    "m[\"a\"].push_back(F<300>::v()); std::sort(m[\"a\"].begin(), m[\"a\"].end()); "
+                    "return (int)m.size(); }\n");
+  hdtest::ShellOutput run =
+      hdtest::RunShell(w.script, dir, Env(true, {"HEAPDUMP_UNWIND=compare"}));
+  ASSERT_EQ(run.status, 0) << run.out;
+  size_t processes = 0, compared = 0, differed = 0, left = 0;
+  for (const std::string &line : hdtest::Lines(run.out)) {
+    unsigned long long c, d, l;
+    if (sscanf(line.c_str(), "heapdump: unwinders compared on %llu stacks: %llu differ; %llu left",
+               &c, &d, &l) != 3) {
+      continue;
+    }
+    processes++;
+    compared += c;
+    differed += d;
+    left += l;
+  }
+  ASSERT_GT(processes, 0u) << run.out;
+  EXPECT_EQ(differed, 0u) << run.out;
+  EXPECT_GE(compared, w.min_compared) << run.out;
+  // What ours leaves: allocations made before the unwinder knows a module (constructors that
+  // dlopen runs, the loader's own start-up code, which has no call-frame information).
+  EXPECT_LE(left, 2 * processes + compared / 10000) << run.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RealPrograms, Unwinders,
+    ::testing::Values(
+        UnwindWorkload{"perl", "exec /usr/bin/perl -e 'my %h; $h{$_} = $_ x 3 for 1..200000;'", 100000},
+        UnwindWorkload{"python3_threads",
+                       "exec /usr/bin/python3 -c 'import json,threading\n"
+                       "d=[{\"k\":i} for i in range(50000)]\n"
+                       "ts=[threading.Thread(target=lambda: sorted(map(str,range(20000)))) for _ in range(4)]\n"
+                       "[t.start() for t in ts]; [t.join() for t in ts]; print(len(json.dumps(d)))'",
+                       1000},  // (most of Python's allocations come from its own arenas)
+        UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000},
+        UnwindWorkload{"cppcheck", "command -v cppcheck >/dev/null || exit 0; exec cppcheck -q t.cc", 1000},
+        // (Not coreutils: they close stderr before the summary is written.)
+        UnwindWorkload{"bash_loop", "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000},
+        UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000},
+        UnwindWorkload{"alternate_signal_stack",
+                       std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000},
+        UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000},
+        UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5},
+        UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5}),
+    [](const ::testing::TestParamInfo<UnwindWorkload> &i) { return std::string(i.param.name); });
 
 }  // namespace

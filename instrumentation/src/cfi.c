@@ -1,0 +1,592 @@
+/* Our x86-64 unwinder. For each frame it needs three numbers: where the frame's CFA (the stack
+ * pointer before the call) is, relative to rsp or rbp; where below the CFA the return address
+ * is; and where the caller's rbp was saved, if it was. DWARF's call-frame information says that
+ * for every instruction, in a byte code that libgcc and libunwind interpret anew on each step.
+ * Here the byte code of the frame's FDE is run once per program counter and compiled into one
+ * 64-bit rule, which a cache keeps; the allocation path then reads a rule and two stack slots per
+ * frame, with no lock, no system call and no allocation.
+ *
+ * What a rule cannot say (a CFA computed by an expression, a return address kept in another
+ * register, a module without .eh_frame_hdr, code outside every module) makes the walk report
+ * HD_CFI_UNSUPPORTED, and the caller unwinds that stack with libunwind instead. */
+#define _GNU_SOURCE
+#include "cfi.h"
+
+#include <link.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+
+/* DWARF register numbers on x86-64 (System V psABI, "DWARF Register Number Mapping"). */
+enum { DW_REG_RBP = 6, DW_REG_RSP = 7, DW_REG_RA = 16 };
+
+/* Pointer encodings (LSB "DWARF Extensions", .eh_frame). */
+enum {
+  DW_EH_PE_absptr = 0x00,
+  DW_EH_PE_uleb128 = 0x01,
+  DW_EH_PE_udata2 = 0x02,
+  DW_EH_PE_udata4 = 0x03,
+  DW_EH_PE_udata8 = 0x04,
+  DW_EH_PE_sleb128 = 0x09,
+  DW_EH_PE_sdata2 = 0x0a,
+  DW_EH_PE_sdata4 = 0x0b,
+  DW_EH_PE_sdata8 = 0x0c,
+  DW_EH_PE_pcrel = 0x10,
+  DW_EH_PE_datarel = 0x30,
+  DW_EH_PE_omit = 0xff,
+};
+
+/* ---- reading DWARF ---- */
+
+/* A bounded reader: any read past `end` clears ok and reads zero. */
+typedef struct dw_reader {
+  const uint8_t *p, *end;
+  bool ok;
+} dw_reader;
+
+static uint64_t read_fixed(dw_reader *r, size_t size) {
+  if (!r->ok || (size_t)(r->end - r->p) < size) {
+    r->ok = false;
+    return 0;
+  }
+  uint64_t v = 0;
+  memcpy(&v, r->p, size); /* little-endian */
+  r->p += size;
+  return v;
+}
+
+static uint64_t read_uleb(dw_reader *r) {
+  uint64_t v = 0;
+  for (unsigned shift = 0; r->ok; shift += 7) {
+    if (r->p >= r->end || shift > 63) break;
+    const uint8_t byte = *r->p++;
+    v |= (uint64_t)(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) return v;
+  }
+  r->ok = false;
+  return 0;
+}
+
+static int64_t read_sleb(dw_reader *r) {
+  int64_t v = 0;
+  for (unsigned shift = 0; r->ok; shift += 7) {
+    if (r->p >= r->end || shift > 63) break;
+    const uint8_t byte = *r->p++;
+    v |= (int64_t)((uint64_t)(byte & 0x7f) << shift);
+    if ((byte & 0x80) == 0) {
+      if (shift + 7 < 64 && (byte & 0x40)) v |= -((int64_t)1 << (shift + 7));
+      return v;
+    }
+  }
+  r->ok = false;
+  return 0;
+}
+
+/* A pointer in encoding `enc`: absolute, relative to where it is stored (pcrel) or to
+ * `datarel`. value_only: the format alone, as for an FDE's address range. */
+static uintptr_t read_encoded(dw_reader *r, uint8_t enc, uintptr_t datarel, bool value_only) {
+  const uintptr_t at = (uintptr_t)r->p;
+  uint64_t v;
+  switch (enc & 0x0f) {
+    case DW_EH_PE_absptr: v = read_fixed(r, 8); break;
+    case DW_EH_PE_uleb128: v = read_uleb(r); break;
+    case DW_EH_PE_udata2: v = read_fixed(r, 2); break;
+    case DW_EH_PE_udata4: v = read_fixed(r, 4); break;
+    case DW_EH_PE_udata8: v = read_fixed(r, 8); break;
+    case DW_EH_PE_sleb128: v = (uint64_t)read_sleb(r); break;
+    case DW_EH_PE_sdata2: v = (uint64_t)(int64_t)(int16_t)read_fixed(r, 2); break;
+    case DW_EH_PE_sdata4: v = (uint64_t)(int64_t)(int32_t)read_fixed(r, 4); break;
+    case DW_EH_PE_sdata8: v = read_fixed(r, 8); break;
+    default: r->ok = false; return 0;
+  }
+  if (value_only) return (uintptr_t)v;
+  switch (enc & 0x70) {
+    case DW_EH_PE_absptr: return (uintptr_t)v;
+    case DW_EH_PE_pcrel: return at + (uintptr_t)v;
+    case DW_EH_PE_datarel: return datarel + (uintptr_t)v;
+    default: r->ok = false; return 0; /* textrel, funcrel, aligned: not used on x86-64 */
+  }
+}
+
+/* ---- the modules ---- */
+
+#define CFI_MAX_MODULES 1024
+
+typedef struct cfi_module {
+  uintptr_t lo, hi;      /* its executable segments */
+  const uint8_t *hdr;    /* .eh_frame_hdr; NULL: none we can search */
+  const int32_t *table;  /* (initial location, FDE) pairs relative to hdr, sorted */
+  uintptr_t fde_count;
+} cfi_module;
+
+/* Readers copy an entry while the sequence stays even and unchanged (a seqlock): the writer,
+ * alone under g_modules_lock, makes it odd while it rewrites the list. */
+static cfi_module g_modules[CFI_MAX_MODULES];
+static size_t g_module_count;
+static uint32_t g_modules_seq;
+static pthread_mutex_t g_modules_lock = PTHREAD_MUTEX_INITIALIZER;
+static cfi_module g_staging[CFI_MAX_MODULES]; /* the next list, under g_modules_lock */
+static size_t g_staged;
+
+/* Cached rules are keyed by pc and this generation, moved on whenever modules change: a rule
+ * of an unloaded module never serves code loaded at its address later. */
+static uint64_t g_cache_generation = 1;
+
+/* .eh_frame_hdr, version 1, with the binary-search table that linkers write (datarel sdata4). */
+static bool read_eh_frame_hdr(const uint8_t *hdr, cfi_module *m) {
+  if (hdr[0] != 1 || hdr[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) return false;
+  dw_reader r = {hdr + 4, hdr + 4 + 16, true};
+  (void)read_encoded(&r, hdr[1], (uintptr_t)hdr, false); /* eh_frame_ptr */
+  const uintptr_t count = read_encoded(&r, hdr[2], (uintptr_t)hdr, false);
+  if (!r.ok || hdr[1] == DW_EH_PE_omit || hdr[2] == DW_EH_PE_omit) return false;
+  m->hdr = hdr;
+  m->table = (const int32_t *)r.p;
+  m->fde_count = count;
+  return true;
+}
+
+static int stage_module(struct dl_phdr_info *info, size_t size, void *unused) {
+  (void)size;
+  (void)unused;
+  if (g_staged == CFI_MAX_MODULES) return 1;
+  cfi_module m = {.lo = UINTPTR_MAX};
+  const uint8_t *hdr = NULL;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+    if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
+      if (start < m.lo) m.lo = start;
+      if (start + ph->p_memsz > m.hi) m.hi = start + ph->p_memsz;
+    } else if (ph->p_type == PT_GNU_EH_FRAME) {
+      hdr = (const uint8_t *)start;
+    }
+  }
+  if (m.lo >= m.hi) return 0;
+  if (hdr != NULL) (void)read_eh_frame_hdr(hdr, &m); /* else its frames fall back */
+  g_staging[g_staged++] = m;
+  return 0;
+}
+
+void hd_cfi_modules_changed(void) {
+  pthread_mutex_lock(&g_modules_lock);
+  g_staged = 0;
+  dl_iterate_phdr(stage_module, NULL);
+  const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  for (size_t i = 0; i < g_staged; i++) {
+    cfi_module *m = &g_modules[i];
+    __atomic_store_n(&m->lo, g_staging[i].lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->hi, g_staging[i].hi, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->hdr, g_staging[i].hdr, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->table, g_staging[i].table, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->fde_count, g_staging[i].fde_count, __ATOMIC_RELAXED);
+  }
+  __atomic_store_n(&g_module_count, g_staged, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_modules_seq, seq + 2, __ATOMIC_RELEASE);
+  __atomic_fetch_add(&g_cache_generation, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&g_modules_lock);
+}
+
+void hd_cfi_after_fork_child(void) {
+  pthread_mutex_init(&g_modules_lock, NULL);
+  const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
+  if (seq & 1) {
+    /* A parent thread was rewriting the list: until the next dlopen or dlclose rebuilds it,
+     * no module is known and every stack falls back. */
+    __atomic_store_n(&g_module_count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&g_cache_generation, 1, __ATOMIC_RELEASE);
+  }
+}
+
+typedef enum module_lookup { MODULE_FOUND, MODULE_NONE, MODULE_CHANGING } module_lookup;
+
+static module_lookup find_module(uintptr_t pc, cfi_module *out) {
+  const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_ACQUIRE);
+  if (seq & 1) return MODULE_CHANGING;
+  const size_t n = __atomic_load_n(&g_module_count, __ATOMIC_RELAXED);
+  module_lookup found = MODULE_NONE;
+  for (size_t i = 0; i < n && found == MODULE_NONE; i++) {
+    const cfi_module *m = &g_modules[i];
+    const uintptr_t lo = __atomic_load_n(&m->lo, __ATOMIC_RELAXED);
+    const uintptr_t hi = __atomic_load_n(&m->hi, __ATOMIC_RELAXED);
+    if (pc < lo || pc >= hi) continue;
+    out->lo = lo;
+    out->hi = hi;
+    out->hdr = __atomic_load_n(&m->hdr, __ATOMIC_RELAXED);
+    out->table = __atomic_load_n(&m->table, __ATOMIC_RELAXED);
+    out->fde_count = __atomic_load_n(&m->fde_count, __ATOMIC_RELAXED);
+    found = MODULE_FOUND;
+  }
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+  return __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED) == seq ? found : MODULE_CHANGING;
+}
+
+/* ---- compiling a frame's rule ---- */
+
+/* A rule in 64 bits:
+ *   bits 0-1   kind (RULE_UNSUPPORTED, RULE_FRAME, RULE_OUTERMOST, RULE_SIGNAL)
+ *   bit 2      the CFA is rbp + offset (else rsp + offset)
+ *   bit 3      the caller's rbp is saved (else rbp is unchanged)
+ *   bits 8-15  the return address's offset from the CFA, in 8-byte words (signed)
+ *   bits 16-23 the saved rbp's offset from the CFA, in 8-byte words (signed)
+ *   bits 32-63 the CFA's offset from its register (signed) */
+enum { RULE_UNSUPPORTED = 0, RULE_FRAME = 1, RULE_OUTERMOST = 2, RULE_SIGNAL = 3 };
+#define RULE_KIND(r) ((unsigned)((r)&3))
+#define RULE_CFA_RBP(r) (((r) >> 2) & 1)
+#define RULE_RBP_SAVED(r) (((r) >> 3) & 1)
+#define RULE_RA_WORDS(r) ((int8_t)((r) >> 8))
+#define RULE_RBP_WORDS(r) ((int8_t)((r) >> 16))
+#define RULE_CFA_OFFSET(r) ((int32_t)((r) >> 32))
+
+/* How a register is recovered, as far as our rules can say. */
+enum { REG_SAME, REG_AT_CFA_OFFSET, REG_UNDEFINED, REG_OTHER };
+
+typedef struct reg_rule {
+  uint8_t how;
+  int64_t offset;
+} reg_rule;
+
+typedef struct frame_state {
+  uint64_t cfa_reg; /* DW_REG_RSP or DW_REG_RBP; anything else cannot be compiled */
+  int64_t cfa_offset;
+  bool cfa_by_expression;
+  reg_rule rbp, ra;
+} frame_state;
+
+typedef struct cie_info {
+  uint64_t code_align;
+  int64_t data_align;
+  uint8_t fde_encoding;
+  bool has_augmentation_data, signal_frame;
+  const uint8_t *instructions, *end;
+} cie_info;
+
+static bool read_cie(const uint8_t *cie, cie_info *out) {
+  dw_reader r = {cie, cie + 4, true};
+  const uint32_t length = (uint32_t)read_fixed(&r, 4);
+  if (!r.ok || length == 0 || length == 0xffffffffu) return false;
+  r.end = cie + 4 + length;
+  if (read_fixed(&r, 4) != 0) return false; /* a CIE's id is 0 in .eh_frame */
+  const uint8_t version = (uint8_t)read_fixed(&r, 1);
+  if (version != 1 && version != 3) return false;
+  const char *augmentation = (const char *)r.p;
+  const size_t aug_length = strnlen(augmentation, (size_t)(r.end - r.p));
+  r.p += aug_length + 1;
+  if (r.p > r.end || strstr(augmentation, "eh") != NULL) return false;
+  *out = (cie_info){.fde_encoding = DW_EH_PE_absptr};
+  out->code_align = read_uleb(&r);
+  out->data_align = read_sleb(&r);
+  const uint64_t ra_register = version == 1 ? read_fixed(&r, 1) : read_uleb(&r);
+  if (!r.ok || ra_register != DW_REG_RA) return false;
+  if (augmentation[0] == 'z') {
+    out->has_augmentation_data = true;
+    const uint64_t data_length = read_uleb(&r);
+    if (!r.ok || data_length > (uint64_t)(r.end - r.p)) return false;
+    const uint8_t *data_end = r.p + data_length;
+    for (const char *a = augmentation + 1; *a != '\0' && r.ok; a++) {
+      if (*a == 'R') {
+        out->fde_encoding = (uint8_t)read_fixed(&r, 1);
+      } else if (*a == 'P') {
+        const uint8_t encoding = (uint8_t)read_fixed(&r, 1);
+        (void)read_encoded(&r, encoding & 0x7f, 0, true); /* the personality: not ours */
+      } else if (*a == 'L') {
+        (void)read_fixed(&r, 1);
+      } else if (*a == 'S') {
+        out->signal_frame = true;
+      } else {
+        break; /* unknown: 'z' tells its data's length, so the rest is skipped */
+      }
+    }
+    r.p = data_end;
+  } else if (augmentation[0] != '\0') {
+    return false;
+  }
+  out->instructions = r.p;
+  out->end = r.end;
+  return r.ok;
+}
+
+static void set_reg(frame_state *s, uint64_t reg, uint8_t how, int64_t offset) {
+  reg_rule *rule = reg == DW_REG_RBP ? &s->rbp : reg == DW_REG_RA ? &s->ra : NULL;
+  if (rule != NULL) *rule = (reg_rule){how, offset};
+}
+
+static void restore_reg(frame_state *s, const frame_state *initial, uint64_t reg) {
+  if (reg == DW_REG_RBP) s->rbp = initial->rbp;
+  if (reg == DW_REG_RA) s->ra = initial->ra;
+}
+
+/* The one CFA expression the linker writes for lazy-binding PLT entries: the entry pushes its
+ * relocation index from its 11th (10th with IBT) byte on, so the CFA is rsp + 8, plus 8 from
+ * there: DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_litK; DW_OP_ge;
+ * DW_OP_lit3; DW_OP_shl; DW_OP_plus. A PLT entry calls nothing, so pc is the exact instruction
+ * (a signal interrupted it) and the expression is evaluated for it here, once. */
+static bool plt_cfa(const uint8_t *expr, uint64_t length, const uint8_t *end, uintptr_t pc,
+                    frame_state *s) {
+  static const uint8_t kPlt[] = {0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x00, 0x2a, 0x33, 0x24, 0x22};
+  enum { K_AT = 6, DW_OP_LIT0 = 0x30 };
+  if (length != sizeof kPlt || (uint64_t)(end - expr) < length) return false;
+  for (size_t i = 0; i < sizeof kPlt; i++) {
+    if (i != K_AT && expr[i] != kPlt[i]) return false;
+  }
+  if (expr[K_AT] < DW_OP_LIT0 || expr[K_AT] > DW_OP_LIT0 + 15) return false;
+  const unsigned k = expr[K_AT] - DW_OP_LIT0;
+  s->cfa_reg = DW_REG_RSP;
+  s->cfa_offset = 8 + ((pc & 15) >= k ? 8 : 0);
+  return true;
+}
+
+#define REMEMBER_DEPTH 8
+
+/* Runs call-frame instructions from `code` to `end` on *s until the location passes pc.
+ * `initial`: the state after the CIE's instructions (DW_CFA_restore), NULL while running them. */
+static bool run_cfa_program(const uint8_t *code, const uint8_t *end, const cie_info *cie,
+                            uintptr_t location, uintptr_t pc, const frame_state *initial,
+                            frame_state *s) {
+  dw_reader r = {code, end, true};
+  frame_state remembered[REMEMBER_DEPTH];
+  unsigned depth = 0;
+  while (r.ok && r.p < r.end && location <= pc) {
+    const uint8_t op = (uint8_t)read_fixed(&r, 1);
+    const uint8_t low = op & 0x3f;
+    uint64_t reg;
+    if (op >> 6 == 1) { /* advance_loc */
+      location += low * cie->code_align;
+      continue;
+    }
+    if (op >> 6 == 2) { /* offset */
+      set_reg(s, low, REG_AT_CFA_OFFSET, (int64_t)read_uleb(&r) * cie->data_align);
+      continue;
+    }
+    if (op >> 6 == 3) { /* restore */
+      if (initial != NULL) restore_reg(s, initial, low);
+      continue;
+    }
+    switch (op) {
+      case 0x00: break; /* nop */
+      case 0x01: location = read_encoded(&r, cie->fde_encoding, 0, false); break;
+      case 0x02: location += read_fixed(&r, 1) * cie->code_align; break;
+      case 0x03: location += read_fixed(&r, 2) * cie->code_align; break;
+      case 0x04: location += read_fixed(&r, 4) * cie->code_align; break;
+      case 0x05: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, (int64_t)read_uleb(&r) * cie->data_align); break;
+      case 0x06: reg = read_uleb(&r); if (initial != NULL) restore_reg(s, initial, reg); break;
+      case 0x07: set_reg(s, read_uleb(&r), REG_UNDEFINED, 0); break;
+      case 0x08: set_reg(s, read_uleb(&r), REG_SAME, 0); break;
+      case 0x09: reg = read_uleb(&r); (void)read_uleb(&r); set_reg(s, reg, REG_OTHER, 0); break;
+      case 0x0a: /* remember_state */
+        if (depth == REMEMBER_DEPTH) return false;
+        remembered[depth++] = *s;
+        break;
+      case 0x0b: /* restore_state */
+        if (depth == 0) return false;
+        *s = remembered[--depth];
+        break;
+      case 0x0c: s->cfa_reg = read_uleb(&r); s->cfa_offset = (int64_t)read_uleb(&r); s->cfa_by_expression = false; break;
+      case 0x0d: s->cfa_reg = read_uleb(&r); s->cfa_by_expression = false; break;
+      case 0x0e: s->cfa_offset = (int64_t)read_uleb(&r); break;
+      case 0x0f: { /* def_cfa_expression */
+        const uint64_t length = read_uleb(&r);
+        s->cfa_by_expression = !plt_cfa(r.p, length, r.end, pc, s);
+        r.p += length;
+        break;
+      }
+      case 0x10: /* expression */
+        reg = read_uleb(&r);
+        set_reg(s, reg, REG_OTHER, 0);
+        r.p += read_uleb(&r);
+        break;
+      case 0x11: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, read_sleb(&r) * cie->data_align); break;
+      case 0x12: s->cfa_reg = read_uleb(&r); s->cfa_offset = read_sleb(&r) * cie->data_align; s->cfa_by_expression = false; break;
+      case 0x13: s->cfa_offset = read_sleb(&r) * cie->data_align; break;
+      case 0x14: case 0x15: reg = read_uleb(&r); (void)read_uleb(&r); set_reg(s, reg, REG_OTHER, 0); break;
+      case 0x16: /* val_expression */
+        reg = read_uleb(&r);
+        set_reg(s, reg, REG_OTHER, 0);
+        r.p += read_uleb(&r);
+        break;
+      case 0x2e: (void)read_uleb(&r); break; /* GNU_args_size */
+      case 0x2f: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, -(int64_t)read_uleb(&r) * cie->data_align); break;
+      default: return false;
+    }
+    if (r.p > r.end) return false;
+  }
+  return r.ok;
+}
+
+/* The FDE whose range may hold pc: the last table entry starting at or before it. */
+static const uint8_t *find_fde(const cfi_module *m, uintptr_t pc) {
+  size_t lo = 0, hi = m->fde_count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if ((uintptr_t)m->hdr + (intptr_t)m->table[2 * mid] <= pc) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo == 0 ? NULL : m->hdr + (intptr_t)m->table[2 * (lo - 1) + 1];
+}
+
+static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
+  if (signal_frame) return RULE_SIGNAL;
+  if (s->ra.how == REG_UNDEFINED) return RULE_OUTERMOST;
+  if (s->cfa_by_expression || (s->cfa_reg != DW_REG_RSP && s->cfa_reg != DW_REG_RBP) ||
+      s->cfa_offset < INT32_MIN || s->cfa_offset > INT32_MAX) {
+    return RULE_UNSUPPORTED;
+  }
+  if (s->ra.how != REG_AT_CFA_OFFSET || s->ra.offset % 8 != 0 || s->ra.offset / 8 < INT8_MIN ||
+      s->ra.offset / 8 > INT8_MAX) {
+    return RULE_UNSUPPORTED;
+  }
+  uint64_t rule = RULE_FRAME | (s->cfa_reg == DW_REG_RBP ? 4u : 0u) |
+                  (uint64_t)(uint8_t)(int8_t)(s->ra.offset / 8) << 8 |
+                  (uint64_t)(uint32_t)(int32_t)s->cfa_offset << 32;
+  if (s->rbp.how == REG_AT_CFA_OFFSET) {
+    if (s->rbp.offset % 8 != 0 || s->rbp.offset / 8 < INT8_MIN || s->rbp.offset / 8 > INT8_MAX) {
+      return RULE_UNSUPPORTED;
+    }
+    rule |= 8u | (uint64_t)(uint8_t)(int8_t)(s->rbp.offset / 8) << 16;
+  } else if (s->rbp.how != REG_SAME) {
+    return RULE_UNSUPPORTED;
+  }
+  return rule;
+}
+
+/* The rule at pc in module m, from its FDE. */
+static uint64_t rule_from_fde(const cfi_module *m, uintptr_t pc) {
+  if (m->hdr == NULL || m->fde_count == 0) return RULE_UNSUPPORTED;
+  const uint8_t *fde = find_fde(m, pc);
+  if (fde == NULL) return RULE_UNSUPPORTED;
+  dw_reader r = {fde, fde + 8, true};
+  const uint32_t length = (uint32_t)read_fixed(&r, 4);
+  if (!r.ok || length == 0 || length == 0xffffffffu) return RULE_UNSUPPORTED;
+  const uint8_t *const cie_pointer_at = r.p;
+  const uint32_t cie_pointer = (uint32_t)read_fixed(&r, 4);
+  cie_info cie;
+  if (cie_pointer == 0 || !read_cie(cie_pointer_at - cie_pointer, &cie)) return RULE_UNSUPPORTED;
+  r.end = fde + 4 + length;
+  const uintptr_t begin = read_encoded(&r, cie.fde_encoding, 0, false);
+  const uintptr_t range = read_encoded(&r, cie.fde_encoding, 0, true);
+  if (!r.ok || pc < begin || pc - begin >= range) return RULE_UNSUPPORTED;
+  if (cie.has_augmentation_data) r.p += read_uleb(&r);
+  if (!r.ok || r.p > r.end) return RULE_UNSUPPORTED;
+  frame_state initial = {.rbp = {REG_SAME, 0}, .ra = {REG_UNDEFINED, 0}};
+  if (!run_cfa_program(cie.instructions, cie.end, &cie, begin, UINTPTR_MAX, NULL, &initial)) {
+    return RULE_UNSUPPORTED;
+  }
+  frame_state state = initial;
+  if (!run_cfa_program(r.p, r.end, &cie, begin, pc, &initial, &state)) return RULE_UNSUPPORTED;
+  return compile_rule(&state, cie.signal_frame);
+}
+
+/* ---- the rule cache ---- */
+
+/* Direct-mapped and lock-free: an entry is two words, the rule and the rule XOR its key (pc and
+ * generation), each stored and loaded atomically on its own. A reader that sees the two halves
+ * of different writes finds that they do not match its key and computes the rule itself. */
+#define CACHE_SLOTS 8192
+static struct {
+  uint64_t check, rule;
+} g_cache[CACHE_SLOTS];
+
+static uint64_t cache_key(uintptr_t pc, uint64_t generation) { return pc ^ (generation << 48); }
+
+static size_t cache_slot(uintptr_t pc) {
+  return (size_t)((pc * 0x9e3779b97f4a7c15u) >> 51) & (CACHE_SLOTS - 1);
+}
+
+static uint64_t rule_at(uintptr_t pc, uint64_t generation) {
+  const uint64_t key = cache_key(pc, generation);
+  const size_t slot = cache_slot(pc);
+  const uint64_t rule = __atomic_load_n(&g_cache[slot].rule, __ATOMIC_RELAXED);
+  const uint64_t check = __atomic_load_n(&g_cache[slot].check, __ATOMIC_RELAXED);
+  if ((check ^ rule) == key) return rule;
+  cfi_module m;
+  switch (find_module(pc, &m)) {
+    case MODULE_CHANGING: return RULE_UNSUPPORTED; /* not cached: it may be known in a moment */
+    case MODULE_NONE: break;                       /* code outside every module */
+    case MODULE_FOUND: {
+      const uint64_t computed = rule_from_fde(&m, pc);
+      __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
+      __atomic_store_n(&g_cache[slot].check, computed ^ key, __ATOMIC_RELAXED);
+      return computed;
+    }
+  }
+  return RULE_UNSUPPORTED;
+}
+
+/* ---- the walk ---- */
+
+/* A saved register at addr, which must lie in the stack no lower than `floor`. */
+static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, uintptr_t *out) {
+  if (addr < floor) return false;
+  for (unsigned i = 0; i < b->count; i++) {
+    if (addr >= b->lo[i] && b->hi[i] >= 8 && addr <= b->hi[i] - 8) {
+      *out = *(const uintptr_t *)addr;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Below its stack pointer a function may keep data in the 128-byte red zone (psABI 3.2.2), and
+ * after `leave` its CFI still places the caller's rbp in the slot just popped: a frame's saved
+ * registers lie no lower than rsp - RED_ZONE. */
+#define RED_ZONE 128
+
+/* The kernel's signal frame on x86-64: the handler returns to the restorer with rsp at the
+ * ucontext_t, whose gregs (at offset 40) hold the interrupted registers. */
+enum { UC_GREGS = 40, GREG_RBP = 10, GREG_RSP = 15, GREG_RIP = 16 };
+
+__attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames,
+                                                      unsigned capacity, unsigned *count) {
+  uintptr_t pc, sp, bp;
+  __asm__ volatile("leaq 0(%%rip), %0\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
+                   : "=r"(pc), "=r"(sp), "=r"(bp));
+  const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
+  bool after_call = false; /* pc is a return address: its call is the instruction before it */
+  unsigned n = 0;
+  hd_cfi_end end = HD_CFI_UNSUPPORTED;
+  for (;;) {
+    if (n == capacity) {
+      end = HD_CFI_FULL;
+      break;
+    }
+    frames[n++] = pc;
+    const uint64_t rule = rule_at(after_call ? pc - 1 : pc, generation);
+    if (RULE_KIND(rule) == RULE_OUTERMOST) {
+      end = HD_CFI_COMPLETE;
+      break;
+    }
+    if (RULE_KIND(rule) == RULE_UNSUPPORTED) break;
+    if (RULE_KIND(rule) == RULE_SIGNAL) {
+      const uintptr_t gregs = sp + UC_GREGS;
+      if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc) ||
+          !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp) ||
+          !read_saved(bounds, gregs + 8 * GREG_RBP, gregs, &bp)) {
+        break;
+      }
+      after_call = false; /* the interrupted instruction itself */
+    } else {
+      const uintptr_t cfa = (RULE_CFA_RBP(rule) ? bp : sp) + (intptr_t)RULE_CFA_OFFSET(rule);
+      if (cfa <= sp) break; /* each caller's frame is above its callee's */
+      uintptr_t ra;
+      if (!read_saved(bounds, cfa + 8 * (intptr_t)RULE_RA_WORDS(rule), sp - RED_ZONE, &ra)) break;
+      if (RULE_RBP_SAVED(rule) &&
+          !read_saved(bounds, cfa + 8 * (intptr_t)RULE_RBP_WORDS(rule), sp - RED_ZONE, &bp)) {
+        break;
+      }
+      sp = cfa;
+      pc = ra;
+      after_call = true;
+    }
+    if (pc == 0) {
+      end = HD_CFI_COMPLETE;
+      break;
+    }
+  }
+  *count = n;
+  return end;
+}
