@@ -112,6 +112,17 @@ def take_live_snapshot(path, selector):
     return result
 
 
+def accepts(path):
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def main():
     collector = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="hd-wire-")
@@ -119,8 +130,9 @@ def main():
     proc = subprocess.Popen([collector, "--foreground", "--socket", path, "--storage",
                              os.path.join(tmp, "state"), "--log-level", "debug"])
     try:
+        # Listening, not just bound: the socket file exists a moment before it accepts.
         for _ in range(400):
-            if os.path.exists(path):
+            if accepts(path):
                 break
             assert proc.poll() is None, "collector exited with %s" % proc.returncode
             time.sleep(0.05)
