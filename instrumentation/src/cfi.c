@@ -519,16 +519,42 @@ static uint64_t rule_at(uintptr_t pc, uint64_t generation) {
 
 /* ---- the walk ---- */
 
+/* What a walk read, for its memo (NULL: none); `fits` is cleared when it outgrows one. */
+typedef struct walk_log {
+  hd_cfi_memo *memo;
+  bool fits;
+} walk_log;
+
 /* A saved register at addr, which must lie in the stack no lower than `floor`. */
-static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, uintptr_t *out) {
+static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, uintptr_t *out,
+                       walk_log *log) {
   if (addr < floor) return false;
   for (unsigned i = 0; i < b->count; i++) {
     if (addr >= b->lo[i] && b->hi[i] >= 8 && addr <= b->hi[i] - 8) {
       *out = *(const uintptr_t *)addr;
+      if (log->fits && log->memo->read_count < HD_CFI_MEMO_READS) {
+        log->memo->slot[log->memo->read_count] = addr;
+        log->memo->value[log->memo->read_count++] = *out;
+      } else {
+        log->fits = false;
+      }
       return true;
     }
   }
   return false;
+}
+
+/* Whether memo m still describes a walk starting at sp and bp: every slot it read holds the
+ * value it read. The slots were in this thread's stack, which stays mapped while it runs. */
+static bool memo_holds(const hd_cfi_memo *m, uintptr_t sp, uintptr_t bp, uint64_t generation) {
+  if (m->frame_count == 0 || m->sp != sp || m->bp != bp || m->generation != generation) {
+    return false;
+  }
+  uintptr_t differs = 0;
+  for (unsigned i = 0; i < m->read_count; i++) {
+    differs |= *(const uintptr_t *)m->slot[i] ^ m->value[i];
+  }
+  return differs == 0;
 }
 
 /* Below its stack pointer a function may keep data in the 128-byte red zone (psABI 3.2.2), and
@@ -540,12 +566,10 @@ static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, 
  * ucontext_t, whose gregs (at offset 40) hold the interrupted registers. */
 enum { UC_GREGS = 40, GREG_RBP = 10, GREG_RSP = 15, GREG_RIP = 16 };
 
-__attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames,
-                                                      unsigned capacity, unsigned *count) {
-  uintptr_t pc, sp, bp;
-  __asm__ volatile("leaq 0(%%rip), %0\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
-                   : "=r"(pc), "=r"(sp), "=r"(bp));
-  const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
+/* The walk itself, from pc, sp and bp; logs what it reads. */
+static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
+                       uint64_t generation, uint64_t *frames, unsigned capacity, unsigned *count,
+                       walk_log *log) {
   bool after_call = false; /* pc is a return address: its call is the instruction before it */
   unsigned n = 0;
   hd_cfi_end end = HD_CFI_UNSUPPORTED;
@@ -563,9 +587,9 @@ __attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bound
     if (RULE_KIND(rule) == RULE_UNSUPPORTED) break;
     if (RULE_KIND(rule) == RULE_SIGNAL) {
       const uintptr_t gregs = sp + UC_GREGS;
-      if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc) ||
-          !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp) ||
-          !read_saved(bounds, gregs + 8 * GREG_RBP, gregs, &bp)) {
+      if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc, log) ||
+          !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp, log) ||
+          !read_saved(bounds, gregs + 8 * GREG_RBP, gregs, &bp, log)) {
         break;
       }
       after_call = false; /* the interrupted instruction itself */
@@ -573,9 +597,11 @@ __attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bound
       const uintptr_t cfa = (RULE_CFA_RBP(rule) ? bp : sp) + (intptr_t)RULE_CFA_OFFSET(rule);
       if (cfa <= sp) break; /* each caller's frame is above its callee's */
       uintptr_t ra;
-      if (!read_saved(bounds, cfa + 8 * (intptr_t)RULE_RA_WORDS(rule), sp - RED_ZONE, &ra)) break;
+      if (!read_saved(bounds, cfa + 8 * (intptr_t)RULE_RA_WORDS(rule), sp - RED_ZONE, &ra, log)) {
+        break;
+      }
       if (RULE_RBP_SAVED(rule) &&
-          !read_saved(bounds, cfa + 8 * (intptr_t)RULE_RBP_WORDS(rule), sp - RED_ZONE, &bp)) {
+          !read_saved(bounds, cfa + 8 * (intptr_t)RULE_RBP_WORDS(rule), sp - RED_ZONE, &bp, log)) {
         break;
       }
       sp = cfa;
@@ -588,5 +614,40 @@ __attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bound
     }
   }
   *count = n;
+  return end;
+}
+
+__attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames,
+                                                      unsigned capacity, unsigned *count,
+                                                      hd_cfi_memos *memos, bool *reused) {
+  uintptr_t pc, sp, bp;
+  __asm__ volatile("leaq 0(%%rip), %0\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
+                   : "=r"(pc), "=r"(sp), "=r"(bp));
+  const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
+  *reused = false;
+  /* A walk on an alternate signal stack is not remembered: its bounds come and go. */
+  const bool memoize = memos != NULL && bounds->count == 1;
+  for (unsigned i = 0; memoize && i < HD_CFI_MEMOS; i++) {
+    const hd_cfi_memo *m = &memos->entry[i];
+    if (m->frame_count <= capacity && memo_holds(m, sp, bp, generation)) {
+      memcpy(frames, m->frames, m->frame_count * sizeof *frames);
+      *count = m->frame_count;
+      *reused = true;
+      return (hd_cfi_end)m->end;
+    }
+  }
+  hd_cfi_memo *m = memoize ? &memos->entry[memos->next] : NULL;
+  walk_log log = {m, m != NULL};
+  if (m != NULL) m->frame_count = m->read_count = 0; /* empty until complete */
+  const hd_cfi_end end = walk(bounds, pc, sp, bp, generation, frames, capacity, count, &log);
+  if (m != NULL && log.fits && end != HD_CFI_UNSUPPORTED && *count <= HD_CFI_MEMO_FRAMES) {
+    m->sp = sp;
+    m->bp = bp;
+    m->generation = generation;
+    m->end = end;
+    memcpy(m->frames, frames, *count * sizeof *frames);
+    m->frame_count = *count;
+    memos->next = (memos->next + 1) % HD_CFI_MEMOS;
+  }
   return end;
 }

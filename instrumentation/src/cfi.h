@@ -15,6 +15,31 @@ typedef struct hd_cfi_bounds {
   unsigned count;
 } hd_cfi_bounds;
 
+/* Validated trace reuse. A walk is a function of where it starts (rsp and rbp in the unwinder,
+ * whose own frames are always the same), of the rules of the program counters it meets (the
+ * module-list generation), and of the stack slots it reads (return addresses, saved rbp, a
+ * signal frame's registers). A memo keeps all of these with the walk's result; while they all
+ * still hold, the walk would read the same values and give the same frames, so the memo's
+ * frames are the walk's without walking. Per thread, a few recent walks; deep stacks (more than
+ * HD_CFI_MEMO_FRAMES frames) are always walked. */
+#define HD_CFI_MEMOS 4
+#define HD_CFI_MEMO_FRAMES 40
+#define HD_CFI_MEMO_READS 64
+
+typedef struct hd_cfi_memo {
+  uintptr_t sp, bp;
+  uint64_t generation;
+  unsigned frame_count, read_count; /* frame_count 0: empty */
+  int end;                          /* the walk's hd_cfi_end */
+  uintptr_t slot[HD_CFI_MEMO_READS], value[HD_CFI_MEMO_READS];
+  uint64_t frames[HD_CFI_MEMO_FRAMES];
+} hd_cfi_memo;
+
+typedef struct hd_cfi_memos {
+  hd_cfi_memo entry[HD_CFI_MEMOS];
+  unsigned next; /* the entry the next new walk replaces */
+} hd_cfi_memos;
+
 /* What ended a walk. */
 typedef enum hd_cfi_end {
   HD_CFI_COMPLETE,    /* the outermost frame (its return address undefined, or zero) */
@@ -30,8 +55,10 @@ void hd_cfi_modules_changed(void) HD_HIDDEN;
 void hd_cfi_after_fork_child(void) HD_HIDDEN;
 
 /* Walks the caller's stack: frames[0..capacity) receives the program counter of each frame,
- * innermost first (its own frame's included; the caller drops what it must). *count: how many. */
+ * innermost first (its own frame's included; the caller drops what it must). *count: how many.
+ * With memos (the calling thread's own), a walk that a memo shows would repeat is not made
+ * (*reused), and a new one that fits is remembered. */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames, unsigned capacity,
-                            unsigned *count) HD_HIDDEN;
+                            unsigned *count, hd_cfi_memos *memos, bool *reused) HD_HIDDEN;
 
 #endif

@@ -148,7 +148,11 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
 
 /* Stacks our unwinder left to libunwind, and (HD_UNWIND_COMPARE) traces compared and found
  * different. Counted only off the common path. */
-static uint64_t g_cfi_fallbacks, g_compared, g_differed;
+static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
+
+/* This thread's recent walks (cfi.h). Only its own thread touches them, and a signal handler
+ * never unwinds while the thread it interrupted does (hd_capture_stack). */
+static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
 
 /* Our unwinder; false if it could not describe the stack (nothing is written then). */
 __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated) {
@@ -169,7 +173,12 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
   }
   uint64_t walked[HD_MAX_FRAMES + 17];
   unsigned got;
-  if (hd_cfi_backtrace(&bounds, walked, g_max + 17, &got) == HD_CFI_UNSUPPORTED) return false;
+  bool reused;
+  if (hd_cfi_backtrace(&bounds, walked, g_max + 17, &got, &t_memos, &reused) ==
+      HD_CFI_UNSUPPORTED) {
+    return false;
+  }
+  if (reused && g_method == HD_UNWIND_COMPARE) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
   *n = keep_callers(walked, got, frames, truncated);
   return true;
 }
@@ -214,10 +223,11 @@ __attribute__((destructor)) static void report_comparison(void) {
   char line[200];
   const int n = snprintf(line, sizeof line,
                          "heapdump: unwinders compared on %" PRIu64 " stacks: %" PRIu64
-                         " differ; %" PRIu64 " left to libunwind\n",
+                         " differ; %" PRIu64 " left to libunwind; %" PRIu64 " reused\n",
                          __atomic_load_n(&g_compared, __ATOMIC_RELAXED),
                          __atomic_load_n(&g_differed, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED));
+                         __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED),
+                         __atomic_load_n(&g_reused, __ATOMIC_RELAXED));
   (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 

@@ -472,12 +472,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Our unwinder against libunwind, the oracle: with HEAPDUMP_UNWIND=compare every allocation of a
 // real program is unwound both ways, and each process says at exit how many stacks were
-// compared, how many differed, and how many ours left to libunwind. Ours must give exactly
-// libunwind's trace every time, and leave it almost nothing.
+// compared, how many differed, how many ours left to libunwind, and how many of its traces were
+// reused without a walk (validated trace reuse). Ours must give exactly libunwind's trace every
+// time, reused or walked, and leave it almost nothing.
 struct UnwindWorkload {
   const char *name;
   std::string script;  // run by bash as the last step (exec), in a scratch directory
   size_t min_compared;
+  size_t min_reused;
+  const char *needs = nullptr;  // a program that must be installed, else the test is skipped
 };
 
 void PrintTo(const UnwindWorkload &w, std::ostream *os) { *os << w.name; }
@@ -486,6 +489,7 @@ class Unwinders : public ::testing::TestWithParam<UnwindWorkload> {};
 
 TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
   const UnwindWorkload &w = GetParam();
+  if (w.needs != nullptr && access(w.needs, X_OK) != 0) GTEST_SKIP() << w.needs << " not installed";
   const std::string dir = hdtest::TempDir("unwind");
   hdtest::RemoveWhenPassed cleanup{dir};
   hdtest::WriteFile(dir + "/t.cc",
@@ -498,21 +502,25 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
   hdtest::ShellOutput run =
       hdtest::RunShell(w.script, dir, Env(true, {"HEAPDUMP_UNWIND=compare"}));
   ASSERT_EQ(run.status, 0) << run.out;
-  size_t processes = 0, compared = 0, differed = 0, left = 0;
+  size_t processes = 0, compared = 0, differed = 0, left = 0, reused = 0;
   for (const std::string &line : hdtest::Lines(run.out)) {
-    unsigned long long c, d, l;
-    if (sscanf(line.c_str(), "heapdump: unwinders compared on %llu stacks: %llu differ; %llu left",
-               &c, &d, &l) != 3) {
+    unsigned long long c, d, l, r;
+    if (sscanf(line.c_str(),
+               "heapdump: unwinders compared on %llu stacks: %llu differ; %llu left to libunwind; "
+               "%llu reused",
+               &c, &d, &l, &r) != 4) {
       continue;
     }
     processes++;
     compared += c;
     differed += d;
     left += l;
+    reused += r;
   }
   ASSERT_GT(processes, 0u) << run.out;
   EXPECT_EQ(differed, 0u) << run.out;
   EXPECT_GE(compared, w.min_compared) << run.out;
+  EXPECT_GE(reused, w.min_reused) << run.out;
   // What ours leaves: allocations made before the unwinder knows a module (constructors that
   // dlopen runs, the loader's own start-up code, which has no call-frame information).
   EXPECT_LE(left, 2 * processes + compared / 10000) << run.out;
@@ -521,23 +529,24 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
 INSTANTIATE_TEST_SUITE_P(
     RealPrograms, Unwinders,
     ::testing::Values(
-        UnwindWorkload{"perl", "exec /usr/bin/perl -e 'my %h; $h{$_} = $_ x 3 for 1..200000;'", 100000},
+        UnwindWorkload{"perl", "exec /usr/bin/perl -e 'my %h; $h{$_} = $_ x 3 for 1..200000;'", 100000,
+                       10000},
         UnwindWorkload{"python3_threads",
                        "exec /usr/bin/python3 -c 'import json,threading\n"
                        "d=[{\"k\":i} for i in range(50000)]\n"
                        "ts=[threading.Thread(target=lambda: sorted(map(str,range(20000)))) for _ in range(4)]\n"
                        "[t.start() for t in ts]; [t.join() for t in ts]; print(len(json.dumps(d)))'",
-                       1000},  // (most of Python's allocations come from its own arenas)
-        UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000},
-        UnwindWorkload{"cppcheck", "command -v cppcheck >/dev/null || exit 0; exec cppcheck -q t.cc", 1000},
+                       1000, 50},  // (most of Python's allocations come from its own arenas)
+        UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000, 1000, "/usr/bin/g++"},
+        UnwindWorkload{"cppcheck", "exec cppcheck -q t.cc", 1000, 100, "/usr/bin/cppcheck"},
         // (Not coreutils: they close stderr before the summary is written.)
-        UnwindWorkload{"bash_loop", "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000},
-        UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000},
+        UnwindWorkload{"bash_loop", "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000, 100},
+        UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000, 1000},
         UnwindWorkload{"alternate_signal_stack",
-                       std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000},
-        UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000},
-        UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5},
-        UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5}),
+                       std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000, 1000},
+        UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000, 1000},
+        UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5, 0},
+        UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5, 0}),
     [](const ::testing::TestParamInfo<UnwindWorkload> &i) { return std::string(i.param.name); });
 
 }  // namespace
