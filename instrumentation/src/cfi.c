@@ -546,8 +546,10 @@ static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, 
 
 /* Whether memo m still describes a walk starting at sp and bp: every slot it read holds the
  * value it read. The slots were in this thread's stack, which stays mapped while it runs. */
-static bool memo_holds(const hd_cfi_memo *m, uintptr_t sp, uintptr_t bp, uint64_t generation) {
-  if (m->frame_count == 0 || m->sp != sp || m->bp != bp || m->generation != generation) {
+static bool memo_holds(const hd_cfi_memo *m, uintptr_t pc, uintptr_t sp, uintptr_t bp,
+                       uint64_t generation) {
+  if (m->frame_count == 0 || m->pc != pc || m->sp != sp || m->bp != bp ||
+      m->generation != generation) {
     return false;
   }
   uintptr_t differs = 0;
@@ -566,11 +568,11 @@ static bool memo_holds(const hd_cfi_memo *m, uintptr_t sp, uintptr_t bp, uint64_
  * ucontext_t, whose gregs (at offset 40) hold the interrupted registers. */
 enum { UC_GREGS = 40, GREG_RBP = 10, GREG_RSP = 15, GREG_RIP = 16 };
 
-/* The walk itself, from pc, sp and bp; logs what it reads. */
+/* The walk itself, from the frame that returns to pc with sp and bp; logs what it reads. */
 static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                        uint64_t generation, uint64_t *frames, unsigned capacity, unsigned *count,
                        walk_log *log) {
-  bool after_call = false; /* pc is a return address: its call is the instruction before it */
+  bool after_call = true; /* pc is a return address: its call is the instruction before it */
   unsigned n = 0;
   hd_cfi_end end = HD_CFI_UNSUPPORTED;
   for (;;) {
@@ -617,19 +619,16 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
   return end;
 }
 
-__attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames,
-                                                      unsigned capacity, unsigned *count,
-                                                      hd_cfi_memos *memos, bool *reused) {
-  uintptr_t pc, sp, bp;
-  __asm__ volatile("leaq 0(%%rip), %0\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
-                   : "=r"(pc), "=r"(sp), "=r"(bp));
+hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
+                            uint64_t *frames, unsigned capacity, unsigned *count,
+                            hd_cfi_memos *memos, bool *reused) {
   const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
   *reused = false;
   /* A walk on an alternate signal stack is not remembered: its bounds come and go. */
   const bool memoize = memos != NULL && bounds->count == 1;
   for (unsigned i = 0; memoize && i < HD_CFI_MEMOS; i++) {
     const hd_cfi_memo *m = &memos->entry[i];
-    if (m->frame_count <= capacity && memo_holds(m, sp, bp, generation)) {
+    if (m->frame_count <= capacity && memo_holds(m, pc, sp, bp, generation)) {
       memcpy(frames, m->frames, m->frame_count * sizeof *frames);
       *count = m->frame_count;
       *reused = true;
@@ -641,6 +640,7 @@ __attribute__((noinline)) hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bound
   if (m != NULL) m->frame_count = m->read_count = 0; /* empty until complete */
   const hd_cfi_end end = walk(bounds, pc, sp, bp, generation, frames, capacity, count, &log);
   if (m != NULL && log.fits && end != HD_CFI_UNSUPPORTED && *count <= HD_CFI_MEMO_FRAMES) {
+    m->pc = pc;
     m->sp = sp;
     m->bp = bp;
     m->generation = generation;

@@ -15,8 +15,8 @@ typedef struct hd_cfi_bounds {
   unsigned count;
 } hd_cfi_bounds;
 
-/* Validated trace reuse. A walk is a function of where it starts (rsp and rbp in the unwinder,
- * whose own frames are always the same), of the rules of the program counters it meets (the
+/* Validated trace reuse. A walk is a function of where it starts (the program's return address,
+ * rsp and rbp at its call into the library), of the rules of the program counters it meets (the
  * module-list generation), and of the stack slots it reads (return addresses, saved rbp, a
  * signal frame's registers). A memo keeps all of these with the walk's result; while they all
  * still hold, the walk would read the same values and give the same frames, so the memo's
@@ -27,7 +27,7 @@ typedef struct hd_cfi_bounds {
 #define HD_CFI_MEMO_READS 64
 
 typedef struct hd_cfi_memo {
-  uintptr_t sp, bp;
+  uintptr_t pc, sp, bp;
   uint64_t generation;
   unsigned frame_count, read_count; /* frame_count 0: empty */
   int end;                          /* the walk's hd_cfi_end */
@@ -54,11 +54,13 @@ void hd_cfi_modules_changed(void) HD_HIDDEN;
 /* In a fork child: the list's lock may have been held by a thread of the parent. */
 void hd_cfi_after_fork_child(void) HD_HIDDEN;
 
-/* Walks the caller's stack: frames[0..capacity) receives the program counter of each frame,
- * innermost first (its own frame's included; the caller drops what it must). *count: how many.
- * With memos (the calling thread's own), a walk that a memo shows would repeat is not made
- * (*reused), and a new one that fits is remembered. */
-hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uint64_t *frames, unsigned capacity,
-                            unsigned *count, hd_cfi_memos *memos, bool *reused) HD_HIDDEN;
+/* Walks a stack from a frame whose return address is pc, whose caller's stack pointer is sp
+ * (just above that return address) and whose rbp is bp: frames[0..capacity) receives pc and the
+ * program counter of each caller, innermost first; *count: how many. With memos (the calling
+ * thread's own), a walk that a memo shows would repeat is not made (*reused), and a new one
+ * that fits is remembered. */
+hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
+                            uint64_t *frames, unsigned capacity, unsigned *count,
+                            hd_cfi_memos *memos, bool *reused) HD_HIDDEN;
 
 #endif

@@ -154,6 +154,36 @@ static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
  * never unwinds while the thread it interrupted does (hd_capture_stack). */
 static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
 
+static bool in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
+  for (unsigned i = 0; i < b->count; i++) {
+    if (addr >= b->lo[i] && addr % 8 == 0 && b->hi[i] >= size && addr <= b->hi[i] - size) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Where the program called into the library: its return address, its stack pointer after the
+ * call returns, its rbp. Our own code is built with frame pointers (-fno-omit-frame-pointer in
+ * both builds), so from here to the program its frames are a chain of (saved rbp, return
+ * address) pairs, followed up to the first return address that is not ours: the walk proper
+ * then starts in the program, and our own frames are neither walked nor part of a memo. */
+static bool program_call(const hd_cfi_bounds *b, uintptr_t *pc, uintptr_t *sp, uintptr_t *bp) {
+  uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+  for (unsigned depth = 0; depth < 32; depth++) {
+    if (!in_bounds(b, fp, 16)) return false;
+    const uintptr_t saved_bp = ((const uintptr_t *)fp)[0], ret = ((const uintptr_t *)fp)[1];
+    if (!own_frame(ret)) {
+      *pc = ret;
+      *sp = fp + 16;
+      *bp = saved_bp;
+      return true;
+    }
+    fp = saved_bp;
+  }
+  return false;
+}
+
 /* Our unwinder; false if it could not describe the stack (nothing is written then). */
 __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated) {
   if (hd_tls.stack_hi == 0) thread_bounds();
@@ -171,11 +201,13 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
     bounds.hi[1] = (uintptr_t)alt.ss_sp + alt.ss_size;
     bounds.count = 2;
   }
-  uint64_t walked[HD_MAX_FRAMES + 17];
+  uintptr_t pc, caller_sp, caller_bp;
+  if (!program_call(&bounds, &pc, &caller_sp, &caller_bp)) return false;
+  uint64_t walked[HD_MAX_FRAMES + 1];
   unsigned got;
   bool reused;
-  if (hd_cfi_backtrace(&bounds, walked, g_max + 17, &got, &t_memos, &reused) ==
-      HD_CFI_UNSUPPORTED) {
+  if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, walked, g_max + 1, &got, &t_memos,
+                       &reused) == HD_CFI_UNSUPPORTED) {
     return false;
   }
   if (reused && g_method == HD_UNWIND_COMPARE) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
