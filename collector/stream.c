@@ -91,7 +91,9 @@ static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
       .has_peak_live_bytes = true, .peak_live_bytes = st.peak_live_bytes,
       .has_dropped_allocations = true, .dropped_allocations = st.dropped_allocations,
       .has_dropped_stack_traces = true, .dropped_stack_traces = st.dropped_stack_traces,
-      .has_dropped_resources = true, .dropped_resources = st.dropped_resources};
+      .has_dropped_resources = true, .dropped_resources = st.dropped_resources,
+      .has_stacks_left_to_libunwind = true,
+      .stacks_left_to_libunwind = st.stacks_left_to_libunwind};
   return hd_batch_add(w, &e);
 }
 

@@ -107,6 +107,7 @@ typedef struct hd_table_stats {
   uint64_t blocks_allocated, bytes_allocated, blocks_freed, bytes_freed;
   uint64_t live_blocks, live_bytes, peak_live_bytes;
   uint64_t dropped_allocations, dropped_stack_traces, dropped_resources;
+  uint64_t stacks_left_to_libunwind;
 } hd_table_stats;
 
 typedef struct hd_thread_info {

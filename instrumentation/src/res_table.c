@@ -425,6 +425,10 @@ void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_
   STORE(&t->live_bytes, (int64_t)live_bytes);
 }
 
+void hd_res_count_left_to_libunwind(hd_res_table *t) {
+  __atomic_fetch_add(&t->hdr->stacks_left_to_libunwind, 1, __ATOMIC_RELAXED);
+}
+
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {
   uint64_t *f = (uint64_t *)((uint8_t *)&t->hdr->stats + field_offset_in_stats);
   __atomic_fetch_add(f, 1, __ATOMIC_RELAXED);

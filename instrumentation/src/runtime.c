@@ -461,6 +461,8 @@ void hd_drain_pending(void) {
 
 void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
 
+void hd_count_left_to_libunwind(void) { hd_res_count_left_to_libunwind(&g_res); }
+
 void hd_rescan_regions(void) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
   hd_tls.guard++;

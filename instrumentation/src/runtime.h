@@ -127,6 +127,8 @@ static inline void hd_hook_leave(void) {
 
 void hd_note_rename(void) HD_HIDDEN;
 void hd_rescan_regions(void) HD_HIDDEN;
+/* Counts, in the process statistics, a stack our unwinder left to libunwind. */
+void hd_count_left_to_libunwind(void) HD_HIDDEN;
 
 /* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
  * library's; check hd_owned_fd_valid before handing one over. */

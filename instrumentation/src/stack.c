@@ -146,8 +146,8 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
   return keep_callers(walked, got > 0 ? (unsigned)got : 0, frames, truncated);
 }
 
-/* Stacks our unwinder left to libunwind, and (HD_UNWIND_COMPARE) traces compared and found
- * different. Counted only off the common path. */
+/* HD_UNWIND_COMPARE's tally: stacks our unwinder left to libunwind, traces compared, found
+ * different, reused without a walk. */
 static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
 
 /* This thread's recent walks (cfi.h). Only its own thread touches them, and a signal handler
@@ -233,6 +233,7 @@ static unsigned capture_compared(uint64_t *frames, bool *truncated) {
   unsigned m;
   bool ours_truncated;
   if (!capture_cfi(ours, &m, &ours_truncated)) {
+    hd_count_left_to_libunwind();
     if (__atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED) < 5) {
       char line[HD_MAX_FRAMES * 20 + 64];
       write_trace(line, sizeof line, "left to libunwind", frames, n);
@@ -270,7 +271,7 @@ static unsigned capture(uint64_t *frames, bool *truncated) {
       return capture_fp(frames, truncated);
     case HD_UNWIND_CFI:
       if (capture_cfi(frames, &n, truncated)) return n;
-      __atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED);
+      hd_count_left_to_libunwind();
       return capture_unwind(frames, truncated);
     case HD_UNWIND_COMPARE:
       return capture_compared(frames, truncated);

@@ -163,6 +163,8 @@ bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
 void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
 void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
+/* One more stack our unwinder left to libunwind (hd_res_header.stacks_left_to_libunwind). */
+void hd_res_count_left_to_libunwind(hd_res_table *t);
 /* The process statistics: header base plus every thread's counters (see shm_layout.h). */
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out);
 /* At thread exit: its live share joins the total, its free nodes and counters record go back

@@ -229,6 +229,15 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             s->stats.dropped_allocations, s->stats.dropped_stack_traces,
             s->stats.dropped_resources);
   }
+  /* A few are usual (allocations of the loader's start-up code); a share worth noting says
+   * where heapdump's unwinder could not go, and what the recording cost more for. */
+  if (s->has_stats && s->stats.stacks_left_to_libunwind > 0 &&
+      s->stats.stacks_left_to_libunwind >= s->stats.blocks_allocated / 100) {
+    fprintf(out,
+            "note: %" PRIu64 " of %" PRIu64 " stacks were unwound by libunwind, not by "
+            "heapdump's unwinder\n",
+            s->stats.stacks_left_to_libunwind, s->stats.blocks_allocated);
+  }
   if (l->count == 0) return;
   bool by_thread = o->by == HD_REPORT_BY_THREAD;
   fprintf(out, "%14s %12s %14s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
@@ -318,10 +327,11 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"stats\":{\"blocks_allocated\":%" PRIu64 ",\"bytes_allocated\":%" PRIu64
             ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
             ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
-            ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64 "}",
+            ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
+            ",\"stacks_left_to_libunwind\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
-            st->dropped_resources);
+            st->dropped_resources, st->stacks_left_to_libunwind);
   }
   fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
                                              : o->by == HD_REPORT_BY_STACK ? "stack"

@@ -195,7 +195,11 @@ typedef struct hd_res_header {
   hd_stats_block stats;
   uint32_t counters_head;  /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
   uint32_t reserved1;
-  uint64_t reserved[7];
+  /* Atomic, relaxed: allocations whose stack our unwinder (HEAPDUMP_UNWIND=cfi) could not
+   * describe and left to libunwind. Zero with any other unwinder, and in a table whose writer
+   * did not know the field (it was reserved, so zero). */
+  uint64_t stacks_left_to_libunwind;
+  uint64_t reserved[6];
 } hd_res_header;
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
@@ -314,7 +318,8 @@ HD_PIN(hd_res_header, start_time_ns, 48);
 HD_PIN(hd_res_header, stats, 56);
 HD_PIN(hd_res_header, counters_head, 120);
 HD_PIN(hd_res_header, reserved1, 124);
-HD_PIN(hd_res_header, reserved, 128);
+HD_PIN(hd_res_header, stacks_left_to_libunwind, 128);
+HD_PIN(hd_res_header, reserved, 136);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);
