@@ -519,22 +519,39 @@ static uint64_t rule_at(uintptr_t pc, uint64_t generation) {
 
 /* ---- the walk ---- */
 
-/* What a walk read, for its memo (NULL: none); `fits` is cleared when it outgrows one. */
+/* What a walk read, for its memo (NULL: none); `fits` is cleared when it outgrows one.
+ *
+ * Not everything read decides the walk. Code built without frame pointers uses rbp as an
+ * ordinary register, so the rbp a frame saved is often data that changes from call to call; it
+ * matters only if a later frame's CFA is rbp-based before another saved rbp replaces it. The log
+ * keeps which read gave the current rbp (bp_source, -1: the rbp the walk started with) and marks
+ * it needed when a CFA uses it; return addresses are always needed. A memo keeps only the
+ * needed reads, and compares the starting rbp only if it was needed. */
 typedef struct walk_log {
   hd_cfi_memo *memo;
   bool fits;
+  bool bp_needed;    /* the starting rbp decides the walk */
+  int bp_source;     /* the read that gave the current rbp, -1 for the starting one */
+  uint64_t needed;   /* bit i: read i decides the walk */
 } walk_log;
 
-/* A saved register at addr, which must lie in the stack no lower than `floor`. */
+/* A saved register at addr, which must lie in the stack no lower than `floor`; gives_bp: it is
+ * the next rbp. */
 static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, uintptr_t *out,
-                       walk_log *log) {
+                       bool gives_bp, walk_log *log) {
   if (addr < floor) return false;
   for (unsigned i = 0; i < b->count; i++) {
     if (addr >= b->lo[i] && b->hi[i] >= 8 && addr <= b->hi[i] - 8) {
       *out = *(const uintptr_t *)addr;
       if (log->fits && log->memo->read_count < HD_CFI_MEMO_READS) {
-        log->memo->slot[log->memo->read_count] = addr;
-        log->memo->value[log->memo->read_count++] = *out;
+        const unsigned k = log->memo->read_count++;
+        log->memo->slot[k] = addr;
+        log->memo->value[k] = *out;
+        if (gives_bp) {
+          log->bp_source = (int)k;
+        } else {
+          log->needed |= (uint64_t)1 << k;
+        }
       } else {
         log->fits = false;
       }
@@ -544,11 +561,20 @@ static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, 
   return false;
 }
 
+/* The current rbp decides the walk (a CFA is computed from it). */
+static void bp_used(walk_log *log) {
+  if (log->bp_source < 0) {
+    log->bp_needed = true;
+  } else {
+    log->needed |= (uint64_t)1 << log->bp_source;
+  }
+}
+
 /* Whether memo m still describes a walk starting at sp and bp: every slot it read holds the
  * value it read. The slots were in this thread's stack, which stays mapped while it runs. */
 static bool memo_holds(const hd_cfi_memo *m, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                        uint64_t generation) {
-  if (m->frame_count == 0 || m->pc != pc || m->sp != sp || m->bp != bp ||
+  if (m->frame_count == 0 || m->pc != pc || m->sp != sp || (m->bp_matters && m->bp != bp) ||
       m->generation != generation) {
     return false;
   }
@@ -589,21 +615,23 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
     if (RULE_KIND(rule) == RULE_UNSUPPORTED) break;
     if (RULE_KIND(rule) == RULE_SIGNAL) {
       const uintptr_t gregs = sp + UC_GREGS;
-      if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc, log) ||
-          !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp, log) ||
-          !read_saved(bounds, gregs + 8 * GREG_RBP, gregs, &bp, log)) {
+      if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc, false, log) ||
+          !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp, false, log) ||
+          !read_saved(bounds, gregs + 8 * GREG_RBP, gregs, &bp, true, log)) {
         break;
       }
       after_call = false; /* the interrupted instruction itself */
     } else {
+      if (RULE_CFA_RBP(rule)) bp_used(log);
       const uintptr_t cfa = (RULE_CFA_RBP(rule) ? bp : sp) + (intptr_t)RULE_CFA_OFFSET(rule);
       if (cfa <= sp) break; /* each caller's frame is above its callee's */
       uintptr_t ra;
-      if (!read_saved(bounds, cfa + 8 * (intptr_t)RULE_RA_WORDS(rule), sp - RED_ZONE, &ra, log)) {
+      if (!read_saved(bounds, cfa + 8 * (intptr_t)RULE_RA_WORDS(rule), sp - RED_ZONE, &ra, false,
+                      log)) {
         break;
       }
-      if (RULE_RBP_SAVED(rule) &&
-          !read_saved(bounds, cfa + 8 * (intptr_t)RULE_RBP_WORDS(rule), sp - RED_ZONE, &bp, log)) {
+      if (RULE_RBP_SAVED(rule) && !read_saved(bounds, cfa + 8 * (intptr_t)RULE_RBP_WORDS(rule),
+                                              sp - RED_ZONE, &bp, true, log)) {
         break;
       }
       sp = cfa;
@@ -636,13 +664,22 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
     }
   }
   hd_cfi_memo *m = memoize ? &memos->entry[memos->next] : NULL;
-  walk_log log = {m, m != NULL};
+  walk_log log = {.memo = m, .fits = m != NULL, .bp_source = -1};
   if (m != NULL) m->frame_count = m->read_count = 0; /* empty until complete */
   const hd_cfi_end end = walk(bounds, pc, sp, bp, generation, frames, capacity, count, &log);
   if (m != NULL && log.fits && end != HD_CFI_UNSUPPORTED && *count <= HD_CFI_MEMO_FRAMES) {
+    unsigned kept = 0;
+    for (unsigned i = 0; i < m->read_count; i++) {
+      if (log.needed & ((uint64_t)1 << i)) {
+        m->slot[kept] = m->slot[i];
+        m->value[kept++] = m->value[i];
+      }
+    }
+    m->read_count = kept;
     m->pc = pc;
     m->sp = sp;
     m->bp = bp;
+    m->bp_matters = log.bp_needed;
     m->generation = generation;
     m->end = end;
     memcpy(m->frames, frames, *count * sizeof *frames);

@@ -22,12 +22,13 @@ typedef struct hd_cfi_bounds {
  * still hold, the walk would read the same values and give the same frames, so the memo's
  * frames are the walk's without walking. Per thread, a few recent walks; deep stacks (more than
  * HD_CFI_MEMO_FRAMES frames) are always walked. */
-#define HD_CFI_MEMOS 4
+#define HD_CFI_MEMOS 8
 #define HD_CFI_MEMO_FRAMES 40
 #define HD_CFI_MEMO_READS 64
 
 typedef struct hd_cfi_memo {
   uintptr_t pc, sp, bp;
+  bool bp_matters; /* the walk used the starting rbp (else bp is not compared) */
   uint64_t generation;
   unsigned frame_count, read_count; /* frame_count 0: empty */
   int end;                          /* the walk's hd_cfi_end */

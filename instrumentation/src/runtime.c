@@ -150,9 +150,9 @@ void hd_init_slow(void) {
   hd_use_system = a && strcmp(a, "system") == 0;
   hd_backend_init();
   const char *u = early_getenv(HD_ENV_UNWIND);
-  int method = HD_UNWIND_LIBUNWIND;
+  int method = HD_UNWIND_CFI;
   if (u != NULL && strcmp(u, "fp") == 0) method = HD_UNWIND_FP;
-  if (u != NULL && strcmp(u, "cfi") == 0) method = HD_UNWIND_CFI;
+  if (u != NULL && strcmp(u, "libunwind") == 0) method = HD_UNWIND_LIBUNWIND;
   if (u != NULL && strcmp(u, "compare") == 0) method = HD_UNWIND_COMPARE;
   unsigned max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
   uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);

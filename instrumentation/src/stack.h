@@ -1,5 +1,5 @@
-/* Stack capture for libheapdump.so: libunwind (default), our own DWARF CFI unwinder (cfi.c,
- * falling back to libunwind for what it cannot describe), or a bounded frame-pointer walk. */
+/* Stack capture for libheapdump.so: our own DWARF CFI unwinder (cfi.c, the default, falling back
+ * to libunwind for what it cannot describe), libunwind, or a bounded frame-pointer walk. */
 #ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
 #define HEAPDUMP_INSTRUMENTATION_STACK_H
 

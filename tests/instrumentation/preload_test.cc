@@ -257,8 +257,10 @@ TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
   EXPECT_NE(trace.find("hd_child\n", in_module), std::string::npos) << trace;
   // A module without .eh_frame_hdr is beyond our unwinder: those stacks go to libunwind, and
   // the process statistics count them.
-  const bool ours = std::find(GetParam().env.begin(), GetParam().env.end(),
-                              "HEAPDUMP_UNWIND=cfi") != GetParam().env.end();
+  const auto &env = GetParam().env;
+  const bool ours = std::none_of(env.begin(), env.end(), [](const std::string &e) {
+    return e.rfind("HEAPDUMP_UNWIND=", 0) == 0;  // the default is ours
+  });
   if (ours) {
     EXPECT_GE(t.stats.stacks_left_to_libunwind, 20u);
   } else {
@@ -416,12 +418,13 @@ TEST_P(Preload, PublicApiThroughWeakSymbols) {
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, Preload,
-    ::testing::Values(Config{"jemalloc_libunwind", {}},
-                      Config{"system_libunwind", {"HEAPDUMP_ALLOCATOR=system"}},
+    ::testing::Values(Config{"jemalloc_cfi", {}},
+                      Config{"system_cfi", {"HEAPDUMP_ALLOCATOR=system"}},
+                      Config{"jemalloc_libunwind", {"HEAPDUMP_UNWIND=libunwind"}},
+                      Config{"system_libunwind",
+                             {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=libunwind"}},
                       Config{"jemalloc_fp", {"HEAPDUMP_UNWIND=fp"}},
-                      Config{"system_fp", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=fp"}},
-                      Config{"jemalloc_cfi", {"HEAPDUMP_UNWIND=cfi"}},
-                      Config{"system_cfi", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=cfi"}}),
+                      Config{"system_fp", {"HEAPDUMP_ALLOCATOR=system", "HEAPDUMP_UNWIND=fp"}}),
     [](const ::testing::TestParamInfo<Config> &i) { return std::string(i.param.name); });
 
 TEST(PreloadApi, WeakApiWithoutLibrary) {
@@ -455,7 +458,7 @@ TEST_P(RealPrograms, SameOutputAndStatus) {
   Ran plain = RunToEnd(argv, Env(false, {}));
   for (std::vector<std::string> extra :
        {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"},
-        {"HEAPDUMP_UNWIND=cfi"}}) {
+        {"HEAPDUMP_UNWIND=libunwind"}}) {
     Ran r = RunToEnd(argv, Env(true, extra));
     EXPECT_EQ(r.status, plain.status) << (extra.empty() ? "" : extra[0]);
     EXPECT_EQ(r.out, plain.out) << (extra.empty() ? "" : extra[0]);
