@@ -167,6 +167,8 @@ static int stage_module(struct dl_phdr_info *info, size_t size, void *unused) {
   return 0;
 }
 
+static void clear_cache(void);
+
 void hd_cfi_modules_changed(void) {
   pthread_mutex_lock(&g_modules_lock);
   g_staged = 0;
@@ -184,7 +186,8 @@ void hd_cfi_modules_changed(void) {
   }
   __atomic_store_n(&g_module_count, g_staged, __ATOMIC_RELAXED);
   __atomic_store_n(&g_modules_seq, seq + 2, __ATOMIC_RELEASE);
-  __atomic_fetch_add(&g_cache_generation, 1, __ATOMIC_RELEASE);
+  const uint64_t generation = __atomic_add_fetch(&g_cache_generation, 1, __ATOMIC_RELEASE);
+  if ((generation & 0xffff) == 0) clear_cache(); /* keys hold the generation's low 16 bits */
   pthread_mutex_unlock(&g_modules_lock);
 }
 
@@ -492,6 +495,15 @@ static struct {
 } g_cache[CACHE_SLOTS];
 
 static uint64_t cache_key(uintptr_t pc, uint64_t generation) { return pc ^ (generation << 48); }
+
+/* After 2^16 generations a key could again match a rule cached that long ago: every entry is
+ * emptied (a reader that sees an entry half emptied finds it does not match). */
+static void clear_cache(void) {
+  for (size_t i = 0; i < CACHE_SLOTS; i++) {
+    __atomic_store_n(&g_cache[i].check, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_cache[i].rule, 0, __ATOMIC_RELAXED);
+  }
+}
 
 static size_t cache_slot(uintptr_t pc) {
   return (size_t)((pc * 0x9e3779b97f4a7c15u) >> 51) & (CACHE_SLOTS - 1);
