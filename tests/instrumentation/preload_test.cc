@@ -493,6 +493,9 @@ struct UnwindWorkload {
   size_t min_compared;
   size_t min_reused;
   const char *needs = nullptr;  // a program that must be installed, else the test is skipped
+  // It allocates where ours leaves the stack to libunwind by design: on stacks the program made
+  // itself, or in a module's constructors, which dlopen runs before the module list is updated.
+  bool leaves_stacks = false;
 };
 
 void PrintTo(const UnwindWorkload &w, std::ostream *os) { *os << w.name; }
@@ -535,7 +538,9 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
   EXPECT_GE(reused, w.min_reused) << run.out;
   // What ours leaves: allocations made before the unwinder knows a module (constructors that
   // dlopen runs, the loader's own start-up code, which has no call-frame information).
-  EXPECT_LE(left, 2 * processes + compared / 10000) << run.out;
+  if (!w.leaves_stacks) {
+    EXPECT_LE(left, 2 * processes + compared / 10000) << run.out;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -558,7 +563,19 @@ INSTANTIATE_TEST_SUITE_P(
                        std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000, 1000},
         UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000, 1000},
         UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5, 0},
-        UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5, 0}),
+        UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5, 0},
+        UnwindWorkload{"git", "exec git init -q repo", 100, 0, "/usr/bin/git"},
+        // Built -O2 -fomit-frame-pointer (unwind_child.cc):
+        UnwindWorkload{"same_site_other_callers", std::string("exec ") + HD_UNWIND_CHILD + " callers",
+                       300000, 100000},
+        UnwindWorkload{"exceptions", std::string("exec ") + HD_UNWIND_CHILD + " exceptions",
+                       10000, 100},
+        UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},
+        UnwindWorkload{"coroutines", std::string("exec ") + HD_UNWIND_CHILD + " coroutines", 2000,
+                       1000, nullptr, true},
+        UnwindWorkload{"dlclose_and_reload",
+                       std::string("exec ") + HD_UNWIND_CHILD + " dlclose " + HD_TEST_LIB, 10000,
+                       1000, nullptr, true}),
     [](const ::testing::TestParamInfo<UnwindWorkload> &i) { return std::string(i.param.name); });
 
 }  // namespace

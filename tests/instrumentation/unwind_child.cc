@@ -1,0 +1,200 @@
+// Stacks that are hard to unwind, and hard to reuse a trace for, allocated through under
+// LD_PRELOAD=libheapdump.so with HEAPDUMP_UNWIND=compare (Unwinders in preload_test.cc). Built
+// -O2 -fomit-frame-pointer, as most distributions build their packages: rbp is an ordinary
+// register here. Each mode allocates and exits normally, so the library prints its comparison.
+//
+//   unwind_child callers        one call site reached from different callers at the same depth
+//   unwind_child exceptions     destructors that allocate while an exception unwinds through them
+//   unwind_child longjmp        longjmp out of deep allocating recursion, again and again
+//   unwind_child coroutines     makecontext/swapcontext stacks of the program's own
+//   unwind_child dlclose LIB    a module loaded, allocated through, closed and loaded again
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CHECK(x)                                                     \
+  do {                                                               \
+    if (!(x)) {                                                      \
+      fprintf(stderr, "unwind_child: %s:%d: %s\n", __FILE__, __LINE__, #x); \
+      exit(2);                                                       \
+    }                                                                \
+  } while (0)
+
+// Keeps a pointer alive in the compiler's eyes, so no allocation is optimised away.
+void *volatile g_sink;
+void keep(void *p) { g_sink = p; }
+
+// The one call site, always reached through `middle`: the innermost frames of every trace are
+// the same, at the same stack depth and stack pointer; only the frame above `middle` tells the
+// callers apart. A reused trace that checked too little would show the wrong caller.
+__attribute__((noinline)) void *site(size_t n, long salt) {
+  void *p = malloc(n);
+  __asm__ volatile("" : : "r"(p), "r"(salt) : "memory");
+  return p;
+}
+
+__attribute__((noinline)) void *middle(size_t n, long salt) {
+  void *p = site(n, salt);
+  __asm__ volatile("" : : "r"(p) : "memory");  // not a tail call
+  return p;
+}
+
+__attribute__((noinline)) void via_a(long i) {
+  void *p = middle(100, i * 3);
+  keep(p);
+  free(p);
+}
+
+__attribute__((noinline)) void via_b(long i) {
+  void *p = middle(100, i ^ 0x5a5a);
+  keep(p);
+  free(p);
+}
+
+__attribute__((noinline)) void via_c(long i) {
+  long local[4] = {i, i + 1, i + 2, i + 3};  // other data where rbp and locals are saved
+  void *p = middle(100, local[(i + 1) % 4]);
+  keep(p);
+  free(p);
+}
+
+void mode_callers() {
+  for (long i = 0; i < 300000; i++) {
+    switch (i % 3) {
+      case 0: via_a(i); break;
+      case 1: via_b(i); break;
+      default: via_c(i); break;
+    }
+  }
+}
+
+// Allocates while an exception passes through it: the unwinder of the C++ runtime is itself on
+// the stack, and the exception object is allocated with malloc too.
+struct AllocatingGuard {
+  ~AllocatingGuard() {
+    std::string s(64 + depth, 'x');
+    keep(&s[0]);
+    free(malloc(77 + depth));
+  }
+  int depth;
+};
+
+__attribute__((noinline)) void throw_through(int depth) {
+  AllocatingGuard guard{depth};
+  std::vector<int> v(16 + depth);
+  keep(v.data());
+  if (depth == 0) throw std::runtime_error(std::string(48, 'e'));
+  throw_through(depth - 1);
+  keep(v.data());
+}
+
+void mode_exceptions() {
+  int caught = 0;
+  for (int i = 0; i < 3000; i++) {
+    try {
+      throw_through(i % 12);
+    } catch (const std::runtime_error &) {
+      caught++;
+    }
+  }
+  CHECK(caught == 3000);
+}
+
+jmp_buf g_escape;
+
+__attribute__((noinline, noipa)) void escape() { longjmp(g_escape, 1); }
+
+__attribute__((noinline)) void descend(int depth) {
+  void *p = malloc(32 + depth);
+  keep(p);
+  free(p);
+  if (depth == 0) {
+    escape();
+  } else {
+    descend(depth - 1);
+  }
+  __asm__ volatile("" : : : "memory");  // not a tail call: each level keeps its frame
+}
+
+void mode_longjmp() {
+  for (volatile int i = 0; i < 20000; i++) {
+    if (setjmp(g_escape) == 0) descend(i % 20);
+    void *p = site(64, i);  // then the same site again, from a stack the longjmp cut short
+    keep(p);
+    free(p);
+  }
+}
+
+ucontext_t g_main_context, g_coroutine_context;
+
+__attribute__((noinline)) void coroutine_allocates(int round) {
+  void *p = site(48, round);
+  keep(p);
+  free(p);
+}
+
+void coroutine_body() {
+  for (int round = 0;; round++) {
+    coroutine_allocates(round);
+    CHECK(swapcontext(&g_coroutine_context, &g_main_context) == 0);
+  }
+}
+
+void mode_coroutines() {
+  const size_t stack_size = 256 * 1024;
+  void *stack = malloc(stack_size);
+  CHECK(stack != nullptr);
+  CHECK(getcontext(&g_coroutine_context) == 0);
+  g_coroutine_context.uc_stack.ss_sp = stack;
+  g_coroutine_context.uc_stack.ss_size = stack_size;
+  g_coroutine_context.uc_link = &g_main_context;
+  makecontext(&g_coroutine_context, coroutine_body, 0);
+  for (int i = 0; i < 2000; i++) {
+    CHECK(swapcontext(&g_main_context, &g_coroutine_context) == 0);
+    void *p = site(40, i);
+    keep(p);
+    free(p);
+  }
+  free(stack);
+}
+
+void mode_dlclose(const char *lib) {
+  for (int round = 0; round < 50; round++) {
+    void *h = dlopen(lib, RTLD_NOW);
+    CHECK(h != nullptr);
+    auto allocate = reinterpret_cast<void *(*)(size_t)>(dlsym(h, "testlib_allocate_framed"));
+    CHECK(allocate != nullptr);
+    for (int i = 0; i < 200; i++) free(allocate(100 + i));
+    CHECK(dlclose(h) == 0);
+    // A module loaded between two rounds can take the closed one's addresses.
+    void *other = dlopen("libm.so.6", RTLD_NOW);
+    free(site(90, round));
+    if (other != nullptr) dlclose(other);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "callers") mode_callers();
+  else if (mode == "exceptions") mode_exceptions();
+  else if (mode == "longjmp") mode_longjmp();
+  else if (mode == "coroutines") mode_coroutines();
+  else if (mode == "dlclose" && argc > 2) mode_dlclose(argv[2]);
+  else {
+    fprintf(stderr, "usage: unwind_child callers|exceptions|longjmp|coroutines|dlclose LIB\n");
+    return 2;
+  }
+  puts("done");
+  return 0;
+}
