@@ -561,6 +561,8 @@ INSTANTIATE_TEST_SUITE_P(
         UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000, 1000},
         UnwindWorkload{"alternate_signal_stack",
                        std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000, 1000},
+        UnwindWorkload{"threads_exiting_while_others_allocate",
+                       std::string("exec ") + HD_CHILD + " thread-churn </dev/null", 100000, 10000},
         UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000, 1000},
         UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5, 0},
         UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5, 0},
