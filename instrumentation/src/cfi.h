@@ -6,7 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime.h"
+/* Not exported from the library that holds it (libheapdump.so, or bench's floor library). */
+#define HD_CFI_HIDDEN __attribute__((visibility("hidden")))
 
 /* Where a walk may read: the thread's stack and, in a handler on an alternate signal stack, that
  * stack too. Every read of a saved register is checked against them, so a walk never faults. */
@@ -50,10 +51,10 @@ typedef enum hd_cfi_end {
 
 /* (Re)reads the loaded modules' unwind tables; called at start and after dlopen/dlclose, never
  * on the allocation path (it takes the loader's lock through dl_iterate_phdr). */
-void hd_cfi_modules_changed(void) HD_HIDDEN;
+void hd_cfi_modules_changed(void) HD_CFI_HIDDEN;
 
 /* In a fork child: the list's lock may have been held by a thread of the parent. */
-void hd_cfi_after_fork_child(void) HD_HIDDEN;
+void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
 
 /* Walks a stack from a frame whose return address is pc, whose caller's stack pointer is sp
  * (just above that return address) and whose rbp is bp: frames[0..capacity) receives pc and the
@@ -62,6 +63,6 @@ void hd_cfi_after_fork_child(void) HD_HIDDEN;
  * that fits is remembered. */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             uint64_t *frames, unsigned capacity, unsigned *count,
-                            hd_cfi_memos *memos, bool *reused) HD_HIDDEN;
+                            hd_cfi_memos *memos, bool *reused) HD_CFI_HIDDEN;
 
 #endif
