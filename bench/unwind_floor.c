@@ -74,8 +74,8 @@ __attribute__((always_inline)) static inline void walk(void) {
     if (t_bounds.count == 0) thread_bounds();
     const uintptr_t *fp = (const uintptr_t *)__builtin_frame_address(0);
     bool reused;
-    (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], frames, CFI_FRAMES,
-                           &count, &t_memos, &reused);
+    (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames,
+                           CFI_FRAMES, &count, &t_memos, &reused);
   } else {
     count = (unsigned)unw_backtrace((void **)frames, FLOOR_FRAMES);
   }

@@ -82,6 +82,20 @@ static int64_t read_sleb(dw_reader *r) {
   return 0;
 }
 
+/* Skips `length` bytes, if there are that many. */
+static void skip(dw_reader *r, uint64_t length) {
+  if (!r->ok || length > (uint64_t)(r->end - r->p)) {
+    r->ok = false;
+    return;
+  }
+  r->p += length;
+}
+
+/* An offset factored by the CIE's alignment, without signed overflow on hostile input. */
+static int64_t factored(uint64_t value, int64_t factor) {
+  return (int64_t)(value * (uint64_t)factor);
+}
+
 /* A pointer in encoding `enc`: absolute, relative to where it is stored (pcrel) or to
  * `datarel`. value_only: the format alone, as for an FDE's address range. */
 static uintptr_t read_encoded(dw_reader *r, uint8_t enc, uintptr_t datarel, bool value_only) {
@@ -132,6 +146,15 @@ static size_t g_staged;
  * of an unloaded module never serves code loaded at its address later. */
 static uint64_t g_cache_generation = 1;
 
+/* The loader's counts of modules ever loaded and unloaded (dl_phdr_info's dlpi_adds and
+ * dlpi_subs) when the list was read. glibc also loads and unloads modules without dlopen (iconv's
+ * gconv modules, NSS): a cache miss compares the counts before it reads a module's tables, so a
+ * module unmapped since is never read. */
+static unsigned long long g_loads_seen, g_unloads_seen;
+
+/* Our dlclose hooks in progress: while one is, the list may name a module being unmapped. */
+static unsigned g_closing;
+
 /* .eh_frame_hdr, version 1, with the binary-search table that linkers write (datarel sdata4). */
 static bool read_eh_frame_hdr(const uint8_t *hdr, cfi_module *m) {
   if (hdr[0] != 1 || hdr[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) return false;
@@ -145,9 +168,16 @@ static bool read_eh_frame_hdr(const uint8_t *hdr, cfi_module *m) {
   return true;
 }
 
-static int stage_module(struct dl_phdr_info *info, size_t size, void *unused) {
-  (void)size;
-  (void)unused;
+/* Whether dl_phdr_info has the load counts (glibc has had them since 2.4). */
+static bool has_load_counts(size_t size) {
+  return size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(unsigned long long);
+}
+
+static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
+  if (has_load_counts(size)) {
+    ((unsigned long long *)counts)[0] = info->dlpi_adds;
+    ((unsigned long long *)counts)[1] = info->dlpi_subs;
+  }
   if (g_staged == CFI_MAX_MODULES) return 1;
   cfi_module m = {.lo = UINTPTR_MAX};
   const uint8_t *hdr = NULL;
@@ -169,10 +199,18 @@ static int stage_module(struct dl_phdr_info *info, size_t size, void *unused) {
 
 static void clear_cache(void);
 
-void hd_cfi_modules_changed(void) {
-  pthread_mutex_lock(&g_modules_lock);
+/* Moves the generation on; the cache is emptied first when its keys' 16 bits wrap. */
+static void next_generation(void) {
+  const uint64_t next = __atomic_load_n(&g_cache_generation, __ATOMIC_RELAXED) + 1;
+  if ((next & 0xffff) == 0) clear_cache();
+  __atomic_store_n(&g_cache_generation, next, __ATOMIC_RELEASE);
+}
+
+/* Rereads the list; the caller holds g_modules_lock. */
+static void reread_modules(void) {
+  unsigned long long counts[2] = {0, 0};
   g_staged = 0;
-  dl_iterate_phdr(stage_module, NULL);
+  dl_iterate_phdr(stage_module, counts);
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
   __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -185,10 +223,47 @@ void hd_cfi_modules_changed(void) {
     __atomic_store_n(&m->fde_count, g_staging[i].fde_count, __ATOMIC_RELAXED);
   }
   __atomic_store_n(&g_module_count, g_staged, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_loads_seen, counts[0], __ATOMIC_RELAXED);
+  __atomic_store_n(&g_unloads_seen, counts[1], __ATOMIC_RELAXED);
   __atomic_store_n(&g_modules_seq, seq + 2, __ATOMIC_RELEASE);
-  const uint64_t generation = __atomic_add_fetch(&g_cache_generation, 1, __ATOMIC_RELEASE);
-  if ((generation & 0xffff) == 0) clear_cache(); /* keys hold the generation's low 16 bits */
+  next_generation();
+}
+
+void hd_cfi_modules_changed(void) {
+  pthread_mutex_lock(&g_modules_lock);
+  reread_modules();
   pthread_mutex_unlock(&g_modules_lock);
+}
+
+void hd_cfi_modules_closing(void) { __atomic_fetch_add(&g_closing, 1, __ATOMIC_SEQ_CST); }
+
+void hd_cfi_modules_closed(void) {
+  hd_cfi_modules_changed();
+  __atomic_fetch_sub(&g_closing, 1, __ATOMIC_SEQ_CST);
+}
+
+static int read_load_counts(struct dl_phdr_info *info, size_t size, void *counts) {
+  if (has_load_counts(size)) {
+    ((unsigned long long *)counts)[0] = info->dlpi_adds;
+    ((unsigned long long *)counts)[1] = info->dlpi_subs;
+  }
+  return 1; /* the first module is enough: every one carries the counts */
+}
+
+/* Whether the loader loaded or unloaded a module since the list was read; if so the list is
+ * reread here, unless another thread is at it. A cache miss only (the loader's lock). */
+static bool modules_moved(void) {
+  unsigned long long counts[2] = {0, 0};
+  dl_iterate_phdr(read_load_counts, counts);
+  if (counts[0] == __atomic_load_n(&g_loads_seen, __ATOMIC_RELAXED) &&
+      counts[1] == __atomic_load_n(&g_unloads_seen, __ATOMIC_RELAXED)) {
+    return false;
+  }
+  if (pthread_mutex_trylock(&g_modules_lock) == 0) {
+    reread_modules();
+    pthread_mutex_unlock(&g_modules_lock);
+  }
+  return true;
 }
 
 void hd_cfi_after_fork_child(void) {
@@ -199,13 +274,15 @@ void hd_cfi_after_fork_child(void) {
      * no module is known and every stack falls back. */
     __atomic_store_n(&g_module_count, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&g_cache_generation, 1, __ATOMIC_RELEASE);
+    next_generation();
   }
+  __atomic_store_n(&g_closing, 0, __ATOMIC_RELAXED); /* hooks of other threads are gone */
 }
 
 typedef enum module_lookup { MODULE_FOUND, MODULE_NONE, MODULE_CHANGING } module_lookup;
 
 static module_lookup find_module(uintptr_t pc, cfi_module *out) {
+  if (__atomic_load_n(&g_closing, __ATOMIC_SEQ_CST) != 0) return MODULE_CHANGING;
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_ACQUIRE);
   if (seq & 1) return MODULE_CHANGING;
   const size_t n = __atomic_load_n(&g_module_count, __ATOMIC_RELAXED);
@@ -243,8 +320,10 @@ enum { RULE_UNSUPPORTED = 0, RULE_FRAME = 1, RULE_OUTERMOST = 2, RULE_SIGNAL = 3
 #define RULE_RBP_WORDS(r) ((int8_t)((r) >> 16))
 #define RULE_CFA_OFFSET(r) ((int32_t)((r) >> 32))
 
-/* How a register is recovered, as far as our rules can say. */
-enum { REG_SAME, REG_AT_CFA_OFFSET, REG_UNDEFINED, REG_OTHER };
+/* How a register is recovered, as far as our rules can say. REG_UNSET: no rule was given (for the
+ * return address that is an FDE we cannot use, not the outermost frame, which says
+ * DW_CFA_undefined). */
+enum { REG_SAME, REG_AT_CFA_OFFSET, REG_UNDEFINED, REG_OTHER, REG_UNSET };
 
 typedef struct reg_rule {
   uint8_t how;
@@ -255,6 +334,7 @@ typedef struct frame_state {
   uint64_t cfa_reg; /* DW_REG_RSP or DW_REG_RBP; anything else cannot be compiled */
   int64_t cfa_offset;
   bool cfa_by_expression;
+  bool rsp_rule; /* a rule for rsp itself: the caller's rsp is not the CFA, as ours assume */
   reg_rule rbp, ra;
 } frame_state;
 
@@ -276,8 +356,8 @@ static bool read_cie(const uint8_t *cie, cie_info *out) {
   if (version != 1 && version != 3) return false;
   const char *augmentation = (const char *)r.p;
   const size_t aug_length = strnlen(augmentation, (size_t)(r.end - r.p));
+  if (aug_length == (size_t)(r.end - r.p) || strstr(augmentation, "eh") != NULL) return false;
   r.p += aug_length + 1;
-  if (r.p > r.end || strstr(augmentation, "eh") != NULL) return false;
   *out = (cie_info){.fde_encoding = DW_EH_PE_absptr};
   out->code_align = read_uleb(&r);
   out->data_align = read_sleb(&r);
@@ -312,11 +392,13 @@ static bool read_cie(const uint8_t *cie, cie_info *out) {
 }
 
 static void set_reg(frame_state *s, uint64_t reg, uint8_t how, int64_t offset) {
+  if (reg == DW_REG_RSP) s->rsp_rule = how != REG_SAME;
   reg_rule *rule = reg == DW_REG_RBP ? &s->rbp : reg == DW_REG_RA ? &s->ra : NULL;
   if (rule != NULL) *rule = (reg_rule){how, offset};
 }
 
 static void restore_reg(frame_state *s, const frame_state *initial, uint64_t reg) {
+  if (reg == DW_REG_RSP) s->rsp_rule = initial->rsp_rule;
   if (reg == DW_REG_RBP) s->rbp = initial->rbp;
   if (reg == DW_REG_RA) s->ra = initial->ra;
 }
@@ -360,7 +442,7 @@ static bool run_cfa_program(const uint8_t *code, const uint8_t *end, const cie_i
       continue;
     }
     if (op >> 6 == 2) { /* offset */
-      set_reg(s, low, REG_AT_CFA_OFFSET, (int64_t)read_uleb(&r) * cie->data_align);
+      set_reg(s, low, REG_AT_CFA_OFFSET, factored(read_uleb(&r), cie->data_align));
       continue;
     }
     if (op >> 6 == 3) { /* restore */
@@ -373,7 +455,7 @@ static bool run_cfa_program(const uint8_t *code, const uint8_t *end, const cie_i
       case 0x02: location += read_fixed(&r, 1) * cie->code_align; break;
       case 0x03: location += read_fixed(&r, 2) * cie->code_align; break;
       case 0x04: location += read_fixed(&r, 4) * cie->code_align; break;
-      case 0x05: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, (int64_t)read_uleb(&r) * cie->data_align); break;
+      case 0x05: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored(read_uleb(&r), cie->data_align)); break;
       case 0x06: reg = read_uleb(&r); if (initial != NULL) restore_reg(s, initial, reg); break;
       case 0x07: set_reg(s, read_uleb(&r), REG_UNDEFINED, 0); break;
       case 0x08: set_reg(s, read_uleb(&r), REG_SAME, 0); break;
@@ -392,28 +474,27 @@ static bool run_cfa_program(const uint8_t *code, const uint8_t *end, const cie_i
       case 0x0f: { /* def_cfa_expression */
         const uint64_t length = read_uleb(&r);
         s->cfa_by_expression = !plt_cfa(r.p, length, r.end, pc, s);
-        r.p += length;
+        skip(&r, length);
         break;
       }
       case 0x10: /* expression */
         reg = read_uleb(&r);
         set_reg(s, reg, REG_OTHER, 0);
-        r.p += read_uleb(&r);
+        skip(&r, read_uleb(&r));
         break;
-      case 0x11: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, read_sleb(&r) * cie->data_align); break;
-      case 0x12: s->cfa_reg = read_uleb(&r); s->cfa_offset = read_sleb(&r) * cie->data_align; s->cfa_by_expression = false; break;
-      case 0x13: s->cfa_offset = read_sleb(&r) * cie->data_align; break;
+      case 0x11: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored((uint64_t)read_sleb(&r), cie->data_align)); break;
+      case 0x12: s->cfa_reg = read_uleb(&r); s->cfa_offset = factored((uint64_t)read_sleb(&r), cie->data_align); s->cfa_by_expression = false; break;
+      case 0x13: s->cfa_offset = factored((uint64_t)read_sleb(&r), cie->data_align); break;
       case 0x14: case 0x15: reg = read_uleb(&r); (void)read_uleb(&r); set_reg(s, reg, REG_OTHER, 0); break;
       case 0x16: /* val_expression */
         reg = read_uleb(&r);
         set_reg(s, reg, REG_OTHER, 0);
-        r.p += read_uleb(&r);
+        skip(&r, read_uleb(&r));
         break;
       case 0x2e: (void)read_uleb(&r); break; /* GNU_args_size */
-      case 0x2f: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, -(int64_t)read_uleb(&r) * cie->data_align); break;
+      case 0x2f: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored(0 - read_uleb(&r), cie->data_align)); break;
       default: return false;
     }
-    if (r.p > r.end) return false;
   }
   return r.ok;
 }
@@ -435,7 +516,7 @@ static const uint8_t *find_fde(const cfi_module *m, uintptr_t pc) {
 static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
   if (signal_frame) return RULE_SIGNAL;
   if (s->ra.how == REG_UNDEFINED) return RULE_OUTERMOST;
-  if (s->cfa_by_expression || (s->cfa_reg != DW_REG_RSP && s->cfa_reg != DW_REG_RBP) ||
+  if (s->cfa_by_expression || s->rsp_rule || (s->cfa_reg != DW_REG_RSP && s->cfa_reg != DW_REG_RBP) ||
       s->cfa_offset < INT32_MIN || s->cfa_offset > INT32_MAX) {
     return RULE_UNSUPPORTED;
   }
@@ -473,9 +554,9 @@ static uint64_t rule_from_fde(const cfi_module *m, uintptr_t pc) {
   const uintptr_t begin = read_encoded(&r, cie.fde_encoding, 0, false);
   const uintptr_t range = read_encoded(&r, cie.fde_encoding, 0, true);
   if (!r.ok || pc < begin || pc - begin >= range) return RULE_UNSUPPORTED;
-  if (cie.has_augmentation_data) r.p += read_uleb(&r);
+  if (cie.has_augmentation_data) skip(&r, read_uleb(&r));
   if (!r.ok || r.p > r.end) return RULE_UNSUPPORTED;
-  frame_state initial = {.rbp = {REG_SAME, 0}, .ra = {REG_UNDEFINED, 0}};
+  frame_state initial = {.rbp = {REG_SAME, 0}, .ra = {REG_UNSET, 0}};
   if (!run_cfa_program(cie.instructions, cie.end, &cie, begin, UINTPTR_MAX, NULL, &initial)) {
     return RULE_UNSUPPORTED;
   }
@@ -486,15 +567,18 @@ static uint64_t rule_from_fde(const cfi_module *m, uintptr_t pc) {
 
 /* ---- the rule cache ---- */
 
-/* Direct-mapped and lock-free: an entry is two words, the rule and the rule XOR its key (pc and
- * generation), each stored and loaded atomically on its own. A reader that sees the two halves
- * of different writes finds that they do not match its key and computes the rule itself. */
+/* Direct-mapped and lock-free: an entry is two words, the rule and its key (pc and generation)
+ * XOR a mix of the rule, each stored and loaded atomically on its own. A reader that sees the
+ * halves of different writes finds that they do not match its key (the mix spreads any
+ * difference of two rules over all 64 bits) and computes the rule itself. */
 #define CACHE_SLOTS 8192
 static struct {
   uint64_t check, rule;
 } g_cache[CACHE_SLOTS];
 
 static uint64_t cache_key(uintptr_t pc, uint64_t generation) { return pc ^ (generation << 48); }
+
+static uint64_t mix(uint64_t rule) { return rule * 0xff51afd7ed558ccdu; }
 
 /* After 2^16 generations a key could again match a rule cached that long ago: every entry is
  * emptied (a reader that sees an entry half emptied finds it does not match). */
@@ -509,24 +593,34 @@ static size_t cache_slot(uintptr_t pc) {
   return (size_t)((pc * 0x9e3779b97f4a7c15u) >> 51) & (CACHE_SLOTS - 1);
 }
 
-static uint64_t rule_at(uintptr_t pc, uint64_t generation) {
+/* The rule at pc. may_lock_loader: a miss may call dl_iterate_phdr to check the module list
+ * (not from a signal handler, where the interrupted code may be inside the loader). */
+static uint64_t rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader) {
   const uint64_t key = cache_key(pc, generation);
   const size_t slot = cache_slot(pc);
   const uint64_t rule = __atomic_load_n(&g_cache[slot].rule, __ATOMIC_RELAXED);
   const uint64_t check = __atomic_load_n(&g_cache[slot].check, __ATOMIC_RELAXED);
-  if ((check ^ rule) == key) return rule;
+  if ((check ^ mix(rule)) == key) return rule;
+  /* In a signal handler the loader cannot be asked (the interrupted code may be inside it): the
+   * list is taken as it is, which only a module glibc unloaded without dlclose, whose range
+   * code on this very stack now occupies, could make stale. */
+  if (may_lock_loader && modules_moved()) return RULE_UNSUPPORTED; /* not cached: known again soon */
   cfi_module m;
+  uint64_t computed;
   switch (find_module(pc, &m)) {
-    case MODULE_CHANGING: return RULE_UNSUPPORTED; /* not cached: it may be known in a moment */
-    case MODULE_NONE: break;                       /* code outside every module */
-    case MODULE_FOUND: {
-      const uint64_t computed = rule_from_fde(&m, pc);
-      __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
-      __atomic_store_n(&g_cache[slot].check, computed ^ key, __ATOMIC_RELAXED);
-      return computed;
-    }
+    case MODULE_CHANGING: return RULE_UNSUPPORTED;
+    case MODULE_NONE: computed = RULE_UNSUPPORTED; break; /* code outside every module (JIT) */
+    default: computed = rule_from_fde(&m, pc); break;
   }
-  return RULE_UNSUPPORTED;
+  __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_cache[slot].check, mix(computed) ^ key, __ATOMIC_RELAXED);
+  /* A writer that read its generation before the list changed must not leave its entry for a
+   * wrap of the generation to revive. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&g_cache_generation, __ATOMIC_RELAXED) != generation) {
+    __atomic_store_n(&g_cache[slot].check, 0, __ATOMIC_RELAXED);
+  }
+  return computed;
 }
 
 /* ---- the walk ---- */
@@ -554,7 +648,7 @@ static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, 
   if (addr < floor) return false;
   for (unsigned i = 0; i < b->count; i++) {
     if (addr >= b->lo[i] && b->hi[i] >= 8 && addr <= b->hi[i] - 8) {
-      *out = *(const uintptr_t *)addr;
+      memcpy(out, (const void *)addr, sizeof *out); /* a CFA from a bad rbp need not be aligned */
       if (log->fits && log->memo->read_count < HD_CFI_MEMO_READS) {
         const unsigned k = log->memo->read_count++;
         log->memo->slot[k] = addr;
@@ -592,7 +686,9 @@ static bool memo_holds(const hd_cfi_memo *m, uintptr_t pc, uintptr_t sp, uintptr
   }
   uintptr_t differs = 0;
   for (unsigned i = 0; i < m->read_count; i++) {
-    differs |= *(const uintptr_t *)m->slot[i] ^ m->value[i];
+    uintptr_t now;
+    memcpy(&now, (const void *)m->slot[i], sizeof now);
+    differs |= now ^ m->value[i];
   }
   return differs == 0;
 }
@@ -608,8 +704,8 @@ enum { UC_GREGS = 40, GREG_RBP = 10, GREG_RSP = 15, GREG_RIP = 16 };
 
 /* The walk itself, from the frame that returns to pc with sp and bp; logs what it reads. */
 static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
-                       uint64_t generation, uint64_t *frames, unsigned capacity, unsigned *count,
-                       walk_log *log) {
+                       uint64_t generation, bool may_lock_loader, uint64_t *frames,
+                       unsigned capacity, unsigned *count, walk_log *log) {
   bool after_call = true; /* pc is a return address: its call is the instruction before it */
   unsigned n = 0;
   hd_cfi_end end = HD_CFI_UNSUPPORTED;
@@ -619,7 +715,7 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
       break;
     }
     frames[n++] = pc;
-    const uint64_t rule = rule_at(after_call ? pc - 1 : pc, generation);
+    const uint64_t rule = rule_at(after_call ? pc - 1 : pc, generation, may_lock_loader);
     if (RULE_KIND(rule) == RULE_OUTERMOST) {
       end = HD_CFI_COMPLETE;
       break;
@@ -660,15 +756,18 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
 }
 
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
-                            uint64_t *frames, unsigned capacity, unsigned *count,
-                            hd_cfi_memos *memos, bool *reused) {
+                            bool may_lock_loader, uint64_t *frames, unsigned capacity,
+                            unsigned *count, hd_cfi_memos *memos, bool *reused) {
   const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
   *reused = false;
   /* A walk on an alternate signal stack is not remembered: its bounds come and go. */
   const bool memoize = memos != NULL && bounds->count == 1;
   for (unsigned i = 0; memoize && i < HD_CFI_MEMOS; i++) {
     const hd_cfi_memo *m = &memos->entry[i];
-    if (m->frame_count <= capacity && memo_holds(m, pc, sp, bp, generation)) {
+    /* A walk cut by its capacity is the walk of another capacity only if they are equal. */
+    const bool fits = m->end == HD_CFI_FULL ? m->frame_count == capacity
+                                           : m->frame_count <= capacity;
+    if (fits && memo_holds(m, pc, sp, bp, generation)) {
       memcpy(frames, m->frames, m->frame_count * sizeof *frames);
       *count = m->frame_count;
       *reused = true;
@@ -678,7 +777,8 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
   hd_cfi_memo *m = memoize ? &memos->entry[memos->next] : NULL;
   walk_log log = {.memo = m, .fits = m != NULL, .bp_source = -1};
   if (m != NULL) m->frame_count = m->read_count = 0; /* empty until complete */
-  const hd_cfi_end end = walk(bounds, pc, sp, bp, generation, frames, capacity, count, &log);
+  const hd_cfi_end end =
+      walk(bounds, pc, sp, bp, generation, may_lock_loader, frames, capacity, count, &log);
   if (m != NULL && log.fits && end != HD_CFI_UNSUPPORTED && *count <= HD_CFI_MEMO_FRAMES) {
     unsigned kept = 0;
     for (unsigned i = 0; i < m->read_count; i++) {

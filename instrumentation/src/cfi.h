@@ -53,16 +53,21 @@ typedef enum hd_cfi_end {
  * on the allocation path (it takes the loader's lock through dl_iterate_phdr). */
 void hd_cfi_modules_changed(void) HD_CFI_HIDDEN;
 
+/* Around the real dlclose: in between, no module of the list is read (it may be unmapping). */
+void hd_cfi_modules_closing(void) HD_CFI_HIDDEN;
+void hd_cfi_modules_closed(void) HD_CFI_HIDDEN;
+
 /* In a fork child: the list's lock may have been held by a thread of the parent. */
 void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
 
 /* Walks a stack from a frame whose return address is pc, whose caller's stack pointer is sp
  * (just above that return address) and whose rbp is bp: frames[0..capacity) receives pc and the
- * program counter of each caller, innermost first; *count: how many. With memos (the calling
- * thread's own), a walk that a memo shows would repeat is not made (*reused), and a new one
- * that fits is remembered. */
+ * program counter of each caller, innermost first; *count: how many. may_lock_loader: a rule
+ * not cached yet may first check with the loader that no module came or went (false in a signal
+ * handler). With memos (the calling thread's own), a walk that a memo shows would repeat is
+ * not made (*reused), and a new one that fits is remembered. */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
-                            uint64_t *frames, unsigned capacity, unsigned *count,
-                            hd_cfi_memos *memos, bool *reused) HD_CFI_HIDDEN;
+                            bool may_lock_loader, uint64_t *frames, unsigned capacity,
+                            unsigned *count, hd_cfi_memos *memos, bool *reused) HD_CFI_HIDDEN;
 
 #endif

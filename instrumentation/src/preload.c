@@ -146,7 +146,9 @@ EXPORT void *dlopen(const char *file, int mode) {
 EXPORT int dlclose(void *handle) {
   static int (*real)(void *);
   if (!real) real = (int (*)(void *))dlsym(RTLD_NEXT, "dlclose");
+  const bool counted = hd_stack_modules_closing();
   int rc = real ? real(handle) : -1;
+  hd_stack_modules_closed(counted);
   hd_rescan_regions();
   return rc;
 }

@@ -58,8 +58,20 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
   hd_stack_modules_changed();
 }
 
+static bool uses_cfi(void) { return g_method == HD_UNWIND_CFI || g_method == HD_UNWIND_COMPARE; }
+
 void hd_stack_modules_changed(void) {
-  if (g_method == HD_UNWIND_CFI || g_method == HD_UNWIND_COMPARE) hd_cfi_modules_changed();
+  if (uses_cfi()) hd_cfi_modules_changed();
+}
+
+bool hd_stack_modules_closing(void) {
+  const bool counted = uses_cfi();
+  if (counted) hd_cfi_modules_closing();
+  return counted;
+}
+
+void hd_stack_modules_closed(bool counted) {
+  if (counted) hd_cfi_modules_closed();
 }
 
 /* libunwind (Debian's 1.6 has no per-thread cache) takes one process-wide lock around every
@@ -185,7 +197,8 @@ static bool program_call(const hd_cfi_bounds *b, uintptr_t *pc, uintptr_t *sp, u
 }
 
 /* Our unwinder; false if it could not describe the stack (nothing is written then). */
-__attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated) {
+__attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated,
+                                                  bool in_signal_handler) {
   if (hd_tls.stack_hi == 0) thread_bounds();
   hd_cfi_bounds bounds = {.lo = {hd_tls.stack_lo}, .hi = {hd_tls.stack_hi}, .count = 1};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
@@ -206,8 +219,8 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
   uint64_t walked[HD_MAX_FRAMES + 1];
   unsigned got;
   bool reused;
-  if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, walked, g_max + 1, &got, &t_memos,
-                       &reused) == HD_CFI_UNSUPPORTED) {
+  if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler, walked, g_max + 1,
+                       &got, &t_memos, &reused) == HD_CFI_UNSUPPORTED) {
     return false;
   }
   if (reused && g_method == HD_UNWIND_COMPARE) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
@@ -227,12 +240,12 @@ static void write_trace(char *line, size_t size, const char *who, const uint64_t
 }
 
 /* libunwind's trace (recorded) against ours; the first few differences are printed. */
-static unsigned capture_compared(uint64_t *frames, bool *truncated) {
+static unsigned capture_compared(uint64_t *frames, bool *truncated, bool in_signal_handler) {
   const unsigned n = capture_unwind(frames, truncated);
   uint64_t ours[HD_MAX_FRAMES];
   unsigned m;
   bool ours_truncated;
-  if (!capture_cfi(ours, &m, &ours_truncated)) {
+  if (!capture_cfi(ours, &m, &ours_truncated, in_signal_handler)) {
     hd_count_left_to_libunwind();
     if (__atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED) < 5) {
       char line[HD_MAX_FRAMES * 20 + 64];
@@ -264,17 +277,17 @@ __attribute__((destructor)) static void report_comparison(void) {
   (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 
-static unsigned capture(uint64_t *frames, bool *truncated) {
+static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handler) {
   unsigned n;
   switch (g_method) {
     case HD_UNWIND_FP:
       return capture_fp(frames, truncated);
     case HD_UNWIND_CFI:
-      if (capture_cfi(frames, &n, truncated)) return n;
+      if (capture_cfi(frames, &n, truncated, in_signal_handler)) return n;
       hd_count_left_to_libunwind();
       return capture_unwind(frames, truncated);
     case HD_UNWIND_COMPARE:
-      return capture_compared(frames, truncated);
+      return capture_compared(frames, truncated, in_signal_handler);
     default:
       return capture_unwind(frames, truncated);
   }
@@ -289,7 +302,7 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
     return 0;
   hd_tls.in_unwind++;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  unsigned n = capture(frames, truncated);
+  unsigned n = capture(frames, truncated, in_signal_handler);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   hd_tls.in_unwind--;
   return n;

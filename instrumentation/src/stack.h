@@ -21,8 +21,12 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
  * signal handler of the program that interrupted a capture). */
 bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;
 
-/* After dlopen or dlclose: the unwinder rereads the modules' tables. */
+/* After dlopen or dlclose: the unwinder rereads the modules' tables. Around the real dlclose,
+ * closing and closed (given what closing returned): in between, the unwinder reads no module's
+ * tables. */
 void hd_stack_modules_changed(void) HD_HIDDEN;
+bool hd_stack_modules_closing(void) HD_HIDDEN;
+void hd_stack_modules_closed(bool counted) HD_HIDDEN;
 
 /* In a fork child, before anything unwinds: the unwinder must not wait for a lock that a thread
  * of the parent held at the fork (see stack.c). */

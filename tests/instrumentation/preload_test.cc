@@ -575,6 +575,8 @@ INSTANTIATE_TEST_SUITE_P(
         UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},
         UnwindWorkload{"coroutines", std::string("exec ") + HD_UNWIND_CHILD + " coroutines", 2000,
                        1000, nullptr, true},
+        UnwindWorkload{"modules_glibc_loads_itself",
+                       std::string("exec ") + HD_UNWIND_CHILD + " iconv", 300, 0, nullptr, true},
         UnwindWorkload{"dlclose_and_reload",
                        std::string("exec ") + HD_UNWIND_CHILD + " dlclose " + HD_TEST_LIB, 10000,
                        1000, nullptr, true}),

@@ -8,7 +8,9 @@
 //   unwind_child longjmp        longjmp out of deep allocating recursion, again and again
 //   unwind_child coroutines     makecontext/swapcontext stacks of the program's own
 //   unwind_child dlclose LIB    a module loaded, allocated through, closed and loaded again
+//   unwind_child iconv          modules glibc loads and unloads itself (gconv), without dlopen
 #include <dlfcn.h>
+#include <iconv.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +184,26 @@ void mode_dlclose(const char *lib) {
   }
 }
 
+// glibc loads a converter module for iconv_open and may unload it at iconv_close, through its
+// own loader calls, which the library's dlopen and dlclose hooks never see.
+void mode_iconv() {
+  static const char *const kCharsets[] = {"EBCDIC-US", "IBM1047", "ISO-8859-2", "KOI8-R",
+                                          "EBCDIC-FR", "CP1251"};
+  int converted = 0;
+  for (int round = 0; round < 300; round++) {
+    const char *charset = kCharsets[round % (sizeof kCharsets / sizeof kCharsets[0])];
+    iconv_t cd = iconv_open(charset, "UTF-8");
+    if (cd == (iconv_t)-1) continue;
+    char in[] = "heapdump", out[64];
+    char *inp = in, *outp = out;
+    size_t in_left = strlen(in), out_left = sizeof out;
+    if (iconv(cd, &inp, &in_left, &outp, &out_left) != (size_t)-1) converted++;
+    free(site(80, round));
+    CHECK(iconv_close(cd) == 0);
+  }
+  CHECK(converted > 0);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -191,8 +213,9 @@ int main(int argc, char **argv) {
   else if (mode == "longjmp") mode_longjmp();
   else if (mode == "coroutines") mode_coroutines();
   else if (mode == "dlclose" && argc > 2) mode_dlclose(argv[2]);
+  else if (mode == "iconv") mode_iconv();
   else {
-    fprintf(stderr, "usage: unwind_child callers|exceptions|longjmp|coroutines|dlclose LIB\n");
+    fprintf(stderr, "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|dlclose LIB\n");
     return 2;
   }
   puts("done");
