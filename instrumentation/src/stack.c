@@ -165,6 +165,9 @@ static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
 /* This thread's recent walks (cfi.h). Only its own thread touches them, and a signal handler
  * never unwinds while the thread it interrupted does (hd_capture_stack). */
 static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
+/* The last MiB (address >> 20) found to hold a stack of the program's own, not an alternate
+ * signal stack (0: none yet). A misjudged MiB only sends stacks to libunwind. */
+static __thread uintptr_t t_foreign_stack_mib __attribute__((tls_model("initial-exec")));
 
 static bool in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
   for (unsigned i = 0; i < b->count; i++) {
@@ -204,10 +207,14 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
   if (sp < bounds.lo[0] || sp >= bounds.hi[0]) {
     /* Not on the thread's stack: a handler on an alternate signal stack (a system call, but
-     * only here), else a stack the program made itself, which libunwind walks instead. */
+     * only here), else a stack the program made itself (a coroutine's), which libunwind walks
+     * instead. The MiB around such a stack pointer is remembered as the program's, so that a
+     * coroutine's allocations make the system call once, not each time. */
+    if ((sp >> 20) == t_foreign_stack_mib) return false;
     stack_t alt;
     if (sigaltstack(NULL, &alt) != 0 || !(alt.ss_flags & SS_ONSTACK) ||
         sp < (uintptr_t)alt.ss_sp || sp >= (uintptr_t)alt.ss_sp + alt.ss_size) {
+      t_foreign_stack_mib = sp >> 20;
       return false;
     }
     bounds.lo[1] = (uintptr_t)alt.ss_sp;
