@@ -12,7 +12,6 @@
 #define UNW_LOCAL_ONLY
 #include <errno.h>
 #include <libunwind.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -48,21 +47,6 @@ __attribute__((constructor)) static void configure(void) {
   }
 }
 
-/* The thread's stack, once per thread, as libheapdump.so finds it. */
-static void thread_bounds(void) {
-  pthread_attr_t attr;
-  void *addr;
-  size_t size;
-  t_bounds.count = 1;
-  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-    if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
-      t_bounds.lo[0] = (uintptr_t)addr;
-      t_bounds.hi[0] = (uintptr_t)addr + size;
-    }
-    pthread_attr_destroy(&attr);
-  }
-}
-
 /* Inlined into each entry point, so that its frame is the one the program called: the walk
  * starts at the program's return address, as libheapdump.so's does. */
 __attribute__((always_inline)) static inline void walk(void) {
@@ -71,7 +55,10 @@ __attribute__((always_inline)) static inline void walk(void) {
   uint64_t frames[FLOOR_FRAMES];
   unsigned count = 0;
   if (g_cfi) {
-    if (t_bounds.count == 0) thread_bounds();
+    if (t_bounds.count == 0) {
+      t_bounds.count = 1; /* the thread's stack, once, as libheapdump.so finds it */
+      (void)hd_cfi_thread_stack(&t_bounds.lo[0], &t_bounds.hi[0]);
+    }
     const uintptr_t *fp = (const uintptr_t *)__builtin_frame_address(0);
     bool reused;
     (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames,

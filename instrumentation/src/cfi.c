@@ -173,11 +173,16 @@ static bool has_load_counts(size_t size) {
   return size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(unsigned long long);
 }
 
-static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
+/* Copies the loader's load and unload counts into counts[0..1]. */
+static void note_load_counts(const struct dl_phdr_info *info, size_t size, void *counts) {
   if (has_load_counts(size)) {
     ((unsigned long long *)counts)[0] = info->dlpi_adds;
     ((unsigned long long *)counts)[1] = info->dlpi_subs;
   }
+}
+
+static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
+  note_load_counts(info, size, counts);
   if (g_staged == CFI_MAX_MODULES) return 1;
   cfi_module m = {.lo = UINTPTR_MAX};
   const uint8_t *hdr = NULL;
@@ -243,10 +248,7 @@ void hd_cfi_modules_closed(void) {
 }
 
 static int read_load_counts(struct dl_phdr_info *info, size_t size, void *counts) {
-  if (has_load_counts(size)) {
-    ((unsigned long long *)counts)[0] = info->dlpi_adds;
-    ((unsigned long long *)counts)[1] = info->dlpi_subs;
-  }
+  note_load_counts(info, size, counts);
   return 1; /* the first module is enough: every one carries the counts */
 }
 
@@ -625,6 +627,29 @@ static uint64_t rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader)
 
 /* ---- the walk ---- */
 
+bool hd_cfi_thread_stack(uintptr_t *lo, uintptr_t *hi) {
+  pthread_attr_t attr;
+  void *addr;
+  size_t size;
+  bool found = false;
+  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+    if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+      *lo = (uintptr_t)addr;
+      *hi = (uintptr_t)addr + size;
+      found = true;
+    }
+    pthread_attr_destroy(&attr);
+  }
+  return found;
+}
+
+bool hd_cfi_in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
+  for (unsigned i = 0; i < b->count; i++) {
+    if (addr >= b->lo[i] && b->hi[i] >= size && addr <= b->hi[i] - size) return true;
+  }
+  return false;
+}
+
 /* What a walk read, for its memo (NULL: none); `fits` is cleared when it outgrows one.
  *
  * Not everything read decides the walk. Code built without frame pointers uses rbp as an
@@ -645,26 +670,21 @@ typedef struct walk_log {
  * the next rbp. */
 static bool read_saved(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t floor, uintptr_t *out,
                        bool gives_bp, walk_log *log) {
-  if (addr < floor) return false;
-  for (unsigned i = 0; i < b->count; i++) {
-    if (addr >= b->lo[i] && b->hi[i] >= 8 && addr <= b->hi[i] - 8) {
-      memcpy(out, (const void *)addr, sizeof *out); /* a CFA from a bad rbp need not be aligned */
-      if (log->fits && log->memo->read_count < HD_CFI_MEMO_READS) {
-        const unsigned k = log->memo->read_count++;
-        log->memo->slot[k] = addr;
-        log->memo->value[k] = *out;
-        if (gives_bp) {
-          log->bp_source = (int)k;
-        } else {
-          log->needed |= (uint64_t)1 << k;
-        }
-      } else {
-        log->fits = false;
-      }
-      return true;
+  if (addr < floor || !hd_cfi_in_bounds(b, addr, sizeof *out)) return false;
+  memcpy(out, (const void *)addr, sizeof *out); /* a CFA from a bad rbp need not be aligned */
+  if (log->fits && log->memo->read_count < HD_CFI_MEMO_READS) {
+    const unsigned k = log->memo->read_count++;
+    log->memo->slot[k] = addr;
+    log->memo->value[k] = *out;
+    if (gives_bp) {
+      log->bp_source = (int)k;
+    } else {
+      log->needed |= (uint64_t)1 << k;
     }
+  } else {
+    log->fits = false;
   }
-  return false;
+  return true;
 }
 
 /* The current rbp decides the walk (a CFA is computed from it). */

@@ -42,6 +42,13 @@ typedef struct hd_cfi_memos {
   unsigned next; /* the entry the next new walk replaces */
 } hd_cfi_memos;
 
+/* The calling thread's stack (pthread_getattr_np, which may allocate and, for the main thread,
+ * read /proc: once per thread, by a caller that keeps those allocations out of its records). */
+bool hd_cfi_thread_stack(uintptr_t *lo, uintptr_t *hi) HD_CFI_HIDDEN;
+
+/* Whether [addr, addr + size) lies in one of the bounds' stacks. */
+bool hd_cfi_in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) HD_CFI_HIDDEN;
+
 /* What ended a walk. */
 typedef enum hd_cfi_end {
   HD_CFI_COMPLETE,    /* the outermost frame (its return address undefined, or zero) */

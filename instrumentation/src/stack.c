@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <libunwind.h>
 #include <link.h>
-#include <pthread.h>
 
 static int g_method;
 static unsigned g_max = HD_MAX_FRAMES;
@@ -93,18 +92,9 @@ static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }
 /* Thread stack bounds, once per thread. pthread_getattr_np may allocate: under the guard, so
  * those blocks are the library's own and unrecorded. */
 static void thread_bounds(void) {
-  pthread_attr_t a;
-  void *addr;
-  size_t size;
-  hd_tls.stack_lo = 1;
-  hd_tls.stack_hi = 1;
   hd_tls.guard++;
-  if (pthread_getattr_np(pthread_self(), &a) == 0) {
-    if (pthread_attr_getstack(&a, &addr, &size) == 0) {
-      hd_tls.stack_lo = (uintptr_t)addr;
-      hd_tls.stack_hi = (uintptr_t)addr + size;
-    }
-    pthread_attr_destroy(&a);
+  if (!hd_cfi_thread_stack(&hd_tls.stack_lo, &hd_tls.stack_hi)) {
+    hd_tls.stack_lo = hd_tls.stack_hi = 1; /* known to be unknown: nothing is in bounds */
   }
   hd_tls.guard--;
 }
@@ -169,15 +159,6 @@ static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
  * signal stack (0: none yet). A misjudged MiB only sends stacks to libunwind. */
 static __thread uintptr_t t_foreign_stack_mib __attribute__((tls_model("initial-exec")));
 
-static bool in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
-  for (unsigned i = 0; i < b->count; i++) {
-    if (addr >= b->lo[i] && addr % 8 == 0 && b->hi[i] >= size && addr <= b->hi[i] - size) {
-      return true;
-    }
-  }
-  return false;
-}
-
 /* Where the program called into the library: its return address, its stack pointer after the
  * call returns, its rbp. Our own code is built with frame pointers (-fno-omit-frame-pointer in
  * both builds), so from here to the program its frames are a chain of (saved rbp, return
@@ -186,7 +167,7 @@ static bool in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
 static bool program_call(const hd_cfi_bounds *b, uintptr_t *pc, uintptr_t *sp, uintptr_t *bp) {
   uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
   for (unsigned depth = 0; depth < 32; depth++) {
-    if (!in_bounds(b, fp, 16)) return false;
+    if (fp % 8 != 0 || !hd_cfi_in_bounds(b, fp, 16)) return false;
     const uintptr_t saved_bp = ((const uintptr_t *)fp)[0], ret = ((const uintptr_t *)fp)[1];
     if (!own_frame(ret)) {
       *pc = ret;
