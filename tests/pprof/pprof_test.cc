@@ -25,6 +25,7 @@ extern "C" {
 #include "heapdump/fidl/channel.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/pprof.h"
+#include "heapdump/tools/sites.h"
 #include "heapdump/tools/symbolize.h"
 #include "heapdump_client.bindings.h"
 #include "profile.pb.h"
@@ -1120,6 +1121,18 @@ class LivePprofTest : public PprofTest {
  protected:
   Collector collector{dir};
   void SetUp() override { collector.Start(); }
+  // Writes r as a symbolized profile to file `name` and reads it back, well formed, into p.
+  void WriteSymbolized(const hd_reassembler *r, const char *name, Profile *p) {
+    hd_symbolizer *symbolizer = nullptr;
+    ASSERT_EQ(hd_symbolizer_create(nullptr, &symbolizer), 0);
+    hd_pprof_options options = {};
+    options.symbolizer = symbolizer;
+    WriteResult w = WriteProfile(r, options, Path(name));
+    hd_symbolizer_destroy(symbolizer);
+    ASSERT_EQ(w.rc, 0) << w.error;
+    ASSERT_TRUE(Load(Path(name), p));
+    ExpectWellFormed(*p);
+  }
 };
 
 // What pprof_child.c allocates, per function: inuse objects/bytes, alloc objects/bytes.
@@ -1137,18 +1150,9 @@ TEST_F(LivePprofTest, SymbolizedProfileOfARealProcess) {
   child.Finish();
   ASSERT_EQ(s.r.snapshot_count, 1u);
   const hd_snapshot *snap = s.r.snapshots[0];
-
-  hd_symbolizer *symbolizer = nullptr;
-  ASSERT_EQ(hd_symbolizer_create(nullptr, &symbolizer), 0);
-  hd_pprof_options options = {};
-  options.symbolizer = symbolizer;
-  std::string path = Path("live.pb.gz");
-  WriteResult w = WriteProfile(&s.r, options, path);
-  hd_symbolizer_destroy(symbolizer);
-  ASSERT_EQ(w.rc, 0) << w.error;
+  const std::string path = Path("live.pb.gz");
   Profile p;
-  ASSERT_TRUE(Load(path, &p));
-  ExpectWellFormed(p);
+  ASSERT_NO_FATAL_FAILURE(WriteSymbolized(&s.r, "live.pb.gz", &p));
 
   // Every sample total matches the snapshot, every stack trace is one sample.
   Values inuse = {0, 0};
@@ -1235,6 +1239,30 @@ TEST_F(LivePprofTest, SymbolizedProfileOfARealProcess) {
 
 // Without a symbolizer the profile has addresses only; the mappings (start, offset, file, build
 // ID) are right if pprof can symbolize it itself from the ELF file.
+// A C++ function is named as in the source, its linkage name kept as system_name (what tools
+// that look symbols up need); no Function is left with a mangled name.
+TEST_F(LivePprofTest, CxxFunctionsHaveReadableNamesAndKeepTheirLinkageNames) {
+  hdtest::Program program({HD_SHOP_CHILD}, hdtest::InstrumentedEnv(collector.socket));
+  ASSERT_EQ(program.ReadLine(), "ready " + std::to_string(program.pid));
+  LiveSnapshot s(collector.socket, ByPid(program.pid), false);
+  program.Send("go");
+  EXPECT_EQ(program.Finish(), 0);
+  Profile p;
+  ASSERT_NO_FATAL_FAILURE(WriteSymbolized(&s.r, "shop.pb.gz", &p));
+  bool found = false;
+  for (const auto &f : p.functions) {
+    const std::string name = p.Str(f.name), system_name = p.Str(f.system_name);
+    if (system_name == "_ZN4shop11make_basketEi") {
+      EXPECT_EQ(name, "shop::make_basket(int)");
+      found = true;
+    }
+    if (system_name.rfind("_Z", 0) == 0) {
+      EXPECT_NE(name.rfind("_Z", 0), 0u) << system_name;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST_F(LivePprofTest, UnsymbolizedProfileIsSymbolizedByPprof) {
   Child child(collector.socket);
   LiveSnapshot s(collector.socket, ByPid(child.pid), false);
@@ -1246,12 +1274,13 @@ TEST_F(LivePprofTest, UnsymbolizedProfileIsSymbolizedByPprof) {
   ASSERT_TRUE(Load(path, &p));
   ExpectWellFormed(p);
   EXPECT_TRUE(p.functions.empty());
-  // Location addresses are the snapshot's program addresses.
+  // Location addresses are the snapshot's program addresses, from each trace's allocation site
+  // on (without symbols, the site skips only modules: libheapdump and the C++ library's).
   std::set<uint64_t> addresses;
   const hd_snapshot *snap = s.r.snapshots[0];
   for (size_t i = 0; i < snap->stack_trace_count; i++) {
     const hd_snapshot_stack_trace &t = snap->stack_traces[i];
-    addresses.insert(t.addresses, t.addresses + t.count);
+    addresses.insert(t.addresses + hd_site_frame(nullptr, snap, &t), t.addresses + t.count);
   }
   std::set<uint64_t> located;
   for (const Location &l : p.locations) located.insert(l.address);

@@ -25,6 +25,7 @@
 extern "C" {
 #include "heapdump/fidl/channel.h"
 #include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/demangle.h"
 #include "heapdump/tools/symbolize.h"
 #include "heapdump_client.bindings.h"
 #include "symbolize_fixture.h"
@@ -338,14 +339,16 @@ TEST_F(SymbolizeTest, ReturnAddressIsLookedUpOneByteBefore) {
   EXPECT_EQ(Name(symbolizer.At(regions.snapshot(), follows, false), follows), "hd_fixture_follows");
 }
 
-TEST_F(SymbolizeTest, NamesAreLinkageNames) {
+// The symbolizer gives linkage names; the display name of a location is demangled.
+TEST_F(SymbolizeTest, NamesAreLinkageNamesAndDisplayNamesAreDemangled) {
   Symbolizer symbolizer;
   uint64_t c = Address(reinterpret_cast<void *>(&hd_symbolize_test_c_function));
   uint64_t cxx = Address(reinterpret_cast<void *>(&hdtest::CxxFunction));
   EXPECT_EQ(Name(symbolizer.At(regions.snapshot(), c, false), c), "hd_symbolize_test_c_function");
   hd_location_info loc = symbolizer.At(regions.snapshot(), cxx, false);
-  EXPECT_EQ(Name(loc, cxx), "_ZN6hdtest11CxxFunctionEi");
+  EXPECT_EQ(Name(loc, cxx), "hdtest::CxxFunction(int)");
   ASSERT_GE(loc.frame_count, 1u);
+  EXPECT_STREQ(loc.frames[loc.frame_count - 1].function, "_ZN6hdtest11CxxFunctionEi");
   EXPECT_TRUE(EndsWith(loc.frames[loc.frame_count - 1].file, "symbolize_test.cc"));
 }
 
@@ -684,6 +687,38 @@ TEST(SymbolizeEndToEndTest, SnapshotStacksResolveToTheAllocatingCode) {
   child.Send("go");
   const int status = child.Finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// C++ and Rust (legacy and v0) names read as c++filt prints them; anything else is its own
+// name; each name is demangled once.
+TEST(Demangle, CxxAndRustNamesReadAsInTheSource) {
+  EXPECT_STREQ(hd_demangle("_ZN4shop11make_basketEi"), "shop::make_basket(int)");
+  EXPECT_STREQ(hd_demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+               "std::vector<int, std::allocator<int> >::push_back(int const&)");
+  EXPECT_STREQ(hd_demangle("_RNvCs1234_7mycrate3foo"), "mycrate::foo");
+  EXPECT_STREQ(hd_demangle("_ZN7mycrate3foo17h0123456789abcdefE"), "mycrate::foo");
+  const char *c_name = "main", *not_mangled = "_Zgarbage";
+  EXPECT_EQ(hd_demangle(c_name), c_name);
+  EXPECT_EQ(hd_demangle(not_mangled), not_mangled);
+  EXPECT_EQ(hd_demangle(nullptr), nullptr);
+  const std::string copy = "_ZN4shop11make_basketEi";
+  EXPECT_EQ(hd_demangle(copy.c_str()), hd_demangle("_ZN4shop11make_basketEi"));
+}
+
+TEST(Demangle, TheStandardLibraryIsKnownByItsMangledNames) {
+  for (const char *name : {
+           "_ZNSt6vectorIiSaIiEE17_M_realloc_insertIJRKiEEEvN9__gnu_cxx17__normal_iteratorIPiS1_EEDpOT_",
+           "_ZNKSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE4sizeEv",
+           "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE12_M_constructIPKcEEvT_S8_St20forward_iterator_tag",
+           "_ZSt4sortIPiEvT_S1_", "_ZN9__gnu_cxx13new_allocatorIiE8allocateEmPKv",
+           "_ZNSs4_Rep9_S_createEmmRKSaIcE"}) {
+    EXPECT_TRUE(hd_is_std_library_name(name)) << name;
+  }
+  for (const char *name : {"_ZN4shop11make_basketEi", "_Z3fooSt6vectorIiSaIiEE", "main",
+                           "_ZN5state3getEv", "_RNvCs1234_7mycrate3foo"}) {
+    EXPECT_FALSE(hd_is_std_library_name(name)) << name;
+  }
+  EXPECT_FALSE(hd_is_std_library_name(nullptr));
 }
 
 }  // namespace

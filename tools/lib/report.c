@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/tools/demangle.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
 
@@ -171,7 +172,7 @@ static void print_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *
     }
     for (size_t f = 0; f < loc.frame_count; f++) {
       const hd_source_frame *fr = &loc.frames[f];
-      fprintf(out, "        at %s", fr->function ? fr->function : "??");
+      fprintf(out, "        at %s", fr->function ? hd_demangle(fr->function) : "??");
       if (fr->file != NULL && fr->line > 0) {
         fprintf(out, " (%s:%" PRIu32 ")", fr->file, fr->line);
       } else {
@@ -295,7 +296,7 @@ static void json_frames(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
       hd_json_string(out, loc.module);
       fprintf(out, ",\"module_offset\":\"0x%" PRIx64 "\",\"function\":", loc.module_offset);
       if (fr && fr->function) {
-        hd_json_string(out, fr->function);
+        hd_json_string(out, hd_demangle(fr->function));
       } else {
         fputs("null", out);
       }
@@ -433,7 +434,7 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
         }
         for (size_t f = loc.frame_count; f-- > 0;) {
           fputs(first ? "" : ";", out);
-          folded_name(out, loc.frames[f].function ? loc.frames[f].function : "??");
+          folded_name(out, loc.frames[f].function ? hd_demangle(loc.frames[f].function) : "??");
           first = false;
         }
       }

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "heapdump/tools/demangle.h"
+
 /* Functions that only allocate on their caller's behalf (linkage names): the C library's, and
  * the checked-allocation wrappers of widely used runtimes, which would otherwise be the site of
  * nearly every block of the programs built on them. */
@@ -45,6 +47,18 @@ static bool is_instrumentation_module(const char *module) {
   return strncmp(module, "libheapdump", 11) == 0;
 }
 
+/* Code of the C++ standard library: its shared libraries (GCC's and LLVM's), and functions of
+ * its namespaces compiled into the program (templates instantiated there). A std::string member
+ * is built in basic_string::_M_construct; the site worth naming is the function that built it.
+ * An address is judged by the function that holds its code: a standard function inlined into
+ * the program's own is that function's. */
+static bool is_std_library(const hd_location_info *loc) {
+  if (strncmp(loc->module, "libstdc++", 9) == 0 || strncmp(loc->module, "libc++", 6) == 0) {
+    return true;
+  }
+  return loc->frame_count > 0 && hd_is_std_library_name(loc->frames[loc->frame_count - 1].function);
+}
+
 void hd_locate(hd_symbolizer *sym, const hd_snapshot *snap, uint64_t a, bool is_return_address,
                hd_location_info *loc) {
   if (sym != NULL) {
@@ -76,7 +90,7 @@ size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
   for (size_t i = 0; i < trace->count; i++) {
     hd_location_info loc;
     locate(sym, snap, trace, i, &loc);
-    if (is_instrumentation_module(loc.module)) continue;
+    if (is_instrumentation_module(loc.module) || is_std_library(&loc)) continue;
     bool allocator = false;
     for (size_t f = 0; f < loc.frame_count && !allocator; f++) {
       allocator = is_allocator_function(loc.frames[f].function);

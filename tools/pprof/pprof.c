@@ -8,6 +8,9 @@
  * refer to locations by id), the Functions, and the live totals per stack trace. Samples are
  * produced while they are written and never stored. */
 #include "heapdump/tools/pprof.h"
+
+#include "heapdump/tools/demangle.h"
+#include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
 
 #include <errno.h>
@@ -58,6 +61,7 @@ typedef struct location {
   uint64_t address;
   uint64_t mapping_id; /* 0: no executable region holds the address */
   bool is_return_address;
+  bool is_site;  /* the allocation site of some trace: its inlined std:: frames are left out */
   bool stand_in; /* no address: one Line names what it stands for ("(no stack)", truncation) */
   size_t first_line, line_count; /* in writer.lines */
 } location;
@@ -78,6 +82,7 @@ typedef struct region_ref {
 typedef struct trace_total {
   uint64_t blocks, bytes;
   bool referenced; /* by at least one allocation */
+  size_t site;     /* the first frame a sample shows (see add_locations) */
 } trace_total;
 
 typedef struct process {
@@ -309,16 +314,25 @@ static int symbolize_location(writer *w, const process *p, location *loc) {
   hd_symbolize(w->options.symbolizer, p->snapshot, loc->address, loc->is_return_address, &info);
   loc->first_line = w->line_count;
   mapping *m = loc->mapping_id ? &w->mappings[loc->mapping_id - 1] : NULL;
-  for (size_t i = 0; i < info.frame_count; i++) {
+  /* At a site, the standard library's code inlined into the program's function (a
+   * std::string constructor calling into libstdc++) would be the leaf, and pprof's flat
+   * column would name it rather than the site the report names. */
+  size_t first = 0;
+  while (loc->is_site && first + 1 < info.frame_count &&
+         hd_is_std_library_name(info.frames[first].function)) {
+    first++;
+  }
+  for (size_t i = first; i < info.frame_count; i++) {
     const hd_source_frame *frame = &info.frames[i];
     if (frame->function == NULL && frame->file == NULL) continue;
     /* A line known without its function (debug info but no name) still needs a Function. */
-    int64_t name = intern(w, frame->function ? frame->function : "??");
+    /* The readable name, and the linker's as system_name (pprof shows name, and keeps
+     * system_name for tools that look symbols up). */
+    int64_t name = intern(w, frame->function ? hd_demangle(frame->function) : "??");
+    int64_t system_name = intern(w, frame->function ? frame->function : "??");
     int64_t file = frame->file ? intern(w, frame->file) : 0;
-    if (name < 0 || file < 0) return out_of_memory(w);
-    /* Names stay as the linker wrote them: pprof demangles a Function whose name equals its
-     * system_name. */
-    uint64_t id = function_id(w, (function_key){name, name, file});
+    if (name < 0 || system_name < 0 || file < 0) return out_of_memory(w);
+    uint64_t id = function_id(w, (function_key){name, system_name, file});
     if (id == 0 || !HD_RESERVE(w->lines, w->line_count, w->line_capacity)) return out_of_memory(w);
     w->lines[w->line_count++] = (line_entry){id, frame->line, frame->column};
     if (m != NULL) {
@@ -383,7 +397,12 @@ static int add_locations(writer *w, process *p) {
       int status = add_truncation_location(w, trace->count);
       if (status != 0) return status;
     }
-    for (size_t f = 0; f < trace->count; f++) {
+    /* A sample starts at the allocation site, as the report's sites do: the allocator's own
+     * frames (operator new, the malloc family, checked wrappers) and the standard library's
+     * are left out, so that the flat column of `pprof -top` names the code that asked for the
+     * memory rather than operator new. */
+    p->totals[t].site = hd_site_frame(w->options.symbolizer, s, trace);
+    for (size_t f = p->totals[t].site; f < trace->count; f++) {
       uint64_t address = trace->addresses[f];
       size_t index;
       if (!hd_u64_map_find(&p->location_by_address, address, &index)) {
@@ -398,6 +417,7 @@ static int add_locations(writer *w, process *p) {
       /* Every frame is a return address, the instruction after a call: the instrumentation
        * leaves its own frames out, so even the leaf is where the call to the allocator returns. */
       w->locations[index].is_return_address = true;
+      w->locations[index].is_site |= f == p->totals[t].site;
     }
   }
   if (w->options.symbolizer == NULL) return 0;
@@ -587,7 +607,8 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
                          const process *p, const hd_snapshot_stack_trace *trace,
                          const uint64_t values[kSampleTypeCount], label_list *labels) {
   bool truncated = trace->truncated && trace->count > 0;
-  size_t depth = trace->count ? trace->count + truncated : 1;
+  const size_t first = p->totals[trace - p->snapshot->stack_traces].site;
+  size_t depth = trace->count ? trace->count - first + truncated : 1;
   if (depth > w->stack_capacity) {
     uint64_t *bigger = realloc(w->stack, depth * sizeof *bigger);
     if (bigger == NULL) {
@@ -598,16 +619,16 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
     w->stack_capacity = depth;
   }
   w->stack[0] = w->no_stack_location;
-  for (size_t f = 0; f < trace->count; f++) {
+  for (size_t f = first; f < trace->count; f++) {
     size_t index = 0;
-    /* Every address of a sampled trace got its Location in add_locations. */
+    /* Every address of a sampled trace from its site on got its Location in add_locations. */
     hd_u64_map_find(&p->location_by_address, trace->addresses[f], &index);
-    w->stack[f] = index + 1;
+    w->stack[f - first] = index + 1;
   }
   if (truncated) {
     size_t index = 0;
     hd_u64_map_find(&w->truncation_location, trace->count, &index);
-    w->stack[trace->count] = index + 1;
+    w->stack[trace->count - first] = index + 1;
   }
   if (w->label_processes) {
     add_label(labels, w->known.process_name, p->name, 0, 0);

@@ -9,6 +9,8 @@
 #define _GNU_SOURCE
 #include "heapdump/tools/symbolize.h"
 
+#include "heapdump/tools/demangle.h"
+
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwelf.h>
@@ -820,7 +822,7 @@ char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out,
   if (size == 0) return out;
   const char *function = loc->frame_count > 0 ? loc->frames[loc->frame_count - 1].function : NULL;
   if (function != NULL) {
-    snprintf(out, size, "%s", function);
+    snprintf(out, size, "%s", hd_demangle(function));
   } else if (loc->region != NULL) {
     snprintf(out, size, "%s+0x%" PRIx64, loc->module, loc->module_offset);
   } else {

@@ -72,8 +72,8 @@ typedef struct hd_snapshot_block {
 
 /* One source-level frame. */
 typedef struct hd_source_frame {
-  /* The linkage (mangled) name when the compiler recorded one, else the source name: demangling
-   * is left to viewers. NULL if unknown. */
+  /* The linkage (mangled) name when the compiler recorded one, else the source name; what the
+   * tools print is demangled (heapdump/tools/demangle.h). NULL if unknown. */
   const char *function;
   const char *file;     /* NULL if unknown */
   uint32_t line;        /* 0 if unknown */

@@ -1,6 +1,7 @@
 /* Allocation sites: the frame of a stack trace that a report, a pprof label or a dartheap class
- * names. Stack traces start inside the allocator's entry points (operator new, strdup, ...); the
- * site is the first frame outside them. */
+ * names. Stack traces start inside the allocator's entry points (operator new, strdup, ...) and
+ * often inside the C++ standard library (a container growing, a string being built); the site is
+ * the first frame of the program's own code. */
 #ifndef HEAPDUMP_TOOLS_SITES_H
 #define HEAPDUMP_TOOLS_SITES_H
 
@@ -21,9 +22,10 @@ void hd_locate(hd_symbolizer *sym, const hd_snapshot *snap, uint64_t address,
                bool is_return_address, hd_location_info *loc);
 
 /* The index in trace->addresses of the allocation site: the first frame that is neither in the
- * instrumentation library nor a known allocation entry point (malloc family, operator new[],
- * strdup family). A trace made only of allocator frames gives its last frame; an empty trace
- * gives 0. sym may be NULL (then only module names are used). */
+ * instrumentation library, nor a known allocation entry point (malloc family, operator new[],
+ * strdup family), nor code of the C++ standard library (libstdc++ or libc++, or a function of
+ * namespace std or __gnu_cxx). A trace made only of such frames gives its last frame; an empty
+ * trace gives 0. sym may be NULL (then only module names are used). */
 size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
                      const hd_snapshot_stack_trace *trace);
 

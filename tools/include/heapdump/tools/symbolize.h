@@ -52,7 +52,8 @@ void hd_symbolize(hd_symbolizer *s, const hd_snapshot *snap, uint64_t address,
 /* True once any lookup so far found symbols (a symbol table or debug info) for its module. */
 bool hd_symbolizer_found_symbols(const hd_symbolizer *s);
 
-/* Writes the display name of a location: the outermost function name if resolved, else
+/* Writes the display name of a location: the outermost function's name if resolved (demangled,
+ * see demangle.h), else
  * "module+0xoffset", else "0xaddress". Returns out. */
 char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out, size_t size);
 

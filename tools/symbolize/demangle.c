@@ -1,0 +1,82 @@
+/* Demangling with a cache (see demangle.h). Reports name the same few thousand functions over
+ * and over, and libiberty allocates a fresh string for every call. */
+#include "heapdump/tools/demangle.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libiberty/demangle.h>
+
+typedef struct cached_name {
+  char *name;      /* NULL: empty entry */
+  char *demangled; /* NULL: not a mangled name */
+} cached_name;
+
+static cached_name *g_names;
+static size_t g_mask, g_count;
+
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 0xcbf29ce484222325u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3u;
+  return h;
+}
+
+static bool grow(void) {
+  const size_t slots = g_names ? (g_mask + 1) * 2 : 1024;
+  cached_name *bigger = calloc(slots, sizeof *bigger);
+  if (bigger == NULL) return false;
+  for (size_t i = 0; g_names && i <= g_mask; i++) {
+    if (g_names[i].name == NULL) continue;
+    size_t at = hash_name(g_names[i].name) & (slots - 1);
+    while (bigger[at].name != NULL) at = (at + 1) & (slots - 1);
+    bigger[at] = g_names[i];
+  }
+  free(g_names);
+  g_names = bigger;
+  g_mask = slots - 1;
+  return true;
+}
+
+/* Mangled names start with _Z (C++, and Rust's legacy scheme) or _R (Rust v0). */
+static bool looks_mangled(const char *name) {
+  return name[0] == '_' && (name[1] == 'Z' || name[1] == 'R');
+}
+
+static char *demangle_now(const char *name) {
+  return cplus_demangle(name, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO);
+}
+
+const char *hd_demangle(const char *name) {
+  if (name == NULL || !looks_mangled(name)) return name;
+  if ((g_count + 1) * 2 > (g_names ? g_mask + 1 : 0) && !grow()) {
+    return name; /* out of memory: the linkage name is still a name */
+  }
+  size_t at = hash_name(name) & g_mask;
+  for (; g_names[at].name != NULL; at = (at + 1) & g_mask) {
+    if (strcmp(g_names[at].name, name) == 0) {
+      return g_names[at].demangled ? g_names[at].demangled : name;
+    }
+  }
+  char *copy = strdup(name);
+  if (copy == NULL) return name;
+  g_names[at] = (cached_name){.name = copy, .demangled = demangle_now(name)};
+  g_count++;
+  return g_names[at].demangled ? g_names[at].demangled : name;
+}
+
+bool hd_is_std_library_name(const char *name) {
+  if (name == NULL || strncmp(name, "_Z", 2) != 0) return false;
+  const char *p = name + 2;
+  /* A nested name: N, then the qualifiers of a member function (restrict, volatile, const,
+   * & or &&), then its first component. */
+  if (*p == 'N') {
+    p++;
+    while (*p == 'r' || *p == 'V' || *p == 'K') p++;
+    if (*p == 'R' || *p == 'O') p++;
+  }
+  /* St is std::; Sa, Sb, Ss, Si, So and Sd abbreviate std::allocator, basic_string, string and
+   * the standard streams. */
+  return (p[0] == 'S' && p[1] != '\0' && strchr("tabsiod", p[1]) != NULL) ||
+         strncmp(p, "9__gnu_cxx", 10) == 0;
+}
