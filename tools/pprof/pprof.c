@@ -325,9 +325,9 @@ static int symbolize_location(writer *w, const process *p, location *loc) {
   for (size_t i = first; i < info.frame_count; i++) {
     const hd_source_frame *frame = &info.frames[i];
     if (frame->function == NULL && frame->file == NULL) continue;
-    /* A line known without its function (debug info but no name) still needs a Function. */
     /* The readable name, and the linker's as system_name (pprof shows name, and keeps
-     * system_name for tools that look symbols up). */
+     * system_name for tools that look symbols up). A line known without its function (debug
+     * info but no name) still needs a Function. */
     int64_t name = intern(w, frame->function ? hd_demangle(frame->function) : "??");
     int64_t system_name = intern(w, frame->function ? frame->function : "??");
     int64_t file = frame->file ? intern(w, frame->file) : 0;
