@@ -61,8 +61,9 @@ __attribute__((always_inline)) static inline void walk(void) {
     }
     const uintptr_t *fp = (const uintptr_t *)__builtin_frame_address(0);
     bool reused;
+    uint32_t *known_key;
     (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames,
-                           CFI_FRAMES, &count, &t_memos, &reused);
+                           CFI_FRAMES, &count, &t_memos, &reused, &known_key);
   } else {
     count = (unsigned)unw_backtrace((void **)frames, FLOOR_FRAMES);
   }

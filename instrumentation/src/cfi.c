@@ -777,9 +777,11 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
 
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             bool may_lock_loader, uint64_t *frames, unsigned capacity,
-                            unsigned *count, hd_cfi_memos *memos, bool *reused) {
+                            unsigned *count, hd_cfi_memos *memos, bool *reused,
+                            uint32_t **stack_key) {
   const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
   *reused = false;
+  *stack_key = NULL;
   /* A walk on an alternate signal stack is not remembered: its bounds come and go. */
   const bool memoize = memos != NULL && bounds->count == 1;
   for (unsigned i = 0; memoize && i < HD_CFI_MEMOS; i++) {
@@ -791,6 +793,7 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
       memcpy(frames, m->frames, m->frame_count * sizeof *frames);
       *count = m->frame_count;
       *reused = true;
+      *stack_key = &memos->entry[i].stack_key;
       return (hd_cfi_end)m->end;
     }
   }
@@ -816,6 +819,8 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
     m->end = end;
     memcpy(m->frames, frames, *count * sizeof *frames);
     m->frame_count = *count;
+    m->stack_key = 0;
+    *stack_key = &m->stack_key;
     memos->next = (memos->next + 1) % HD_CFI_MEMOS;
   }
   return end;

@@ -33,6 +33,7 @@ typedef struct hd_cfi_memo {
   uint64_t generation;
   unsigned frame_count, read_count; /* frame_count 0: empty */
   int end;                          /* the walk's hd_cfi_end */
+  uint32_t stack_key;               /* the caller's interned key of this trace, 0: not known */
   uintptr_t slot[HD_CFI_MEMO_READS], value[HD_CFI_MEMO_READS];
   uint64_t frames[HD_CFI_MEMO_FRAMES];
 } hd_cfi_memo;
@@ -72,9 +73,12 @@ void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
  * program counter of each caller, innermost first; *count: how many. may_lock_loader: a rule
  * not cached yet may first check with the loader that no module came or went (false in a signal
  * handler). With memos (the calling thread's own), a walk that a memo shows would repeat is
- * not made (*reused), and a new one that fits is remembered. */
+ * not made (*reused), and a new one that fits is remembered; *stack_key then points at the
+ * memo's stack_key, where the caller keeps the key it interned these frames under (0 until it
+ * does; NULL when no memo holds the trace). Valid until the thread's next walk with memos. */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             bool may_lock_loader, uint64_t *frames, unsigned capacity,
-                            unsigned *count, hd_cfi_memos *memos, bool *reused) HD_CFI_HIDDEN;
+                            unsigned *count, hd_cfi_memos *memos, bool *reused,
+                            uint32_t **stack_key) HD_CFI_HIDDEN;
 
 #endif

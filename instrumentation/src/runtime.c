@@ -260,10 +260,17 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
   hd_alloc_table_prefetch(&g_alloc, (uint64_t)(uintptr_t)p);
   uint64_t frames[HD_MAX_FRAMES];
   bool truncated;
-  unsigned n = hd_capture_stack(frames, false, &truncated);
+  uint32_t *known_key;
+  unsigned n = hd_capture_stack(frames, false, &truncated, &known_key);
   info->address = (uint64_t)(uintptr_t)p;
   info->size = size;
-  info->stack_key = trace_key(frames, n, truncated ? HD_STACK_TRUNCATED : 0);
+  /* A reused trace comes with the key interned for it last time: no fingerprint, no lookup. */
+  if (known_key != NULL && *known_key != 0) {
+    info->stack_key = *known_key;
+  } else {
+    info->stack_key = trace_key(frames, n, truncated ? HD_STACK_TRUNCATED : 0);
+    if (known_key != NULL) *known_key = info->stack_key;
+  }
   info->thread_key = current_thread_key();
   info->timestamp = now_ns();
   info->flags = lg_align & HD_NODE_ALIGN_MASK;
@@ -377,7 +384,7 @@ static void defer_record(void *p, size_t size, unsigned lg_align) {
                       .thread_key = hd_tls.thread_key, .timestamp = now_ns()};
   uint64_t frames[HD_MAX_FRAMES];
   bool truncated;
-  unsigned n = hd_capture_stack(frames, true, &truncated);
+  unsigned n = hd_capture_stack(frames, true, &truncated, NULL);
   if (n > 0) {
     op.stack_key = hd_res_intern_stack_nowait(&g_res, frames, n, truncated ? HD_STACK_TRUNCATED : 0);
   }

@@ -152,8 +152,10 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
  * different, reused without a walk. */
 static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
 
-/* This thread's recent walks (cfi.h). Only its own thread touches them, and a signal handler
- * never unwinds while the thread it interrupted does (hd_capture_stack). */
+/* This thread's recent walks (cfi.h). Only its own thread touches them, and never from a call
+ * nested in a hook (a signal handler's): a handler never unwinds while the thread it
+ * interrupted does (hd_capture_stack), nor replaces the memo whose key cache the interrupted
+ * hook is about to fill (make_info). */
 static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
 /* The last MiB (address >> 20) found to hold a stack of the program's own, not an alternate
  * signal stack (0: none yet). A misjudged MiB only sends stacks to libunwind. */
@@ -182,7 +184,7 @@ static bool program_call(const hd_cfi_bounds *b, uintptr_t *pc, uintptr_t *sp, u
 
 /* Our unwinder; false if it could not describe the stack (nothing is written then). */
 __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated,
-                                                  bool in_signal_handler) {
+                                                  bool in_signal_handler, uint32_t **key_cache) {
   if (hd_tls.stack_hi == 0) thread_bounds();
   hd_cfi_bounds bounds = {.lo = {hd_tls.stack_lo}, .hi = {hd_tls.stack_hi}, .count = 1};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
@@ -207,10 +209,13 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
   uint64_t walked[HD_MAX_FRAMES + 1];
   unsigned got;
   bool reused;
+  uint32_t *memo_key;
   if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler, walked, g_max + 1,
-                       &got, &t_memos, &reused) == HD_CFI_UNSUPPORTED) {
+                       &got, in_signal_handler ? NULL : &t_memos, &reused,
+                       &memo_key) == HD_CFI_UNSUPPORTED) {
     return false;
   }
+  if (key_cache != NULL) *key_cache = memo_key;
   if (reused && g_method == HD_UNWIND_COMPARE) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
   *n = keep_callers(walked, got, frames, truncated);
   return true;
@@ -233,7 +238,7 @@ static unsigned capture_compared(uint64_t *frames, bool *truncated, bool in_sign
   uint64_t ours[HD_MAX_FRAMES];
   unsigned m;
   bool ours_truncated;
-  if (!capture_cfi(ours, &m, &ours_truncated, in_signal_handler)) {
+  if (!capture_cfi(ours, &m, &ours_truncated, in_signal_handler, NULL)) {
     hd_count_left_to_libunwind();
     if (__atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED) < 5) {
       char line[HD_MAX_FRAMES * 20 + 64];
@@ -265,13 +270,14 @@ __attribute__((destructor)) static void report_comparison(void) {
   (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 
-static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handler) {
+static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handler,
+                        uint32_t **key_cache) {
   unsigned n;
   switch (g_method) {
     case HD_UNWIND_FP:
       return capture_fp(frames, truncated);
     case HD_UNWIND_CFI:
-      if (capture_cfi(frames, &n, truncated, in_signal_handler)) return n;
+      if (capture_cfi(frames, &n, truncated, in_signal_handler, key_cache)) return n;
       hd_count_left_to_libunwind();
       return capture_unwind(frames, truncated);
     case HD_UNWIND_COMPARE:
@@ -281,8 +287,10 @@ static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handle
   }
 }
 
-unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) {
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated,
+                          uint32_t **key_cache) {
   *truncated = false;
+  if (key_cache != NULL) *key_cache = NULL;
   /* A handler that interrupted a capture must not re-enter the unwinder (its per-thread cache is
    * mid-update), nor compute stack bounds (pthread_getattr_np is not async-signal-safe). */
   if (in_signal_handler &&
@@ -290,7 +298,7 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
     return 0;
   hd_tls.in_unwind++;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  unsigned n = capture(frames, truncated, in_signal_handler);
+  unsigned n = capture(frames, truncated, in_signal_handler, key_cache);
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   hd_tls.in_unwind--;
   return n;

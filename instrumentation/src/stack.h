@@ -15,8 +15,11 @@ enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1, HD_UNWIND_CFI = 2, HD_UNWIND_C
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
 /* Fills frames[0..HD_MAX_FRAMES) with return addresses, innermost first; returns the count.
  * *truncated: the frame limit cut the walk short. in_signal_handler: called from a nested call,
- * so 0 when capturing now could not be safe. */
-unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated) HD_HIDDEN;
+ * so 0 when capturing now could not be safe. key_cache (may be NULL): set to where the
+ * interned key of exactly these frames is kept for the next time the same trace is reused
+ * (0 until the caller stores it there), or to NULL; valid until this thread's next capture. */
+unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated,
+                          uint32_t **key_cache) HD_HIDDEN;
 /* Whether a call returning to this address comes from libunwind's own code (not from, say, a
  * signal handler of the program that interrupted a capture). */
 bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;

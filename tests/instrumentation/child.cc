@@ -822,6 +822,24 @@ static void scenario_paths() {
   }
 }
 
+// One call site reached from three callers in turn, each allocation freed at once: a reused
+// trace comes with the key interned for it, and a key from the wrong memo would move counts
+// from one caller's trace to another's. kCallerRounds blocks of kCallerSize bytes per caller.
+static const int kCallerRounds = 20000;
+static const size_t kCallerSize = 4321;
+__attribute__((noinline)) static void *caller_site() { return opaque(malloc(kCallerSize)); }
+__attribute__((noinline)) static void caller_a() { free(opaque(caller_site())); }
+__attribute__((noinline)) static void caller_b() { free(opaque(caller_site())); }
+__attribute__((noinline)) static void caller_c() { free(opaque(caller_site())); }
+
+static void scenario_callers() {
+  for (int i = 0; i < kCallerRounds; i++) {
+    caller_a();
+    caller_b();
+    caller_c();
+  }
+}
+
 static void scenario_dlopen(const char *lib) {
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
@@ -952,6 +970,7 @@ int main(int argc, char **argv) {
   else if (mode == "comm-rename") scenario_comm_rename();
   else if (mode == "clock") scenario_clock();
   else if (mode == "paths") scenario_paths();
+  else if (mode == "callers") scenario_callers();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {

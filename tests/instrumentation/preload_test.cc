@@ -352,6 +352,27 @@ TEST_P(Preload, EachCallPathHasItsOwnTrace) {
   }
 }
 
+// One site reached from three callers in turn (child.cc, scenario_callers): each caller's trace
+// counts exactly its own allocations, reused traces included.
+TEST_P(Preload, EachCallerOfOneSiteCountsItsOwnAllocations) {
+  Tables t;
+  RunChild({"callers"}, &t);
+  constexpr uint64_t kRounds = 20000, kSize = 4321;
+  size_t traces = 0;
+  uint64_t cursor = 0;
+  hd_res_entry e;
+  while (hd_res_reader_next(t.res, &cursor, &e) == HD_READ_OK) {
+    if (e.type != HD_ENTRY_STACK) continue;
+    uint64_t frames[64], blocks = 0, bytes = 0;
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
+    if (bytes % kSize != 0 || blocks == 0 || bytes / blocks != kSize) continue;
+    traces++;
+    EXPECT_EQ(blocks, kRounds) << "trace " << e.key;
+  }
+  EXPECT_EQ(traces, 3u);
+}
+
 TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {
   Tables t;
   RunChild({"thread-churn"}, &t);
