@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "heapdump/tools/sites.h"
+#include "heapdump/tools/util.h"
 
 /* JavaScript readers of the format (graphexplorer, DevTools compiled to JavaScript) decode
  * varints with 32-bit bitwise operators, so every count and object id stays below 2^31. */
@@ -111,16 +112,9 @@ typedef struct class_table {
   size_t slot_capacity;
 } class_table;
 
-static uint64_t hash_bytes(uint64_t h, const char *s) {
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    h = (h ^ *c) * UINT64_C(0x100000001b3);
-  }
-  return h;
-}
-
 static uint64_t class_key_hash(const char *library, const char *name) {
   /* The separator keeps ("ab", "c") and ("a", "bc") apart. */
-  return hash_bytes(hash_bytes(UINT64_C(0xcbf29ce484222325), library) * 31 + 1, name);
+  return hd_fnv1a(hd_fnv1a(HD_FNV1A_BASIS, library, strlen(library)) * 31 + 1, name, strlen(name));
 }
 
 static void class_table_free(class_table *t) {

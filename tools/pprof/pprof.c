@@ -27,13 +27,6 @@
 
 enum { kSampleTypeCount = 4, kMaxLabels = 6 };
 
-static uint64_t hash_bytes(const void *data, size_t size, uint64_t seed) {
-  const uint8_t *p = data;
-  uint64_t h = UINT64_C(0xcbf29ce484222325) ^ seed;
-  for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * UINT64_C(0x100000001b3);
-  return h;
-}
-
 /* ---- the model kept in memory while writing ---- */
 
 /* Entries of the two deduplicated tables (strings, functions): a map goes from a hash to the
@@ -157,7 +150,7 @@ static int out_of_memory(writer *w) {
 
 /* The index of text in the string table, added if new; -1 if out of memory. */
 static int64_t intern(writer *w, const char *text) {
-  uint64_t hash = hash_bytes(text, strlen(text), 0);
+  uint64_t hash = hd_fnv1a(HD_FNV1A_BASIS, text, strlen(text));
   size_t first;
   bool seen_hash = hd_u64_map_find(&w->string_by_hash, hash, &first);
   if (seen_hash) {
@@ -183,7 +176,7 @@ static int64_t intern(writer *w, const char *text) {
 
 /* The id of the Function with this key, added if new; 0 if out of memory. */
 static uint64_t function_id(writer *w, function_key key) {
-  uint64_t hash = hash_bytes(&key, sizeof key, 1);
+  uint64_t hash = hd_fnv1a(HD_FNV1A_BASIS ^ 1, &key, sizeof key);
   size_t first;
   bool seen_hash = hd_u64_map_find(&w->function_by_hash, hash, &first);
   if (seen_hash) {

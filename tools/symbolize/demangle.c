@@ -8,6 +8,8 @@
 
 #include <libiberty/demangle.h>
 
+#include "heapdump/tools/util.h"
+
 typedef struct cached_name {
   char *name;      /* NULL: empty entry */
   char *demangled; /* NULL: not a mangled name */
@@ -16,11 +18,7 @@ typedef struct cached_name {
 static cached_name *g_names;
 static size_t g_mask, g_count;
 
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 0xcbf29ce484222325u; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3u;
-  return h;
-}
+static uint64_t hash_name(const char *s) { return hd_fnv1a(HD_FNV1A_BASIS, s, strlen(s)); }
 
 static bool grow(void) {
   const size_t slots = g_names ? (g_mask + 1) * 2 : 1024;

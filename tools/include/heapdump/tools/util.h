@@ -1,11 +1,12 @@
-/* Small helpers the tools' libraries share: error messages into a caller's buffer, and growable
- * arrays. */
+/* Small helpers the tools' libraries share: error messages into a caller's buffer, growable
+ * arrays, and a string hash. */
 #ifndef HEAPDUMP_TOOLS_UTIL_H
 #define HEAPDUMP_TOOLS_UTIL_H
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,5 +35,14 @@ static inline bool hd_reserve_one(void **items, size_t count, size_t *capacity, 
 
 #define HD_RESERVE(array, count, capacity) \
   hd_reserve_one((void **)&(array), (count), &(capacity), sizeof *(array))
+
+/* FNV-1a, for the tools' hash tables of names and keys: h continues a hash over size more bytes
+ * (start from HD_FNV1A_BASIS). */
+#define HD_FNV1A_BASIS UINT64_C(0xcbf29ce484222325)
+static inline uint64_t hd_fnv1a(uint64_t h, const void *data, size_t size) {
+  const unsigned char *p = (const unsigned char *)data;
+  for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * UINT64_C(0x100000001b3);
+  return h;
+}
 
 #endif
