@@ -168,6 +168,54 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   EXPECT_EQ(stat((dir + "/stored.pb.gz").c_str(), &st), 0) << o.out;
 }
 
+// docs/tools.md's "Finding a slow leak in a server" lines as written, with a server that grows
+// one site and churns another for about 7 s in the place of ./my-server.
+TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
+  std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  size_t start = doc.find("#### Finding a slow leak in a server\n");
+  ASSERT_NE(start, std::string::npos);
+  std::string section = doc.substr(start, doc.find("\n#", start + 1) - start);
+  std::string script = "set -e\n";
+  std::istringstream lines(section);
+  int commands = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("    ", 0) != 0) continue;
+    line = std::regex_replace(line.substr(4), std::regex(" +#.*"), "");
+    commands++;
+    if (line.rfind("go tool pprof", 0) == 0) {
+      script += "if command -v go >/dev/null; then " + line + "; fi\n";
+    } else {
+      script += line + "\n";
+    }
+  }
+  ASSERT_EQ(commands, 4) << section;
+  ASSERT_EQ(Shell(std::string("printf '#!/bin/sh\\nexec ") + HD_GROWTH_CHILD +
+                  " serve 45 150\\n' > my-server\nchmod +x my-server\n")
+                .status,
+            0);
+  Output o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  // The growing site leads, by whole requests (10 blocks of 1000 bytes); the churning one
+  // replaced its blocks without growing.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      o.out, m,
+      std::regex(R"(SITE\n +\+([0-9]+) +\+([0-9]+) +([0-9]+) +([0-9]+) +0 +0  remember_request\n)")))
+      << o.out;
+  EXPECT_GT(std::stol(m[1]), 0) << o.out;
+  EXPECT_EQ(std::stol(m[1]), std::stol(m[3])) << o.out;
+  EXPECT_EQ(std::stol(m[1]), 1000 * std::stol(m[2])) << o.out;
+  EXPECT_TRUE(std::regex_search(
+      o.out, std::regex(R"(\n +[-+][0-9]+ +[-+][0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  churn_buffers\n)")))
+      << o.out;
+  struct stat st;
+  EXPECT_EQ(stat((dir + "/growth.pb.gz").c_str(), &st), 0) << o.out;
+  if (system("command -v go >/dev/null 2>&1") == 0) {
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n +[0-9.]+[kK]?B +[0-9.]+% .*remember_request\n)")))
+        << o.out;
+  }
+}
+
 TEST_F(DaemonTest, StartReportsErrorsOnTheTerminalAndAStalePidFileIsNotTrusted) {
   ASSERT_EQ(Shell("heapdump-collector\n").status, 0);
   pid_t pid = DaemonPid();

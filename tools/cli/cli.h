@@ -33,6 +33,7 @@ typedef enum cli_format {
   FORMAT_DARTHEAP,
   FORMAT_TEXT,
   FORMAT_FOLDED,
+  FORMAT_JSON, /* the report as JSON */
 } cli_format;
 
 typedef struct cli_options {
@@ -135,6 +136,7 @@ int cmd_download(cli_options *o, const char *id);
 int cmd_delete(cli_options *o, int argc, char **argv);
 int cmd_convert(cli_options *o, const char *input);
 int cmd_report(cli_options *o, const char *input);
+int cmd_diff(cli_options *o, const char *base, const char *next);
 
 /* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
  * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an

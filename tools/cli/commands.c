@@ -1,5 +1,5 @@
-/* The subcommands that take, fetch or transform one snapshot: snapshot, list, download, convert,
- * report. `run` is in run.c. */
+/* The subcommands that take, fetch or transform snapshots: snapshot, list, download, convert,
+ * report, diff. `run` is in run.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "heapdump/tools/diff.h"
 
 void cli_safe_name(char *out, size_t size, const char *name) {
   size_t n = 0;
@@ -27,7 +28,7 @@ static const char *result_path(const cli_options *o, const char *default_stem, c
                                size_t size) {
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
   if (o->output != NULL) return o->output;
-  if (f == FORMAT_TEXT || f == FORMAT_FOLDED) return "-";
+  if (f == FORMAT_TEXT || f == FORMAT_FOLDED || f == FORMAT_JSON) return "-";
   snprintf(path, size, "%s%s", default_stem, cli_format_extension(f));
   return path;
 }
@@ -272,12 +273,12 @@ int cmd_report(cli_options *o, const char *input) {
   hd_reassembler_init(&r);
   int rc = cli_read_snapshot(input, &r);
   if (rc == 0) {
-    cli_options report = *o;
-    report.format = FORMAT_TEXT;
+    /* JSON with --json, or when the output is named .json. */
+    cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
     cli_output out;
     rc = cli_output_open(&out, o->output ? o->output : "-");
     if (rc == 0) {
-      rc = cli_write(&report, &r, FORMAT_TEXT, &out);
+      rc = cli_write(o, &r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
       if (rc == 0) {
         rc = cli_output_commit(&out);
       } else {
@@ -286,5 +287,65 @@ int cmd_report(cli_options *o, const char *input) {
     }
   }
   hd_reassembler_destroy(&r);
+  return rc;
+}
+
+int cmd_diff(cli_options *o, const char *base_path, const char *next_path) {
+  if (strcmp(base_path, "-") == 0 && strcmp(next_path, "-") == 0) {
+    cli_error("diff: only one of BASE and NEW can be stdin");
+    return EXIT_USAGE;
+  }
+  cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
+  if (o->json) f = FORMAT_JSON;
+  hd_reassembler base, next;
+  hd_reassembler_init(&base);
+  hd_reassembler_init(&next);
+  hd_symbolizer *sym = NULL;
+  hd_diff *d = NULL;
+  int rc = cli_read_snapshot(base_path, &base);
+  if (rc == 0) rc = cli_read_snapshot(next_path, &next);
+  if (rc == 0 && o->symbolize) {
+    hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
+    if (hd_symbolizer_create(&so, &sym) != 0) {
+      cli_error("cannot start the symbolizer; writing addresses only");
+      sym = NULL;
+    }
+  }
+  char error[512] = "";
+  if (rc == 0 && hd_diff_create(&base, &next, sym, o->by, &d, error, sizeof error) != 0) {
+    cli_error("diff: %s", error);
+    rc = EXIT_FAILURE_;
+  }
+  cli_output out;
+  if (rc == 0) {
+    const char *path = o->output;
+    if (path == NULL) path = f == FORMAT_PPROF ? "heapdump.diff.pb.gz" : "-";
+    rc = cli_output_open(&out, path);
+  }
+  if (rc == 0) {
+    int status;
+    if (f == FORMAT_PPROF) {
+      hd_pprof_options po = {.symbolizer = sym,
+                             .default_sample = o->sample,
+                             .trace_values = hd_diff_trace_values,
+                             .trace_values_ctx = d};
+      status = hd_pprof_write(hd_diff_profile_snapshots(d), &po, out.file, error, sizeof error);
+    } else {
+      status = hd_diff_write_report(d, o->top, o->max_frames, f == FORMAT_JSON, out.file, error,
+                                    sizeof error);
+    }
+    if (status != 0) {
+      cli_error("%s: %s", out.path, error[0] ? error : strerror(-status));
+      cli_output_abort(&out);
+      rc = EXIT_FAILURE_;
+    } else {
+      rc = cli_output_commit(&out);
+      if (rc == 0 && !out.is_stdout) fprintf(stderr, "heapdump: wrote %s\n", out.path);
+    }
+  }
+  hd_diff_destroy(d);
+  hd_symbolizer_destroy(sym);
+  hd_reassembler_destroy(&next);
+  hd_reassembler_destroy(&base);
   return rc;
 }

@@ -35,14 +35,17 @@ static const char kUsage[] =
     "  delete    delete stored snapshots\n"
     "  convert   convert a snapshot file (raw or pprof) to another format\n"
     "  report    print the top allocation sites of a snapshot file (raw or pprof)\n"
+    "  diff      what grew between two snapshots of a process\n"
     "\n"
-    "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded.\n";
+    "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded,\n"
+    "json.\n";
 
 static const char kOutputHelp[] =
     "Output options:\n"
     "  -o, --output FILE     where to write ('-': stdout)\n"
-    "  -f, --format F        raw, pprof, dartheap, text or folded (default: from FILE's\n"
-    "                        extension .heapdump .pb.gz .dartheap .txt .folded, else pprof)\n"
+    "  -f, --format F        raw, pprof, dartheap, text, folded or json (default: from FILE's\n"
+    "                        extension .heapdump .pb.gz .dartheap .txt .folded .json, else\n"
+    "                        pprof)\n"
     "      --symbolize       add function names, files, lines and inlined frames where symbols\n"
     "                        are found (the default)\n"
     "      --no-symbolize    write addresses only\n"
@@ -75,11 +78,13 @@ enum {
   CMD_CONVERT = 1 << 4,
   CMD_REPORT = 1 << 5,
   CMD_DELETE = 1 << 6,
+  CMD_DIFF = 1 << 7,
 };
-#define CMD_ALL \
-  (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT | CMD_DELETE)
+#define CMD_ALL                                                                              \
+  (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT | CMD_DELETE | \
+   CMD_DIFF)
 #define CMD_WRITERS (CMD_RUN | CMD_SNAPSHOT | CMD_DOWNLOAD | CMD_CONVERT)   /* any format */
-#define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT)                              /* text too */
+#define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT | CMD_DIFF)                   /* text too */
 #define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_DELETE)
 
 /* In the order of the CMD_ bits. */
@@ -165,6 +170,26 @@ static const struct {
      "  -p, --pid PID     with --all: only those of this pid\n"
      "  -n, --name NAME   with --all: only those of processes with this name\n",
      false},
+    {"diff", "heapdump diff BASE NEW [--format text|json|pprof] [--by site|stack] [OPTIONS]",
+     "Compares two snapshot files of one process (raw or pprof; e.g. the first and the last of\n"
+     "`heapdump run --interval`): per site (or stack), the bytes and blocks added (live in NEW,\n"
+     "not in BASE), removed (live in BASE, freed by NEW) and the net change, sorted by net\n"
+     "growth, with the stack that changed most. Blocks are matched by address and allocation\n"
+     "time where both files record them one by one (raw, or pprof written with --tags); from\n"
+     "profiles of totals, added and removed are each site's net change. Several processes in\n"
+     "a file are paired by pid. pprof output holds the net change of every stack (negative\n"
+     "where it shrank), for `go tool pprof -top` or a flame graph of growth.\n"
+     "\n"
+     "  -o, --output FILE     where to write (default: stdout; pprof: heapdump.diff.pb.gz)\n"
+     "  -f, --format F        text (default), json or pprof (default: from FILE's extension)\n"
+     "      --json            the same as --format json\n"
+     "      --top N           groups shown per process (default 20; 0: all)\n"
+     "      --by B            group by site (default) or stack\n"
+     "      --sample-index T  pprof default sample type (default inuse_space)\n"
+     "      --symbolize       function names, files and lines where symbols are found (default)\n"
+     "      --no-symbolize    addresses only\n"
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     false},
 };
 
 static int usage_error(const char *fmt, ...) {
@@ -225,7 +250,7 @@ static const struct {
   unsigned commands;
 } kOptionCommands[] = {
     {'o', "--output", CMD_OUTPUT},
-    {'f', "--format", CMD_WRITERS},
+    {'f', "--format", CMD_WRITERS | CMD_DIFF},
     {'p', "--pid", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
     {'n', "--name", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
     {'a', "--all", CMD_SNAPSHOT | CMD_DELETE},
@@ -237,7 +262,7 @@ static const struct {
     {OPT_NO_SYMBOLIZE, "--no-symbolize", CMD_OUTPUT},
     {OPT_DEBUG_DIR, "--debug-dir", CMD_OUTPUT},
     {OPT_TAGS, "--tags", CMD_WRITERS},
-    {OPT_SAMPLE_INDEX, "--sample-index", CMD_WRITERS},
+    {OPT_SAMPLE_INDEX, "--sample-index", CMD_WRITERS | CMD_DIFF},
     {OPT_TOP, "--top", CMD_OUTPUT},
     {OPT_BY, "--by", CMD_OUTPUT},
     {OPT_JSON, "--json", CMD_OUTPUT | CMD_LIST},
@@ -366,7 +391,7 @@ static int apply_value(int c, const char *arg, cli_options *o) {
     case 'f':
       o->format = cli_parse_format(arg);
       if (o->format == FORMAT_NONE) {
-        return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded)", arg);
+        return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded, json)", arg);
       }
       return CONTINUE;
     case 'p':
@@ -475,9 +500,23 @@ static int run_command(size_t command, cli_options *o, int rest, char **args) {
                        "file");
   }
   if (strcmp(name, "report") == 0 && o->output != NULL &&
-      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_TEXT) {
+      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_TEXT &&
+      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_JSON) {
     return usage_error("report writes text or JSON, not '%s' (heapdump convert writes other "
                        "formats)", o->output);
+  }
+  if (strcmp(name, "diff") == 0) {
+    cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
+    if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_PPROF) {
+      return usage_error("diff writes text, json or pprof, not %s",
+                         o->format != FORMAT_NONE ? "that format" : o->output);
+    }
+    if (o->by == HD_REPORT_BY_THREAD) {
+      return usage_error("diff groups by site or stack: the threads of two snapshots do not "
+                         "pair up");
+    }
+    if (rest != 2) return usage_error("diff: wants two snapshot files, BASE and NEW");
+    return cmd_diff(o, args[0], args[1]);
   }
   if (strcmp(name, "run") == 0) {
     if (rest > 0 && strcmp(args[0], "--") == 0) {

@@ -23,7 +23,7 @@ static const struct {
 } kFormats[] = {
     {"raw", FORMAT_RAW, ".heapdump"},        {"pprof", FORMAT_PPROF, ".pb.gz"},
     {"dartheap", FORMAT_DARTHEAP, ".dartheap"}, {"text", FORMAT_TEXT, ".txt"},
-    {"folded", FORMAT_FOLDED, ".folded"},
+    {"folded", FORMAT_FOLDED, ".folded"},       {"json", FORMAT_JSON, ".json"},
 };
 
 /* Extensions recognized besides the ones written by default. */
@@ -157,12 +157,13 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
       rc = hd_folded_write(r, sym, out->file, error, sizeof error);
       break;
     case FORMAT_TEXT:
+    case FORMAT_JSON:
     case FORMAT_NONE: {
       hd_report_options ro = {.symbolizer = sym,
                               .by = o->by,
                               .top = o->top,
                               .max_frames = o->max_frames,
-                              .json = o->json};
+                              .json = o->json || f == FORMAT_JSON};
       rc = hd_report_write(r, &ro, out->file, error, sizeof error);
       break;
     }

@@ -157,9 +157,8 @@ static int build_groups(const hd_snapshot *s, const hd_report_options *o, group_
 
 /* ---- text ---- */
 
-static void print_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
-                              const hd_snapshot_stack_trace *trace, size_t first,
-                              size_t max_frames) {
+void hd_report_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
+                           const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
   size_t shown = 0;
   for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames); i++, shown++) {
     hd_location_info loc;
@@ -258,7 +257,7 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     if (g->heaviest_trace != SIZE_MAX) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
       size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
-      print_frames_text(out, o->symbolizer, s, trace, first, o->max_frames);
+      hd_report_frames_text(out, o->symbolizer, s, trace, first, o->max_frames);
     }
   }
   if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
@@ -280,8 +279,8 @@ void hd_json_string(FILE *out, const char *s) {
   fputc('"', out);
 }
 
-static void json_frames(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
-                        const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
+void hd_report_frames_json(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
+                           const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
   fputs("[", out);
   bool comma = false;
   size_t shown = 0;
@@ -354,7 +353,7 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     if (g->heaviest_trace != SIZE_MAX) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
       size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
-      json_frames(out, o->symbolizer, s, trace, first, o->max_frames);
+      hd_report_frames_json(out, o->symbolizer, s, trace, first, o->max_frames);
       /* The frames the walk recorded, and whether the limit cut it (the root is missing). */
       fprintf(out, ",\"trace_frames\":%zu,\"truncated\":%s", trace->count,
               trace->truncated ? "true" : "false");

@@ -227,9 +227,26 @@ static int intern_well_known(writer *w) {
   return 0;
 }
 
-static bool trace_used(const hd_snapshot_stack_trace *t, const trace_total *total) {
+/* The values of trace t of process p from the caller (trace_values), else its totals. */
+static bool trace_values(const writer *w, const process *p, size_t t,
+                         int64_t values[kSampleTypeCount]) {
+  if (w->options.trace_values != NULL) {
+    return w->options.trace_values(w->options.trace_values_ctx, (size_t)(p - w->processes), t,
+                                   values);
+  }
+  const hd_snapshot_stack_trace *trace = &p->snapshot->stack_traces[t];
+  const trace_total *total = &p->totals[t];
+  values[0] = (int64_t)total->blocks;
+  values[1] = (int64_t)total->bytes;
+  values[2] = trace->has_counters ? (int64_t)trace->allocated_blocks : 0;
+  values[3] = trace->has_counters ? (int64_t)trace->allocated_bytes : 0;
   return total->referenced ||
-         (t->has_counters && (t->allocated_blocks != 0 || t->allocated_bytes != 0));
+         (trace->has_counters && (trace->allocated_blocks != 0 || trace->allocated_bytes != 0));
+}
+
+static bool trace_used(const writer *w, const process *p, size_t t) {
+  int64_t values[kSampleTypeCount];
+  return trace_values(w, p, t, values);
 }
 
 /* Sums the live blocks of each stack trace, checking every reference the samples will follow. */
@@ -381,7 +398,7 @@ static int add_locations(writer *w, process *p) {
   size_t first_new = w->location_count;
   for (size_t t = 0; t < s->stack_trace_count; t++) {
     const hd_snapshot_stack_trace *trace = &s->stack_traces[t];
-    if (!trace_used(trace, &p->totals[t])) continue;
+    if (!trace_used(w, p, t)) continue;
     if (trace->count == 0 && w->no_stack_location == 0) {
       int status = add_no_stack_location(w);
       if (status != 0) return status;
@@ -680,14 +697,12 @@ static bool encode_samples(pb_ostream_t *stream, const pb_field_t *field, void *
     }
     const hd_snapshot *s = p->snapshot;
     for (size_t t = 0; t < s->stack_trace_count; t++) {
-      const hd_snapshot_stack_trace *trace = &s->stack_traces[t];
-      const trace_total *total = &p->totals[t];
-      if (!trace_used(trace, total)) continue;
-      const uint64_t values[kSampleTypeCount] = {
-          total->blocks, total->bytes, trace->has_counters ? trace->allocated_blocks : 0,
-          trace->has_counters ? trace->allocated_bytes : 0};
+      int64_t values[kSampleTypeCount];
+      if (!trace_values(w, p, t, values)) continue;
+      uint64_t encoded[kSampleTypeCount]; /* int64 values are varints of their two's complement */
+      for (int v = 0; v < kSampleTypeCount; v++) encoded[v] = (uint64_t)values[v];
       label_list labels = {.count = 0};
-      if (!write_sample(stream, field, w, p, trace, values, &labels)) return false;
+      if (!write_sample(stream, field, w, p, &s->stack_traces[t], encoded, &labels)) return false;
     }
   }
   return true;
@@ -865,6 +880,8 @@ int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FIL
     status = fail(w, -EINVAL, "no snapshot or no output to write the profile to");
   } else if (options != NULL && !known_sample_type(options->default_sample)) {
     status = fail(w, -EINVAL, "unknown pprof sample type %d", (int)options->default_sample);
+  } else if (options != NULL && options->tags && options->trace_values != NULL) {
+    status = fail(w, -EINVAL, "per-block samples (tags) cannot have caller-given values");
   } else {
     w->r = r;
     w->out = out;

@@ -28,6 +28,12 @@ typedef struct hd_pprof_options {
    * trace; the cumulative counters then come in one more sample per stack trace, unlabelled. */
   bool tags;
   hd_pprof_sample default_sample;
+  /* A profile that is not one snapshot's heap (heapdump diff): the values of the sample of stack
+   * trace `trace` of snapshot `snapshot` (indices in r), in sample type order; false leaves the
+   * trace out. Values may be negative. NULL: the snapshot's live totals and counters. Not
+   * combined with tags. */
+  bool (*trace_values)(void *ctx, size_t snapshot, size_t trace, int64_t values[4]);
+  void *trace_values_ctx;
 } hd_pprof_options;
 
 /* Writes the snapshots of r to out as gzip'd profile.proto (options NULL: the defaults). Sample

@@ -37,6 +37,14 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *options, F
 int hd_folded_write(const hd_reassembler *r, hd_symbolizer *symbolizer, FILE *out, char *error,
                     size_t error_size);
 
+/* The frames of trace from index first (at most max_frames; 0: all), inlined frames expanded, as
+ * the report shows them: indented "at function (file:line)" lines, or a JSON array of
+ * {address, module, module_offset, function, file, line, inlined} objects. */
+void hd_report_frames_text(FILE *out, hd_symbolizer *symbolizer, const hd_snapshot *s,
+                           const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames);
+void hd_report_frames_json(FILE *out, hd_symbolizer *symbolizer, const hd_snapshot *s,
+                           const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames);
+
 /* Writes s as a JSON string literal (quotes and control characters escaped). */
 void hd_json_string(FILE *out, const char *s);
 
