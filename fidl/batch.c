@@ -177,7 +177,8 @@ hd_status hd_batch_add_allocation(hd_batch_writer *w, const heapdump_client_Allo
 hd_status hd_batch_add(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
   /* Chunked variants have their own entry points that bound their payloads. */
   if (e->which_element == heapdump_client_SnapshotElement_stack_trace_tag ||
-      e->which_element == heapdump_client_SnapshotElement_block_contents_tag) {
+      e->which_element == heapdump_client_SnapshotElement_block_contents_tag ||
+      e->which_element == heapdump_client_SnapshotElement_root_region_tag) {
     return HD_ERR_INVALID_ARGS;
   }
   if (e->which_element == heapdump_client_SnapshotElement_allocation_tag) {
@@ -324,6 +325,52 @@ hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address, cons
   return HD_OK;
 }
 
+/* ---- root regions: few, so encoded by nanopb; split by bytes like stack traces ---- */
+
+typedef struct byte_chunk {
+  const uint8_t *bytes;
+  size_t size;
+} byte_chunk;
+
+static bool encode_chunk(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
+  const byte_chunk *chunk = *arg;
+  return pb_encode_tag_for_field(stream, field) &&
+         pb_encode_string(stream, chunk->bytes, chunk->size);
+}
+
+hd_status hd_batch_add_root_region(hd_batch_writer *w, const heapdump_client_RootRegion *region,
+                                   const uint8_t *bytes, size_t size) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_root_region_tag;
+  e.element.root_region = *region;
+  byte_chunk chunk = {bytes, 0};
+  e.element.root_region.contents.funcs.encode = NULL;
+  size_t empty_size;
+  if (!pb_get_encoded_size(&empty_size, heapdump_client_SnapshotElement_fields, &e)) {
+    return HD_ERR_ENCODE;
+  }
+  e.element.root_region.contents.funcs.encode = encode_chunk;
+  e.element.root_region.contents.arg = &chunk;
+  size_t done = 0;
+  do {
+    size_t room = payload_room(w, empty_size);
+    size_t n = size - done < room ? size - done : room;
+    /* Flush rather than write a chunk of nothing, unless the region is empty. */
+    if (n == 0 && size > 0) {
+      if (w->element_count == 0) return HD_ERR_ENCODE;
+      hd_status status = hd_batch_flush(w);
+      if (status != HD_OK) return status;
+      continue;
+    }
+    chunk.bytes = size > 0 ? bytes + done : bytes; /* no arithmetic on NULL */
+    chunk.size = n;
+    hd_status status = add_encoded(w, &e);
+    if (status != HD_OK) return status;
+    done += n;
+  } while (done < size);
+  return HD_OK;
+}
+
 /* ---- the channel sender ---- */
 
 typedef struct byte_slice {
@@ -427,6 +474,10 @@ static bool prepare_variant(pb_istream_t *stream, const pb_field_t *field, void 
     heapdump_client_BlockContents *block = field->pData;
     block->contents.funcs.decode = decode_contents;
     block->contents.arg = r;
+  } else if (field->tag == heapdump_client_SnapshotElement_root_region_tag) {
+    heapdump_client_RootRegion *root = field->pData;
+    root->contents.funcs.decode = decode_contents;
+    root->contents.arg = r;
   }
   return true;
 }
@@ -565,7 +616,8 @@ static bool decode_with_nanopb(pb_istream_t *outer, hd_batch_reader *r, size_t s
   if (element.which_element == heapdump_client_SnapshotElement_stack_trace_tag) {
     e.addresses = r->addresses;
     e.address_count = r->address_count;
-  } else if (element.which_element == heapdump_client_SnapshotElement_block_contents_tag) {
+  } else if (element.which_element == heapdump_client_SnapshotElement_block_contents_tag ||
+             element.which_element == heapdump_client_SnapshotElement_root_region_tag) {
     e.contents = r->contents;
     e.contents_size = r->contents_size;
   }

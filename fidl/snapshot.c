@@ -108,6 +108,12 @@ static void snapshot_free(hd_snapshot *s) {
     for (size_t i = 0; i < s->block_count; i++) free(s->blocks[i].bytes);
   }
   free(s->blocks);
+  for (size_t i = 0; i < s->root_count; i++) {
+    if (!s->blocks_spilled) free(s->roots[i].contents.bytes);
+    free(s->roots[i].name);
+  }
+  free(s->roots);
+  hd_u64_map_free(&s->root_index);
   for (size_t i = 0; i < s->known_location_count; i++) {
     hd_snapshot_known_location *k = &s->known_locations[i];
     for (size_t f = 0; f < k->frame_count; f++) {
@@ -195,6 +201,10 @@ static hd_status map_spilled(hd_reassembler *r) {
       hd_snapshot_block *b = &s->blocks[i];
       if (b->size > 0) b->bytes = (uint8_t *)map + b->spill_offset;
     }
+    for (size_t i = 0; s->blocks_spilled && i < s->root_count; i++) {
+      hd_snapshot_block *b = &s->roots[i].contents;
+      if (b->size > 0) b->bytes = (uint8_t *)map + b->spill_offset;
+    }
   }
   return HD_OK;
 }
@@ -274,17 +284,9 @@ static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key
   return HD_OK;
 }
 
-static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
-                           const uint8_t *bytes, size_t size) {
-  size_t index;
-  if (!hd_u64_map_find(&s->block_index, address, &index)) {
-    if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
-    index = s->block_count;
-    s->blocks[index] = (hd_snapshot_block){.address = address};
-    if (!hd_u64_map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
-    s->block_count++;
-  }
-  hd_snapshot_block *b = &s->blocks[index];
+/* Appends a chunk to the bytes of b (a block's or a root's). */
+static hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
+                              const uint8_t *bytes, size_t size) {
   if (size == 0) return HD_OK;
   /* Allocations may arrive after contents, so the size is checked at the end; this only stops
    * a stream from growing a block without bound. */
@@ -296,6 +298,53 @@ static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
   b->bytes = grown;
   b->size += size;
   return HD_OK;
+}
+
+static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
+                           const uint8_t *bytes, size_t size) {
+  size_t index;
+  if (!hd_u64_map_find(&s->block_index, address, &index)) {
+    if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
+    index = s->block_count;
+    s->blocks[index] = (hd_snapshot_block){.address = address};
+    if (!hd_u64_map_put(&s->block_index, address, index)) return HD_ERR_NO_MEMORY;
+    s->block_count++;
+  }
+  return append_bytes(r, s, &s->blocks[index], bytes, size);
+}
+
+/* A root region: its first chunk makes it, each chunk (all carrying the same fields) adds bytes. */
+static hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_client_RootRegion *g,
+                          const uint8_t *bytes, size_t size) {
+  if (!g->has_address || !g->has_size) {
+    return fail(r, HD_ERR_REASSEMBLY, "root region without an address or a size");
+  }
+  size_t index;
+  if (!hd_u64_map_find(&s->root_index, g->address, &index)) {
+    if (!RESERVE(s, roots, root_count, root_capacity)) return HD_ERR_NO_MEMORY;
+    index = s->root_count;
+    hd_snapshot_root *root = &s->roots[index];
+    *root = (hd_snapshot_root){.address = g->address, .size = g->size, .kind = g->kind,
+                               .thread_koid = g->thread_koid,
+                               .contents = {.address = g->address}};
+    root->name = strdup(g->has_name ? g->name : "");
+    if (root->name == NULL) return HD_ERR_NO_MEMORY;
+    if (!hd_u64_map_put(&s->root_index, g->address, index)) {
+      free(root->name);
+      return HD_ERR_NO_MEMORY;
+    }
+    s->root_count++;
+  }
+  hd_snapshot_root *root = &s->roots[index];
+  if (root->size != g->size || root->kind != g->kind || root->thread_koid != g->thread_koid) {
+    return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: chunks disagree",
+                (unsigned long long)g->address);
+  }
+  if (size > root->size - root->contents.size) {
+    return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: more contents than its size",
+                (unsigned long long)g->address);
+  }
+  return append_bytes(r, s, &root->contents, bytes, size);
 }
 
 static hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ThreadInfo *t) {
@@ -383,6 +432,8 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
         return fail(r, HD_ERR_REASSEMBLY, "block contents without an address");
       }
       return add_block(r, s, el->element.block_contents.address, e->contents, e->contents_size);
+    case heapdump_client_SnapshotElement_root_region_tag:
+      return add_root(r, s, &el->element.root_region, e->contents, e->contents_size);
     case heapdump_client_SnapshotElement_thread_info_tag:
       return add_thread_info(r, s, &el->element.thread_info);
     case heapdump_client_SnapshotElement_executable_region_tag:
@@ -417,6 +468,14 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
                     (unsigned long long)b->address, b->size, (unsigned long long)a->size);
       }
     }
+    for (size_t i = 0; i < s->root_count; i++) {
+      const hd_snapshot_root *g = &s->roots[i];
+      if (g->contents.size != g->size) {
+        return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: %zu bytes of contents for size %llu",
+                    (unsigned long long)g->address, g->contents.size,
+                    (unsigned long long)g->size);
+      }
+    }
     for (size_t i = 0; i < s->allocation_count; i++) {
       const hd_snapshot_allocation *a = &s->allocations[i];
       if (hd_snapshot_find_stack_trace(s, a->stack_trace_key) == NULL) {
@@ -443,6 +502,10 @@ const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key) {
   size_t i;
   return hd_u64_map_find(&s->thread_index, key, &i) ? &s->threads[i] : NULL;
+}
+const hd_snapshot_root *hd_snapshot_find_root(const hd_snapshot *s, uint64_t address) {
+  size_t i;
+  return hd_u64_map_find(&s->root_index, address, &i) ? &s->roots[i] : NULL;
 }
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address) {
   size_t i;

@@ -984,6 +984,80 @@ TEST(Reassembler, SpilledContentsAreTheSameAsInMemory) {
   }
 }
 
+heapdump_client_RootRegion Root(uint64_t address, uint64_t size, heapdump_client_RootKind kind) {
+  heapdump_client_RootRegion root = heapdump_client_RootRegion_init_zero;
+  root.has_address = root.has_size = root.has_kind = true;
+  root.address = address;
+  root.size = size;
+  root.kind = kind;
+  return root;
+}
+
+// Root regions (reachability roots) bigger than a message come in chunks, each with the region's
+// fields; interleaved with block contents and with each other, kept in memory or spilled, they
+// reassemble to their bytes. A receiver that does not know them would skip them (a flexible
+// union), which the reassembler's count of unknown elements stands for here: it knows them.
+TEST(Reassembler, RootRegionsAreChunkedAndReassembled) {
+  Capture capture;
+  auto w = NewWriter(&capture);
+  auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
+  e.element.allocation = {true, 0x10, true, 4, true, 1, false, 0, true, 1, false, 0};
+  ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
+  auto t = Element(heapdump_client_SnapshotElement_thread_info_tag);
+  t.element.thread_info = {true, 1, true, 1, true, "main"};
+  ASSERT_EQ(hd_batch_add(w.get(), &t), HD_OK);
+  ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0, false), HD_OK);
+  std::vector<uint8_t> data(3 * HD_MAX_MESSAGE_BYTES + 5), stack(1000);
+  std::mt19937 rng(3);
+  for (auto &b : data) b = static_cast<uint8_t>(rng());
+  for (auto &b : stack) b = static_cast<uint8_t>(rng());
+  heapdump_client_RootRegion data_root =
+      Root(0x600000, data.size(), heapdump_client_RootKind_ROOT_KIND_DATA);
+  data_root.has_name = true;
+  snprintf(data_root.name, sizeof data_root.name, "/usr/lib/libexample.so");
+  heapdump_client_RootRegion stack_root =
+      Root(0x7ffd0000, stack.size(), heapdump_client_RootKind_ROOT_KIND_STACK);
+  stack_root.has_thread_koid = true;
+  stack_root.thread_koid = 4242;
+  const uint8_t block[4] = {1, 2, 3, 4};
+  ASSERT_EQ(hd_batch_add_root_region(w.get(), &data_root, data.data(), 70000), HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, block, 4), HD_OK);
+  ASSERT_EQ(hd_batch_add_root_region(w.get(), &stack_root, stack.data(), stack.size()), HD_OK);
+  ASSERT_EQ(hd_batch_add_root_region(w.get(), &data_root, data.data() + 70000,
+                                     data.size() - 70000),
+            HD_OK);
+  ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
+  for (bool spill : {false, true}) {
+    hd_reassembler ra;
+    hd_reassembler_init(&ra);
+    if (spill) hd_reassembler_spill_contents(&ra, memfd_create("spill", MFD_CLOEXEC));
+    hd_status delivered = HD_OK;
+    size_t largest = Deliver(capture, &ra, &delivered);
+    EXPECT_LE(largest, HD_MAX_MESSAGE_BYTES);
+    ASSERT_EQ(delivered, HD_OK) << ra.error;
+    ASSERT_EQ(hd_reassembler_finish(&ra), HD_OK) << ra.error;
+    EXPECT_EQ(ra.unknown_elements, 0u);
+    const hd_snapshot *s = ra.snapshots[0];
+    ASSERT_EQ(s->root_count, 2u);
+    const hd_snapshot_root *d = hd_snapshot_find_root(s, 0x600000);
+    const hd_snapshot_root *k = hd_snapshot_find_root(s, 0x7ffd0000);
+    ASSERT_TRUE(d != nullptr && k != nullptr);
+    EXPECT_EQ(d->kind, heapdump_client_RootKind_ROOT_KIND_DATA);
+    EXPECT_STREQ(d->name, "/usr/lib/libexample.so");
+    ASSERT_EQ(d->contents.size, data.size()) << spill;
+    EXPECT_EQ(0, memcmp(d->contents.bytes, data.data(), data.size())) << spill;
+    EXPECT_EQ(k->kind, heapdump_client_RootKind_ROOT_KIND_STACK);
+    EXPECT_EQ(k->thread_koid, 4242u);
+    EXPECT_STREQ(k->name, "");
+    ASSERT_EQ(k->contents.size, stack.size());
+    EXPECT_EQ(0, memcmp(k->contents.bytes, stack.data(), stack.size())) << spill;
+    const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x10);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(0, memcmp(b->bytes, block, 4));
+    hd_reassembler_destroy(&ra);
+  }
+}
+
 TEST(Reassembler, RejectsInconsistentStreams) {
   struct Case {
     const char *what;
@@ -1020,6 +1094,23 @@ TEST(Reassembler, RejectsInconsistentStreams) {
          refs(w);
        }},
       {"dangling stack trace", [&](hd_batch_writer *w) { alloc(w, 0x10, 16); }},
+      {"root contents shorter than the root",
+       [&](hd_batch_writer *w) {
+         heapdump_client_RootRegion root = Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
+         ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);
+       }},
+      {"root chunks that disagree",
+       [&](hd_batch_writer *w) {
+         heapdump_client_RootRegion root = Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
+         ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);
+         root.kind = heapdump_client_RootKind_ROOT_KIND_STACK;
+         ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);
+       }},
+      {"root contents longer than the root",
+       [&](hd_batch_writer *w) {
+         heapdump_client_RootRegion root = Root(0x1000, 8, heapdump_client_RootKind_ROOT_KIND_DATA);
+         ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 16), HD_OK);
+       }},
   };
   for (const auto &c : cases) {
     Capture capture;

@@ -103,6 +103,15 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
     e.element.process_stats = s->stats;
     status = hd_batch_add(w, &e);
   }
+  for (size_t i = 0; i < s->root_count && status == HD_OK; i++) {
+    const hd_snapshot_root *g = &s->roots[i];
+    heapdump_client_RootRegion region = {
+        .has_address = true, .address = g->address, .has_size = true, .size = g->size,
+        .has_kind = true, .kind = g->kind, .has_thread_koid = g->thread_koid != 0,
+        .thread_koid = g->thread_koid, .has_name = g->name[0] != '\0'};
+    snprintf(region.name, sizeof region.name, "%s", g->name);
+    status = hd_batch_add_root_region(w, &region, g->contents.bytes, g->contents.size);
+  }
   for (size_t i = 0; i < s->block_count && status == HD_OK; i++) {
     const hd_snapshot_block *b = &s->blocks[i];
     status = hd_batch_add_block_contents(w, b->address, b->bytes, b->size);

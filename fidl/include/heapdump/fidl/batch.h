@@ -57,6 +57,11 @@ HD_MUST_CHECK hd_status hd_batch_add_executable_region(hd_batch_writer *w, uint6
 /* Appends a block's contents, split into several elements with the same address if needed. */
 HD_MUST_CHECK hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address,
                                                     const uint8_t *bytes, size_t size);
+/* Appends a root region with its bytes, split into several elements with the same address (and
+ * the same other fields) if needed. region's contents field is ignored. */
+HD_MUST_CHECK hd_status hd_batch_add_root_region(hd_batch_writer *w,
+                                                 const heapdump_client_RootRegion *region,
+                                                 const uint8_t *bytes, size_t size);
 /* Sends the pending elements, if any, then body as one batch: a batch body produced earlier by a
  * writer (e.g. stored on disk). HD_ERR_INVALID_ARGS if it is over HD_BATCH_CAPACITY. */
 HD_MUST_CHECK hd_status hd_batch_forward(hd_batch_writer *w, const uint8_t *body, size_t size);
@@ -95,7 +100,7 @@ typedef struct hd_element {
   const heapdump_client_SnapshotElement *element; /* which_element 0: unknown variant */
   const uint64_t *addresses;                      /* stack_trace only */
   size_t address_count;
-  const uint8_t *contents; /* block_contents only */
+  const uint8_t *contents; /* block_contents and root_region only */
   size_t contents_size;
 } hd_element;
 

@@ -70,6 +70,16 @@ typedef struct hd_snapshot_block {
   uint64_t spill_offset; /* spilled contents: where they are in the file */
 } hd_snapshot_block;
 
+/* Memory outside the heap the program reaches its blocks from (RootRegion): its bytes are
+ * contents.bytes (contents.size == size once finished). */
+typedef struct hd_snapshot_root {
+  uint64_t address, size;
+  heapdump_client_RootKind kind;
+  uint64_t thread_koid; /* STACK, TLS */
+  char *name;           /* DATA: the module's path; "" otherwise */
+  hd_snapshot_block contents;
+} hd_snapshot_root;
+
 /* One source-level frame. */
 typedef struct hd_source_frame {
   /* The linkage (mangled) name when the compiler recorded one, else the source name; what the
@@ -106,9 +116,12 @@ typedef struct hd_snapshot {
   size_t block_count, block_capacity;
   hd_snapshot_known_location *known_locations;
   size_t known_location_count, known_location_capacity;
+  hd_snapshot_root *roots; /* in the order they came */
+  size_t root_count, root_capacity;
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
-  hd_u64_map known_location_index;
-  bool blocks_spilled; /* block bytes live in the reassembler's spill mapping, not the heap */
+  hd_u64_map known_location_index, root_index;
+  /* Block and root bytes live in the reassembler's spill mapping, not the heap. */
+  bool blocks_spilled;
 } hd_snapshot;
 
 struct hd_reassembler;
@@ -157,6 +170,7 @@ const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, 
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
+const hd_snapshot_root *hd_snapshot_find_root(const hd_snapshot *s, uint64_t address);
 /* Records the frames of a program address (copied); HD_ERR_REASSEMBLY if it has some already. */
 HD_MUST_CHECK hd_status hd_snapshot_add_known_location(hd_snapshot *s, uint64_t address,
                                                        const hd_source_frame *frames,
