@@ -630,6 +630,16 @@ hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor, hd_res_ent
         g->name[rec.name_len] = 0;
         return HD_READ_OK;
       }
+      case HD_REC_THREAD_ROOTS: {
+        if (hdr.size < sizeof(hd_rec_thread_roots)) return HD_READ_ERR_CORRUPT;
+        hd_rec_thread_roots rec = {0};
+        copy_words(&rec, r->base + off, sizeof(rec));
+        out->type = HD_ENTRY_THREAD_ROOTS;
+        out->u.thread_roots = (hd_thread_roots){.tid = rec.tid, .stack_lo = rec.stack_lo,
+                                                .stack_hi = rec.stack_hi,
+                                                .thread_pointer = rec.thread_pointer};
+        return HD_READ_OK;
+      }
       default:
         continue; /* unknown record kinds of newer writers are skipped */
     }

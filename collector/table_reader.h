@@ -125,13 +125,20 @@ typedef struct hd_region {
   char name[4096];  /* always NUL-terminated */
 } hd_region;
 
-enum { HD_ENTRY_STACK = 1, HD_ENTRY_THREAD = 2, HD_ENTRY_REGION = 3 };
+/* Where a thread's stack and TLS are (as the process recorded them: to be checked). */
+typedef struct hd_thread_roots {
+  uint32_t tid;
+  uint64_t stack_lo, stack_hi, thread_pointer;
+} hd_thread_roots;
+
+enum { HD_ENTRY_STACK = 1, HD_ENTRY_THREAD = 2, HD_ENTRY_REGION = 3, HD_ENTRY_THREAD_ROOTS = 4 };
 typedef struct hd_res_entry {
   int type;      /* HD_ENTRY_* */
   uint32_t key;  /* for HD_ENTRY_STACK, pass to hd_res_reader_stack */
   union {
     hd_thread_info thread;
     hd_region region;
+    hd_thread_roots thread_roots;
   } u;
 } hd_res_entry;
 

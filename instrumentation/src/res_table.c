@@ -268,6 +268,25 @@ uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint
   return off;
 }
 
+uint32_t hd_res_add_thread_roots(hd_res_table *t, uint32_t tid, uint64_t stack_lo,
+                                 uint64_t stack_hi, uint64_t thread_pointer) {
+  pthread_mutex_lock(&t->lock);
+  uint32_t off = reserve(t, sizeof(hd_rec_thread_roots));
+  if (off != 0) {
+    hd_rec_thread_roots *r = (hd_rec_thread_roots *)(t->base + off);
+    r->h.type = HD_REC_THREAD_ROOTS;
+    r->h.size = sizeof(*r);
+    r->tid = tid;
+    r->stack_lo = stack_lo;
+    r->stack_hi = stack_hi;
+    r->thread_pointer = thread_pointer;
+    publish(t, off, sizeof(*r));
+  }
+  pthread_mutex_unlock(&t->lock);
+  if (off == 0) __atomic_fetch_add(&t->hdr->stats.dropped_resources, 1, __ATOMIC_RELAXED);
+  return off;
+}
+
 uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *ri) {
   size_t name_len = ri->name ? strnlen(ri->name, HD_REGION_NAME_MAX - 1) : 0;
   uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_region) + name_len, 8);

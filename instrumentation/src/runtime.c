@@ -195,6 +195,12 @@ __attribute__((noinline)) static uint32_t refresh_thread_key(uint32_t gen) {
     pthread_setspecific(g_thread_exit_key, &hd_tls);
     hd_tls.guard--;
   }
+  if (hd_tls.thread_key == 0) {
+    /* Once per thread: where its stack and TLS are, roots of a leak check. */
+    uintptr_t lo = 0, hi = 0;
+    if (!hd_thread_stack(&lo, &hi)) lo = hi = 0;
+    hd_res_add_thread_roots(&g_res, hd_tls.tid, lo, hi, (uint64_t)__builtin_thread_pointer());
+  }
   if (hd_tls.thread_key == 0 || strcmp(name, hd_tls.name) != 0) {
     uint32_t key = hd_res_add_thread(&g_res, hd_tls.tid, name, now_ns());
     if (key != 0) {

@@ -99,6 +99,13 @@ static void thread_bounds(void) {
   hd_tls.guard--;
 }
 
+bool hd_thread_stack(uintptr_t *lo, uintptr_t *hi) {
+  if (hd_tls.stack_hi == 0) thread_bounds();
+  *lo = hd_tls.stack_lo;
+  *hi = hd_tls.stack_hi;
+  return *hi > 1;
+}
+
 /* Keeps the frames of a walk past our own, at most g_max of them. */
 static unsigned keep_callers(const uint64_t *walked, unsigned got, uint64_t *frames,
                              bool *truncated) {

@@ -20,6 +20,9 @@ void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uint
  * (0 until the caller stores it there), or to NULL; valid until this thread's next capture. */
 unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *truncated,
                           uint32_t **key_cache) HD_HIDDEN;
+/* The calling thread's stack bounds, computed once per thread (they may allocate: under the
+ * recursion guard); false if they cannot be known. */
+bool hd_thread_stack(uintptr_t *lo, uintptr_t *hi) HD_HIDDEN;
 /* Whether a call returning to this address comes from libunwind's own code (not from, say, a
  * signal handler of the program that interrupted a capture). */
 bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;

@@ -147,6 +147,9 @@ uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
 uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
                                     unsigned flags);
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp);
+/* The thread's stack bounds and thread pointer (hd_rec_thread_roots); 0 if the table is full. */
+uint32_t hd_res_add_thread_roots(hd_res_table *t, uint32_t tid, uint64_t stack_lo,
+                                 uint64_t stack_hi, uint64_t thread_pointer);
 typedef struct hd_region_info {
   uint64_t address, size, file_offset, vaddr;
   uint8_t build_id[HD_MAX_BUILD_ID];

@@ -94,6 +94,37 @@ static void scenario_threads() {
   for (auto &t : th) pthread_join(t, nullptr);
 }
 
+// Prints "roots TID THREAD_POINTER LOCAL" for the calling thread after it allocated (a local
+// variable's address is inside its stack).
+static void print_roots(const char *who) {
+  int local = 0;
+  keep(opaque(malloc(64)));
+  printf("roots %s %ld %p %p\n", who, (long)syscall(SYS_gettid), __builtin_thread_pointer(),
+         opaque(&local));
+  fflush(stdout);
+}
+
+static int g_hold[2];
+static std::atomic<bool> g_held_printed{false};
+
+static void *held_thread(void *) {
+  print_roots("thread");
+  g_held_printed = true;
+  char c;
+  (void)!read(g_hold[0], &c, 1);  // alive until the process exits
+  return nullptr;
+}
+
+// The main thread and one more, alive while the tables are read, have recorded their roots.
+static void scenario_roots() {
+  print_roots("main");
+  CHECK(pipe(g_hold) == 0);
+  pthread_t th;
+  CHECK(pthread_create(&th, nullptr, held_thread, nullptr) == 0);
+  pthread_detach(th);
+  while (!g_held_printed) usleep(1000);
+}
+
 static void scenario_cxx() {
   keep(opaque(new char[4441]));
   keep(opaque(new (std::align_val_t(64)) char[4442]));
@@ -971,6 +1002,7 @@ int main(int argc, char **argv) {
   else if (mode == "clock") scenario_clock();
   else if (mode == "paths") scenario_paths();
   else if (mode == "callers") scenario_callers();
+  else if (mode == "roots") scenario_roots();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {

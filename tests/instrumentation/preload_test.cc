@@ -174,6 +174,32 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   EXPECT_EQ(bytes, 20000u * (8 * 7700 + 28));
 }
 
+// Each thread that allocates records where its stack and thread pointer are, for the collector's
+// leak-check roots: the stack around a local variable of the thread's, the thread pointer the
+// thread itself sees.
+TEST_P(Preload, ThreadsRecordTheirStacksAndThreadPointers) {
+  Tables t;
+  RunChild({"roots"}, &t);
+  std::map<uint32_t, hd_thread_roots> recorded;
+  for (auto &e : t.Entries(HD_ENTRY_THREAD_ROOTS)) recorded[e.u.thread_roots.tid] = e.u.thread_roots;
+  int threads = 0;
+  std::istringstream out(last_output);
+  for (std::string line; std::getline(out, line);) {
+    std::istringstream in(line);
+    std::string word, who;
+    uint32_t tid;
+    uint64_t tp, local;
+    if (!(in >> word >> who >> tid >> std::hex >> tp >> local) || word != "roots") continue;
+    threads++;
+    ASSERT_EQ(recorded.count(tid), 1u) << who;
+    const hd_thread_roots &r = recorded[tid];
+    EXPECT_EQ(r.thread_pointer, tp) << who;
+    EXPECT_LE(r.stack_lo, local) << who;
+    EXPECT_GT(r.stack_hi, local) << who;
+  }
+  EXPECT_EQ(threads, 2) << last_output;
+}
+
 TEST_P(Preload, CxxNewDeleteVariantsReachTheInterposer) {
   Tables t;
   RunChild({"cxx"}, &t);

@@ -204,7 +204,13 @@ typedef struct hd_res_header {
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
  * multiple of 8. */
-enum { HD_REC_STACK = 1, HD_REC_THREAD = 2, HD_REC_REGION = 3, HD_REC_COUNTERS = 4 };
+enum {
+  HD_REC_STACK = 1,
+  HD_REC_THREAD = 2,
+  HD_REC_REGION = 3,
+  HD_REC_COUNTERS = 4,
+  HD_REC_THREAD_ROOTS = 5, /* added within layout version 4: older readers skip it */
+};
 typedef struct hd_rec_header {
   uint16_t type;
   uint16_t reserved;
@@ -231,6 +237,18 @@ typedef struct hd_rec_thread {
   uint64_t timestamp;              /* when this name was first seen */
   char name[HD_THREAD_NAME_MAX];   /* NUL-terminated unless corrupt */
 } hd_rec_thread;
+
+/* Where a thread's memory is, for a reachability analysis (its stack and TLS are roots): one
+ * record per thread, written at its first allocation. A reader takes the last record of a tid
+ * that is still alive (tids are reused). */
+typedef struct hd_rec_thread_roots {
+  hd_rec_header h;
+  uint32_t tid;
+  uint32_t reserved;
+  uint64_t stack_lo, stack_hi; /* the thread's stack (pthread_getattr_np); both 0 if unknown */
+  uint64_t thread_pointer;     /* its thread control block, where its static TLS ends (x86-64:
+                                  the fs base) */
+} hd_rec_thread_roots;
 
 typedef struct hd_rec_region {
   hd_rec_header h;
@@ -341,6 +359,13 @@ HD_PIN(hd_rec_thread, reserved, 12);
 HD_PIN(hd_rec_thread, timestamp, 16);
 HD_PIN(hd_rec_thread, name, 24);
 HD_PIN_SIZE(hd_rec_thread, 40);
+
+HD_PIN(hd_rec_thread_roots, h, 0);
+HD_PIN(hd_rec_thread_roots, tid, 8);
+HD_PIN(hd_rec_thread_roots, stack_lo, 16);
+HD_PIN(hd_rec_thread_roots, stack_hi, 24);
+HD_PIN(hd_rec_thread_roots, thread_pointer, 32);
+HD_PIN_SIZE(hd_rec_thread_roots, 40);
 
 HD_PIN(hd_rec_region, h, 0);
 HD_PIN(hd_rec_region, address, 8);
