@@ -13,6 +13,7 @@
 #include "collector_internal.h"
 #include "contents.h"
 #include "heapdump_client.bindings.h"
+#include "roots.h"
 
 /* A client that does not acknowledge a batch for this long is dropped. */
 #define ACK_TIMEOUT_SECONDS 60
@@ -253,6 +254,15 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
   if (status == HD_OK && !out_of_memory) status = add_stats(p, w);
+  /* With contents come the roots a leak check scans them from. */
+  if (with_contents && status == HD_OK && !out_of_memory) {
+    bool cut = false;
+    status = hd_add_roots(p, c->max_contents_bytes, &cut, w);
+    if (cut) {
+      hd_log(c, HD_LOG_WARN, "roots of %s[%u] cut at %llu bytes (--max-contents-bytes)", p->name,
+             (unsigned)p->pid, (unsigned long long)c->max_contents_bytes);
+    }
+  }
   /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;

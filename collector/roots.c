@@ -1,0 +1,389 @@
+/* Reachability roots of a process (see roots.h): where they are, from /proc and the thread
+ * records of its resources table, then their bytes, read like block contents. */
+#define _GNU_SOURCE
+#include "roots.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "contents.h"
+
+/* Below its stack pointer, a leaf function of the x86-64 ABI may keep data (the red zone). */
+#define RED_ZONE 128u
+/* The main thread's TLS shares its mapping with what the loader allocated early; a mapping
+ * bigger than this is read only around the thread pointer (static TLS below, the TCB above). */
+#define TLS_WHOLE_MAPPING_MAX (1u << 20)
+#define TLS_BELOW (256u << 10)
+#define TLS_ABOVE (16u << 10)
+/* glibc's thread control block (struct pthread) starts at the thread pointer; 2304 bytes on
+ * x86-64 glibc 2.36, read with room to spare. */
+#define TCB_SPAN 4096u
+
+typedef struct mapping {
+  uint64_t start, end;
+  char perms[5];
+  char *path; /* "" for an anonymous mapping */
+} mapping;
+
+typedef struct root {
+  uint64_t start, end;
+  heapdump_client_RootKind kind;
+  uint64_t tid;
+  const char *name; /* a mapping's path, owned by the maps */
+} root;
+
+typedef struct gather {
+  mapping *maps;
+  size_t map_count;
+  root *roots;
+  size_t root_count, root_capacity;
+  hd_thread_roots *threads; /* the records, oldest first */
+  size_t thread_count, thread_capacity;
+  /* The stacks of the live threads, and which records belong to one. */
+  struct stack_span {
+    uint64_t lo, hi;
+  } *live;
+  size_t live_count, live_capacity;
+  bool *record_alive; /* per record */
+  bool out_of_memory;
+} gather;
+
+static bool grow(void **items, size_t count, size_t *capacity, size_t size) {
+  if (count < *capacity) return true;
+  size_t bigger = *capacity ? 2 * *capacity : 64;
+  void *p = realloc(*items, bigger * size);
+  if (p == NULL) return false;
+  *items = p;
+  *capacity = bigger;
+  return true;
+}
+
+static void add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                     uint64_t tid, const char *name) {
+  if (start >= end) return;
+  if (!grow((void **)&g->roots, g->root_count, &g->root_capacity, sizeof *g->roots)) {
+    g->out_of_memory = true;
+    return;
+  }
+  g->roots[g->root_count++] = (root){start, end, kind, tid, name};
+}
+
+static bool readable_private(const mapping *m) { return m->perms[0] == 'r' && m->perms[3] == 'p'; }
+
+/* Adds the readable private memory in [start, end) as roots of one kind (a range may span
+ * several mappings, or holes). */
+static void add_mapped(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                       uint64_t tid) {
+  for (size_t i = 0; i < g->map_count; i++) {
+    const mapping *m = &g->maps[i];
+    if (m->end <= start || m->start >= end || !readable_private(m)) continue;
+    add_root(g, m->start > start ? m->start : start, m->end < end ? m->end : end, kind, tid, "");
+  }
+}
+
+static const mapping *mapping_at(const gather *g, uint64_t address) {
+  for (size_t i = 0; i < g->map_count; i++) {
+    if (address >= g->maps[i].start && address < g->maps[i].end) return &g->maps[i];
+  }
+  return NULL;
+}
+
+static bool read_maps(pid_t pid, gather *g) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return false;
+  char *line = NULL;
+  size_t line_size = 0;
+  size_t capacity = 0;
+  while (getline(&line, &line_size, f) > 0) {
+    mapping m = {0};
+    int name_at = 0;
+    unsigned long long start, end;
+    if (sscanf(line, "%llx-%llx %4s %*x %*x:%*x %*u %n", &start, &end, m.perms, &name_at) < 3) {
+      continue;
+    }
+    char *name = line + name_at;
+    name[strcspn(name, "\n")] = '\0';
+    m.start = start;
+    m.end = end;
+    m.path = strdup(name);
+    if (m.path == NULL || !grow((void **)&g->maps, g->map_count, &capacity, sizeof *g->maps)) {
+      free(m.path);
+      g->out_of_memory = true;
+      break;
+    }
+    g->maps[g->map_count++] = m;
+  }
+  free(line);
+  fclose(f);
+  return !g->out_of_memory;
+}
+
+/* Modules' writable data: each writable private file mapping, with the anonymous mapping that
+ * continues it (.bss) and the read-only mapping of the same file before it (relro). */
+static void add_module_data(gather *g) {
+  for (size_t i = 0; i < g->map_count; i++) {
+    const mapping *m = &g->maps[i];
+    if (m->path[0] != '/' || m->perms[1] != 'w' || !readable_private(m)) continue;
+    if (i > 0) {
+      const mapping *before = &g->maps[i - 1];
+      if (before->end == m->start && strcmp(before->path, m->path) == 0 &&
+          readable_private(before) && before->perms[1] != 'w' && before->perms[2] != 'x') {
+        add_root(g, before->start, before->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0,
+                 m->path);
+      }
+    }
+    add_root(g, m->start, m->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0, m->path);
+    if (i + 1 < g->map_count) {
+      const mapping *after = &g->maps[i + 1];
+      if (after->start == m->end && after->path[0] == '\0' && readable_private(after) &&
+          after->perms[1] == 'w') {
+        add_root(g, after->start, after->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0,
+                 m->path);
+      }
+    }
+  }
+}
+
+static void read_thread_records(hd_process *p, gather *g) {
+  hd_res_entry *entry = malloc(sizeof *entry);
+  if (entry == NULL) {
+    g->out_of_memory = true;
+    return;
+  }
+  uint64_t cursor = 0;
+  while (hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
+    if (entry->type != HD_ENTRY_THREAD_ROOTS) continue;
+    if (!grow((void **)&g->threads, g->thread_count, &g->thread_capacity, sizeof *g->threads)) {
+      g->out_of_memory = true;
+      break;
+    }
+    g->threads[g->thread_count++] = entry->u.thread_roots;
+  }
+  free(entry);
+}
+
+/* The newest record of a tid: tids are reused, and a thread records itself once. */
+static const hd_thread_roots *thread_record(const gather *g, uint64_t tid) {
+  for (size_t i = g->thread_count; i-- > 0;) {
+    if (g->threads[i].tid == tid) return &g->threads[i];
+  }
+  return NULL;
+}
+
+static bool read_small_file(const char *path, char *out, size_t size) {
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return false;
+  size_t n = fread(out, 1, size - 1, f);
+  out[n] = '\0';
+  fclose(f);
+  return n > 0;
+}
+
+/* The tid a thread has in its process's own PID namespace (its NSpid's last field). */
+static uint64_t own_tid(const hd_process *p, uint64_t tid) {
+  if (p->own_pid == p->pid) return tid;
+  char path[96], status[4096];
+  snprintf(path, sizeof path, "/proc/%d/task/%" PRIu64 "/status", (int)p->pid, tid);
+  if (!read_small_file(path, status, sizeof status)) return tid;
+  const char *line = strstr(status, "\nNSpid:");
+  if (line == NULL) return tid;
+  line += strlen("\nNSpid:");
+  uint64_t last = tid;
+  for (char *end;; line = end) {
+    unsigned long long v = strtoull(line, &end, 10);
+    if (end == line) break;
+    last = v;
+  }
+  return last;
+}
+
+/* A thread blocked in the kernel shows its stack pointer in /proc/PID/task/TID/syscall ("NR
+ * ARGS... SP PC", or "-1 SP PC"); a running one shows "running". */
+static bool blocked_stack_pointer(pid_t pid, uint64_t tid, uint64_t *sp) {
+  char path[96], text[256];
+  snprintf(path, sizeof path, "/proc/%d/task/%" PRIu64 "/syscall", (int)pid, tid);
+  if (!read_small_file(path, text, sizeof text) || strncmp(text, "running", 7) == 0) return false;
+  char *fields[9];
+  size_t n = 0;
+  for (char *save = NULL, *f = strtok_r(text, " \n", &save); f != NULL && n < 9;
+       f = strtok_r(NULL, " \n", &save)) {
+    fields[n++] = f;
+  }
+  if (n < 3) return false;
+  char *end;
+  unsigned long long v = strtoull(fields[n - 2], &end, 16);
+  if (*end != '\0' || v == 0) return false;
+  *sp = v;
+  return true;
+}
+
+static void add_thread(hd_process *p, gather *g, uint64_t tid) {
+  uint64_t own = own_tid(p, tid);
+  const hd_thread_roots *rec = thread_record(g, own);
+  if (rec != NULL && g->record_alive != NULL) g->record_alive[rec - g->threads] = true;
+  uint64_t sp = 0;
+  bool blocked = blocked_stack_pointer(p->pid, tid, &sp);
+  uint64_t lo = 0, hi = 0;
+  if (rec != NULL && rec->stack_hi > rec->stack_lo) {
+    lo = rec->stack_lo;
+    hi = rec->stack_hi;
+  } else if (blocked) {
+    const mapping *m = mapping_at(g, sp);
+    if (m != NULL) {
+      lo = m->start;
+      hi = m->end;
+    }
+  }
+  if (hi > lo) {
+    uint64_t start = blocked && sp >= lo && sp < hi ? (sp - lo > RED_ZONE ? sp - RED_ZONE : lo) : lo;
+    add_mapped(g, start, hi, heapdump_client_RootKind_ROOT_KIND_STACK, own);
+    if (grow((void **)&g->live, g->live_count, &g->live_capacity, sizeof *g->live)) {
+      g->live[g->live_count++] = (struct stack_span){lo, hi};
+    } else {
+      g->out_of_memory = true;
+    }
+  }
+  if (rec == NULL || rec->thread_pointer == 0 ||
+      (rec->thread_pointer >= lo && rec->thread_pointer < hi)) {
+    return; /* a thread started by pthread_create keeps its TLS at the top of its stack */
+  }
+  const mapping *m = mapping_at(g, rec->thread_pointer);
+  if (m == NULL || !readable_private(m)) return;
+  uint64_t tp = rec->thread_pointer, start = m->start, end = m->end;
+  if (end - start > TLS_WHOLE_MAPPING_MAX) {
+    if (tp - start > TLS_BELOW) start = tp - TLS_BELOW;
+    if (end - tp > TLS_ABOVE) end = tp + TLS_ABOVE;
+  }
+  add_root(g, start, end, heapdump_client_RootKind_ROOT_KIND_TLS, own, "");
+}
+
+/* An exited thread's control block, where glibc keeps its stack for the next thread: it still
+ * points to the thread's dynamic thread vector, a block the next thread will use. Only a real
+ * control block is taken, one that points to itself (x86-64 tcbhead_t: tcb and self). */
+static void add_exited_thread(hd_process *p, gather *g, const hd_thread_roots *rec) {
+  uint64_t tp = rec->thread_pointer;
+  if (tp == 0) return;
+  for (size_t i = 0; i < g->live_count; i++) {
+    if (tp >= g->live[i].lo && tp < g->live[i].hi) return; /* a live thread's now */
+  }
+  for (size_t i = 0; i < g->root_count; i++) {
+    if (g->roots[i].kind == heapdump_client_RootKind_ROOT_KIND_TLS && g->roots[i].start == tp) {
+      return; /* taken already, for an earlier thread with the same stack */
+    }
+  }
+  const mapping *m = mapping_at(g, tp);
+  if (m == NULL || !readable_private(m) || m->path[0] != '\0') return;
+  uint64_t head[3];
+  struct iovec local = {head, sizeof head}, remote = {(void *)(uintptr_t)tp, sizeof head};
+  if (process_vm_readv(p->pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof head ||
+      head[0] != tp || head[2] != tp) {
+    return;
+  }
+  add_root(g, tp, m->end - tp > TCB_SPAN ? tp + TCB_SPAN : m->end,
+           heapdump_client_RootKind_ROOT_KIND_TLS, rec->tid, "");
+}
+
+static void add_threads(hd_process *p, gather *g) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)p->pid);
+  DIR *d = opendir(path);
+  if (d == NULL) return;
+  g->record_alive = calloc(g->thread_count + 1, sizeof *g->record_alive);
+  for (struct dirent *e; (e = readdir(d)) != NULL && !g->out_of_memory;) {
+    if (!isdigit((unsigned char)e->d_name[0])) continue;
+    add_thread(p, g, strtoull(e->d_name, NULL, 10));
+  }
+  closedir(d);
+  for (size_t i = 0; g->record_alive != NULL && i < g->thread_count && !g->out_of_memory; i++) {
+    if (!g->record_alive[i]) add_exited_thread(p, g, &g->threads[i]);
+  }
+}
+
+static int compare_roots(const void *a, const void *b) {
+  const root *x = a, *y = b;
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Sorted by address, each starting past the end of the one before (a TLS mapping next to a
+ * module's data, say, is read once). */
+static void remove_overlaps(gather *g) {
+  if (g->root_count > 1) qsort(g->roots, g->root_count, sizeof *g->roots, compare_roots);
+  size_t kept = 0;
+  uint64_t covered = 0;
+  for (size_t i = 0; i < g->root_count; i++) {
+    root r = g->roots[i];
+    if (r.start < covered) r.start = covered;
+    if (r.start >= r.end) continue;
+    g->roots[kept++] = r;
+    covered = r.end;
+  }
+  g->root_count = kept;
+}
+
+typedef struct emit {
+  const gather *g;
+  hd_batch_writer *w;
+} emit;
+
+static hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, uint64_t size) {
+  const emit *e = ctx;
+  size_t lo = 0, hi = e->g->root_count;
+  while (lo < hi) { /* the root that starts at address */
+    size_t mid = lo + (hi - lo) / 2;
+    if (e->g->roots[mid].start < address) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == e->g->root_count || e->g->roots[lo].start != address) return HD_OK;
+  const root *r = &e->g->roots[lo];
+  heapdump_client_RootRegion region = heapdump_client_RootRegion_init_zero;
+  region.has_address = region.has_size = region.has_kind = true;
+  region.address = address;
+  region.size = size;
+  region.kind = r->kind;
+  region.has_thread_koid = r->tid != 0;
+  region.thread_koid = r->tid;
+  region.has_name = r->name[0] != '\0';
+  snprintf(region.name, sizeof region.name, "%s", r->name);
+  return hd_batch_add_root_region(e->w, &region, bytes, size);
+}
+
+hd_status hd_add_roots(hd_process *p, uint64_t max_total, bool *cut, hd_batch_writer *w) {
+  gather g = {0};
+  hd_status status = HD_OK;
+  *cut = false;
+  if (read_maps(p->pid, &g)) {
+    add_module_data(&g);
+    read_thread_records(p, &g);
+    add_threads(p, &g);
+    remove_overlaps(&g);
+  }
+  hd_live_block *blocks = g.out_of_memory ? NULL : calloc(g.root_count + 1, sizeof *blocks);
+  if (blocks != NULL) {
+    for (size_t i = 0; i < g.root_count; i++) {
+      blocks[i].address = g.roots[i].start;
+      blocks[i].size = g.roots[i].end - g.roots[i].start;
+    }
+    emit e = {&g, w};
+    status = hd_read_block_contents(p->pid, p->pidfd, blocks, g.root_count, HD_ROOT_MAX_REGION,
+                                    max_total, cut, emit_root, &e);
+  }
+  free(blocks);
+  for (size_t i = 0; i < g.map_count; i++) free(g.maps[i].path);
+  free(g.maps);
+  free(g.roots);
+  free(g.threads);
+  free(g.live);
+  free(g.record_alive);
+  return status;
+}

@@ -1,0 +1,36 @@
+/* Reachability roots of a process (RootRegion elements): the memory outside its heap from which
+ * it can reach its blocks, read with process_vm_readv like block contents. The collector only
+ * gathers them; the tools scan them (heapdump/tools/reach.h). */
+#ifndef HEAPDUMP_COLLECTOR_ROOTS_H
+#define HEAPDUMP_COLLECTOR_ROOTS_H
+
+#include <stdint.h>
+
+#include "collector_internal.h"
+#include "heapdump/fidl/batch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Adds p's roots to w, each with its bytes:
+ * - DATA: every loaded module's writable private mappings, the anonymous mapping right after one
+ *   (its .bss past the file) and the read-only one right before (its relocated read-only data);
+ * - STACK: per thread, from its stack pointer (less the x86-64 red zone) up to the top of its
+ *   stack, where /proc/PID/task/TID/syscall shows it (a thread blocked in a system call), else
+ *   the whole stack the thread recorded (hd_rec_thread_roots); a thread neither blocked nor
+ *   recorded has no stack root;
+ * - TLS: per recorded thread whose thread pointer is not inside its stack (the main thread's):
+ *   the mapping around it, which holds its static TLS and thread control block.
+ * Only readable private mappings are read, and regions never overlap. At most max_total bytes
+ * (0: no limit; *cut says so); a region over HD_ROOT_MAX_REGION is left out. Returns HD_OK or the writer's error; a region that cannot be read
+ * (unmapped meanwhile) is left out. */
+/* A region bigger than this (a huge .bss, say) is left out rather than read into one buffer. */
+#define HD_ROOT_MAX_REGION (256u << 20)
+
+hd_status hd_add_roots(hd_process *p, uint64_t max_total, bool *cut, hd_batch_writer *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
