@@ -4,7 +4,10 @@
  * reassembled: the benchmark measures the collector and the transport, not a client's model.
  *
  * Output, one line: elapsed_ns=… wire_bytes=… batches=… allocations=… stack_traces=…
- * thread_infos=… regions=… block_contents=… contents_bytes=… other=… */
+ * thread_infos=… regions=… block_contents=… contents_bytes=… root_regions=… other=…
+ * With --leak-check (and --contents) the snapshot is also reassembled and classified as
+ * `heapdump report` does, adding leak_check_ns=… (the classification alone) and the blocks of
+ * each category: definitely_lost=… indirectly_lost=… possibly_lost=… still_reachable=… */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
@@ -19,12 +22,15 @@
 #include "heapdump/fidl/batch.h"
 #include "heapdump/fidl/channel.h"
 #include "heapdump/fidl/message.h"
+#include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/reach.h"
 #include "heapdump_client.bindings.h"
 
 typedef struct counts {
   uint64_t wire_bytes, batches;
   uint64_t allocations, stack_traces, thread_infos, regions, block_contents, contents_bytes,
-      other;
+      root_regions, other;
+  hd_reassembler *model; /* --leak-check: the snapshot, reassembled */
   uint32_t error; /* from ReportError, 0 if none */
   bool ended;
   hd_batch_reader *reader;
@@ -48,9 +54,37 @@ static hd_status count_element(void *ctx, const hd_element *e) {
       c->block_contents++;
       c->contents_bytes += e->contents_size;
       break;
+    case heapdump_client_SnapshotElement_root_region_tag: c->root_regions++; break;
     default: c->other++; break;
   }
-  return HD_OK;
+  return c->model != NULL ? hd_reassembler_add(c->model, e) : HD_OK;
+}
+
+/* Classifies the reassembled snapshot; prints the time the classification alone took and the
+ * blocks of each category. */
+static int classify_blocks(hd_reassembler *model) {
+  if (hd_reassembler_finish(model) != HD_OK || model->snapshot_count != 1) {
+    fprintf(stderr, "hd_snapshot_client: the snapshot does not reassemble: %s\n", model->error);
+    return 1;
+  }
+  const hd_snapshot *s = model->snapshots[0];
+  uint8_t *categories = malloc(s->allocation_count + 1);
+  uint64_t start = now_ns();
+  int rc = categories != NULL ? hd_reach_classify(s, categories, NULL) : -ENOMEM;
+  uint64_t took = now_ns() - start;
+  if (rc != 0) {
+    fprintf(stderr, "hd_snapshot_client: leak check: %s\n", strerror(-rc));
+    free(categories);
+    return 1;
+  }
+  uint64_t blocks[HD_REACH_CATEGORIES] = {0};
+  for (size_t i = 0; i < s->allocation_count; i++) blocks[categories[i]]++;
+  free(categories);
+  printf(" leak_check_ns=%" PRIu64 " definitely_lost=%" PRIu64 " indirectly_lost=%" PRIu64
+         " possibly_lost=%" PRIu64 " still_reachable=%" PRIu64,
+         took, blocks[HD_DEFINITELY_LOST], blocks[HD_INDIRECTLY_LOST], blocks[HD_POSSIBLY_LOST],
+         blocks[HD_STILL_REACHABLE]);
+  return 0;
 }
 
 static void prepare_batch(void *ctx, heapdump_client_SnapshotReceiverBatchRequest *req) {
@@ -84,18 +118,20 @@ static void usage(FILE *out) {
           "usage: hd_snapshot_client --socket PATH --pid PID [--contents]\n"
           "  --socket PATH  the collector's socket\n"
           "  --pid PID      the process to snapshot (a registered one)\n"
-          "  --contents     ask for every block's bytes too\n");
+          "  --contents     ask for every block's bytes too\n"
+          "  --leak-check   classify the blocks as heapdump report does (with --contents)\n");
 }
 
 int main(int argc, char **argv) {
   static const struct option longopts[] = {{"socket", required_argument, 0, 's'},
                                            {"pid", required_argument, 0, 'p'},
                                            {"contents", no_argument, 0, 'c'},
+                                           {"leak-check", no_argument, 0, 'l'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
   const char *socket_path = NULL;
   unsigned long pid = 0;
-  bool contents = false;
+  bool contents = false, leak_check = false;
   int opt;
   char *end;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -107,6 +143,7 @@ int main(int argc, char **argv) {
         if (errno != 0 || *end != '\0') pid = 0;
         break;
       case 'c': contents = true; break;
+      case 'l': leak_check = true; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -123,6 +160,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   counts c = {.reader = reader};
+  if (leak_check) {
+    c.model = calloc(1, sizeof *c.model);
+    if (c.model == NULL) {
+      fprintf(stderr, "hd_snapshot_client: out of memory\n");
+      return 1;
+    }
+    hd_reassembler_init(c.model);
+  }
   hd_batch_reader_init(reader, count_element, &c);
 
   uint64_t start = now_ns();
@@ -174,9 +219,16 @@ int main(int argc, char **argv) {
   printf("elapsed_ns=%" PRIu64 " wire_bytes=%" PRIu64 " batches=%" PRIu64
          " allocations=%" PRIu64 " stack_traces=%" PRIu64 " thread_infos=%" PRIu64
          " regions=%" PRIu64 " block_contents=%" PRIu64 " contents_bytes=%" PRIu64
-         " other=%" PRIu64 "\n",
+         " root_regions=%" PRIu64 " other=%" PRIu64,
          elapsed, c.wire_bytes, c.batches, c.allocations, c.stack_traces, c.thread_infos,
-         c.regions, c.block_contents, c.contents_bytes, c.other);
+         c.regions, c.block_contents, c.contents_bytes, c.root_regions, c.other);
+  if (c.model != NULL) {
+    int rc = classify_blocks(c.model);
+    hd_reassembler_destroy(c.model);
+    free(c.model);
+    if (rc != 0) return 1;
+  }
+  printf("\n");
   free(msg);
   free(reader);
   return 0;

@@ -77,7 +77,8 @@ class DaemonTest : public ::testing::Test {
                             {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime,
                              "PATH=" + bin + ":/usr/bin:/bin", std::string("LIB=") + HD_PRELOAD_LIB,
                              std::string("LEAKY=") + HD_LEAKY,
-                             std::string("LEAK_CHILD=") + HD_LEAK_CHILD});
+                             std::string("LEAK_CHILD=") + HD_LEAK_CHILD,
+                             std::string("REACH=") + HD_REACH_CHILD});
   }
 };
 
@@ -214,6 +215,39 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
     EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n +[0-9.]+[kK]?B +[0-9.]+% .*remember_request\n)")))
         << o.out;
   }
+}
+
+// docs/tools.md's leak check lines as written, with the detached daemon, and a program with a
+// known heap (tests/tools/reach_child.cc) as my-server.
+TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
+  std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  size_t start = doc.find("- **Leak check.**");
+  ASSERT_NE(start, std::string::npos);
+  std::string section = doc.substr(start, doc.find("\n- ", start + 1) - start);
+  std::string script =
+      "set -e\nheapdump-collector\ncp \"$REACH\" my-server\nmkfifo server.in\n"
+      "LD_PRELOAD=$LIB ./my-server < server.in > server.out 2>&1 &\n"
+      "exec 4> server.in\n"  // the server runs until this closes
+      "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n";
+  std::istringstream lines(section);
+  int commands = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("      heapdump ", 0) != 0) continue;
+    script += std::regex_replace(line.substr(6), std::regex(" +#.*"), "") + "\n";
+    commands++;
+  }
+  ASSERT_EQ(commands, 3) << section;
+  script += "exec 4>&-\nwait\nheapdump-collector --stop\n";
+  Output o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  EXPECT_NE(o.out.find("leak check: 3064 bytes in 2 blocks definitely_lost, 3315 bytes in 7 blocks "
+                       "indirectly_lost"),
+            std::string::npos)
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1  leak_basket\(\))")))
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(STILL REACHABLE\n(.*\n)* +4100 +1  keep_global\(\))")))
+      << o.out;
 }
 
 TEST_F(DaemonTest, StartReportsErrorsOnTheTerminalAndAStalePidFileIsNotTrusted) {

@@ -48,6 +48,7 @@ typedef struct cli_options {
   const char *children;     /* run: --children all|none|NAME[,NAME...] (NULL: all) */
   const char *children_dir; /* run: --children-dir */
   bool verbose;             /* run: --verbose */
+  bool show_reachable;      /* report: --show-reachable */
   bool force;               /* convert: --force, overwrite an existing output */
   double interval;
   /* --timeout: seconds a collector may take to answer a call or to send the next batch of a

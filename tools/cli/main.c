@@ -157,9 +157,14 @@ static const struct {
      "      --top N           groups shown per process (default 20; 0: all)\n"
      "      --by B            group by site (default), stack or thread\n"
      "      --json            JSON instead of a table\n"
+     "      --show-reachable  a leak check: list possibly lost and still reachable blocks too\n"
      "      --symbolize       function names, files and lines where symbols are found (default)\n"
      "      --no-symbolize    addresses only\n"
-     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+     "\n"
+     "A snapshot taken with --contents also holds the program's roots (its modules' data, its\n"
+     "threads' stacks and TLS): its report is a leak check, each block classified as definitely\n"
+     "lost, indirectly lost, possibly lost or still reachable, as valgrind does.\n",
      false},
     {"delete", "heapdump delete ID... | heapdump delete --all [--pid PID | --name NAME]",
      "Deletes stored snapshots: the IDs given (see heapdump list), or with --all every one\n"
@@ -241,6 +246,7 @@ enum {
   OPT_VERBOSE,
   OPT_FORCE,
   OPT_VERSION,
+  OPT_SHOW_REACHABLE,
 };
 
 /* Which command takes which option: anything else is a usage error, never silently ignored. */
@@ -271,6 +277,7 @@ static const struct {
     {OPT_VERBOSE, "--verbose", CMD_RUN},
     {OPT_FORCE, "--force", CMD_CONVERT},
     {OPT_VERSION, "--version", CMD_ALL},
+    {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT},
 };
 
 /* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
@@ -311,6 +318,7 @@ static const struct option kLong[] = {
     {"verbose", no_argument, NULL, OPT_VERBOSE},
     {"force", no_argument, NULL, OPT_FORCE},
     {"version", no_argument, NULL, OPT_VERSION},
+    {"show-reachable", no_argument, NULL, OPT_SHOW_REACHABLE},
     {NULL, 0, NULL, 0},
 };
 
@@ -331,6 +339,7 @@ static const struct {
     {OPT_JSON, offsetof(cli_options, json), true},
     {OPT_VERBOSE, offsetof(cli_options, verbose), true},
     {OPT_FORCE, offsetof(cli_options, force), true},
+    {OPT_SHOW_REACHABLE, offsetof(cli_options, show_reachable), true},
 };
 
 /* Sets the switch c; false if c is not one. */

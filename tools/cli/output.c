@@ -163,7 +163,8 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
                               .by = o->by,
                               .top = o->top,
                               .max_frames = o->max_frames,
-                              .json = o->json || f == FORMAT_JSON};
+                              .json = o->json || f == FORMAT_JSON,
+                              .show_reachable = o->show_reachable};
       rc = hd_report_write(r, &ro, out->file, error, sizeof error);
       break;
     }

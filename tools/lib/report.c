@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "heapdump/tools/demangle.h"
+#include "heapdump/tools/reach.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
 
@@ -19,6 +20,7 @@ typedef struct trace_totals {
 
 typedef struct group {
   char name[512];
+  int category; /* an hd_reach_category, or -1 when the snapshot has no roots */
   const char *module;
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks;
@@ -34,10 +36,14 @@ static void live_totals(const hd_snapshot *s, uint64_t *bytes, uint64_t *blocks)
   }
 }
 
-static trace_totals *totals_by_trace(const hd_snapshot *s) {
+/* The live totals of each stack trace, of the allocations of one category (categories NULL:
+ * of all). */
+static trace_totals *totals_by_trace(const hd_snapshot *s, const uint8_t *categories,
+                                     int category) {
   trace_totals *t = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *t);
   if (t == NULL) return NULL;
   for (size_t i = 0; i < s->allocation_count; i++) {
+    if (categories != NULL && categories[i] != category) continue;
     const hd_snapshot_allocation *a = &s->allocations[i];
     const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
     if (trace == NULL) continue; /* the reassembler refuses such snapshots */
@@ -50,6 +56,7 @@ static trace_totals *totals_by_trace(const hd_snapshot *s) {
 
 static int compare_groups(const void *a, const void *b) {
   const group *x = a, *y = b;
+  if (x->category != y->category) return x->category < y->category ? -1 : 1;
   if (x->live_bytes != y->live_bytes) return x->live_bytes > y->live_bytes ? -1 : 1;
   if (x->live_blocks != y->live_blocks) return x->live_blocks > y->live_blocks ? -1 : 1;
   return strcmp(x->name, y->name);
@@ -62,9 +69,11 @@ typedef struct group_list {
   size_t count, capacity;
 } group_list;
 
-static group *group_for(group_list *l, const char *name) {
+static group *group_for(group_list *l, const char *name, int category) {
   for (size_t i = 0; i < l->count; i++) {
-    if (strcmp(l->items[i].name, name) == 0) return &l->items[i];
+    if (l->items[i].category == category && strcmp(l->items[i].name, name) == 0) {
+      return &l->items[i];
+    }
   }
   if (l->count == l->capacity) {
     size_t capacity = l->capacity ? 2 * l->capacity : 64;
@@ -76,16 +85,17 @@ static group *group_for(group_list *l, const char *name) {
   group *g = &l->items[l->count++];
   memset(g, 0, sizeof *g);
   snprintf(g->name, sizeof g->name, "%s", name);
+  g->category = category;
   g->module = "";
   g->heaviest_trace = SIZE_MAX;
   return g;
 }
 
 static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t index,
-                      const trace_totals *tt) {
+                      const trace_totals *tt, bool with_counters) {
   g->live_bytes += tt->live_bytes;
   g->live_blocks += tt->live_blocks;
-  if (trace->has_counters) {
+  if (with_counters && trace->has_counters) {
     g->has_counters = true;
     g->allocated_bytes += trace->allocated_bytes;
     g->allocated_blocks += trace->allocated_blocks;
@@ -96,18 +106,20 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
   }
 }
 
-static int build_groups(const hd_snapshot *s, const hd_report_options *o, group_list *out) {
-  trace_totals *totals = totals_by_trace(s);
+/* The groups of one category's allocations (categories NULL: of all, category -1). */
+static int add_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
+                      int category, group_list *l) {
+  trace_totals *totals = totals_by_trace(s, categories, category);
   if (totals == NULL) return -ENOMEM;
-  group_list l = {0};
   int rc = 0;
   if (o->by == HD_REPORT_BY_THREAD) {
     for (size_t i = 0; i < s->allocation_count && rc == 0; i++) {
+      if (categories != NULL && categories[i] != category) continue;
       const hd_snapshot_allocation *a = &s->allocations[i];
       const hd_snapshot_thread *t = hd_snapshot_find_thread(s, a->thread_info_key);
       char name[64];
       snprintf(name, sizeof name, "%s[%" PRIu64 "]", t ? t->name : "?", t ? t->koid : 0);
-      group *g = group_for(&l, name);
+      group *g = group_for(l, name, category);
       if (g == NULL) {
         rc = -ENOMEM;
         break;
@@ -136,16 +148,32 @@ static int build_groups(const hd_snapshot *s, const hd_report_options *o, group_
       } else {
         snprintf(name, sizeof name, "%s", site);
       }
-      group *g = group_for(&l, name);
+      group *g = group_for(l, name, category);
       if (g == NULL) {
         rc = -ENOMEM;
         break;
       }
       g->module = hd_site_module(o->symbolizer, s, trace);
-      add_trace(g, trace, i, &totals[i]);
+      /* A trace's cumulative counters cannot be split by category: a leak report leaves them
+       * out. */
+      add_trace(g, trace, i, &totals[i], categories == NULL);
     }
   }
   free(totals);
+  return rc;
+}
+
+/* Groups by site, stack or thread; by category first where the snapshot has roots
+ * (categories: per allocation, or NULL). */
+static int build_groups(const hd_snapshot *s, const hd_report_options *o,
+                        const uint8_t *categories, group_list *out) {
+  group_list l = {0};
+  int rc = 0;
+  if (categories == NULL) {
+    rc = add_groups(s, o, NULL, -1, &l);
+  } else {
+    for (int c = 0; c < HD_REACH_CATEGORIES && rc == 0; c++) rc = add_groups(s, o, categories, c, &l);
+  }
   if (rc != 0) {
     free(l.items);
     return rc;
@@ -202,8 +230,78 @@ static const char *group_kind(hd_report_by by) {
   return "SITE";
 }
 
+/* What a leak check found, per category: from the groups (every allocation is in one). */
+typedef struct leak_summary {
+  uint64_t bytes[HD_REACH_CATEGORIES], blocks[HD_REACH_CATEGORIES];
+  size_t groups[HD_REACH_CATEGORIES];
+  size_t blocks_without_contents;
+} leak_summary;
+
+static void summarize(const group_list *l, leak_summary *sum) {
+  for (size_t i = 0; i < l->count; i++) {
+    const group *g = &l->items[i];
+    if (g->category < 0) continue;
+    sum->bytes[g->category] += g->live_bytes;
+    sum->blocks[g->category] += g->live_blocks;
+    sum->groups[g->category]++;
+  }
+}
+
+static const char *const kCategoryTitles[HD_REACH_CATEGORIES] = {
+    "DEFINITELY LOST", "INDIRECTLY LOST", "POSSIBLY LOST", "STILL REACHABLE"};
+
+static void print_group_text(FILE *out, const hd_snapshot *s, const hd_report_options *o,
+                             const group *g) {
+  if (g->heaviest_trace == SIZE_MAX) return;
+  const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
+  size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
+  hd_report_frames_text(out, o->symbolizer, s, trace, first, o->max_frames);
+}
+
+/* A leak check, as valgrind's: the lost blocks' groups, category by category, then one line for
+ * what was reached (its groups too with show_reachable). */
+static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                             const leak_summary *sum, FILE *out) {
+  fprintf(out, "leak check: ");
+  for (int c = 0; c < HD_REACH_CATEGORIES; c++) {
+    fprintf(out, "%s%" PRIu64 " bytes in %" PRIu64 " blocks %s", c ? ", " : "", sum->bytes[c],
+            sum->blocks[c], hd_reach_category_name((hd_reach_category)c));
+  }
+  fputc('\n', out);
+  if (sum->blocks_without_contents > 0) {
+    fprintf(out,
+            "note: %zu blocks had no contents in the snapshot (over its size limit, or freed "
+            "while it was read): what only they point to is counted as lost\n",
+            sum->blocks_without_contents);
+  }
+  size_t first = 0;
+  for (int c = 0; c < HD_REACH_CATEGORIES; c++) {
+    size_t count = sum->groups[c];
+    bool details = c <= HD_INDIRECTLY_LOST || o->show_reachable;
+    if (count > 0 && details) {
+      fprintf(out, "%s\n%14s %12s  %s\n", kCategoryTitles[c], "BYTES", "BLOCKS",
+              group_kind(o->by));
+      size_t shown = o->top && o->top < count ? o->top : count;
+      for (size_t i = first; i < first + shown; i++) {
+        const group *g = &l->items[i];
+        fprintf(out, "%14" PRIu64 " %12" PRIu64 "  %s\n", g->live_bytes, g->live_blocks, g->name);
+        print_group_text(out, s, o, g);
+      }
+      if (shown < count) fprintf(out, "... %zu more (use --top 0 for all)\n", count - shown);
+    }
+    first += count;
+  }
+  if (!o->show_reachable && (sum->blocks[HD_POSSIBLY_LOST] || sum->blocks[HD_STILL_REACHABLE])) {
+    fprintf(out,
+            "possibly lost: %" PRIu64 " bytes in %" PRIu64 " blocks; still reachable: %" PRIu64
+            " bytes in %" PRIu64 " blocks (--show-reachable lists them)\n",
+            sum->bytes[HD_POSSIBLY_LOST], sum->blocks[HD_POSSIBLY_LOST],
+            sum->bytes[HD_STILL_REACHABLE], sum->blocks[HD_STILL_REACHABLE]);
+  }
+}
+
 static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
-                       FILE *out) {
+                       const leak_summary *leaks, FILE *out) {
   uint64_t live_bytes = 0, live_blocks = 0;
   live_totals(s, &live_bytes, &live_blocks);
   if (s->pid != 0) {
@@ -238,6 +336,10 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             "heapdump's unwinder\n",
             s->stats.stacks_left_to_libunwind, s->stats.blocks_allocated);
   }
+  if (leaks != NULL) {
+    write_leaks_text(s, o, l, leaks, out);
+    return;
+  }
   if (l->count == 0) return;
   bool by_thread = o->by == HD_REPORT_BY_THREAD;
   fprintf(out, "%14s %12s %14s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
@@ -254,11 +356,7 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     }
     fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s  %s\n", g->live_bytes, g->live_blocks,
             ab, an, g->name);
-    if (g->heaviest_trace != SIZE_MAX) {
-      const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
-      size_t first = o->by == HD_REPORT_BY_SITE ? hd_site_frame(o->symbolizer, s, trace) : 0;
-      hd_report_frames_text(out, o->symbolizer, s, trace, first, o->max_frames);
-    }
+    print_group_text(out, s, o, g);
   }
   if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
 }
@@ -314,7 +412,7 @@ void hd_report_frames_json(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
 }
 
 static void write_json(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
-                       FILE *out) {
+                       const leak_summary *leaks, FILE *out) {
   uint64_t live_bytes = 0, live_blocks = 0;
   live_totals(s, &live_bytes, &live_blocks);
   fputs("{\"process_name\":", out);
@@ -333,6 +431,14 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
             st->dropped_resources, st->stacks_left_to_libunwind);
   }
+  if (leaks != NULL) {
+    fputs(",\"leak_summary\":{", out);
+    for (int c = 0; c < HD_REACH_CATEGORIES; c++) {
+      fprintf(out, "%s\"%s\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}", c ? "," : "",
+              hd_reach_category_name((hd_reach_category)c), leaks->bytes[c], leaks->blocks[c]);
+    }
+    fprintf(out, ",\"blocks_without_contents\":%zu}", leaks->blocks_without_contents);
+  }
   fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
                                              : o->by == HD_REPORT_BY_STACK ? "stack"
                                                                            : "thread");
@@ -341,6 +447,9 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     const group *g = &l->items[i];
     fputs(i ? ",{\"name\":" : "{\"name\":", out);
     hd_json_string(out, g->name);
+    if (g->category >= 0) {
+      fprintf(out, ",\"category\":\"%s\"", hd_reach_category_name((hd_reach_category)g->category));
+    }
     fputs(",\"module\":", out);
     hd_json_string(out, g->module);
     fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
@@ -370,15 +479,30 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   errno = 0;
   if (o->json) fputs("{\"processes\":[", out);
   for (size_t i = 0; i < r->snapshot_count; i++) {
+    const hd_snapshot *s = r->snapshots[i];
+    /* A snapshot with roots gets its leak check. */
+    uint8_t *categories = NULL;
+    leak_summary leaks = {0};
+    if (hd_reach_possible(s)) {
+      categories = malloc(s->allocation_count ? s->allocation_count : 1);
+      if (categories == NULL ||
+          hd_reach_classify(s, categories, &leaks.blocks_without_contents) != 0) {
+        free(categories);
+        return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
+      }
+    }
     group_list l = {0};
-    int rc = build_groups(r->snapshots[i], o, &l);
+    int rc = build_groups(s, o, categories, &l);
+    const leak_summary *with_leaks = categories != NULL ? &leaks : NULL;
+    free(categories);
     if (rc != 0) return hd_tool_fail(error, error_size, rc, "out of memory");
+    if (with_leaks != NULL) summarize(&l, &leaks);
     if (o->json) {
       if (i) fputc(',', out);
-      write_json(r->snapshots[i], o, &l, out);
+      write_json(s, o, &l, with_leaks, out);
     } else {
       if (i) fputc('\n', out);
-      write_text(r->snapshots[i], o, &l, out);
+      write_text(s, o, &l, with_leaks, out);
     }
     free(l.items);
   }
@@ -402,7 +526,7 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
   errno = 0;
   for (size_t p = 0; p < r->snapshot_count; p++) {
     const hd_snapshot *s = r->snapshots[p];
-    trace_totals *totals = totals_by_trace(s);
+    trace_totals *totals = totals_by_trace(s, NULL, -1);
     if (totals == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
     for (size_t i = 0; i < s->stack_trace_count; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];

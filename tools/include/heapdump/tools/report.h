@@ -26,6 +26,10 @@ typedef struct hd_report_options {
   size_t top;        /* groups shown per process; 0 = all */
   size_t max_frames; /* frames shown per group; 0 = all */
   bool json;
+  /* A snapshot with roots is reported as a leak check (heapdump/tools/reach.h): groups by
+   * category, then site; the text lists the lost ones, and possibly lost and still reachable in
+   * one line, unless show_reachable. */
+  bool show_reachable;
 } hd_report_options;
 
 /* Returns 0, or a negative errno value with a message in error. */
