@@ -147,7 +147,7 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
     // run passes on its command's status, and your-program exits with 3.
     script += line + (line.find("heapdump run") == 0 ? " || test $? = 3" : "") + "\n";
   }
-  ASSERT_EQ(commands, 8) << section;
+  ASSERT_EQ(commands, 9) << section;
   ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
                   "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
                   "cp \"$LEAK_CHILD\" your-program\n"
@@ -161,6 +161,7 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +after-build +leaky\[)"))) << o.out;
   EXPECT_NE(o.out.find("deleted 1 snapshot\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("\nleak check: "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("heapdump-collector: stopped pid"), std::string::npos) << o.out;
   // The daemon's terminal shows its one line; what it logs while starting is in its log.
   EXPECT_EQ(o.out.find("info: listening"), std::string::npos) << o.out;
@@ -170,7 +171,9 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
 }
 
 // docs/tools.md's "Finding a slow leak in a server" lines as written, with a server that grows
-// one site and churns another for about 7 s in the place of ./my-server.
+// one site and churns another for about 7 s in the place of ./my-server (a copy of the program
+// under that name, so that its process is called my-server). Its `heapdump leaks` line asks a
+// collector daemon about the server running again, this time under LD_PRELOAD.
 TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
   std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
   size_t start = doc.find("#### Finding a slow leak in a server\n");
@@ -185,13 +188,20 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
     commands++;
     if (line.rfind("go tool pprof", 0) == 0) {
       script += "if command -v go >/dev/null; then " + line + "; fi\n";
+    } else if (line.rfind("heapdump leaks", 0) == 0) {
+      script += "heapdump-collector\nLD_PRELOAD=$LIB ./my-server > /dev/null 2>&1 &\n"
+                "for i in $(seq 100); do "
+                "heapdump snapshot --name my-server -o probe.pb.gz 2>/dev/null && break; "
+                "sleep 0.1; done\n" +
+                line + "\nwait\nheapdump-collector --stop\n";
     } else {
       script += line + "\n";
     }
   }
-  ASSERT_EQ(commands, 4) << section;
-  ASSERT_EQ(Shell(std::string("printf '#!/bin/sh\\nexec ") + HD_GROWTH_CHILD +
-                  " serve 45 150\\n' > my-server\nchmod +x my-server\n")
+  ASSERT_EQ(commands, 5) << section;
+  ASSERT_EQ(Shell(std::string("mkdir srv && cp ") + HD_GROWTH_CHILD +
+                  " srv/my-server\nprintf '#!/bin/sh\\nexec \"$PWD/srv/my-server\" serve 45 150\\n' "
+                  "> my-server\nchmod +x my-server\n")
                 .status,
             0);
   Output o = Shell(script);
@@ -208,6 +218,10 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
   EXPECT_EQ(std::stol(m[1]), 1000 * std::stol(m[2])) << o.out;
   EXPECT_TRUE(std::regex_search(
       o.out, std::regex(R"(\n +[-+][0-9]+ +[-+][0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  churn_buffers\n)")))
+      << o.out;
+  // The server keeps what it grows in a cache: still reachable, nothing lost.
+  EXPECT_TRUE(std::regex_search(
+      o.out, std::regex(R"(my-server\[[0-9]+\]: .*\nleak check: 0 bytes in 0 blocks definitely_lost, 0 bytes in 0 blocks indirectly_lost)")))
       << o.out;
   struct stat st;
   EXPECT_EQ(stat((dir + "/growth.pb.gz").c_str(), &st), 0) << o.out;
@@ -247,6 +261,36 @@ TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1  leak_basket\(\))")))
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(STILL REACHABLE\n(.*\n)* +4100 +1  keep_global\(\))")))
+      << o.out;
+}
+
+// docs/tools.md's `heapdump leaks` lines as written, with the detached daemon and a program with
+// a known heap (tests/tools/reach_child.cc) as my-server.
+TEST_F(DaemonTest, DocsLeaksRunsAsWritten) {
+  std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  size_t start = doc.find("### `heapdump leaks");
+  ASSERT_NE(start, std::string::npos);
+  std::string section = doc.substr(start, doc.find("\n#", start + 1) - start);
+  std::string script =
+      "set -e\nheapdump-collector\ncp \"$REACH\" my-server\nmkfifo server.in\n"
+      "LD_PRELOAD=$LIB ./my-server < server.in > server.out 2>&1 &\n"
+      "exec 4> server.in\n"  // the server runs until this closes
+      "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n";
+  std::istringstream lines(section);
+  int commands = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("    heapdump ", 0) != 0) continue;
+    script += std::regex_replace(line.substr(4), std::regex(" +#.*"), "") + "\n";
+    commands++;
+  }
+  ASSERT_EQ(commands, 2) << section;
+  script += "exec 4>&-\nwait\nheapdump-collector --stop\n";
+  Output o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1 +[0-9.]+s  leak_basket\n)")))
+      << o.out;
+  EXPECT_NE(o.out.find("{\"name\":\"leak_basket\",\"category\":\"definitely_lost\","),
+            std::string::npos)
       << o.out;
 }
 

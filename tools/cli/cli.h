@@ -48,7 +48,10 @@ typedef struct cli_options {
   const char *children;     /* run: --children all|none|NAME[,NAME...] (NULL: all) */
   const char *children_dir; /* run: --children-dir */
   bool verbose;             /* run: --verbose */
-  bool show_reachable;      /* report: --show-reachable */
+  bool show_reachable;      /* report, leaks: --show-reachable */
+  /* leaks: per snapshot, the categories of its blocks as checked (cli_write's report), and when. */
+  uint8_t *const *leak_categories;
+  uint64_t leak_now_ns;
   bool force;               /* convert: --force, overwrite an existing output */
   double interval;
   /* --timeout: seconds a collector may take to answer a call or to send the next batch of a
@@ -138,6 +141,7 @@ int cmd_delete(cli_options *o, int argc, char **argv);
 int cmd_convert(cli_options *o, const char *input);
 int cmd_report(cli_options *o, const char *input);
 int cmd_diff(cli_options *o, const char *base, const char *next);
+int cmd_leaks(cli_options *o);
 
 /* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
  * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an

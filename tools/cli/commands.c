@@ -1,5 +1,5 @@
 /* The subcommands that take, fetch or transform snapshots: snapshot, list, download, convert,
- * report, diff. `run` is in run.c. */
+ * report, diff, leaks. `run` is in run.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "heapdump/tools/diff.h"
+#include "heapdump/tools/reach.h"
 
 void cli_safe_name(char *out, size_t size, const char *name) {
   size_t n = 0;
@@ -347,5 +348,99 @@ int cmd_diff(cli_options *o, const char *base_path, const char *next_path) {
   hd_symbolizer_destroy(sym);
   hd_reassembler_destroy(&next);
   hd_reassembler_destroy(&base);
+  return rc;
+}
+
+static bool is_lost(uint8_t category) {
+  return category == HD_DEFINITELY_LOST || category == HD_INDIRECTLY_LOST;
+}
+
+/* Categories of the blocks of `now` for the report: a block lost now counts as lost only if it
+ * was lost in `before` too (same address, size and allocation time); otherwise it is left out as
+ * unconfirmed (HD_REACH_CATEGORIES). categories must hold now->allocation_count. */
+static int confirm_leaks(const hd_snapshot *before, const hd_snapshot *now, uint8_t *categories) {
+  uint8_t *earlier = NULL;
+  int rc = hd_reach_classify(now, categories, NULL);
+  if (rc == 0 && before != NULL) {
+    earlier = malloc(before->allocation_count + 1);
+    rc = earlier != NULL ? hd_reach_classify(before, earlier, NULL) : -ENOMEM;
+  }
+  for (size_t k = 0; rc == 0 && k < now->allocation_count; k++) {
+    if (!is_lost(categories[k])) continue;
+    const hd_snapshot_allocation *a = &now->allocations[k];
+    const hd_snapshot_allocation *b =
+        before != NULL ? hd_snapshot_find_allocation(before, a->address) : NULL;
+    bool lost_before = b != NULL && b->timestamp == a->timestamp && b->size == a->size &&
+                       is_lost(earlier[b - before->allocations]);
+    if (!lost_before) categories[k] = HD_REACH_CATEGORIES;
+  }
+  free(earlier);
+  return rc;
+}
+
+static uint64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int cmd_leaks(cli_options *o) {
+  if (o->has_pid && o->name != NULL) {
+    cli_error("leaks: --pid and --name cannot be combined");
+    return EXIT_USAGE;
+  }
+  int rc = cli_probe_output(o);
+  if (rc != 0) return rc;
+  cli_options live = *o;
+  live.contents = true;
+  hd_reassembler scans[2];
+  hd_reassembler_init(&scans[0]);
+  hd_reassembler_init(&scans[1]);
+  rc = cli_take_live_snapshot(&live, o->has_pid ? o->pid : 0, &scans[0]);
+  if (rc == 0) {
+    double interval = o->interval > 0 ? o->interval : 1.0;
+    struct timespec pause = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {
+    }
+    rc = cli_take_live_snapshot(&live, o->has_pid ? o->pid : 0, &scans[1]);
+  }
+  uint64_t now = monotonic_ns();
+  const hd_reassembler *r = &scans[1];
+  uint8_t **categories = rc == 0 ? calloc(r->snapshot_count + 1, sizeof *categories) : NULL;
+  if (rc == 0 && categories == NULL) rc = EXIT_FAILURE_;
+  for (size_t i = 0; rc == 0 && i < r->snapshot_count; i++) {
+    const hd_snapshot *s = r->snapshots[i];
+    if (!hd_reach_possible(s)) {
+      cli_error("the collector sent no roots for %s[%" PRIu64 "]: it is older than this heapdump",
+                s->process_name, s->pid);
+      rc = EXIT_FAILURE_;
+      break;
+    }
+    const hd_snapshot *before = NULL;
+    for (size_t k = 0; k < scans[0].snapshot_count; k++) {
+      if (scans[0].snapshots[k]->pid == s->pid) before = scans[0].snapshots[k];
+    }
+    categories[i] = malloc(s->allocation_count + 1);
+    if (categories[i] == NULL || confirm_leaks(before, s, categories[i]) != 0) {
+      cli_error("out of memory");
+      rc = EXIT_FAILURE_;
+    }
+  }
+  if (rc == 0) {
+    cli_options report = *o;
+    cli_format f = o->json ? FORMAT_JSON : cli_output_format(o, o->output, FORMAT_TEXT);
+    cli_output out;
+    rc = cli_output_open(&out, o->output ? o->output : "-");
+    if (rc == 0) {
+      report.leak_categories = categories;
+      report.leak_now_ns = now;
+      rc = cli_write(&report, r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
+      rc = rc == 0 ? cli_output_commit(&out) : (cli_output_abort(&out), rc);
+    }
+  }
+  for (size_t i = 0; categories != NULL && i < r->snapshot_count; i++) free(categories[i]);
+  free(categories);
+  hd_reassembler_destroy(&scans[0]);
+  hd_reassembler_destroy(&scans[1]);
   return rc;
 }

@@ -36,6 +36,7 @@ static const char kUsage[] =
     "  convert   convert a snapshot file (raw or pprof) to another format\n"
     "  report    print the top allocation sites of a snapshot file (raw or pprof)\n"
     "  diff      what grew between two snapshots of a process\n"
+    "  leaks     check a running program for leaks, without stopping it\n"
     "\n"
     "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded,\n"
     "json.\n";
@@ -79,13 +80,14 @@ enum {
   CMD_REPORT = 1 << 5,
   CMD_DELETE = 1 << 6,
   CMD_DIFF = 1 << 7,
+  CMD_LEAKS = 1 << 8,
 };
 #define CMD_ALL                                                                              \
   (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_CONVERT | CMD_REPORT | CMD_DELETE | \
-   CMD_DIFF)
+   CMD_DIFF | CMD_LEAKS)
 #define CMD_WRITERS (CMD_RUN | CMD_SNAPSHOT | CMD_DOWNLOAD | CMD_CONVERT)   /* any format */
-#define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT | CMD_DIFF)                   /* text too */
-#define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_DELETE)
+#define CMD_OUTPUT (CMD_WRITERS | CMD_REPORT | CMD_DIFF | CMD_LEAKS)       /* text too */
+#define CMD_COLLECTOR (CMD_RUN | CMD_SNAPSHOT | CMD_LIST | CMD_DOWNLOAD | CMD_DELETE | CMD_LEAKS)
 
 /* In the order of the CMD_ bits. */
 static const struct {
@@ -195,6 +197,29 @@ static const struct {
      "      --no-symbolize    addresses only\n"
      "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
      false},
+    {"leaks", "heapdump leaks [--pid PID | --name NAME] [--interval S] [--json] [OPTIONS]",
+     "Checks a running instrumented program for leaks without stopping it: takes two snapshots\n"
+     "with contents and roots (its modules' data, its threads' stacks and TLS), S seconds\n"
+     "apart, classifies every block as valgrind does (definitely lost, indirectly lost,\n"
+     "possibly lost, still reachable) and reports as lost only the blocks lost in both scans\n"
+     "(same address, size and allocation time), so that a pointer in flight in a register\n"
+     "between two places makes no false leak. Lists the lost blocks by category and site, with\n"
+     "bytes, blocks, the age of the oldest and the stack.\n"
+     "\n"
+     "  -p, --pid PID         the process with this pid\n"
+     "  -n, --name NAME       the process with this name\n"
+     "  -a, --all             every matching process\n"
+     "  -i, --interval S      seconds between the two scans (default 1)\n"
+     "  -o, --output FILE     where to write (default: stdout); text or JSON (.txt, .json)\n"
+     "      --json            JSON, in the shape of report --json, each group with its\n"
+     "                        category and oldest_age_s\n"
+     "      --show-reachable  list possibly lost and still reachable blocks too\n"
+     "      --top N           groups shown per category (default 20; 0: all)\n"
+     "      --by B            group by site (default), stack or thread\n"
+     "      --symbolize       function names, files and lines where symbols are found (default)\n"
+     "      --no-symbolize    addresses only\n"
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     false},
 };
 
 static int usage_error(const char *fmt, ...) {
@@ -257,11 +282,11 @@ static const struct {
 } kOptionCommands[] = {
     {'o', "--output", CMD_OUTPUT},
     {'f', "--format", CMD_WRITERS | CMD_DIFF},
-    {'p', "--pid", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
-    {'n', "--name", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE},
-    {'a', "--all", CMD_SNAPSHOT | CMD_DELETE},
+    {'p', "--pid", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE | CMD_LEAKS},
+    {'n', "--name", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE | CMD_LEAKS},
+    {'a', "--all", CMD_SNAPSHOT | CMD_DELETE | CMD_LEAKS},
     {'c', "--contents", CMD_RUN | CMD_SNAPSHOT},
-    {'i', "--interval", CMD_RUN},
+    {'i', "--interval", CMD_RUN | CMD_LEAKS},
     {OPT_SOCKET, "--socket", CMD_COLLECTOR},
     {OPT_TIMEOUT, "--timeout", CMD_COLLECTOR},
     {OPT_SYMBOLIZE, "--symbolize", CMD_OUTPUT},
@@ -277,7 +302,7 @@ static const struct {
     {OPT_VERBOSE, "--verbose", CMD_RUN},
     {OPT_FORCE, "--force", CMD_CONVERT},
     {OPT_VERSION, "--version", CMD_ALL},
-    {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT},
+    {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT | CMD_LEAKS},
 };
 
 /* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
@@ -534,8 +559,15 @@ static int run_command(size_t command, cli_options *o, int rest, char **args) {
     }
     return cmd_run(o, rest, args);
   }
-  if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0) {
+  if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0 || strcmp(name, "leaks") == 0) {
     if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
+    if (strcmp(name, "leaks") == 0) {
+      cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
+      if (o->output != NULL && f != FORMAT_TEXT && f != FORMAT_JSON) {
+        return usage_error("leaks writes text or JSON, not '%s'", o->output);
+      }
+      return cmd_leaks(o);
+    }
     return strcmp(name, "list") == 0 ? cmd_list(o) : cmd_snapshot(o);
   }
   if (strcmp(name, "delete") == 0) return cmd_delete(o, rest, args);

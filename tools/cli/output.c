@@ -164,7 +164,10 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
                               .top = o->top,
                               .max_frames = o->max_frames,
                               .json = o->json || f == FORMAT_JSON,
-                              .show_reachable = o->show_reachable};
+                              .show_reachable = o->show_reachable,
+                              .categories = o->leak_categories,
+                              .now_ns = o->leak_now_ns,
+                              .short_names = o->leak_categories != NULL};
       rc = hd_report_write(r, &ro, out->file, error, sizeof error);
       break;
     }

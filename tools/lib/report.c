@@ -16,6 +16,7 @@
 
 typedef struct trace_totals {
   uint64_t live_bytes, live_blocks;
+  int64_t oldest; /* the earliest allocation timestamp, INT64_MAX if none */
 } trace_totals;
 
 typedef struct group {
@@ -24,6 +25,7 @@ typedef struct group {
   const char *module;
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks;
+  int64_t oldest; /* the earliest allocation timestamp of its blocks */
   bool has_counters;
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
   uint64_t heaviest_bytes;
@@ -42,6 +44,7 @@ static trace_totals *totals_by_trace(const hd_snapshot *s, const uint8_t *catego
                                      int category) {
   trace_totals *t = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *t);
   if (t == NULL) return NULL;
+  for (size_t i = 0; i < s->stack_trace_count; i++) t[i].oldest = INT64_MAX;
   for (size_t i = 0; i < s->allocation_count; i++) {
     if (categories != NULL && categories[i] != category) continue;
     const hd_snapshot_allocation *a = &s->allocations[i];
@@ -50,6 +53,7 @@ static trace_totals *totals_by_trace(const hd_snapshot *s, const uint8_t *catego
     trace_totals *tt = &t[trace - s->stack_traces];
     tt->live_bytes += a->size;
     tt->live_blocks += a->count; /* an element may stand for several blocks (a pprof sample) */
+    if (a->timestamp < tt->oldest) tt->oldest = a->timestamp;
   }
   return t;
 }
@@ -86,6 +90,7 @@ static group *group_for(group_list *l, const char *name, int category) {
   memset(g, 0, sizeof *g);
   snprintf(g->name, sizeof g->name, "%s", name);
   g->category = category;
+  g->oldest = INT64_MAX;
   g->module = "";
   g->heaviest_trace = SIZE_MAX;
   return g;
@@ -95,6 +100,7 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
                       const trace_totals *tt, bool with_counters) {
   g->live_bytes += tt->live_bytes;
   g->live_blocks += tt->live_blocks;
+  if (tt->oldest < g->oldest) g->oldest = tt->oldest;
   if (with_counters && trace->has_counters) {
     g->has_counters = true;
     g->allocated_bytes += trace->allocated_bytes;
@@ -126,6 +132,7 @@ static int add_groups(const hd_snapshot *s, const hd_report_options *o, const ui
       }
       g->live_bytes += a->size;
       g->live_blocks += a->count;
+      if (a->timestamp < g->oldest) g->oldest = a->timestamp;
       const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
       /* The thread's heaviest stack is the one with the most live bytes overall among its
        * allocations; good enough to point at what the thread keeps alive. */
@@ -142,7 +149,11 @@ static int add_groups(const hd_snapshot *s, const hd_report_options *o, const ui
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
       if (totals[i].live_blocks == 0) continue;
       char name[512], site[480];
-      hd_site_name(o->symbolizer, s, trace, site, sizeof site);
+      if (o->short_names) {
+        hd_site_short_name(o->symbolizer, s, trace, site, sizeof site);
+      } else {
+        hd_site_name(o->symbolizer, s, trace, site, sizeof site);
+      }
       if (o->by == HD_REPORT_BY_STACK) {
         snprintf(name, sizeof name, "%s (stack %" PRIu64 ")", site, trace->key);
       } else {
@@ -235,7 +246,17 @@ typedef struct leak_summary {
   uint64_t bytes[HD_REACH_CATEGORIES], blocks[HD_REACH_CATEGORIES];
   size_t groups[HD_REACH_CATEGORIES];
   size_t blocks_without_contents;
+  uint64_t unconfirmed_bytes, unconfirmed_blocks; /* lost in the last scan only */
 } leak_summary;
+
+/* "12.3s" ago at now_ns, or "-". */
+static void age_text(const group *g, uint64_t now_ns, char *out, size_t size) {
+  if (g->oldest == INT64_MAX || g->oldest < 0 || (uint64_t)g->oldest > now_ns) {
+    snprintf(out, size, "-");
+  } else {
+    snprintf(out, size, "%.1fs", (double)(now_ns - (uint64_t)g->oldest) / 1e9);
+  }
+}
 
 static void summarize(const group_list *l, leak_summary *sum) {
   for (size_t i = 0; i < l->count; i++) {
@@ -274,17 +295,31 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             "while it was read): what only they point to is counted as lost\n",
             sum->blocks_without_contents);
   }
+  if (sum->unconfirmed_blocks > 0) {
+    fprintf(out,
+            "note: %" PRIu64 " bytes in %" PRIu64 " blocks were lost in the last scan only, not "
+            "in the one before: not reported (a pointer in flight, or a leak younger than the "
+            "interval; the next check tells)\n",
+            sum->unconfirmed_bytes, sum->unconfirmed_blocks);
+  }
   size_t first = 0;
   for (int c = 0; c < HD_REACH_CATEGORIES; c++) {
     size_t count = sum->groups[c];
     bool details = c <= HD_INDIRECTLY_LOST || o->show_reachable;
     if (count > 0 && details) {
-      fprintf(out, "%s\n%14s %12s  %s\n", kCategoryTitles[c], "BYTES", "BLOCKS",
-              group_kind(o->by));
+      fprintf(out, "%s\n%14s %12s", kCategoryTitles[c], "BYTES", "BLOCKS");
+      if (o->now_ns) fprintf(out, " %10s", "OLDEST");
+      fprintf(out, "  %s\n", group_kind(o->by));
       size_t shown = o->top && o->top < count ? o->top : count;
       for (size_t i = first; i < first + shown; i++) {
         const group *g = &l->items[i];
-        fprintf(out, "%14" PRIu64 " %12" PRIu64 "  %s\n", g->live_bytes, g->live_blocks, g->name);
+        fprintf(out, "%14" PRIu64 " %12" PRIu64, g->live_bytes, g->live_blocks);
+        if (o->now_ns) {
+          char age[32];
+          age_text(g, o->now_ns, age, sizeof age);
+          fprintf(out, " %10s", age);
+        }
+        fprintf(out, "  %s\n", g->name);
         print_group_text(out, s, o, g);
       }
       if (shown < count) fprintf(out, "... %zu more (use --top 0 for all)\n", count - shown);
@@ -437,6 +472,8 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
       fprintf(out, "%s\"%s\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}", c ? "," : "",
               hd_reach_category_name((hd_reach_category)c), leaks->bytes[c], leaks->blocks[c]);
     }
+    fprintf(out, ",\"unconfirmed\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
+            leaks->unconfirmed_bytes, leaks->unconfirmed_blocks);
     fprintf(out, ",\"blocks_without_contents\":%zu}", leaks->blocks_without_contents);
   }
   fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
@@ -454,6 +491,9 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     hd_json_string(out, g->module);
     fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
             g->live_blocks);
+    if (o->now_ns && g->oldest != INT64_MAX && g->oldest >= 0 && (uint64_t)g->oldest <= o->now_ns) {
+      fprintf(out, ",\"oldest_age_s\":%.3f", (double)(o->now_ns - (uint64_t)g->oldest) / 1e9);
+    }
     if (g->has_counters) {
       fprintf(out, ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64,
               g->allocated_bytes, g->allocated_blocks);
@@ -480,10 +520,20 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   if (o->json) fputs("{\"processes\":[", out);
   for (size_t i = 0; i < r->snapshot_count; i++) {
     const hd_snapshot *s = r->snapshots[i];
-    /* A snapshot with roots gets its leak check. */
+    /* A snapshot with roots gets its leak check, unless the caller did it. */
     uint8_t *categories = NULL;
     leak_summary leaks = {0};
-    if (hd_reach_possible(s)) {
+    if (o->categories != NULL) {
+      categories = malloc(s->allocation_count ? s->allocation_count : 1);
+      if (categories == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
+      memcpy(categories, o->categories[i], s->allocation_count);
+      for (size_t k = 0; k < s->allocation_count; k++) {
+        if (categories[k] >= HD_REACH_CATEGORIES) {
+          leaks.unconfirmed_bytes += s->allocations[k].size;
+          leaks.unconfirmed_blocks += s->allocations[k].count;
+        }
+      }
+    } else if (hd_reach_possible(s)) {
       categories = malloc(s->allocation_count ? s->allocation_count : 1);
       if (categories == NULL ||
           hd_reach_classify(s, categories, &leaks.blocks_without_contents) != 0) {

@@ -112,6 +112,18 @@ char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
   return hd_location_name(&loc, trace->addresses[i], out, size);
 }
 
+char *hd_site_short_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                         const hd_snapshot_stack_trace *trace, char *out, size_t size) {
+  if (trace->count == 0) {
+    snprintf(out, size, "(no stack)");
+    return out;
+  }
+  size_t i = hd_site_frame(sym, snap, trace);
+  hd_location_info loc;
+  locate(sym, snap, trace, i, &loc);
+  return hd_location_short_name(&loc, trace->addresses[i], out, size);
+}
+
 const char *hd_site_module(hd_symbolizer *sym, const hd_snapshot *snap,
                            const hd_snapshot_stack_trace *trace) {
   if (trace->count == 0) return "";

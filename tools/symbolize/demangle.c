@@ -15,24 +15,31 @@ typedef struct cached_name {
   char *demangled; /* NULL: not a mangled name */
 } cached_name;
 
-static cached_name *g_names;
-static size_t g_mask, g_count;
+/* One cache per way of demangling (libiberty's flags). */
+typedef struct name_cache {
+  int flags;
+  cached_name *names;
+  size_t mask, count;
+} name_cache;
+
+static name_cache g_with_parameters = {DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO, NULL, 0, 0};
+static name_cache g_without_parameters = {DMGL_ANSI | DMGL_AUTO, NULL, 0, 0};
 
 static uint64_t hash_name(const char *s) { return hd_fnv1a(HD_FNV1A_BASIS, s, strlen(s)); }
 
-static bool grow(void) {
-  const size_t slots = g_names ? (g_mask + 1) * 2 : 1024;
+static bool grow(name_cache *c) {
+  const size_t slots = c->names ? (c->mask + 1) * 2 : 1024;
   cached_name *bigger = calloc(slots, sizeof *bigger);
   if (bigger == NULL) return false;
-  for (size_t i = 0; g_names && i <= g_mask; i++) {
-    if (g_names[i].name == NULL) continue;
-    size_t at = hash_name(g_names[i].name) & (slots - 1);
+  for (size_t i = 0; c->names && i <= c->mask; i++) {
+    if (c->names[i].name == NULL) continue;
+    size_t at = hash_name(c->names[i].name) & (slots - 1);
     while (bigger[at].name != NULL) at = (at + 1) & (slots - 1);
-    bigger[at] = g_names[i];
+    bigger[at] = c->names[i];
   }
-  free(g_names);
-  g_names = bigger;
-  g_mask = slots - 1;
+  free(c->names);
+  c->names = bigger;
+  c->mask = slots - 1;
   return true;
 }
 
@@ -41,26 +48,28 @@ static bool looks_mangled(const char *name) {
   return name[0] == '_' && (name[1] == 'Z' || name[1] == 'R');
 }
 
-static char *demangle_now(const char *name) {
-  return cplus_demangle(name, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO);
-}
-
-const char *hd_demangle(const char *name) {
+static const char *demangle(name_cache *c, const char *name) {
   if (name == NULL || !looks_mangled(name)) return name;
-  if ((g_count + 1) * 2 > (g_names ? g_mask + 1 : 0) && !grow()) {
+  if ((c->count + 1) * 2 > (c->names ? c->mask + 1 : 0) && !grow(c)) {
     return name; /* out of memory: the linkage name is still a name */
   }
-  size_t at = hash_name(name) & g_mask;
-  for (; g_names[at].name != NULL; at = (at + 1) & g_mask) {
-    if (strcmp(g_names[at].name, name) == 0) {
-      return g_names[at].demangled ? g_names[at].demangled : name;
+  size_t at = hash_name(name) & c->mask;
+  for (; c->names[at].name != NULL; at = (at + 1) & c->mask) {
+    if (strcmp(c->names[at].name, name) == 0) {
+      return c->names[at].demangled ? c->names[at].demangled : name;
     }
   }
   char *copy = strdup(name);
   if (copy == NULL) return name;
-  g_names[at] = (cached_name){.name = copy, .demangled = demangle_now(name)};
-  g_count++;
-  return g_names[at].demangled ? g_names[at].demangled : name;
+  c->names[at] = (cached_name){.name = copy, .demangled = cplus_demangle(name, c->flags)};
+  c->count++;
+  return c->names[at].demangled ? c->names[at].demangled : name;
+}
+
+const char *hd_demangle(const char *name) { return demangle(&g_with_parameters, name); }
+
+const char *hd_demangle_without_parameters(const char *name) {
+  return demangle(&g_without_parameters, name);
 }
 
 bool hd_is_std_library_name(const char *name) {

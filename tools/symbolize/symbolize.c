@@ -818,15 +818,26 @@ void hd_symbolize(hd_symbolizer *s, const hd_snapshot *snap, uint64_t address,
 
 bool hd_symbolizer_found_symbols(const hd_symbolizer *s) { return s->found_symbols; }
 
-char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out, size_t size) {
+static char *location_name(const hd_location_info *loc, uint64_t address, bool parameters,
+                           char *out, size_t size) {
   if (size == 0) return out;
   const char *function = loc->frame_count > 0 ? loc->frames[loc->frame_count - 1].function : NULL;
   if (function != NULL) {
-    snprintf(out, size, "%s", hd_demangle(function));
+    snprintf(out, size, "%s",
+             parameters ? hd_demangle(function) : hd_demangle_without_parameters(function));
   } else if (loc->region != NULL) {
     snprintf(out, size, "%s+0x%" PRIx64, loc->module, loc->module_offset);
   } else {
     snprintf(out, size, "0x%" PRIx64, address);
   }
   return out;
+}
+
+char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out, size_t size) {
+  return location_name(loc, address, true, out, size);
+}
+
+char *hd_location_short_name(const hd_location_info *loc, uint64_t address, char *out,
+                             size_t size) {
+  return location_name(loc, address, false, out, size);
 }

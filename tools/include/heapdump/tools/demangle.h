@@ -14,6 +14,8 @@ extern "C" {
  * name (a C function, or one the demangler rejects), NULL for NULL. A demangled string stays
  * valid until the process exits (each distinct name is demangled once). */
 const char *hd_demangle(const char *name);
+/* The same without the parameter list (and the qualifiers after it): "shop::make_basket". */
+const char *hd_demangle_without_parameters(const char *name);
 
 /* Whether a linkage name belongs to the C++ standard library's namespaces (std::, including
  * std::__cxx11::, and __gnu_cxx::), read from the mangled form. */

@@ -30,6 +30,16 @@ typedef struct hd_report_options {
    * category, then site; the text lists the lost ones, and possibly lost and still reachable in
    * one line, unless show_reachable. */
   bool show_reachable;
+  /* A leak check of a live program (heapdump leaks): per snapshot of r, the category of each of
+   * its allocations (an hd_reach_category), or HD_REACH_CATEGORIES for a block left out of the
+   * report (lost in the last scan only: counted as unconfirmed). NULL: snapshots with roots are
+   * classified here. */
+  uint8_t *const *categories;
+  /* Non-zero: each group shows the age of its oldest block at this CLOCK_MONOTONIC time (text
+   * OLDEST, JSON oldest_age_s). */
+  uint64_t now_ns;
+  /* Sites are named without a demangled name's parameter list ("shop::make_basket"). */
+  bool short_names;
 } hd_report_options;
 
 /* Returns 0, or a negative errno value with a message in error. */

@@ -34,6 +34,10 @@ size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
 char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
                    const hd_snapshot_stack_trace *trace, char *out, size_t size);
 
+/* The same without a demangled name's parameter list ("shop::make_basket"). */
+char *hd_site_short_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                         const hd_snapshot_stack_trace *trace, char *out, size_t size);
+
 /* The module the site is in (basename of its region), "" if no region holds it. */
 const char *hd_site_module(hd_symbolizer *sym, const hd_snapshot *snap,
                            const hd_snapshot_stack_trace *trace);

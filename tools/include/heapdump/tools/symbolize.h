@@ -55,6 +55,9 @@ bool hd_symbolizer_found_symbols(const hd_symbolizer *s);
 /* Writes the display name of a location: the outermost function's name if resolved (demangled,
  * see demangle.h), else "module+0xoffset", else "0xaddress". Returns out. */
 char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out, size_t size);
+/* The same, with a demangled name's parameter list left out ("shop::make_basket"). */
+char *hd_location_short_name(const hd_location_info *loc, uint64_t address, char *out,
+                             size_t size);
 
 #ifdef __cplusplus
 }
