@@ -51,6 +51,9 @@ typedef struct hd_process {
   bool live;         /* in the live set */
   uint64_t exit_record; /* its hd_exit_record's seq once it has left the live set */
   bool named_store_pending; /* protected by the storage worker's lock: one store at a time */
+  /* Protected by hd_collector.lock: the exit snapshot it stored itself from its exit path, with
+   * contents (0: none), which stands for the one the collector would take when it exits. */
+  uint32_t exit_stored_id;
 } hd_process;
 
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
@@ -267,7 +270,7 @@ unsigned hd_worker_exits_pending(hd_collector *c);
  * `txid` on `reply_fd` (taken). A process has one store queued or running at a time: -EBUSY
  * while it has; -ENOMEM if it could not be queued. Nothing is taken on error. */
 int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            int reply_fd, uint32_t txid);
+                            bool exit_with_contents, int reply_fd, uint32_t txid);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
 
@@ -276,8 +279,10 @@ void hd_queue_discovery(hd_collector *c);
 int hd_storage_open(hd_collector *c, const char *dir);
 void hd_storage_close(hd_collector *c);
 /* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
- * if memfd < 0, from p's tables as they are now. 0, -EINVAL (bad table) or -EIO. */
-int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd, uint32_t *id);
+ * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and
+ * the roots, read from the process. 0, -EINVAL (bad table) or -EIO. */
+int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                      bool with_contents, uint32_t *id);
 int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
                     hd_stored_list *out);
 hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing);

@@ -197,7 +197,8 @@ static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
   int reply_fd = fcntl(h->k->fd, F_DUPFD_CLOEXEC, 0);
   int queued = reply_fd < 0 ? -EMFILE
                             : hd_queue_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
-                                                      fd, reply_fd, msg->txid);
+                                                      fd, req->has_exit_with_contents && req->exit_with_contents,
+                                                      reply_fd, msg->txid);
   if (queued != 0) {
     if (reply_fd >= 0) close(reply_fd);
     close(fd);

@@ -88,6 +88,10 @@ static void record_exit_locked(hd_collector *c, hd_process *p, bool exit_snapsho
       .state = exit_snapshot ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
                              : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT,
   };
+  if (p->exit_stored_id != 0) { /* it stored its own, from its exit path */
+    r->state = heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED;
+    r->snapshot_id = p->exit_stored_id;
+  }
   snprintf(r->name, sizeof r->name, "%s", p->name);
   p->exit_record = seq;
 }
@@ -114,9 +118,15 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
   if (p != NULL && (uid == 0 || p->uid == uid)) {
     /* Exited, and the poll thread has not handled it yet: what it will do is known. */
     out.state = hd_process_alive(p) ? heapdump_client_ProcessState_PROCESS_STATE_RUNNING
+                : p->exit_stored_id != 0
+                    ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED
                 : p->exit_snapshot
                     ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
                     : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
+    if (out.state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED) {
+      out.has_exit_snapshot_id = true;
+      out.exit_snapshot_id = p->exit_stored_id;
+    }
     out.has_process_name = true;
     snprintf(out.process_name, sizeof out.process_name, "%s", p->name);
   } else {
@@ -153,7 +163,7 @@ static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot, bool
 void hd_process_exited(hd_collector *c, hd_process *p) {
   pthread_mutex_lock(&c->lock);
   bool removed = remove_locked(c, p);
-  bool exit_snapshot = p->exit_snapshot;
+  bool exit_snapshot = p->exit_snapshot && p->exit_stored_id == 0;
   if (removed) record_exit_locked(c, p, exit_snapshot);
   if (removed && exit_snapshot) hd_worker_reserve_exit(c);
   pthread_mutex_unlock(&c->lock);

@@ -335,7 +335,7 @@ static heapdump_client_StoredSnapshot stored_meta(uint32_t id, const char *name,
 }
 
 int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                      uint32_t *out_id) {
+                      bool with_contents, uint32_t *out_id) {
   hd_alloc_reader *frozen = NULL;
   if (memfd >= 0) {
     const char *refused = frozen_copy_refusal(memfd, p, &frozen);
@@ -377,7 +377,7 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     sink.error = ENOMEM;
   } else {
     hd_batch_writer_init(w, append_batch, &sink);
-    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, false, w, &totals);
+    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, with_contents, w, &totals);
     if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
   }
   free(w);

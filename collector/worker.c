@@ -21,6 +21,7 @@ typedef struct job {
   hd_process *process;
   char name[HD_NAME_SIZE];
   int memfd;    /* named snapshots: the frozen allocations copy */
+  bool exit_with_contents; /* named snapshots: the process's own exit snapshot */
   int reply_fd; /* named snapshots: where to answer */
   uint32_t txid;
 } job;
@@ -61,7 +62,14 @@ static job *pop(job_queue *q) {
 
 static void store_named(hd_collector *c, hd_message *scratch, job *j) {
   uint32_t id = 0;
-  int rc = hd_store_snapshot(c, j->process, j->name, j->memfd, &id);
+  int rc = hd_store_snapshot(c, j->process, j->name, j->memfd, j->exit_with_contents, &id);
+  if (rc == 0 && j->exit_with_contents) {
+    pthread_mutex_lock(&c->lock);
+    j->process->exit_stored_id = id;
+    pthread_mutex_unlock(&c->lock);
+    hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u] from its exit path, with contents",
+           (unsigned)id, j->name, j->process->name, (unsigned)j->process->pid);
+  }
   /* Before the answer: the process may send its next request the moment it has it. */
   pthread_mutex_lock(&c->worker->lock);
   j->process->named_store_pending = false;
@@ -123,7 +131,7 @@ static void *run_exits(void *arg) {
       continue;
     }
     uint32_t id = 0;
-    bool stored = hd_store_snapshot(c, j->process, j->name, -1, &id) == 0;
+    bool stored = hd_store_snapshot(c, j->process, j->name, -1, false, &id) == 0;
     if (!stored) {
       hd_log(c, HD_LOG_WARN, "no %s snapshot for %s[%u]", j->name, j->process->name,
              (unsigned)j->process->pid);
@@ -227,7 +235,7 @@ unsigned hd_worker_exits_pending(hd_collector *c) {
 }
 
 int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            int reply_fd, uint32_t txid) {
+                            bool exit_with_contents, int reply_fd, uint32_t txid) {
   hd_worker *w = c->worker;
   job *j = calloc(1, sizeof *j);
   if (j == NULL) return -ENOMEM;
@@ -242,6 +250,7 @@ int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, in
   j->process = hd_process_retain(p);
   snprintf(j->name, sizeof j->name, "%s", name);
   j->memfd = memfd;
+  j->exit_with_contents = exit_with_contents;
   j->reply_fd = reply_fd;
   j->txid = txid;
   enqueue(w, &w->named, j);

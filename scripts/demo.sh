@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: `heapdump run` on the demo program (tools/demo/leaky.c), which leaks on
-# purpose and stores a named snapshot. heapdump prints the report of what was still live at exit,
-# then the exit snapshot is converted to pprof and dartheap. Outputs go to $HEAPDUMP_DEMO_DIR
+# purpose and stores a named snapshot. heapdump prints a leak check of what was still live at
+# exit, then the exit snapshot is converted to pprof and dartheap. Outputs go to $HEAPDUMP_DEMO_DIR
 # (default ./demo-output).
 set -euo pipefail
 build_dir=$(realpath "${1:-build-release}")

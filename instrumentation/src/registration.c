@@ -71,6 +71,15 @@ static bool env_is_one(const char *name) {
   return v != NULL && strcmp(v, "1") == 0;
 }
 
+bool hd_exit_with_contents_wanted(void) {
+  const char *v = getenv(HD_ENV_EXIT_CONTENTS);
+  if (!env_is_one(HD_ENV_EXIT_SNAPSHOT) || v == NULL) return false;
+  if (strcmp(v, "1") == 0) return true;
+  char *end;
+  long pid = strtol(v, &end, 10);
+  return *end == '\0' && pid > 1 && pid == (long)getpid();
+}
+
 /* A read-only descriptor of one of our tables, through /proc (a memfd cannot be opened read-only
  * otherwise): the collector only reads, and refuses tables it could write. */
 static bool reopen_read_only(const hd_owned_fd *table, hd_owned_fd *out) {
@@ -172,10 +181,12 @@ void hd_registration_after_fork_child(void) {
 
 /* One try on the registered sink. *sent tells whether the request left: a request the collector
  * received is never sent again, or a slow store would be stored twice. */
-static int store_on_sink(const char *name, int snapshot_fd, bool *sent) {
+static int store_on_sink(const char *name, int snapshot_fd, bool exit_with_contents, bool *sent) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
       heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
   req.has_name = req.has_allocations_snapshot = true;
+  req.has_exit_with_contents = exit_with_contents;
+  req.exit_with_contents = exit_with_contents;
   snprintf(req.name, sizeof req.name, "%s", name);
   req.allocations_snapshot = (heapdump_client_Handle){.has_index = true, .index = 0};
   const uint32_t txid = hd_next_txid();
@@ -201,7 +212,7 @@ static int store_on_sink(const char *name, int snapshot_fd, bool *sent) {
   return resp.has_error ? HEAPDUMP_ERROR_COLLECTOR_REFUSED : HEAPDUMP_OK;
 }
 
-int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd) {
+int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd, bool exit_with_contents) {
   hd_tls.guard++;
   pthread_mutex_lock(&g_lock);
   int rc = HEAPDUMP_ERROR_NO_COLLECTOR;
@@ -210,7 +221,7 @@ int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd) {
   for (int attempt = 0; attempt < 2 && rc == HEAPDUMP_ERROR_NO_COLLECTOR; attempt++) {
     if (!register_locked() || !hd_owned_fd_valid(memfd)) break;
     bool sent;
-    rc = store_on_sink(name, memfd->fd, &sent);
+    rc = store_on_sink(name, memfd->fd, exit_with_contents, &sent);
     /* After no answer, a late one would be taken for the answer to the next request. */
     if (rc == HEAPDUMP_ERROR_NO_COLLECTOR || rc == HEAPDUMP_ERROR_NO_ANSWER) disconnect();
     if (sent) break;

@@ -622,6 +622,26 @@ static void strip_from_ld_preload(void) {
   else unsetenv("LD_PRELOAD");
 }
 
+/* exit() runs its handlers last-registered first, and this one is registered before the C
+ * library registers the loader's finalizer (our constructor runs before the program starts):
+ * it runs after the program's atexit handlers and every static destructor. Registered without
+ * a DSO handle, so that finalizing this library does not run it early. */
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
+
+/* The exit snapshot, stored from the exit path with contents and roots (a leak check) while
+ * this thread waits for the collector, bounded by the snapshot timeout; without a collector,
+ * or if it fails, the collector's own exit snapshot (without contents) is what remains. */
+static void exit_leak_check(void *unused) {
+  (void)unused;
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (!hd_exit_with_contents_wanted()) return; /* a fork child of the command, say */
+  hd_owned_fd memfd;
+  if (hd_snapshot_copy_live(&memfd) != 0) return;
+  int rc = hd_store_named_snapshot(HD_EXIT_SNAPSHOT_NAME, &memfd, true);
+  (void)rc;
+  hd_owned_fd_close(&memfd);
+}
+
 __attribute__((constructor)) static void hd_constructor(void) {
   hd_ensure_init();
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
@@ -634,6 +654,7 @@ __attribute__((constructor)) static void hd_constructor(void) {
   if (!g_follow_children) strip_from_ld_preload();
   hd_rescan_regions();
   hd_register_with_collector();
+  if (hd_exit_with_contents_wanted()) __cxa_atexit(exit_leak_check, NULL, NULL);
 }
 
 /* ------------------------------------------------------------------ public API */
@@ -684,7 +705,7 @@ __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const ch
   hd_owned_fd memfd;
   int rc = hd_snapshot_copy_live(&memfd);
   if (rc == 0) {
-    rc = hd_store_named_snapshot(name, &memfd);
+    rc = hd_store_named_snapshot(name, &memfd, false);
     hd_owned_fd_close(&memfd);
   } else {
     rc = rc == -ENODEV ? HEAPDUMP_ERROR_NOT_RECORDING : HEAPDUMP_ERROR_NO_MEMORY;

@@ -168,12 +168,16 @@ bool HasSite(const std::string &report, const std::string &site, const std::stri
   return false;
 }
 
+// leak_child keeps its blocks in a global array: still reachable at exit, listed with
+// --show-reachable.
 TEST_F(CliTest, RunReportsTheLeaksAndPropagatesTheExitStatus) {
   // No collector answers at the socket: run embeds one, with its files under TMPDIR.
   std::string tmp = dir + "/tmp";
   ASSERT_EQ(mkdir(tmp.c_str(), 0700), 0);
-  Output o = Heapdump({"run", "--", HD_LEAK_CHILD}, {"TMPDIR=" + tmp});
+  Output o = Heapdump({"run", "--show-reachable", "--", HD_LEAK_CHILD}, {"TMPDIR=" + tmp});
   EXPECT_EQ(o.status, 3) << o.err;
+  EXPECT_NE(o.err.find("leak check: 0 bytes in 0 blocks definitely_lost"), std::string::npos)
+      << o.err;
   EXPECT_TRUE(HasSite(o.err, "leak_big", "12288", "3")) << o.err;
   EXPECT_TRUE(HasSite(o.err, "leak_small", "1000", "10")) << o.err;
   EXPECT_EQ(o.err.find("balanced"), std::string::npos) << o.err;
@@ -189,7 +193,7 @@ TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
   Output o = Heapdump({"run", "-o", "leaks.heapdump", "--", HD_LEAK_CHILD});
   ASSERT_EQ(o.status, 3) << o.err;
   ASSERT_TRUE(Exists(dir + "/leaks.heapdump"));
-  Output r = Heapdump({"report", "leaks.heapdump", "--top", "0"});
+  Output r = Heapdump({"report", "leaks.heapdump", "--top", "0", "--show-reachable"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
   EXPECT_TRUE(HasSite(r.out, "leak_small", "1000", "10")) << r.out;
@@ -229,7 +233,9 @@ std::vector<std::string> GroupLines(const std::string &table) {
 // written, even once the program is gone.
 TEST_F(CliTest, ReportAndConvertReadPprofProfiles) {
   ASSERT_EQ(RunProgram({"/bin/cp", HD_LEAK_CHILD, dir + "/gone_soon"}, dir).status, 0);
-  Output o = Heapdump({"run", "-o", "leaks.heapdump", "--", dir + "/gone_soon", "deep"});
+  // Profiles hold no roots: the raw file is compared without its leak check.
+  Output o = Heapdump({"run", "--no-leak-check", "-o", "leaks.heapdump", "--", dir + "/gone_soon",
+                       "deep"});
   ASSERT_EQ(o.status, 3) << o.err;
   ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "leaks.pb.gz"}).status, 0);
   ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "tagged.pb.gz", "--tags"}).status, 0);
@@ -316,7 +322,9 @@ TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
   std::string id = lines[1].substr(0, lines[1].find(' '));
   Output d = Heapdump({"download", id, "-o", "d.heapdump"});
   ASSERT_EQ(d.status, 0) << d.err;
-  Output r = Heapdump({"report", "d.heapdump"});
+  // The exit snapshot the process stored from its exit path, with contents: a leak check.
+  Output r = Heapdump({"report", "d.heapdump", "--show-reachable"});
+  EXPECT_NE(r.out.find("leak check: "), std::string::npos) << r.out;
   EXPECT_TRUE(HasSite(r.out, "leak_big", "12288", "3")) << r.out;
   Output j = Heapdump({"list", "--json"});
   EXPECT_NE(j.out.find("\"id\":" + id + ",\"name\":\"exit\",\"process_name\":\"leak_child\""),
@@ -372,7 +380,7 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
   for (auto [unwind, limit] : {std::pair<const char *, int>{"libunwind", 16}, {"fp", 6}}) {
     SCOPED_TRACE(unwind);
     const std::string cut = "truncated at " + std::to_string(limit) + " frames";
-    Output o = Heapdump({"run", "-o", "deep.heapdump", "--", HD_LEAK_CHILD, "deep"},
+    Output o = Heapdump({"run", "--no-leak-check", "-o", "deep.heapdump", "--", HD_LEAK_CHILD, "deep"},
                         {"HEAPDUMP_MAX_FRAMES=" + std::to_string(limit),
                          std::string("HEAPDUMP_UNWIND=") + unwind});
     ASSERT_EQ(o.status, 3) << o.err;
@@ -416,7 +424,8 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
     Output whole_run = Heapdump({"run", "-o", "whole.heapdump", "--", HD_LEAK_CHILD},
                                 {std::string("HEAPDUMP_UNWIND=") + unwind});
     EXPECT_EQ(whole_run.status, 3) << whole_run.err;  // leak_child's own status, passed on
-    Output whole = Heapdump({"report", "whole.heapdump", "--top", "0", "--by", "stack"});
+    Output whole = Heapdump({"report", "whole.heapdump", "--top", "0", "--by", "stack",
+                             "--show-reachable"});
     EXPECT_NE(whole.out.find("leak_small"), std::string::npos) << whole.out;
     EXPECT_EQ(whole.out.find("truncated"), std::string::npos) << whole.out;
     unlink((dir + "/deep.heapdump").c_str());
@@ -492,7 +501,7 @@ TEST_F(CliTest, SnapshotWritesEveryFormat) {
 // instantiated in the program) and its object (operator new) all belong to
 // shop::make_basket, in every output that names functions, and from a pprof profile too.
 TEST_F(CliTest, NamesAreDemangledAndSitesAreTheProgramsOwnFunctions) {
-  Output o = Heapdump({"run", "-o", "shop.heapdump", "--", HD_SHOP_CHILD});
+  Output o = Heapdump({"run", "--no-leak-check", "-o", "shop.heapdump", "--", HD_SHOP_CHILD});
   ASSERT_EQ(o.status, 0) << o.err;
   Output r = Heapdump({"report", "shop.heapdump", "--top", "0"});
   ASSERT_EQ(r.status, 0) << r.err;
@@ -735,6 +744,17 @@ std::map<std::pair<std::string, std::string>, std::string> LeakGroups(const std:
   return groups;
 }
 
+// What reach_child.cc has lost, as a leak check's text lists it: (category, site) -> "BYTES
+// BLOCKS"; sites named with their parameter lists (report, run) or without (leaks).
+std::map<std::pair<std::string, std::string>, std::string> ReachChildLost(bool parameters) {
+  const std::string basket = parameters ? "leak_basket()" : "leak_basket";
+  const std::string cycle = parameters ? "leak_cycle()" : "leak_cycle";
+  return {{{"DEFINITELY LOST", basket}, "64 1"},
+          {{"DEFINITELY LOST", cycle}, "3000 1"},
+          {{"INDIRECTLY LOST", basket}, "315 6"},
+          {{"INDIRECTLY LOST", cycle}, "3000 1"}};
+}
+
 // A snapshot with contents carries the program's roots, and its report is a leak check with
 // valgrind's categories, exact for a C++ program whose heap is known (reach_child.cc): a leaked
 // object and what it owns, a leaked cycle, a block reached only through an interior pointer, and
@@ -745,12 +765,7 @@ TEST_F(CliTest, LeakCheckOfASnapshotWithContentsHasValgrindsCategories) {
   StartCollector();
   Live child(HD_REACH_CHILD, {}, socket);
   using Key = std::pair<std::string, std::string>;
-  const std::map<Key, std::string> lost = {
-      {{"DEFINITELY LOST", "leak_basket()"}, "64 1"},
-      {{"DEFINITELY LOST", "leak_cycle()"}, "3000 1"},
-      {{"INDIRECTLY LOST", "leak_basket()"}, "315 6"},
-      {{"INDIRECTLY LOST", "leak_cycle()"}, "3000 1"},
-  };
+  const std::map<Key, std::string> lost = ReachChildLost(true);
   for (int round = 0; round < 3; round++) {
     Output s = Heapdump({"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o",
                          "reach.heapdump"});
@@ -838,12 +853,7 @@ TEST_F(CliTest, LeaksChecksARunningProgramWithTwoScans) {
     Output t = Heapdump({"leaks", "--pid", std::to_string(child.pid), "--interval", "0.2",
                          "--top", "0"});
     ASSERT_EQ(t.status, 0) << t.err;
-    const std::map<std::pair<std::string, std::string>, std::string> lost = {
-        {{"DEFINITELY LOST", "leak_basket"}, "64 1"},
-        {{"DEFINITELY LOST", "leak_cycle"}, "3000 1"},
-        {{"INDIRECTLY LOST", "leak_basket"}, "315 6"},
-        {{"INDIRECTLY LOST", "leak_cycle"}, "3000 1"},
-    };
+    const auto lost = ReachChildLost(false);
     EXPECT_EQ(LeakGroups(t.out), lost) << t.out;
     EXPECT_TRUE(std::regex_search(t.out, std::regex(R"(\n +64 +1 +[0-9]+\.[0-9]s  leak_basket\n)")))
         << t.out;
@@ -892,6 +902,61 @@ TEST_F(CliTest, LeaksChecksARunningProgramWithTwoScans) {
   using Key = std::pair<std::string, std::string>;
   EXPECT_EQ(groups[Key("DEFINITELY LOST", "hold_in_register")], "5000 1") << one.out;
   EXPECT_EQ(groups[Key("DEFINITELY LOST", "leak_for_real")], "6000 1") << one.out;
+}
+
+// heapdump run checks for leaks at exit: the command stores its exit snapshot from its exit path
+// with contents and roots, and the printed report is a leak check, exact for a C++ program
+// (reach_child) and for the README's C demo (a list whose head is lost). --no-leak-check and
+// HEAPDUMP_EXIT_CONTENTS=0 go without; a command a signal ends is reported unclassified, and
+// says so.
+TEST_F(CliTest, RunChecksLeaksAtExitLikeValgrind) {
+  Output o = Heapdump({"run", "-o", "reach.heapdump", "--top", "0", "--", HD_REACH_CHILD});
+  ASSERT_EQ(o.status, 0) << o.err;
+  using Key = std::pair<std::string, std::string>;
+  const std::map<Key, std::string> lost = ReachChildLost(true);
+  EXPECT_EQ(LeakGroups(o.err), lost) << o.err;
+  EXPECT_NE(o.err.find("leak check: 3064 bytes in 2 blocks definitely_lost, 3315 bytes in 7 "
+                       "blocks indirectly_lost, 4000 bytes in 1 blocks possibly_lost, "),
+            std::string::npos)
+      << o.err;
+  Output j = Heapdump({"report", "reach.heapdump", "--json"});
+  EXPECT_NE(j.out.find("{\"name\":\"leak_basket()\",\"category\":\"definitely_lost\","),
+            std::string::npos)
+      << j.out;
+  EXPECT_NE(j.out.find("\"definitely_lost\":{\"bytes\":3064,\"blocks\":2}"), std::string::npos)
+      << j.out;
+  Output all = Heapdump({"run", "--show-reachable", "-o", "all.heapdump", "--top", "0", "--",
+                         HD_REACH_CHILD});
+  auto groups = LeakGroups(all.err);
+  EXPECT_EQ(groups[Key("POSSIBLY LOST", "keep_interior()")], "4000 1") << all.err;
+  EXPECT_EQ(groups[Key("STILL REACHABLE", "keep_global()")], "4100 1") << all.err;
+
+  Output demo = Heapdump({"run", "--", HD_LEAKY});
+  ASSERT_EQ(demo.status, 0) << demo.err;
+  EXPECT_EQ(LeakGroups(demo.err), (std::map<Key, std::string>{
+                                      {{"DEFINITELY LOST", "build_list"}, "56 1"},
+                                      {{"INDIRECTLY LOST", "build_list"}, "13944 249"},
+                                  }))
+      << demo.err;
+
+  for (const auto &[args, env] :
+       {std::pair<std::vector<std::string>, std::vector<std::string>>{
+            {"run", "--no-leak-check", "--", HD_REACH_CHILD}, {}},
+        {{"run", "--", HD_REACH_CHILD}, {"HEAPDUMP_EXIT_CONTENTS=0"}}}) {
+    Output plain = Heapdump(args, env);
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    EXPECT_EQ(plain.err.find("leak check"), std::string::npos) << plain.err;  // asked for none
+    EXPECT_TRUE(HasSite(plain.err, "leak_cycle()", "6000", "2")) << plain.err;
+  }
+
+  Output killed = Heapdump({"run", "--", "/bin/sh", "-c", "kill -KILL $$"});
+  EXPECT_EQ(killed.status, 128 + SIGKILL) << killed.err;
+  EXPECT_NE(killed.err.find("was killed by signal 9"), std::string::npos) << killed.err;
+  EXPECT_NE(killed.err.find("heapdump: no leak check: a signal ended the process before its exit "
+                            "path"),
+            std::string::npos)
+      << killed.err;
+  EXPECT_EQ(killed.err.find("\nleak check: "), std::string::npos) << killed.err;
 }
 
 TEST_F(CliTest, SnapshotWithContentsGivesDartheapReferencesOfThePointers) {

@@ -231,27 +231,37 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
   }
 }
 
-// docs/tools.md's leak check lines as written, with the detached daemon, and a program with a
-// known heap (tests/tools/reach_child.cc) as my-server.
-TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
+// The heapdump lines of docs/tools.md's part that starts at `heading` (up to the next line
+// starting with `until`), indented by `indent` spaces, as a script run with the detached daemon
+// and a program with a known heap (tests/tools/reach_child.cc) as my-server, waiting for its
+// stdin to close. *commands: how many lines were taken.
+std::string WithReachServer(const std::string &heading, const std::string &until, size_t indent,
+                            int *commands) {
   std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
-  size_t start = doc.find("- **Leak check.**");
-  ASSERT_NE(start, std::string::npos);
-  std::string section = doc.substr(start, doc.find("\n- ", start + 1) - start);
+  size_t start = doc.find(heading);
+  if (start == std::string::npos) return "";
+  std::string section = doc.substr(start, doc.find(until, start + 1) - start);
   std::string script =
       "set -e\nheapdump-collector\ncp \"$REACH\" my-server\nmkfifo server.in\n"
       "LD_PRELOAD=$LIB ./my-server < server.in > server.out 2>&1 &\n"
       "exec 4> server.in\n"  // the server runs until this closes
       "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n";
   std::istringstream lines(section);
-  int commands = 0;
+  *commands = 0;
+  const std::string prefix = std::string(indent, ' ') + "heapdump ";
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("      heapdump ", 0) != 0) continue;
-    script += std::regex_replace(line.substr(6), std::regex(" +#.*"), "") + "\n";
-    commands++;
+    if (line.rfind(prefix, 0) != 0) continue;
+    script += std::regex_replace(line.substr(indent), std::regex(" +#.*"), "") + "\n";
+    (*commands)++;
   }
-  ASSERT_EQ(commands, 3) << section;
-  script += "exec 4>&-\nwait\nheapdump-collector --stop\n";
+  return script + "exec 4>&-\nwait\nheapdump-collector --stop\n";
+}
+
+// docs/tools.md's leak check lines (under `report`) as written.
+TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
+  int commands = 0;
+  std::string script = WithReachServer("- **Leak check.**", "\n- ", 6, &commands);
+  ASSERT_EQ(commands, 3) << script;
   Output o = Shell(script);
   ASSERT_EQ(o.status, 0) << script << o.out;
   EXPECT_NE(o.out.find("leak check: 3064 bytes in 2 blocks definitely_lost, 3315 bytes in 7 blocks "
@@ -264,27 +274,11 @@ TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
       << o.out;
 }
 
-// docs/tools.md's `heapdump leaks` lines as written, with the detached daemon and a program with
-// a known heap (tests/tools/reach_child.cc) as my-server.
+// docs/tools.md's `heapdump leaks` lines as written.
 TEST_F(DaemonTest, DocsLeaksRunsAsWritten) {
-  std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
-  size_t start = doc.find("### `heapdump leaks");
-  ASSERT_NE(start, std::string::npos);
-  std::string section = doc.substr(start, doc.find("\n#", start + 1) - start);
-  std::string script =
-      "set -e\nheapdump-collector\ncp \"$REACH\" my-server\nmkfifo server.in\n"
-      "LD_PRELOAD=$LIB ./my-server < server.in > server.out 2>&1 &\n"
-      "exec 4> server.in\n"  // the server runs until this closes
-      "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n";
-  std::istringstream lines(section);
   int commands = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("    heapdump ", 0) != 0) continue;
-    script += std::regex_replace(line.substr(4), std::regex(" +#.*"), "") + "\n";
-    commands++;
-  }
-  ASSERT_EQ(commands, 2) << section;
-  script += "exec 4>&-\nwait\nheapdump-collector --stop\n";
+  std::string script = WithReachServer("### `heapdump leaks", "\n#", 4, &commands);
+  ASSERT_EQ(commands, 2) << script;
   Output o = Shell(script);
   ASSERT_EQ(o.status, 0) << script << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1 +[0-9.]+s  leak_basket\n)")))
@@ -406,10 +400,11 @@ TEST_F(DaemonTest, InstalledTreeRunsAndShipsTheUnit) {
   std::string install = std::string(HD_CMAKE_COMMAND) + " --install " + HD_BUILD_DIR +
                         " --prefix " + prefix + " >/dev/null\n";
   Output o = Shell(install + "PATH=" + prefix + "/bin:/usr/bin:/bin\n"
-                   "heapdump run -- \"$LEAK_CHILD\" || test $? = 3\n"
+                   "heapdump run --show-reachable -- \"$LEAK_CHILD\" || test $? = 3\n"
                    "grep ExecStart " + prefix + "/share/systemd/user/heapdump-collector.service\n");
   EXPECT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("leak_small"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("\nleak check: "), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("ExecStart=" + prefix + "/bin/heapdump-collector --foreground"),
             std::string::npos)
       << o.out;

@@ -41,7 +41,7 @@ class Heap {
     Add(e);
     if (!with_contents) return;
     std::vector<uint8_t> bytes(size);
-    memcpy(bytes.data(), words.data(), std::min<size_t>(size, words.size() * 8));
+    if (!words.empty()) memcpy(bytes.data(), words.data(), std::min<size_t>(size, words.size() * 8));
     e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_block_contents_tag;
     e.element.block_contents.has_address = true;
@@ -51,7 +51,7 @@ class Heap {
   // A root at address whose bytes are words (address need not be aligned).
   void Root(uint64_t address, std::vector<uint64_t> words) {
     std::vector<uint8_t> bytes(words.size() * 8);
-    memcpy(bytes.data(), words.data(), bytes.size());
+    if (!words.empty()) memcpy(bytes.data(), words.data(), bytes.size());
     RootBytes(address, bytes);
   }
   void RootBytes(uint64_t address, const std::vector<uint8_t> &bytes) {

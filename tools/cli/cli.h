@@ -48,7 +48,8 @@ typedef struct cli_options {
   const char *children;     /* run: --children all|none|NAME[,NAME...] (NULL: all) */
   const char *children_dir; /* run: --children-dir */
   bool verbose;             /* run: --verbose */
-  bool show_reachable;      /* report, leaks: --show-reachable */
+  bool show_reachable;      /* report, leaks, run: --show-reachable */
+  bool no_leak_check;       /* run: --no-leak-check */
   /* leaks: per snapshot, the categories of its blocks as checked (cli_write's report), and when. */
   uint8_t *const *leak_categories;
   uint64_t leak_now_ns;

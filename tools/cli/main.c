@@ -99,8 +99,11 @@ static const struct {
     {"run", "heapdump run [OPTIONS] -- COMMAND [ARGS...]",
      "Runs COMMAND with libheapdump.so preloaded and exit snapshots on, using the collector at\n"
      "the socket if one answers, else one of its own for the run. When COMMAND exits, writes its\n"
-     "exit snapshot (the blocks still live: its leaks) to heapdump.NAME.PID.pb.gz (or --output)\n"
-     "and prints the top allocation sites of what was still live. Exits with COMMAND's status.\n"
+     "exit snapshot (the blocks still live) to heapdump.NAME.PID.pb.gz (or --output) and prints\n"
+     "a leak check of it: COMMAND stores its exit snapshot from its exit path (after its atexit\n"
+     "handlers and static destructors) with contents and roots, so every block still live is\n"
+     "classified as valgrind does; definitely and indirectly lost are listed by site. Exits with\n"
+     "COMMAND's status.\n"
      "\n"
      "  -i, --interval SECONDS  also write a live snapshot every SECONDS seconds\n"
      "                          (FILE.1.pb.gz, FILE.2.pb.gz, ...)\n"
@@ -114,6 +117,10 @@ static const struct {
      "      --children-dir DIR  where the snapshots of the processes COMMAND started go\n"
      "                          (default: FILE's stem with .d, e.g. heapdump.make.4242.d/)\n"
      "      --verbose           list every file written for those processes\n"
+     "      --no-leak-check     COMMAND's exit snapshot without contents: what was live at\n"
+     "                          exit is listed by site, not classified\n"
+     "      --show-reachable    the leak check lists possibly lost and still reachable blocks\n"
+     "                          too\n"
      "\n"
      "COMMAND is followed across exec (env, nice, sh -c 'exec ...', wrapper scripts): the\n"
      "report and FILE are of its last program. With the collector run starts itself, the\n"
@@ -272,6 +279,7 @@ enum {
   OPT_FORCE,
   OPT_VERSION,
   OPT_SHOW_REACHABLE,
+  OPT_NO_LEAK_CHECK,
 };
 
 /* Which command takes which option: anything else is a usage error, never silently ignored. */
@@ -302,7 +310,8 @@ static const struct {
     {OPT_VERBOSE, "--verbose", CMD_RUN},
     {OPT_FORCE, "--force", CMD_CONVERT},
     {OPT_VERSION, "--version", CMD_ALL},
-    {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT | CMD_LEAKS},
+    {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT | CMD_LEAKS | CMD_RUN},
+    {OPT_NO_LEAK_CHECK, "--no-leak-check", CMD_RUN},
 };
 
 /* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
@@ -344,6 +353,7 @@ static const struct option kLong[] = {
     {"force", no_argument, NULL, OPT_FORCE},
     {"version", no_argument, NULL, OPT_VERSION},
     {"show-reachable", no_argument, NULL, OPT_SHOW_REACHABLE},
+    {"no-leak-check", no_argument, NULL, OPT_NO_LEAK_CHECK},
     {NULL, 0, NULL, 0},
 };
 
@@ -365,6 +375,7 @@ static const struct {
     {OPT_VERBOSE, offsetof(cli_options, verbose), true},
     {OPT_FORCE, offsetof(cli_options, force), true},
     {OPT_SHOW_REACHABLE, offsetof(cli_options, show_reachable), true},
+    {OPT_NO_LEAK_CHECK, offsetof(cli_options, no_leak_check), true},
 };
 
 /* Sets the switch c; false if c is not one. */

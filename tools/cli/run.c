@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "heapdump/tools/reach.h"
 #include "heapdump/collector.h"
 #include "heapdump/fidl/channel.h"
 
@@ -163,7 +164,7 @@ static void forward_signal(int sig) {
 /* Starts argv with the instrumentation. Reports exec failures through a close-on-exec pipe, so
  * "command not found" is told apart from a command that ran and failed. */
 static pid_t spawn(char **argv, const char *library, const char *socket, const char *children,
-                   int *exec_errno) {
+                   bool leak_check, int *exec_errno) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) return -1;
   pid_t pid = fork();
@@ -186,6 +187,16 @@ static pid_t spawn(char **argv, const char *library, const char *socket, const c
     setenv("LD_PRELOAD", preload, 1);
     setenv(HD_ENV_SOCKET, socket, 1);
     setenv(HD_ENV_EXIT_SNAPSHOT, "1", 1);
+    /* The command (across its execs, not its children) stores its exit snapshot itself, with
+     * contents and roots: a leak check. HEAPDUMP_EXIT_CONTENTS in the environment decides
+     * otherwise (0: off). */
+    if (!leak_check) {
+      setenv(HD_ENV_EXIT_CONTENTS, "0", 1);
+    } else if (getenv(HD_ENV_EXIT_CONTENTS) == NULL) {
+      char self[24];
+      snprintf(self, sizeof self, "%d", (int)getpid());
+      setenv(HD_ENV_EXIT_CONTENTS, self, 1);
+    }
     /* --children: see the library's program_selected(). */
     if (children == NULL || strcmp(children, "all") == 0) {
       unsetenv(HD_ENV_PROFILE_ONLY);
@@ -476,6 +487,19 @@ static void print_report(const cli_options *o, const hd_reassembler *r, const ru
     fprintf(stderr, "\nheapdump: %s[%d]%s was killed by signal %d. Still live at exit:\n",
             res->main_exit->process_name, (int)pid, from, WTERMSIG(status));
   }
+  /* Without roots the blocks cannot be classified: only a process that went through its exit
+   * path stored them. */
+  bool classified = r->snapshot_count > 0 && hd_reach_possible(r->snapshots[0]);
+  const char *contents = getenv(HD_ENV_EXIT_CONTENTS);
+  bool wanted = !o->no_leak_check && (contents == NULL || strcmp(contents, "0") != 0);
+  if (!classified && wanted) {
+    fprintf(stderr,
+            "heapdump: no leak check: %s, so the exit snapshot has no contents and what was live "
+            "is not classified\n",
+            !WIFEXITED(status) ? "a signal ended the process before its exit path"
+                               : "the process did not store its exit snapshot itself (it left "
+                                 "through _exit or exec, or the collector could not read it)");
+  }
   cli_options report = *o;
   report.json = false;
   report.by = HD_REPORT_BY_SITE;
@@ -683,7 +707,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   uint32_t baseline = e.running ? 0 : newest_id(o);
 
   int exec_errno = 0;
-  pid_t pid = spawn(argv, library, o->socket, o->children, &exec_errno);
+  pid_t pid = spawn(argv, library, o->socket, o->children, !o->no_leak_check, &exec_errno);
   if (pid < 0) {
     cli_error("cannot start %s: %s", argv[0], strerror(errno));
     embedded_stop(&e);

@@ -100,8 +100,9 @@ size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
   return trace->count > 0 ? trace->count - 1 : 0;
 }
 
-char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
-                   const hd_snapshot_stack_trace *trace, char *out, size_t size) {
+static char *site_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                       const hd_snapshot_stack_trace *trace, bool parameters, char *out,
+                       size_t size) {
   if (trace->count == 0) {
     snprintf(out, size, "(no stack)");
     return out;
@@ -109,19 +110,18 @@ char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
   size_t i = hd_site_frame(sym, snap, trace);
   hd_location_info loc;
   locate(sym, snap, trace, i, &loc);
-  return hd_location_name(&loc, trace->addresses[i], out, size);
+  return parameters ? hd_location_name(&loc, trace->addresses[i], out, size)
+                    : hd_location_short_name(&loc, trace->addresses[i], out, size);
+}
+
+char *hd_site_name(hd_symbolizer *sym, const hd_snapshot *snap,
+                   const hd_snapshot_stack_trace *trace, char *out, size_t size) {
+  return site_name(sym, snap, trace, true, out, size);
 }
 
 char *hd_site_short_name(hd_symbolizer *sym, const hd_snapshot *snap,
                          const hd_snapshot_stack_trace *trace, char *out, size_t size) {
-  if (trace->count == 0) {
-    snprintf(out, size, "(no stack)");
-    return out;
-  }
-  size_t i = hd_site_frame(sym, snap, trace);
-  hd_location_info loc;
-  locate(sym, snap, trace, i, &loc);
-  return hd_location_short_name(&loc, trace->addresses[i], out, size);
+  return site_name(sym, snap, trace, false, out, size);
 }
 
 const char *hd_site_module(hd_symbolizer *sym, const hd_snapshot *snap,

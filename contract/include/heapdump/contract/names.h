@@ -20,6 +20,9 @@
 #define HD_ENV_SOCKET "HEAPDUMP_SOCKET"                   /* the collector's socket */
 #define HD_ENV_RUNTIME_DIR "XDG_RUNTIME_DIR"              /* where the default socket is */
 #define HD_ENV_EXIT_SNAPSHOT "HEAPDUMP_EXIT_SNAPSHOT"     /* 1: a snapshot is stored at exit */
+/* With an exit snapshot: 1 (every process) or a pid (that process only; `heapdump run` sets its
+ * command's) stores it from its exit path with contents and roots, a leak check; 0: never. */
+#define HD_ENV_EXIT_CONTENTS "HEAPDUMP_EXIT_CONTENTS"
 #define HD_ENV_PROFILE_ONLY "HEAPDUMP_PROFILE_ONLY"       /* `run --children`: which programs */
 #define HD_ENV_PROFILE_ROOT "HEAPDUMP_PROFILE_ROOT"       /* the pid `run` started */
 #define HD_ENV_FOLLOW_CHILDREN "HEAPDUMP_FOLLOW_CHILDREN" /* 0: exec'd children unprofiled */
