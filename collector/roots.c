@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -26,7 +27,7 @@
 #define TCB_SPAN 4096u
 
 typedef struct mapping {
-  uint64_t start, end;
+  uint64_t start, end, offset;
   char perms[5];
   char *path; /* "" for an anonymous mapping */
 } mapping;
@@ -79,11 +80,11 @@ static bool readable_private(const mapping *m) { return m->perms[0] == 'r' && m-
 /* Adds the readable private memory in [start, end) as roots of one kind (a range may span
  * several mappings, or holes). */
 static void add_mapped(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
-                       uint64_t tid) {
+                       uint64_t tid, const char *name) {
   for (size_t i = 0; i < g->map_count; i++) {
     const mapping *m = &g->maps[i];
     if (m->end <= start || m->start >= end || !readable_private(m)) continue;
-    add_root(g, m->start > start ? m->start : start, m->end < end ? m->end : end, kind, tid, "");
+    add_root(g, m->start > start ? m->start : start, m->end < end ? m->end : end, kind, tid, name);
   }
 }
 
@@ -105,10 +106,12 @@ static bool read_maps(pid_t pid, gather *g) {
   while (getline(&line, &line_size, f) > 0) {
     mapping m = {0};
     int name_at = 0;
-    unsigned long long start, end;
-    if (sscanf(line, "%llx-%llx %4s %*x %*x:%*x %*u %n", &start, &end, m.perms, &name_at) < 3) {
+    unsigned long long start, end, offset;
+    if (sscanf(line, "%llx-%llx %4s %llx %*x:%*x %*u %n", &start, &end, m.perms, &offset,
+               &name_at) < 4) {
       continue;
     }
+    m.offset = offset;
     char *name = line + name_at;
     name[strcspn(name, "\n")] = '\0';
     m.start = start;
@@ -126,27 +129,55 @@ static bool read_maps(pid_t pid, gather *g) {
   return !g->out_of_memory;
 }
 
-/* Modules' writable data: each writable private file mapping, with the anonymous mapping that
- * continues it (.bss) and the read-only mapping of the same file before it (relro). */
-static void add_module_data(gather *g) {
+static bool read_remote(pid_t pid, uint64_t address, void *out, size_t size) {
+  struct iovec local = {out, size}, remote = {(void *)(uintptr_t)address, size};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)size;
+}
+
+/* The writable segments of the ELF module whose first page is mapped by m (offset 0): each
+ * PT_LOAD with PF_W, from p_vaddr to p_vaddr + p_memsz past the load bias — its .data, its
+ * .bss (also where the kernel maps it anonymously) and its relocated read-only data, read from
+ * the program headers in the process's memory. False if m holds no ELF header. */
+static bool add_elf_data(pid_t pid, gather *g, const mapping *m) {
+  Elf64_Ehdr eh;
+  if (!read_remote(pid, m->start, &eh, sizeof eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+      eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
+      eh.e_phnum == 0 || eh.e_phnum > 64 || eh.e_phoff > m->end - m->start) {
+    return false;
+  }
+  Elf64_Phdr ph[64];
+  if (!read_remote(pid, m->start + eh.e_phoff, ph, eh.e_phnum * sizeof *ph)) return false;
+  uint64_t bias = 0;
+  bool found = false;
+  for (unsigned i = 0; i < eh.e_phnum && !found; i++) {
+    if (ph[i].p_type == PT_LOAD && ph[i].p_offset == 0) { /* the segment m maps */
+      bias = m->start - (ph[i].p_vaddr & ~(uint64_t)0xfff);
+      found = true;
+    }
+  }
+  if (!found) return false;
+  for (unsigned i = 0; i < eh.e_phnum; i++) {
+    if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_W) || ph[i].p_memsz == 0) continue;
+    uint64_t start = bias + ph[i].p_vaddr;
+    if (start < bias || ph[i].p_memsz > UINT64_MAX - start) continue; /* hostile headers */
+    add_mapped(g, start, start + ph[i].p_memsz, heapdump_client_RootKind_ROOT_KIND_DATA, 0,
+               m->path);
+  }
+  return true;
+}
+
+/* Modules' writable data: from each module's program headers; where they cannot be read, the
+ * module's writable private file mappings. */
+static void add_module_data(pid_t pid, gather *g) {
   for (size_t i = 0; i < g->map_count; i++) {
     const mapping *m = &g->maps[i];
-    if (m->path[0] != '/' || m->perms[1] != 'w' || !readable_private(m)) continue;
-    if (i > 0) {
-      const mapping *before = &g->maps[i - 1];
-      if (before->end == m->start && strcmp(before->path, m->path) == 0 &&
-          readable_private(before) && before->perms[1] != 'w' && before->perms[2] != 'x') {
-        add_root(g, before->start, before->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0,
-                 m->path);
-      }
+    if (m->path[0] != '/' || m->offset != 0 || !readable_private(m) || add_elf_data(pid, g, m)) {
+      continue;
     }
-    add_root(g, m->start, m->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0, m->path);
-    if (i + 1 < g->map_count) {
-      const mapping *after = &g->maps[i + 1];
-      if (after->start == m->end && after->path[0] == '\0' && readable_private(after) &&
-          after->perms[1] == 'w') {
-        add_root(g, after->start, after->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0,
-                 m->path);
+    for (size_t k = 0; k < g->map_count; k++) {
+      const mapping *w = &g->maps[k];
+      if (w->perms[1] == 'w' && readable_private(w) && strcmp(w->path, m->path) == 0) {
+        add_root(g, w->start, w->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0, w->path);
       }
     }
   }
@@ -244,7 +275,7 @@ static void add_thread(hd_process *p, gather *g, uint64_t tid) {
   }
   if (hi > lo) {
     uint64_t start = blocked && sp >= lo && sp < hi ? (sp - lo > RED_ZONE ? sp - RED_ZONE : lo) : lo;
-    add_mapped(g, start, hi, heapdump_client_RootKind_ROOT_KIND_STACK, own);
+    add_mapped(g, start, hi, heapdump_client_RootKind_ROOT_KIND_STACK, own, "");
     if (grow((void **)&g->live, g->live_count, &g->live_capacity, sizeof *g->live)) {
       g->live[g->live_count++] = (struct stack_span){lo, hi};
     } else {
@@ -363,7 +394,7 @@ hd_status hd_add_roots(hd_process *p, uint64_t max_total, bool *cut, hd_batch_wr
   hd_status status = HD_OK;
   *cut = false;
   if (read_maps(p->pid, &g)) {
-    add_module_data(&g);
+    add_module_data(p->pid, &g);
     read_thread_records(p, &g);
     add_threads(p, &g);
     remove_overlaps(&g);

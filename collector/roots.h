@@ -14,8 +14,9 @@ extern "C" {
 #endif
 
 /* Adds p's roots to w, each with its bytes:
- * - DATA: every loaded module's writable private mappings, the anonymous mapping right after one
- *   (its .bss past the file) and the read-only one right before (its relocated read-only data);
+ * - DATA: every loaded module's writable segments (PT_LOAD with PF_W, from its program headers
+ *   in the process's memory: .data, .bss, relro), or its writable file mappings where its
+ *   headers cannot be read;
  * - STACK: per thread, from its stack pointer (less the x86-64 red zone) up to the top of its
  *   stack, where /proc/PID/task/TID/syscall shows it (a thread blocked in a system call), else
  *   the whole stack the thread recorded (hd_rec_thread_roots); a thread neither blocked nor
