@@ -15,8 +15,6 @@
 
 #include "contents.h"
 
-/* Below its stack pointer, a leaf function of the x86-64 ABI may keep data (the red zone). */
-#define RED_ZONE 128u
 /* The main thread's TLS shares its mapping with what the loader allocated early; a mapping
  * bigger than this is read only around the thread pointer (static TLS below, the TCB above). */
 #define TLS_WHOLE_MAPPING_MAX (1u << 20)
@@ -274,7 +272,10 @@ static void add_thread(hd_process *p, gather *g, uint64_t tid) {
     }
   }
   if (hi > lo) {
-    uint64_t start = blocked && sp >= lo && sp < hi ? (sp - lo > RED_ZONE ? sp - RED_ZONE : lo) : lo;
+    /* Not the red zone below it: a thread blocked in the kernel sits in a system call wrapper,
+     * and below its stack pointer lie the dead frames of the calls it made before, whose stale
+     * pointers would keep lost blocks reachable. */
+    uint64_t start = blocked && sp >= lo && sp < hi ? sp : lo;
     add_mapped(g, start, hi, heapdump_client_RootKind_ROOT_KIND_STACK, own, "");
     if (grow((void **)&g->live, g->live_count, &g->live_capacity, sizeof *g->live)) {
       g->live[g->live_count++] = (struct stack_span){lo, hi};

@@ -17,7 +17,7 @@ extern "C" {
  * - DATA: every loaded module's writable segments (PT_LOAD with PF_W, from its program headers
  *   in the process's memory: .data, .bss, relro), or its writable file mappings where its
  *   headers cannot be read;
- * - STACK: per thread, from its stack pointer (less the x86-64 red zone) up to the top of its
+ * - STACK: per thread, from its stack pointer up to the top of its
  *   stack, where /proc/PID/task/TID/syscall shows it (a thread blocked in a system call), else
  *   the whole stack the thread recorded (hd_rec_thread_roots); a thread neither blocked nor
  *   recorded has no stack root;

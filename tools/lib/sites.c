@@ -34,6 +34,8 @@ static const char *const kAllocatorFunctions[] = {
 
 static bool is_allocator_function(const char *name) {
   if (name == NULL) return false;
+  /* glibc's internal aliases (__GI___strdup) name the same functions. */
+  if (strncmp(name, "__GI_", 5) == 0) name += 5;
   /* operator new and new[] in all their overloads (Itanium C++ ABI: _Znw... and _Zna...). */
   if (strncmp(name, "_Znw", 4) == 0 || strncmp(name, "_Zna", 4) == 0) return true;
   if (strncmp(name, "operator new", 12) == 0) return true;
