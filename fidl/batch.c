@@ -218,6 +218,47 @@ static size_t payload_room(const hd_batch_writer *w, size_t empty_element_size) 
   return free_bytes > overhead ? free_bytes - overhead : 0;
 }
 
+/* Writes element e (of encoded size empty_size without its payload) as chunks carrying all of
+ * its `total` payload items: fit(ctx, done, room) points e's payload at the items from `done` on
+ * that fit in `room` bytes, and says how many. A chunk of nothing is written only when there is
+ * nothing to write; otherwise a full batch is sent first. */
+static hd_status add_chunked(hd_batch_writer *w, const heapdump_client_SnapshotElement *e,
+                             size_t empty_size, size_t total,
+                             size_t (*fit)(void *ctx, size_t done, size_t room), void *ctx) {
+  size_t done = 0;
+  do {
+    size_t n = fit(ctx, done, payload_room(w, empty_size));
+    if (n == 0 && total > 0) {
+      if (w->element_count == 0) return HD_ERR_ENCODE;
+      hd_status status = hd_batch_flush(w);
+      if (status != HD_OK) return status;
+      continue;
+    }
+    hd_status status = add_encoded(w, e);
+    if (status != HD_OK) return status;
+    done += n;
+  } while (done < total);
+  return HD_OK;
+}
+
+typedef struct address_chunk {
+  const uint64_t *all;
+  size_t total;
+  u64_slice slice;
+} address_chunk;
+
+static size_t fit_addresses(void *ctx, size_t done, size_t room) {
+  address_chunk *c = ctx;
+  size_t n = 0, payload = 0;
+  while (done + n < c->total && payload + varint_size(c->all[done + n]) <= room) {
+    payload += varint_size(c->all[done + n]);
+    n++;
+  }
+  c->slice.values = c->total > 0 ? c->all + done : c->all; /* no arithmetic on NULL */
+  c->slice.count = n;
+  return n;
+}
+
 hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint64_t *addresses,
                                    size_t count, bool truncated) {
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
@@ -226,35 +267,14 @@ hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint6
   e.element.stack_trace.stack_trace_key = key;
   e.element.stack_trace.has_truncated = truncated;
   e.element.stack_trace.truncated = truncated;
-  u64_slice slice = {addresses, 0};
+  address_chunk chunk = {addresses, count, {addresses, 0}};
   e.element.stack_trace.program_addresses.funcs.encode = encode_packed_u64;
-  e.element.stack_trace.program_addresses.arg = &slice;
+  e.element.stack_trace.program_addresses.arg = &chunk.slice;
   size_t empty_size;
   if (!pb_get_encoded_size(&empty_size, heapdump_client_SnapshotElement_fields, &e)) {
     return HD_ERR_ENCODE;
   }
-  size_t done = 0;
-  do {
-    size_t room = payload_room(w, empty_size);
-    size_t n = 0, payload = 0;
-    while (done + n < count && payload + varint_size(addresses[done + n]) <= room) {
-      payload += varint_size(addresses[done + n]);
-      n++;
-    }
-    /* Flush rather than write a chunk of nothing, unless the trace is empty. */
-    if (n == 0 && count > 0) {
-      if (w->element_count == 0) return HD_ERR_ENCODE;
-      hd_status status = hd_batch_flush(w);
-      if (status != HD_OK) return status;
-      continue;
-    }
-    slice.values = count > 0 ? addresses + done : addresses; /* no arithmetic on NULL */
-    slice.count = n;
-    hd_status status = add_encoded(w, &e);
-    if (status != HD_OK) return status;
-    done += n;
-  } while (done < count);
-  return HD_OK;
+  return add_chunked(w, &e, empty_size, count, fit_addresses, &chunk);
 }
 
 /* ---- block contents: one per live block with contents, so written directly; split by bytes ---- */
@@ -327,15 +347,29 @@ hd_status hd_batch_add_block_contents(hd_batch_writer *w, uint64_t address, cons
 
 /* ---- root regions: few, so encoded by nanopb; split by bytes like stack traces ---- */
 
-typedef struct byte_chunk {
+typedef struct byte_slice {
   const uint8_t *bytes;
   size_t size;
-} byte_chunk;
+} byte_slice;
 
 static bool encode_chunk(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
-  const byte_chunk *chunk = *arg;
+  const byte_slice *chunk = *arg;
   return pb_encode_tag_for_field(stream, field) &&
          pb_encode_string(stream, chunk->bytes, chunk->size);
+}
+
+typedef struct byte_chunk {
+  const uint8_t *all;
+  size_t total;
+  byte_slice slice;
+} byte_chunk;
+
+static size_t fit_bytes(void *ctx, size_t done, size_t room) {
+  byte_chunk *c = ctx;
+  size_t n = c->total - done < room ? c->total - done : room;
+  c->slice.bytes = c->total > 0 ? c->all + done : c->all; /* no arithmetic on NULL */
+  c->slice.size = n;
+  return n;
 }
 
 hd_status hd_batch_add_root_region(hd_batch_writer *w, const heapdump_client_RootRegion *region,
@@ -343,40 +377,18 @@ hd_status hd_batch_add_root_region(hd_batch_writer *w, const heapdump_client_Roo
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_root_region_tag;
   e.element.root_region = *region;
-  byte_chunk chunk = {bytes, 0};
   e.element.root_region.contents.funcs.encode = NULL;
   size_t empty_size;
   if (!pb_get_encoded_size(&empty_size, heapdump_client_SnapshotElement_fields, &e)) {
     return HD_ERR_ENCODE;
   }
+  byte_chunk chunk = {bytes, size, {bytes, 0}};
   e.element.root_region.contents.funcs.encode = encode_chunk;
-  e.element.root_region.contents.arg = &chunk;
-  size_t done = 0;
-  do {
-    size_t room = payload_room(w, empty_size);
-    size_t n = size - done < room ? size - done : room;
-    /* Flush rather than write a chunk of nothing, unless the region is empty. */
-    if (n == 0 && size > 0) {
-      if (w->element_count == 0) return HD_ERR_ENCODE;
-      hd_status status = hd_batch_flush(w);
-      if (status != HD_OK) return status;
-      continue;
-    }
-    chunk.bytes = size > 0 ? bytes + done : bytes; /* no arithmetic on NULL */
-    chunk.size = n;
-    hd_status status = add_encoded(w, &e);
-    if (status != HD_OK) return status;
-    done += n;
-  } while (done < size);
-  return HD_OK;
+  e.element.root_region.contents.arg = &chunk.slice;
+  return add_chunked(w, &e, empty_size, size, fit_bytes, &chunk);
 }
 
 /* ---- the channel sender ---- */
-
-typedef struct byte_slice {
-  const uint8_t *bytes;
-  size_t size;
-} byte_slice;
 
 static bool encode_raw_body(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
   (void)field;

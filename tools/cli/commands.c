@@ -269,24 +269,26 @@ int cmd_convert(cli_options *o, const char *input) {
   return rc;
 }
 
+/* The report of r to --output (default stdout): JSON with --json, or when the output is named
+ * .json; text otherwise. Returns an exit code. */
+static int write_report(const cli_options *o, const hd_reassembler *r) {
+  cli_format f = o->json ? FORMAT_JSON : cli_output_format(o, o->output, FORMAT_TEXT);
+  cli_output out;
+  int rc = cli_output_open(&out, o->output ? o->output : "-");
+  if (rc != 0) return rc;
+  rc = cli_write(o, r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
+  if (rc != 0) {
+    cli_output_abort(&out);
+    return rc;
+  }
+  return cli_output_commit(&out);
+}
+
 int cmd_report(cli_options *o, const char *input) {
   hd_reassembler r;
   hd_reassembler_init(&r);
   int rc = cli_read_snapshot(input, &r);
-  if (rc == 0) {
-    /* JSON with --json, or when the output is named .json. */
-    cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
-    cli_output out;
-    rc = cli_output_open(&out, o->output ? o->output : "-");
-    if (rc == 0) {
-      rc = cli_write(o, &r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
-      if (rc == 0) {
-        rc = cli_output_commit(&out);
-      } else {
-        cli_output_abort(&out);
-      }
-    }
-  }
+  if (rc == 0) rc = write_report(o, &r);
   hd_reassembler_destroy(&r);
   return rc;
 }
@@ -428,15 +430,9 @@ int cmd_leaks(cli_options *o) {
   }
   if (rc == 0) {
     cli_options report = *o;
-    cli_format f = o->json ? FORMAT_JSON : cli_output_format(o, o->output, FORMAT_TEXT);
-    cli_output out;
-    rc = cli_output_open(&out, o->output ? o->output : "-");
-    if (rc == 0) {
-      report.leak_categories = categories;
-      report.leak_now_ns = now;
-      rc = cli_write(&report, r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
-      rc = rc == 0 ? cli_output_commit(&out) : (cli_output_abort(&out), rc);
-    }
+    report.leak_categories = categories;
+    report.leak_now_ns = now;
+    rc = write_report(&report, r);
   }
   for (size_t i = 0; categories != NULL && i < r->snapshot_count; i++) free(categories[i]);
   free(categories);

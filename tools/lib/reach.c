@@ -42,6 +42,8 @@ typedef struct scan {
   heap_index heap;
   const uint8_t **bytes; /* per allocation: its contents, or NULL */
   uint8_t *state;        /* per allocation: UNREACHED, POSSIBLE, REACHABLE */
+  uint8_t *lost;         /* per allocation, among the unreached: UNDECIDED, LEADER, MEMBER */
+  size_t leader;         /* pass 3: the lost block whose group is being claimed */
   size_t *stack;         /* work list of allocation indices */
   size_t depth;
 } scan;
@@ -167,30 +169,17 @@ static void scan_roots(scan *sc, void (*visit)(scan *, size_t, bool)) {
   }
 }
 
-/* Pass 3, from lost block `leader`: every lost block it reaches is indirectly lost, a leader
+/* Pass 3, from lost block sc->leader: every lost block it reaches is indirectly lost, a leader
  * found on the way included (something lost points to it, after all); the members of that
  * leader's group are members already, so the walk stops there. */
-static void claim_members(scan *sc, uint8_t *lost, size_t leader) {
-  push(sc, leader);
-  while (sc->depth > 0) {
-    size_t i = sc->stack[--sc->depth];
-    const uint8_t *bytes = sc->bytes[i];
-    if (bytes == NULL) continue;
-    uint64_t address = sc->s->allocations[i].address, size = sc->s->allocations[i].size;
-    uint64_t skip = (8 - (address & 7)) & 7;
-    for (uint64_t off = skip; size >= 8 && off <= size - 8; off += 8) {
-      uint64_t v;
-      memcpy(&v, bytes + off, 8);
-      bool start;
-      size_t target = find_block(&sc->heap, v, &start);
-      if (target == SIZE_MAX || target == leader || sc->state[target] != UNREACHED) continue;
-      if (lost[target] == UNDECIDED) {
-        lost[target] = MEMBER;
-        push(sc, target);
-      } else if (lost[target] == LEADER) {
-        lost[target] = MEMBER;
-      }
-    }
+static void claim_member(scan *sc, size_t target, bool start) {
+  (void)start;
+  if (target == sc->leader || sc->state[target] != UNREACHED) return;
+  if (sc->lost[target] == UNDECIDED) {
+    sc->lost[target] = MEMBER;
+    push(sc, target);
+  } else if (sc->lost[target] == LEADER) {
+    sc->lost[target] = MEMBER;
   }
 }
 
@@ -198,11 +187,11 @@ int hd_reach_classify(const hd_snapshot *s, uint8_t *categories, size_t *blocks_
   if (!hd_reach_possible(s)) return -EINVAL;
   size_t n = s->allocation_count;
   scan sc = {.s = s};
-  uint8_t *lost = calloc(n ? n : 1, 1);
+  sc.lost = calloc(n ? n : 1, 1);
   sc.bytes = calloc(n ? n : 1, sizeof *sc.bytes);
   sc.state = calloc(n ? n : 1, 1);
   sc.stack = malloc((n ? n : 1) * sizeof *sc.stack);
-  int rc = lost && sc.bytes && sc.state && sc.stack ? build_index(s, &sc.heap) : -ENOMEM;
+  int rc = sc.lost && sc.bytes && sc.state && sc.stack ? build_index(s, &sc.heap) : -ENOMEM;
   if (rc == 0) {
     size_t missing = 0;
     for (size_t i = 0; i < n; i++) {
@@ -223,14 +212,16 @@ int hd_reach_classify(const hd_snapshot *s, uint8_t *categories, size_t *blocks_
     }
     for (size_t k = 0; k < n; k++) { /* in address order: the same answer every time */
       size_t i = sc.heap.allocation[k];
-      if (sc.state[i] != UNREACHED || lost[i] != UNDECIDED) continue;
-      lost[i] = LEADER;
-      claim_members(&sc, lost, i);
+      if (sc.state[i] != UNREACHED || sc.lost[i] != UNDECIDED) continue;
+      sc.lost[i] = LEADER;
+      sc.leader = i;
+      push(&sc, i);
+      drain(&sc, claim_member);
     }
     for (size_t i = 0; i < n; i++) {
       categories[i] = sc.state[i] == REACHABLE  ? HD_STILL_REACHABLE
                       : sc.state[i] == POSSIBLE ? HD_POSSIBLY_LOST
-                      : lost[i] == LEADER       ? HD_DEFINITELY_LOST
+                      : sc.lost[i] == LEADER    ? HD_DEFINITELY_LOST
                                                 : HD_INDIRECTLY_LOST;
     }
   }
@@ -240,6 +231,6 @@ int hd_reach_classify(const hd_snapshot *s, uint8_t *categories, size_t *blocks_
   free(sc.bytes);
   free(sc.state);
   free(sc.stack);
-  free(lost);
+  free(sc.lost);
   return rc;
 }

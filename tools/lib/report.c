@@ -521,12 +521,10 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   for (size_t i = 0; i < r->snapshot_count; i++) {
     const hd_snapshot *s = r->snapshots[i];
     /* A snapshot with roots gets its leak check, unless the caller did it. */
-    uint8_t *categories = NULL;
+    const uint8_t *categories = o->categories != NULL ? o->categories[i] : NULL;
+    uint8_t *classified = NULL;
     leak_summary leaks = {0};
-    if (o->categories != NULL) {
-      categories = malloc(s->allocation_count ? s->allocation_count : 1);
-      if (categories == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
-      memcpy(categories, o->categories[i], s->allocation_count);
+    if (categories != NULL) {
       for (size_t k = 0; k < s->allocation_count; k++) {
         if (categories[k] >= HD_REACH_CATEGORIES) {
           leaks.unconfirmed_bytes += s->allocations[k].size;
@@ -534,17 +532,18 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
         }
       }
     } else if (hd_reach_possible(s)) {
-      categories = malloc(s->allocation_count ? s->allocation_count : 1);
-      if (categories == NULL ||
-          hd_reach_classify(s, categories, &leaks.blocks_without_contents) != 0) {
-        free(categories);
+      classified = malloc(s->allocation_count ? s->allocation_count : 1);
+      if (classified == NULL ||
+          hd_reach_classify(s, classified, &leaks.blocks_without_contents) != 0) {
+        free(classified);
         return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
       }
+      categories = classified;
     }
     group_list l = {0};
     int rc = build_groups(s, o, categories, &l);
     const leak_summary *with_leaks = categories != NULL ? &leaks : NULL;
-    free(categories);
+    free(classified);
     if (rc != 0) return hd_tool_fail(error, error_size, rc, "out of memory");
     if (with_leaks != NULL) summarize(&l, &leaks);
     if (o->json) {
