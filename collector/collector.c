@@ -166,6 +166,10 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
                                                                  : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
                        1000000000u;
   c->max_contents_bytes = options->max_contents_bytes;
+  c->sample_interval_ns = options->no_sampling ? 0
+                          : (uint64_t)(options->sample_interval_ms ? options->sample_interval_ms
+                                                                   : HD_DEFAULT_SAMPLE_INTERVAL_MS) *
+                                1000000u;
   c->read_timeout_ns = (uint64_t)(options->read_timeout_seconds ? options->read_timeout_seconds
                                                                  : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
                        1000000000u;
@@ -201,6 +205,7 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
     rc = -errno;
   }
   if (rc == 0) rc = hd_worker_start(c);
+  if (rc == 0) rc = hd_sampler_start(c);
   if (rc != 0) {
     hd_collector_destroy(c);
     return rc;
@@ -317,6 +322,7 @@ void hd_collector_destroy(hd_collector *c) {
   if (c->conns != NULL) {
     while (c->conns->count > 0) hd_conn_close(c, c->conns->count - 1);
   }
+  hd_sampler_stop(c);
   hd_wait_streams(c);
   hd_worker_stop(c); /* after the streams, and it finishes the queued exit snapshots */
   pthread_mutex_lock(&c->lock);

@@ -21,6 +21,7 @@
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump_client.pb.h"
+#include "series.h"
 #include "stored_file.h"
 #include "table_reader.h"
 
@@ -54,6 +55,7 @@ typedef struct hd_process {
   /* Protected by hd_collector.lock: the exit snapshot it stored itself from its exit path, with
    * contents (0: none), which stands for the one the collector would take when it exits. */
   uint32_t exit_stored_id;
+  hd_series series; /* its memory over time, sampled by the sampler thread (sampler.c) */
 } hd_process;
 
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
@@ -127,6 +129,8 @@ struct hd_collector {
   hd_exit_record *exit_records; /* HD_EXIT_RECORDS of them, a ring */
   uint64_t exit_seq;            /* the last record's seq */
   struct hd_worker *worker;
+  struct hd_sampler *sampler; /* NULL when sampling is off */
+  uint64_t sample_interval_ns;
   struct conn_table *conns;
   hd_message *scratch;
 };
@@ -247,8 +251,10 @@ void hd_wait_streams(hd_collector *c);
 typedef struct hd_snapshot_totals {
   uint64_t live_bytes, live_blocks;
 } hd_snapshot_totals;
+/* `name` names the snapshot's moment in the process's series ("live" for a live snapshot). */
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals);
+                        const char *name, bool with_contents, hd_batch_writer *w,
+                        hd_snapshot_totals *totals);
 
 /* Records the outcome of p's last snapshot: stored as snapshot_id, or (ok false) not stored. */
 void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32_t snapshot_id);
@@ -273,6 +279,13 @@ int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, in
                             bool exit_with_contents, int reply_fd, uint32_t txid);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
+
+/* ---- sampling (sampler.c) ---- */
+
+/* Starts the thread that samples every live process's statistics each sample interval into its
+ * series (nothing when the interval is 0). */
+int hd_sampler_start(hd_collector *c);
+void hd_sampler_stop(hd_collector *c);
 
 /* ---- storage (storage.c) ---- */
 

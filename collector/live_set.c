@@ -27,6 +27,7 @@ hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name
   p->res = res;
   snprintf(p->name, sizeof p->name, "%s", name);
   p->exit_snapshot = exit_snapshot;
+  hd_series_init(&p->series);
   return p;
 }
 
@@ -40,6 +41,7 @@ void hd_process_release(hd_process *p) {
   hd_alloc_reader_close(p->alloc);
   hd_res_reader_close(p->res);
   close(p->pidfd);
+  hd_series_destroy(&p->series);
   free(p);
 }
 
@@ -192,6 +194,11 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, bool registration, b
       if (stale_exit_snapshot) hd_worker_reserve_exit(c);
     }
     if (c->process_count < HD_MAX_PROCESSES) {
+      /* The series starts when the collector first sees the process, not at the next tick. */
+      hd_table_stats st;
+      if (c->sample_interval_ns != 0 && hd_res_reader_stats(p->res, &st) == HD_READ_OK) {
+        hd_series_add(&p->series, &st, (int64_t)hd_monotonic_ns());
+      }
       p->live = true;
       c->processes[c->process_count++] = p;
       entry = hd_process_retain(p);

@@ -50,12 +50,17 @@ static void on_signal(int sig) {
   }
 }
 
+/* Bounds of --sample-interval: below 10 ms the series would fill in seconds and be thinned at
+ * once; above a minute it says little. */
+#define MIN_SAMPLE_INTERVAL_MS 10
+#define MAX_SAMPLE_INTERVAL_MS 60000
+
 static void usage(FILE *out) {
   fprintf(out,
           "usage: heapdump-collector [--socket PATH] [--storage DIR] [--max-stored N]\n"
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
           "                          [--log-level L] [--idle-timeout S] [--read-timeout S]\n"
-          "                          [--max-contents-bytes B]\n"
+          "                          [--max-contents-bytes B] [--sample-interval MS]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
           "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
@@ -81,12 +86,16 @@ static void usage(FILE *out) {
           "  --max-contents-bytes B at most B bytes of block contents per process in a\n"
           "                         snapshot with contents; later blocks go without (default\n"
           "                         %llu, 1 GiB; 0: no limit)\n"
+          "  --sample-interval MS   sample each process's live and total bytes and blocks every\n"
+          "                         MS milliseconds (%d to %d; default %d; 0: never): the\n"
+          "                         memory-over-time series its snapshots carry\n"
           "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
           "                         pid file, then wait until it has exited (up to %d s)\n"
           "  --version              print the version\n",
           DEFAULT_MAX_STORED, (unsigned long long)DEFAULT_MAX_STORAGE_BYTES,
           HD_DEFAULT_IDLE_TIMEOUT_SECONDS, HD_DEFAULT_READ_TIMEOUT_SECONDS,
-          (unsigned long long)HD_DEFAULT_MAX_CONTENTS_BYTES, STOP_WAIT_SECONDS);
+          (unsigned long long)HD_DEFAULT_MAX_CONTENTS_BYTES, MIN_SAMPLE_INTERVAL_MS,
+          MAX_SAMPLE_INTERVAL_MS, HD_DEFAULT_SAMPLE_INTERVAL_MS, STOP_WAIT_SECONDS);
 }
 
 /* A decimal count in [0, max]: no sign, no suffix, no overflow. */
@@ -334,6 +343,7 @@ static int parse_args(int argc, char **argv, arguments *a) {
       {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
       {"idle-timeout", required_argument, 0, 'i'}, {"read-timeout", required_argument, 0, 'r'},
       {"max-contents-bytes", required_argument, 0, 'c'},
+      {"sample-interval", required_argument, 0, 'I'},
       {0, 0, 0, 0}};
   int opt;
   unsigned long long count;
@@ -360,6 +370,18 @@ static int parse_args(int argc, char **argv, arguments *a) {
         break;
       case 'c':
         if (!parse_bytes("max-contents-bytes", optarg, &a->options.max_contents_bytes)) return 2;
+        break;
+      case 'I':
+        if (!parse_count(optarg, MAX_SAMPLE_INTERVAL_MS, &count) ||
+            (count != 0 && count < MIN_SAMPLE_INTERVAL_MS)) {
+          fprintf(stderr,
+                  "heapdump-collector: bad --sample-interval: %s (milliseconds, %d to %d; 0: "
+                  "never)\n",
+                  optarg, MIN_SAMPLE_INTERVAL_MS, MAX_SAMPLE_INTERVAL_MS);
+          return 2;
+        }
+        a->options.sample_interval_ms = (uint32_t)count;
+        a->options.no_sampling = count == 0;
         break;
       case 'f': a->foreground = true; break;
       case 'L': a->log_file = optarg; break;

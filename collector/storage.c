@@ -377,7 +377,7 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     sink.error = ENOMEM;
   } else {
     hd_batch_writer_init(w, append_batch, &sink);
-    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, with_contents, w, &totals);
+    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, name, with_contents, w, &totals);
     if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
   }
   free(w);

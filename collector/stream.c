@@ -242,8 +242,18 @@ static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd
   return status;
 }
 
+/* The process's series up to now, now marked as the moment of snapshot `name`. */
+static hd_status add_series(hd_process *p, const char *name, hd_batch_writer *w) {
+  hd_table_stats st;
+  if (hd_res_reader_stats(p->res, &st) == HD_READ_OK) {
+    hd_series_mark(&p->series, &st, (int64_t)hd_monotonic_ns(), name);
+  }
+  return hd_series_write(&p->series, w);
+}
+
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        bool with_contents, hd_batch_writer *w, hd_snapshot_totals *totals) {
+                        const char *name, bool with_contents, hd_batch_writer *w,
+                        hd_snapshot_totals *totals) {
   hd_live_block *blocks = NULL;
   size_t count = 0;
   int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count);
@@ -254,6 +264,7 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
   if (status == HD_OK && !out_of_memory) status = add_stats(p, w);
+  if (status == HD_OK && !out_of_memory) status = add_series(p, name, w);
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;
@@ -324,7 +335,7 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
       e.element.snapshot_header.process_koid = (uint64_t)p->pid;
       if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
     }
-    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, job->with_contents, w, NULL);
+    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL);
     if (rc == -EIO || rc == -ENOMEM) {
       report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
     } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {

@@ -113,6 +113,7 @@ static void snapshot_free(hd_snapshot *s) {
     free(s->roots[i].name);
   }
   free(s->roots);
+  free(s->samples);
   hd_u64_map_free(&s->root_index);
   for (size_t i = 0; i < s->known_location_count; i++) {
     hd_snapshot_known_location *k = &s->known_locations[i];
@@ -444,6 +445,13 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       if (s->has_stats) return fail(r, HD_ERR_REASSEMBLY, "duplicate process stats");
       s->has_stats = true;
       s->stats = el->element.process_stats;
+      return HD_OK;
+    case heapdump_client_SnapshotElement_stats_sample_tag:
+      if (!el->element.stats_sample.has_timestamp) {
+        return fail(r, HD_ERR_REASSEMBLY, "stats sample without a timestamp");
+      }
+      if (!RESERVE(s, samples, sample_count, sample_capacity)) return HD_ERR_NO_MEMORY;
+      s->samples[s->sample_count++] = el->element.stats_sample;
       return HD_OK;
     default:
       r->unknown_elements++; /* a flexible union: newer senders may add variants */

@@ -403,8 +403,10 @@ TEST_F(CollectorTest, ExitSnapshotPendingAtShutdownIsStored) {
 TEST(CollectorOptions, BadValuesAreRefusedWithAMessage) {
   std::string dir = TempDir();
   RemoveWhenPassed cleanup{dir};
-  for (std::string option : {"--max-stored", "--max-storage-bytes", "--log-level"}) {
-    for (std::string value : {"", "-1", "99999999999999999999999", "12x", "loud"}) {
+  for (std::string option :
+       {"--max-stored", "--max-storage-bytes", "--log-level", "--sample-interval"}) {
+    for (std::string value : {"", "-1", "99999999999999999999999", "12x", "loud", "5"}) {
+      if (value == "5" && option != "--sample-interval") continue;  // below its 10 ms
       if (option == "--log-level" && value != "loud") continue;
       std::string command = std::string(HD_COLLECTOR) + " --foreground --socket " + dir +
                             "/s.sock --storage " + dir + "/state " + option + " '" + value +

@@ -103,6 +103,12 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
     e.element.process_stats = s->stats;
     status = hd_batch_add(w, &e);
   }
+  for (size_t i = 0; i < s->sample_count && status == HD_OK; i++) {
+    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_stats_sample_tag;
+    e.element.stats_sample = s->samples[i];
+    status = hd_batch_add(w, &e);
+  }
   for (size_t i = 0; i < s->root_count && status == HD_OK; i++) {
     const hd_snapshot_root *g = &s->roots[i];
     heapdump_client_RootRegion region = {

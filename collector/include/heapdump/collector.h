@@ -7,6 +7,7 @@
 #ifndef HEAPDUMP_COLLECTOR_H
 #define HEAPDUMP_COLLECTOR_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "heapdump/contract/names.h"
@@ -32,7 +33,13 @@ typedef struct hd_collector_options {
   uint32_t read_timeout_seconds; /* a process's table not read by then fails; 0 = default */
   /* Bytes of block contents one process's snapshot carries at most; 0 = no limit. */
   uint64_t max_contents_bytes;
+  /* How often each process's statistics are sampled for its memory-over-time series; 0 =
+   * default. no_sampling: none (snapshots then carry only their own moment). */
+  uint32_t sample_interval_ms;
+  bool no_sampling;
 } hd_collector_options;
+
+#define HD_DEFAULT_SAMPLE_INTERVAL_MS 100
 
 #define HD_DEFAULT_IDLE_TIMEOUT_SECONDS 60
 #define HD_DEFAULT_READ_TIMEOUT_SECONDS 10

@@ -118,6 +118,10 @@ typedef struct hd_snapshot {
   size_t known_location_count, known_location_capacity;
   hd_snapshot_root *roots; /* in the order they came */
   size_t root_count, root_capacity;
+  /* The process's memory over time up to the snapshot (StatsSample), in the order they came:
+   * time order from the collector. */
+  heapdump_client_StatsSample *samples;
+  size_t sample_count, sample_capacity;
   hd_u64_map allocation_index, stack_trace_index, thread_index, region_index, block_index;
   hd_u64_map known_location_index, root_index;
   /* Block and root bytes live in the reassembler's spill mapping, not the heap. */

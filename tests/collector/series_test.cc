@@ -1,0 +1,168 @@
+// The memory-over-time series: the collector's sampling seen through snapshots (a real daemon, a
+// real program), and the series' thinning on its own (series.h, tested directly).
+#include <time.h>
+#include <unistd.h>
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+extern "C" {
+#include "series.h"
+}
+
+namespace hdtest {
+namespace {
+
+std::string NameOf(const heapdump_client_StatsSample &s) {
+  return s.has_snapshot_name ? s.snapshot_name : "";
+}
+
+void Sleep(double seconds) {
+  timespec t{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<time_t>(seconds)) * 1e9)};
+  nanosleep(&t, nullptr);
+}
+
+// In time order, every sample complete, the named ones where the snapshots were.
+void ExpectOrderedSeries(const hd_snapshot *s) {
+  for (size_t i = 0; i < s->sample_count; i++) {
+    const heapdump_client_StatsSample &v = s->samples[i];
+    EXPECT_TRUE(v.has_live_bytes && v.has_live_blocks && v.has_bytes_allocated &&
+                v.has_blocks_allocated && v.has_bytes_freed && v.has_blocks_freed);
+    EXPECT_EQ(v.live_bytes, v.bytes_allocated - v.bytes_freed) << i;
+    if (i > 0) {
+      EXPECT_GE(v.timestamp, s->samples[i - 1].timestamp) << i;
+      EXPECT_GE(v.bytes_allocated, s->samples[i - 1].bytes_allocated) << i;
+    }
+  }
+}
+
+TEST(Series, LiveAndStoredSnapshotsCarryTheSeriesUpToTheirMoment) {
+  std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
+  Collector collector(dir);
+  collector.args = {"--sample-interval", "50"};
+  collector.Start();
+  Child child(collector.socket, "checkpoint");  // stores "checkpoint" once ready
+  ASSERT_EQ(child.snapshot_rc, 0);
+  const double waited = 0.8;
+  Sleep(waited);
+  auto selector = ByPid(child.pid);
+  auto live = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(live->status, HD_OK) << live->ra.error;
+  const hd_snapshot *s = live->only();
+  ASSERT_NE(s, nullptr);
+  ExpectOrderedSeries(s);
+  // A sample every 50 ms since the process registered (before "checkpoint"), and the two marks;
+  // a slow machine may miss a few ticks, never add any.
+  const size_t ticks = static_cast<size_t>(waited / 0.05);
+  EXPECT_GE(s->sample_count, ticks - 4);
+  EXPECT_LE(s->sample_count, ticks + 40) << "the child needs at most 2 s to start";
+  ASSERT_GE(s->sample_count, 3u);
+  const heapdump_client_StatsSample &last = s->samples[s->sample_count - 1];
+  EXPECT_EQ(NameOf(last), "live");
+  // The child is idle: the last sample is the snapshot's own statistics.
+  ASSERT_TRUE(s->has_stats);
+  EXPECT_EQ(last.live_bytes, s->stats.live_bytes);
+  EXPECT_EQ(last.live_blocks, s->stats.live_blocks);
+  size_t checkpoints = 0;
+  for (size_t i = 0; i < s->sample_count; i++) checkpoints += NameOf(s->samples[i]) == "checkpoint";
+  EXPECT_EQ(checkpoints, 1u);
+  EXPECT_GE(last.timestamp - s->samples[0].timestamp, static_cast<int64_t>(waited * 1e9 * 0.9));
+
+  // The stored snapshot's series ends at its own moment, named after it.
+  auto listed = List(collector.socket);
+  uint32_t id = StoredId(listed, "checkpoint");
+  ASSERT_NE(id, 0u);
+  auto stored = Download(collector.socket, id);
+  ASSERT_EQ(stored->status, HD_OK) << stored->ra.error;
+  const hd_snapshot *c = stored->only();
+  ASSERT_GE(c->sample_count, 1u);
+  ExpectOrderedSeries(c);
+  EXPECT_EQ(NameOf(c->samples[c->sample_count - 1]), "checkpoint");
+  EXPECT_LE(c->samples[c->sample_count - 1].timestamp, s->samples[0].timestamp + 2000000000LL);
+  child.Finish();
+}
+
+TEST(Series, NoSamplingLeavesOnlyTheSnapshotMoments) {
+  std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
+  Collector collector(dir);
+  collector.args = {"--sample-interval", "0"};
+  collector.Start();
+  Child child(collector.socket, "checkpoint");
+  ASSERT_EQ(child.snapshot_rc, 0);
+  Sleep(0.3);
+  auto selector = ByPid(child.pid);
+  auto live = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(live->status, HD_OK) << live->ra.error;
+  const hd_snapshot *s = live->only();
+  ASSERT_EQ(s->sample_count, 2u);
+  EXPECT_EQ(NameOf(s->samples[0]), "checkpoint");
+  EXPECT_EQ(NameOf(s->samples[1]), "live");
+  child.Finish();
+}
+
+hd_table_stats StatsOf(uint64_t live, uint64_t allocated) {
+  hd_table_stats st{};
+  st.live_bytes = live;
+  st.live_blocks = live / 16;
+  st.bytes_allocated = allocated + live;
+  st.bytes_freed = allocated;
+  return st;
+}
+
+// A day of samples fits in the series' bound, keeps its single highest sample, its first and last
+// moments, its time order, and its latest totals.
+TEST(Series, ALongRunIsThinnedKeepingItsPeak) {
+  hd_series series;
+  hd_series_init(&series);
+  const size_t ticks = 864000;  // 24 h at 100 ms
+  const size_t peak_tick = 123457;
+  uint64_t allocated = 0;
+  for (size_t i = 0; i < ticks; i++) {
+    const uint64_t live = i == peak_tick ? 1u << 30 : 1000 + (i % 97) * 16;
+    allocated += 1u << 20;
+    const hd_table_stats st = StatsOf(live, allocated);
+    hd_series_add(&series, &st, static_cast<int64_t>(i) * 100000000);
+  }
+  ASSERT_LE(series.count, static_cast<size_t>(HD_SERIES_CAPACITY));
+  ASSERT_GE(series.count, static_cast<size_t>(HD_SERIES_CAPACITY / 2));
+  size_t peaks = 0;
+  for (size_t i = 0; i < series.count; i++) {
+    if (series.samples[i].live_bytes == 1u << 30) {
+      peaks++;
+      // The peak keeps its own moment.
+      EXPECT_EQ(series.samples[i].timestamp, static_cast<int64_t>(peak_tick) * 100000000);
+    }
+    if (i > 0) {
+      EXPECT_GT(series.samples[i].timestamp, series.samples[i - 1].timestamp);
+    }
+  }
+  EXPECT_EQ(peaks, 1u);
+  EXPECT_EQ(series.samples[0].timestamp, 0);  // where it started
+  // Every sample is a moment that was, whole: its totals agree with its live bytes.
+  for (size_t i = 0; i < series.count; i++) {
+    EXPECT_EQ(series.samples[i].live_bytes,
+              series.samples[i].bytes_allocated - series.samples[i].bytes_freed);
+  }
+  const int64_t last = series.samples[series.count - 1].timestamp;
+  EXPECT_GE(last, static_cast<int64_t>(ticks - series.stride) * 100000000);
+
+  // Marks stay at most HD_SERIES_MARKS, the newest kept, and come out among the samples in time
+  // order when written (checked by the reassembler-facing tests above).
+  for (int m = 0; m < HD_SERIES_MARKS + 5; m++) {
+    const hd_table_stats st = StatsOf(1, allocated);
+    hd_series_mark(&series, &st, last + m, ("mark-" + std::to_string(m)).c_str());
+  }
+  ASSERT_EQ(series.mark_count, static_cast<size_t>(HD_SERIES_MARKS));
+  EXPECT_STREQ(series.marks[0].name, "mark-5");
+  EXPECT_STREQ(series.marks[HD_SERIES_MARKS - 1].name,
+               ("mark-" + std::to_string(HD_SERIES_MARKS + 4)).c_str());
+  hd_series_destroy(&series);
+}
+
+}  // namespace
+}  // namespace hdtest
