@@ -8,6 +8,7 @@ packages=(
   nanopb libnanopb-dev protobuf-compiler python3 python3-protobuf
   libunwind-dev libelf-dev libdw-dev libjemalloc-dev zlib1g-dev libgtest-dev libiberty-dev
   perl git file binutils dwz golang-go
+  libjs-chart.js node-d3-hierarchy chromium
 )
 
 missing=()

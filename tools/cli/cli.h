@@ -34,6 +34,7 @@ typedef enum cli_format {
   FORMAT_TEXT,
   FORMAT_FOLDED,
   FORMAT_JSON, /* the report as JSON */
+  FORMAT_HTML, /* the self-contained HTML report */
 } cli_format;
 
 typedef struct cli_options {
@@ -54,6 +55,11 @@ typedef struct cli_options {
   uint8_t *const *leak_categories;
   uint64_t leak_now_ns;
   bool force;               /* convert: --force, overwrite an existing output */
+  /* The HTML page's header: what the snapshot came from, and (run) the command's line and pid. */
+  const char *source;
+  const char *command_line;
+  uint64_t command_pid;
+  const char *html_output; /* run: --html */
   double interval;
   /* --timeout: seconds a collector may take to answer a call or to send the next batch of a
    * stream; 0 waits forever. */

@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "heapdump/tools/diff.h"
+#include "heapdump/tools/html.h"
 #include "heapdump/tools/reach.h"
 
 void cli_safe_name(char *out, size_t size, const char *name) {
@@ -70,6 +71,7 @@ int cmd_snapshot(cli_options *o) {
       cli_safe_name(name, sizeof name, r.snapshots[0]->process_name);
       snprintf(stem, sizeof stem, "heapdump.%s.%" PRIu64, name, r.snapshots[0]->pid);
     }
+    o->source = "live snapshot";
     rc = write_result(o, &r, stem);
   }
   hd_reassembler_destroy(&r);
@@ -184,6 +186,9 @@ int cmd_download(cli_options *o, const char *id_text) {
   if (rc == 0) {
     char stem[64];
     snprintf(stem, sizeof stem, "heapdump.snapshot-%" PRIu32, id);
+    char source[96];
+    snprintf(source, sizeof source, "stored snapshot %" PRIu32 " (%s)", id, meta.name);
+    o->source = source;
     rc = write_result(o, &r, stem);
   }
   hd_reassembler_destroy(&r);
@@ -242,8 +247,8 @@ int cmd_delete(cli_options *o, int argc, char **argv) {
 
 int cmd_convert(cli_options *o, const char *input) {
   if (o->format == FORMAT_NONE && o->output == NULL) {
-    cli_error("convert: give --format (raw, pprof, dartheap, text, folded) or an --output whose "
-              "extension names one");
+    cli_error("convert: give --format (raw, pprof, dartheap, text, folded, json, html) or an "
+              "--output whose extension names one");
     return EXIT_USAGE;
   }
   hd_reassembler r;
@@ -262,6 +267,7 @@ int cmd_convert(cli_options *o, const char *input) {
       cli_error("convert: %s exists; --force overwrites it", target);
       rc = EXIT_FAILURE_;
     } else {
+      o->source = input;
       rc = write_result(o, &r, stem);
     }
   }
@@ -270,13 +276,14 @@ int cmd_convert(cli_options *o, const char *input) {
 }
 
 /* The report of r to --output (default stdout): JSON with --json, or when the output is named
- * .json; text otherwise. Returns an exit code. */
+ * .json; the HTML page with --format html or a .html output; text otherwise. Returns an exit
+ * code. */
 static int write_report(const cli_options *o, const hd_reassembler *r) {
   cli_format f = o->json ? FORMAT_JSON : cli_output_format(o, o->output, FORMAT_TEXT);
   cli_output out;
   int rc = cli_output_open(&out, o->output ? o->output : "-");
   if (rc != 0) return rc;
-  rc = cli_write(o, r, f == FORMAT_JSON ? FORMAT_JSON : FORMAT_TEXT, &out);
+  rc = cli_write(o, r, f == FORMAT_JSON || f == FORMAT_HTML ? f : FORMAT_TEXT, &out);
   if (rc != 0) {
     cli_output_abort(&out);
     return rc;
@@ -288,6 +295,7 @@ int cmd_report(cli_options *o, const char *input) {
   hd_reassembler r;
   hd_reassembler_init(&r);
   int rc = cli_read_snapshot(input, &r);
+  o->source = input;
   if (rc == 0) rc = write_report(o, &r);
   hd_reassembler_destroy(&r);
   return rc;
@@ -322,12 +330,17 @@ int cmd_diff(cli_options *o, const char *base_path, const char *next_path) {
   cli_output out;
   if (rc == 0) {
     const char *path = o->output;
-    if (path == NULL) path = f == FORMAT_PPROF ? "heapdump.diff.pb.gz" : "-";
+    if (path == NULL) path = f == FORMAT_PPROF ? "heapdump.diff.pb.gz" : f == FORMAT_HTML ? "heapdump.diff.html" : "-";
     rc = cli_output_open(&out, path);
   }
   if (rc == 0) {
     int status;
-    if (f == FORMAT_PPROF) {
+    if (f == FORMAT_HTML) {
+      char source[600];
+      snprintf(source, sizeof source, "diff of %s (base) and %s", base_path, next_path);
+      hd_html_options ho = {.symbolizer = sym, .source = source, .diff = d};
+      status = hd_html_write(hd_diff_profile_snapshots(d), &ho, out.file, error, sizeof error);
+    } else if (f == FORMAT_PPROF) {
       hd_pprof_options po = {.symbolizer = sym,
                              .default_sample = o->sample,
                              .trace_values = hd_diff_trace_values,
@@ -432,6 +445,7 @@ int cmd_leaks(cli_options *o) {
     cli_options report = *o;
     report.leak_categories = categories;
     report.leak_now_ns = now;
+    report.source = "leak check of a running process (two scans)";
     rc = write_report(&report, r);
   }
   for (size_t i = 0; categories != NULL && i < r->snapshot_count; i++) free(categories[i]);

@@ -39,14 +39,14 @@ static const char kUsage[] =
     "  leaks     check a running program for leaks, without stopping it\n"
     "\n"
     "`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text, folded,\n"
-    "json.\n";
+    "json, html.\n";
 
 static const char kOutputHelp[] =
     "Output options:\n"
     "  -o, --output FILE     where to write ('-': stdout)\n"
-    "  -f, --format F        raw, pprof, dartheap, text, folded or json (default: from FILE's\n"
-    "                        extension .heapdump .pb.gz .dartheap .txt .folded .json, else\n"
-    "                        pprof)\n"
+    "  -f, --format F        raw, pprof, dartheap, text, folded, json or html (default: from\n"
+    "                        FILE's extension .heapdump .pb.gz .dartheap .txt .folded .json\n"
+    "                        .html, else pprof)\n"
     "      --symbolize       add function names, files, lines and inlined frames where symbols\n"
     "                        are found (the default)\n"
     "      --no-symbolize    write addresses only\n"
@@ -121,6 +121,8 @@ static const struct {
      "                          exit is listed by site, not classified\n"
      "      --show-reachable    the leak check lists possibly lost and still reachable blocks\n"
      "                          too\n"
+     "      --html FILE         also write the exit snapshot as an HTML page: memory over\n"
+     "                          time, flame graph, sites and leak check, for a browser\n"
      "\n"
      "COMMAND is followed across exec (env, nice, sh -c 'exec ...', wrapper scripts): the\n"
      "report and FILE are of its last program. With the collector run starts itself, the\n"
@@ -280,6 +282,7 @@ enum {
   OPT_VERSION,
   OPT_SHOW_REACHABLE,
   OPT_NO_LEAK_CHECK,
+  OPT_HTML,
 };
 
 /* Which command takes which option: anything else is a usage error, never silently ignored. */
@@ -312,6 +315,7 @@ static const struct {
     {OPT_VERSION, "--version", CMD_ALL},
     {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT | CMD_LEAKS | CMD_RUN},
     {OPT_NO_LEAK_CHECK, "--no-leak-check", CMD_RUN},
+    {OPT_HTML, "--html", CMD_RUN},
 };
 
 /* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
@@ -354,6 +358,7 @@ static const struct option kLong[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {"show-reachable", no_argument, NULL, OPT_SHOW_REACHABLE},
     {"no-leak-check", no_argument, NULL, OPT_NO_LEAK_CHECK},
+    {"html", required_argument, NULL, OPT_HTML},
     {NULL, 0, NULL, 0},
 };
 
@@ -436,7 +441,8 @@ static int apply_value(int c, const char *arg, cli_options *o) {
     case 'f':
       o->format = cli_parse_format(arg);
       if (o->format == FORMAT_NONE) {
-        return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded, json)", arg);
+        return usage_error("unknown format '%s' (raw, pprof, dartheap, text, folded, json, html)",
+                           arg);
       }
       return CONTINUE;
     case 'p':
@@ -465,6 +471,12 @@ static int apply_value(int c, const char *arg, cli_options *o) {
       return CONTINUE;
     case OPT_SOCKET:
       o->socket = arg;
+      return CONTINUE;
+    case OPT_HTML:
+      if (arg[0] == '\0' || strcmp(arg, "-") == 0) {
+        return usage_error("--html wants a file name (the page is written beside the profile)");
+      }
+      o->html_output = arg;
       return CONTINUE;
     case OPT_DEBUG_DIR:
       if (o->debug_dir_count == sizeof o->debug_dirs / sizeof o->debug_dirs[0]) {
@@ -544,16 +556,18 @@ static int run_command(size_t command, cli_options *o, int rest, char **args) {
     return usage_error("run: --output - would mix the profile into COMMAND's own output; give a "
                        "file");
   }
-  if (strcmp(name, "report") == 0 && o->output != NULL &&
-      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_TEXT &&
-      cli_output_format(o, o->output, FORMAT_TEXT) != FORMAT_JSON) {
-    return usage_error("report writes text or JSON, not '%s' (heapdump convert writes other "
-                       "formats)", o->output);
+  if (strcmp(name, "report") == 0 || strcmp(name, "leaks") == 0) {
+    cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
+    if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_HTML) {
+      return usage_error("%s writes text, JSON or HTML, not %s%s", name,
+                         o->format != FORMAT_NONE ? "that format" : o->output,
+                         name[0] == 'r' ? " (heapdump convert writes other formats)" : "");
+    }
   }
   if (strcmp(name, "diff") == 0) {
     cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
-    if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_PPROF) {
-      return usage_error("diff writes text, json or pprof, not %s",
+    if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_PPROF && f != FORMAT_HTML) {
+      return usage_error("diff writes text, json, pprof or html, not %s",
                          o->format != FORMAT_NONE ? "that format" : o->output);
     }
     if (o->by == HD_REPORT_BY_THREAD) {
@@ -573,10 +587,6 @@ static int run_command(size_t command, cli_options *o, int rest, char **args) {
   if (strcmp(name, "snapshot") == 0 || strcmp(name, "list") == 0 || strcmp(name, "leaks") == 0) {
     if (rest != 0) return usage_error("%s: unexpected argument '%s'", name, args[0]);
     if (strcmp(name, "leaks") == 0) {
-      cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
-      if (o->output != NULL && f != FORMAT_TEXT && f != FORMAT_JSON) {
-        return usage_error("leaks writes text or JSON, not '%s'", o->output);
-      }
       return cmd_leaks(o);
     }
     return strcmp(name, "list") == 0 ? cmd_list(o) : cmd_snapshot(o);

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "heapdump/tools/dartheap.h"
+#include "heapdump/tools/html.h"
 #include "heapdump/tools/rawfile.h"
 #include "heapdump/tools/symbolize.h"
 #include "heapdump/tools/util.h"
@@ -24,6 +25,7 @@ static const struct {
     {"raw", FORMAT_RAW, ".heapdump"},        {"pprof", FORMAT_PPROF, ".pb.gz"},
     {"dartheap", FORMAT_DARTHEAP, ".dartheap"}, {"text", FORMAT_TEXT, ".txt"},
     {"folded", FORMAT_FOLDED, ".folded"},       {"json", FORMAT_JSON, ".json"},
+    {"html", FORMAT_HTML, ".html"},
 };
 
 /* Extensions recognized besides the ones written by default. */
@@ -33,6 +35,7 @@ static const struct {
 } kMoreExtensions[] = {
     {".pprof", FORMAT_PPROF}, {".pb", FORMAT_PPROF}, {".heapsnapshot", FORMAT_DARTHEAP},
     {".data", FORMAT_DARTHEAP}, {".collapsed", FORMAT_FOLDED},
+    {".htm", FORMAT_HTML},
 };
 
 cli_format cli_parse_format(const char *name) {
@@ -156,6 +159,15 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
     case FORMAT_FOLDED:
       rc = hd_folded_write(r, sym, out->file, error, sizeof error);
       break;
+    case FORMAT_HTML: {
+      hd_html_options ho = {.symbolizer = sym,
+                            .source = o->source,
+                            .command_line = o->command_line,
+                            .command_pid = o->command_pid,
+                            .categories = o->leak_categories};
+      rc = hd_html_write(r, &ho, out->file, error, sizeof error);
+      break;
+    }
     case FORMAT_TEXT:
     case FORMAT_JSON:
     case FORMAT_NONE: {

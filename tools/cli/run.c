@@ -677,9 +677,25 @@ static void write_exit_snapshot(const cli_options *o, const run_results *results
     char path[4200];
     output_path(o, f, results->main_exit->process_name, (uint64_t)pid, NULL, path, sizeof path);
     if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
+    if (o->html_output != NULL && write_file(o, &r, FORMAT_HTML, o->html_output) == 0) {
+      fprintf(stderr, "heapdump: wrote %s\n", o->html_output);
+    }
     print_report(o, &r, results, pid, status);
   }
   hd_reassembler_destroy(&r);
+}
+
+/* argv as a shell would take it back: arguments with spaces or quotes in single quotes. */
+static void join_command_line(int argc, char **argv, char *out, size_t size) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (int i = 0; i < argc && used + 1 < size; i++) {
+    const bool quote = argv[i][0] == '\0' || strpbrk(argv[i], " \t\n'\"\\$`*?;&|<>()") != NULL;
+    int n = snprintf(out + used, size - used, "%s%s%s%s", i ? " " : "", quote ? "'" : "", argv[i],
+                     quote ? "'" : "");
+    if (n < 0) break;
+    used += (size_t)n < size - used ? (size_t)n : size - used - 1;
+  }
 }
 
 int cmd_run(cli_options *o, int argc, char **argv) {
@@ -714,6 +730,11 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     return EXIT_RUN_FAILED;
   }
   g_child = pid;
+  char command_line[4096];
+  join_command_line(argc, argv, command_line, sizeof command_line);
+  o->command_line = command_line;
+  o->command_pid = (uint64_t)pid;
+  o->source = "exit snapshot (heapdump run)";
   signal_guard signals;
   guard_signals(&signals);
 

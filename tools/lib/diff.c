@@ -590,3 +590,33 @@ bool hd_diff_trace_values(void *ctx, size_t snapshot, size_t trace, int64_t valu
   }
   return values[0] != 0 || values[1] != 0 || values[2] != 0 || values[3] != 0;
 }
+
+/* ---- the HTML page ---- */
+
+size_t hd_diff_profile_pair(const hd_diff *d, size_t snapshot) { return d->profile_pair[snapshot]; }
+
+bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_diff_change *out) {
+  const process_pair *p = &d->pairs[d->profile_pair[snapshot]];
+  const int side = d->profile_side[snapshot];
+  const side_trace *st = &p->traces[side][trace];
+  if (!st->used) return false;
+  if (side == BASE && st->peer != SIZE_MAX) return false; /* written with its peer */
+  const side_trace *base = side == BASE ? st : st->peer != SIZE_MAX ? &p->traces[BASE][st->peer] : NULL;
+  const side_trace *next = side == NEXT ? st : NULL;
+  *out = (hd_diff_change){
+      .delta_bytes = delta(base ? base->live_bytes : 0, next ? next->live_bytes : 0),
+      .delta_blocks = delta(base ? base->live_blocks : 0, next ? next->live_blocks : 0)};
+  if (p->blocks_matched) {
+    out->added_bytes = next ? next->changed_bytes : 0;
+    out->added_blocks = next ? next->changed_blocks : 0;
+    out->removed_bytes = base ? base->changed_bytes : 0;
+    out->removed_blocks = base ? base->changed_blocks : 0;
+  } else {
+    out->added_bytes = out->delta_bytes > 0 ? (uint64_t)out->delta_bytes : 0;
+    out->added_blocks = out->delta_blocks > 0 ? (uint64_t)out->delta_blocks : 0;
+    out->removed_bytes = out->delta_bytes < 0 ? (uint64_t)-out->delta_bytes : 0;
+    out->removed_blocks = out->delta_blocks < 0 ? (uint64_t)-out->delta_blocks : 0;
+  }
+  return out->delta_bytes != 0 || out->delta_blocks != 0 || out->added_blocks != 0 ||
+         out->removed_blocks != 0;
+}

@@ -19,17 +19,7 @@ typedef struct trace_totals {
   int64_t oldest; /* the earliest allocation timestamp, INT64_MAX if none */
 } trace_totals;
 
-typedef struct group {
-  char name[512];
-  int category; /* an hd_reach_category, or -1 when the snapshot has no roots */
-  const char *module;
-  uint64_t live_bytes, live_blocks;
-  uint64_t allocated_bytes, allocated_blocks;
-  int64_t oldest; /* the earliest allocation timestamp of its blocks */
-  bool has_counters;
-  size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
-  uint64_t heaviest_bytes;
-} group;
+typedef hd_report_group group;
 
 static void live_totals(const hd_snapshot *s, uint64_t *bytes, uint64_t *blocks) {
   for (size_t i = 0; i < s->allocation_count; i++) {
@@ -192,6 +182,15 @@ static int build_groups(const hd_snapshot *s, const hd_report_options *o,
   if (l.count > 0) qsort(l.items, l.count, sizeof *l.items, compare_groups);
   *out = l;
   return 0;
+}
+
+int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
+                     hd_report_group **groups, size_t *count) {
+  group_list l = {0};
+  int rc = build_groups(s, o, categories, &l);
+  *groups = rc == 0 ? l.items : NULL;
+  *count = rc == 0 ? l.count : 0;
+  return rc;
 }
 
 /* ---- text ---- */
@@ -370,6 +369,18 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             "note: %" PRIu64 " of %" PRIu64 " stacks were unwound by libunwind, not by "
             "heapdump's unwinder\n",
             s->stats.stacks_left_to_libunwind, s->stats.blocks_allocated);
+  }
+  if (s->sample_count > 0) {
+    size_t peak = 0;
+    for (size_t i = 1; i < s->sample_count; i++) {
+      if (s->samples[i].live_bytes > s->samples[peak].live_bytes) peak = i;
+    }
+    const int64_t start = s->samples[0].timestamp;
+    fprintf(out,
+            "timeline: %zu samples over %.1f s; most live: %" PRIu64 " bytes at %.1f s (the "
+            "HTML report draws it)\n",
+            s->sample_count, (double)(s->samples[s->sample_count - 1].timestamp - start) / 1e9,
+            s->samples[peak].live_bytes, (double)(s->samples[peak].timestamp - start) / 1e9);
   }
   if (leaks != NULL) {
     write_leaks_text(s, o, l, leaks, out);

@@ -46,6 +46,17 @@ int hd_diff_write_report(const hd_diff *d, size_t top, size_t max_frames, bool j
 const hd_reassembler *hd_diff_profile_snapshots(const hd_diff *d);
 bool hd_diff_trace_values(void *d, size_t snapshot, size_t trace, int64_t values[4]);
 
+/* For the HTML page, of the same snapshots: which process pair a snapshot is of (the page shows
+ * a pair as one process), and how one stack changed — written once, at the newer side's trace
+ * where the stack is on both sides (false: leave the trace out). Added and removed are the
+ * blocks matched one by one where both sides record them, else the net change's sign. */
+typedef struct hd_diff_change {
+  int64_t delta_bytes, delta_blocks;
+  uint64_t added_bytes, added_blocks, removed_bytes, removed_blocks;
+} hd_diff_change;
+size_t hd_diff_profile_pair(const hd_diff *d, size_t snapshot);
+bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_diff_change *out);
+
 #ifdef __cplusplus
 }
 #endif

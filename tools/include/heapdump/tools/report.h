@@ -42,6 +42,24 @@ typedef struct hd_report_options {
   bool short_names;
 } hd_report_options;
 
+/* One line of the report: a site, stack or thread (and leak category) with its totals. */
+typedef struct hd_report_group {
+  char name[512];
+  int category; /* an hd_reach_category, or -1 when the snapshot has no roots */
+  const char *module;
+  uint64_t live_bytes, live_blocks;
+  uint64_t allocated_bytes, allocated_blocks; /* of its traces' counters, when has_counters */
+  int64_t oldest; /* the earliest allocation timestamp of its blocks */
+  bool has_counters;
+  size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
+  uint64_t heaviest_bytes;
+} hd_report_group;
+
+/* The groups the report shows for s, in its order: by category first when categories (one per
+ * allocation, as hd_reach_classify gives them) is not NULL. free() *groups. 0 or -ENOMEM. */
+int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
+                     hd_report_group **groups, size_t *count);
+
 /* Returns 0, or a negative errno value with a message in error. */
 int hd_report_write(const hd_reassembler *r, const hd_report_options *options, FILE *out,
                     char *error, size_t error_size);
