@@ -12,11 +12,13 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <regex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -27,6 +29,7 @@ extern "C" {
 #include "heapdump/fidl/channel.h"
 #include "heapdump/heapdump.h"
 }
+#include "browser.h"
 #include "listener.h"
 #include "process.h"
 
@@ -1214,6 +1217,272 @@ TEST_F(CliTest, EveryCommandHasHelp) {
   EXPECT_EQ(top.status, 0);
   EXPECT_EQ(RunProgram({HD_CLI, "frobnicate"}, dir).status, 2);
   EXPECT_EQ(RunProgram({HD_CLI}, dir).status, 2);
+}
+
+
+// ---- the HTML report, in a real browser ----
+
+// The page at dir/name in headless Chromium, its first view drawn. Chromium is a test dependency
+// (scripts/install-deps.sh): its absence fails the test rather than skipping it.
+std::unique_ptr<hdtest::Browser> OpenPage(const std::string &dir, const std::string &name) {
+  std::string why;
+  auto browser = hdtest::Browser::Launch(&why);
+  EXPECT_NE(browser, nullptr) << why;
+  if (browser == nullptr) return nullptr;
+  EXPECT_TRUE(browser->Open(dir + "/" + name)) << browser->error();
+  EXPECT_TRUE(browser->WaitFor("document.body.dataset.ready === '1'"))
+      << name << ": " << browser->error() << browser->Console();
+  return browser;
+}
+
+double Number(hdtest::Browser &b, const std::string &expression) {
+  auto v = b.EvalNumber(expression);
+  EXPECT_TRUE(v.has_value()) << expression << ": " << b.error();
+  return v.value_or(-1);
+}
+
+std::string Text(hdtest::Browser &b, const std::string &expression) {
+  auto v = b.EvalString(expression);
+  EXPECT_TRUE(v.has_value()) << expression << ": " << b.error();
+  return v.value_or("");
+}
+
+// Writes a screenshot of the element `selector` scrolled to the top of the view, for a person
+// to look at: HD_SCREENSHOT_DIR/name.
+void Screenshot(hdtest::Browser &b, const std::string &selector, const std::string &name) {
+  mkdir(HD_SCREENSHOT_DIR, 0755);
+  ASSERT_TRUE(b.Eval("document.querySelector('" + selector + "').scrollIntoView(), true"))
+      << b.error();
+  EXPECT_TRUE(b.Screenshot(std::string(HD_SCREENSHOT_DIR) + "/" + name)) << b.error();
+}
+
+// The value of flame graph node `name` (the first drawn), or -1 if none is drawn.
+double FlameValue(hdtest::Browser &b, const std::string &name) {
+  return Number(b, "(n => n ? +n.dataset.value : -1)(document.querySelector("
+                   "'#flame .flame-node[data-name=\"" + name + "\"]'))");
+}
+
+// The process-level live bytes of a snapshot file, from its JSON report.
+uint64_t LiveBytes(const std::string &json) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(json, m, std::regex(R"("pid":[0-9]+,"live_blocks":[0-9]+,"live_bytes":([0-9]+))")))
+      << json;
+  return m.empty() ? 0 : std::stoull(m[1]);
+}
+
+// `heapdump run --html` of a program whose memory has a known shape over time (timeline_child.c:
+// up to a 16 MiB peak in 1 MiB steps, a named snapshot there, a hold of 600 ms, down to one
+// step, one 4 KiB session leaked), opened in Chromium: the timeline has a sample per 100 ms of
+// the program's life and its peak where the program peaked; the flame graph's root is the
+// snapshot's live bytes and the site's frame its exact bytes; a click zooms, the search box
+// finds; the sites table sorts on a click; the leak check lists the leak. Each view is
+// photographed into HD_SCREENSHOT_DIR.
+TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
+  Output o = Heapdump({"run", "--html", "run.html", "-o", "run.heapdump", "--", HD_TIMELINE_CHILD});
+  ASSERT_EQ(o.status, 0) << o.err;
+  EXPECT_NE(o.err.find("heapdump: wrote run.html"), std::string::npos) << o.err;
+  std::smatch lived;
+  ASSERT_TRUE(std::regex_search(o.out, lived, std::regex("lived ([0-9]+) ms"))) << o.out;
+  const double life_ms = std::stod(lived[1]);
+  Output json = Heapdump({"report", "run.heapdump", "--json"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  const uint64_t live = LiveBytes(json.out);
+
+  auto browser = OpenPage(dir, "run.html");
+  ASSERT_NE(browser, nullptr);
+  hdtest::Browser &b = *browser;
+  EXPECT_NE(Text(b, "document.getElementById('process-info').textContent").find("timeline_child["),
+            std::string::npos);
+  EXPECT_NE(Text(b, "document.body.textContent").find(HD_TIMELINE_CHILD), std::string::npos)
+      << "the command line is in the header";
+
+  // The timeline: one sample when the collector first saw the process, one per 100 ms of its
+  // life, and the two snapshot moments (at-peak, exit); a busy machine may delay a tick or two.
+  const double points = Number(b, "+document.getElementById('timeline').dataset.points");
+  EXPECT_GE(points, life_ms / 100 - 2);
+  EXPECT_LE(points, life_ms / 100 + 6);
+  EXPECT_EQ(Number(b, "+document.getElementById('timeline').dataset.markers"), 2);
+  const double peak = Number(b, "+document.getElementById('timeline').dataset.peakBytes");
+  EXPECT_GE(peak, 16 << 20);
+  EXPECT_LT(peak, (16 << 20) + (256 << 10));
+  // The peak is in the 600 ms the program held it, after its at-peak snapshot.
+  const double peak_t = Number(b, "(d => d.t_ms[+document.getElementById('timeline').dataset.peakIndex])"
+                                  "(JSON.parse(document.getElementById('heapdump-data').textContent)"
+                                  ".processes[0].timeline)");
+  const double marker_t = Number(b, "+document.querySelector('#timeline-markers li').dataset.tMs");
+  EXPECT_NE(Text(b, "document.querySelector('#timeline-markers li').textContent").find("at-peak"),
+            std::string::npos);
+  EXPECT_GE(peak_t, marker_t - 150);
+  EXPECT_LE(peak_t, marker_t + 700);
+  Screenshot(b, "#timeline", "run-timeline.png");
+
+  // The flame graph: the root is everything live, the allocation site its exact bytes.
+  EXPECT_EQ(FlameValue(b, "all"), static_cast<double>(live));
+  EXPECT_EQ(FlameValue(b, "grow_cache"), 1 << 20);
+  EXPECT_EQ(FlameValue(b, "open_session"), 4096);
+  Screenshot(b, "#flame", "run-flame.png");
+  // A click on a frame zooms in on it: what is not under it goes.
+  ASSERT_TRUE(b.ClickOn("#flame .flame-node[data-name=\"open_session\"]")) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.zoom === 'open_session'"))
+      << b.error();
+  EXPECT_EQ(FlameValue(b, "grow_cache"), -1);
+  EXPECT_EQ(Number(b, "document.querySelector('#flame .flame-node[data-name=\"open_session\"]')"
+                      ".getBoundingClientRect().width"),
+            Number(b, "document.querySelector('#flame .flame-node[data-name=\"all\"]')"
+                      ".getBoundingClientRect().width"));
+  Screenshot(b, "#flame", "run-flame-zoomed.png");
+  ASSERT_TRUE(b.ClickOn("#flame-reset")) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.zoom === ''")) << b.error();
+  EXPECT_EQ(FlameValue(b, "grow_cache"), 1 << 20);
+  // Search: the matching frames are marked, with what they hold.
+  ASSERT_TRUE(b.ClickOn("#flame-search")) << b.error();
+  ASSERT_TRUE(b.Type("session")) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.querySelectorAll('#flame .flame-node.match').length > 0"))
+      << b.error();
+  EXPECT_EQ(Number(b, "[...document.querySelectorAll('#flame .flame-node.match')]"
+                      ".filter(n => !n.dataset.name.includes('session')).length"),
+            0);
+  EXPECT_EQ(Number(b, "+document.getElementById('flame-search-status').dataset.value"), 4096);
+  Screenshot(b, "#flame", "run-flame-search.png");
+  // Another metric: allocated bytes since start (16 steps of 1 MiB from grow_cache).
+  ASSERT_TRUE(b.Eval("(s => { s.value = 'alloc_bytes'; s.dispatchEvent(new Event('change')); "
+                     "return true; })(document.getElementById('flame-metric'))"))
+      << b.error();
+  ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.metric === 'alloc_bytes'"));
+  EXPECT_EQ(FlameValue(b, "grow_cache"), 16 << 20);
+
+  // The sites table: the text report's sites, sorted by a click on a column.
+  EXPECT_EQ(Number(b, "document.querySelectorAll('#sites-table tr.site-row').length"),
+            Number(b, "JSON.parse(document.getElementById('heapdump-data').textContent)"
+                      ".processes[0].sites.length"));
+  const std::string order =
+      "[...document.querySelectorAll('#sites-table tr.site-row')].map(r => +r.dataset.allocBlocks)";
+  ASSERT_TRUE(b.ClickOn("#sites-table th[data-key=\"alloc_blocks\"]")) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
+                        ".getAttribute('aria-sort') === 'descending'"));
+  EXPECT_EQ(Text(b, "JSON.stringify(" + order + ")"),
+            Text(b, "JSON.stringify(" + order + ".slice().sort((x, y) => y - x))"));
+  EXPECT_EQ(Text(b, "document.querySelector('#sites-table tr.site-row').dataset.name"), "grow_cache");
+  ASSERT_TRUE(b.ClickOn("#sites-table th[data-key=\"alloc_blocks\"]")) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
+                        ".getAttribute('aria-sort') === 'ascending'"));
+  EXPECT_EQ(Text(b, "JSON.stringify(" + order + ")"),
+            Text(b, "JSON.stringify(" + order + ".slice().sort((x, y) => x - y))"));
+  Screenshot(b, "#sites-table", "run-sites.png");
+
+  // The leak check: the session it dropped, definitely lost, and nothing else lost.
+  EXPECT_EQ(Text(b, "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
+                    ".filter(r => r.dataset.category !== 'still_reachable')"
+                    ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes]))"),
+            "[[\"definitely_lost\",\"open_session\",\"4096\"]]");
+  Screenshot(b, "#leaks", "run-leaks.png");
+  EXPECT_EQ(b.Console().find("Uncaught"), std::string::npos) << b.Console();
+}
+
+// Every command that writes the page writes one that opens and shows its snapshot: download
+// (a stored snapshot), convert and report (a raw file), diff (the growth of a slow leak as a
+// flame graph of deltas), snapshot --all (a process selector), leaks (the leak check of a
+// running C++ program, exact).
+TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
+  StartCollector();
+  Output o = Heapdump({"run", "--", HD_GROWTH_CHILD, "named", "20"});
+  ASSERT_EQ(o.status, 0) << o.err;
+  for (const char *file : {"before.heapdump", "after.heapdump"}) {
+    std::string id = std::string(file).rfind("before", 0) == 0 ? "1" : "2";
+    ASSERT_EQ(Heapdump({"download", id, "-o", file}).status, 0);
+  }
+  Output d = Heapdump({"download", "2", "--format", "html", "-o", "download.html"});
+  ASSERT_EQ(d.status, 0) << d.err;
+  Output c = Heapdump({"convert", "before.heapdump", "--format", "html"});
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_TRUE(Exists(dir + "/before.html")) << c.err;
+  Output r = Heapdump({"report", "after.heapdump", "-o", "report.html"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  Output g = Heapdump({"diff", "before.heapdump", "after.heapdump", "--format", "html",
+                       "-o", "growth.html"});
+  ASSERT_EQ(g.status, 0) << g.err;
+  const uint64_t before_live = LiveBytes(Heapdump({"report", "before.heapdump", "--json"}).out);
+  const uint64_t after_live = LiveBytes(Heapdump({"report", "after.heapdump", "--json"}).out);
+
+  for (const auto &[page, live, remembered] :
+       std::vector<std::tuple<std::string, uint64_t, double>>{
+           {"download.html", after_live, 210000}, {"report.html", after_live, 210000},
+           {"before.html", before_live, 10000}}) {
+    SCOPED_TRACE(page);
+    auto browser = OpenPage(dir, page);
+    ASSERT_NE(browser, nullptr);
+    EXPECT_NE(Text(*browser, "document.getElementById('process-info').textContent")
+                  .find("growth_child["),
+              std::string::npos);
+    EXPECT_EQ(FlameValue(*browser, "all"), static_cast<double>(live));
+    EXPECT_EQ(FlameValue(*browser, "remember_request"), remembered);
+    EXPECT_EQ(Number(*browser, "+document.getElementById('timeline').dataset.markers"),
+              page == "before.html" ? 1 : 2) << "the stored snapshots' moments";
+  }
+  {
+    auto browser = OpenPage(dir, "growth.html");
+    ASSERT_NE(browser, nullptr);
+    EXPECT_EQ(Text(*browser, "heapdumpReport.kind"), "diff");
+    EXPECT_EQ(Text(*browser, "document.getElementById('flame').dataset.metric"), "delta_bytes");
+    EXPECT_EQ(FlameValue(*browser, "remember_request"), 200000);
+    // The root is the growth of every stack that grew, as the diff by stack counts it: churn's
+    // new buffers come from another call path than the ones they replaced.
+    Output by_stack = Heapdump({"diff", "before.heapdump", "after.heapdump", "--by", "stack",
+                                "--json", "--top", "0"});
+    double grown = 0;
+    std::smatch m;
+    for (std::string rest = by_stack.out;
+         std::regex_search(rest, m, std::regex(R"("bytes_delta":(-?[0-9]+))")); rest = m.suffix()) {
+      grown += std::max(0.0, std::stod(m[1]));
+    }
+    EXPECT_GT(grown, 200000) << by_stack.out;
+    EXPECT_EQ(FlameValue(*browser, "all"), grown) << by_stack.out;
+    EXPECT_EQ(Text(*browser, "document.querySelector('#sites-table tr.site-row').dataset.name"),
+              "remember_request");
+    ASSERT_TRUE(browser->Eval("heapdumpReport.setMetric('added_bytes')"));
+    EXPECT_EQ(FlameValue(*browser, "churn_buffers"), 3200) << "50 buffers replaced";
+    Screenshot(*browser, "#flame", "diff-flame.png");
+  }
+
+  Live first(HD_REACH_CHILD, {}, socket), second(HD_GRAPH_CHILD, {}, socket);
+  Output all = Heapdump({"snapshot", "--all", "-o", "all.html"});
+  ASSERT_EQ(all.status, 0) << all.err;
+  Output leaks = Heapdump({"leaks", "--pid", std::to_string(first.pid), "--interval", "0.2",
+                           "-o", "leaks.html"});
+  ASSERT_EQ(leaks.status, 0) << leaks.err;
+  {
+    auto browser = OpenPage(dir, "all.html");
+    ASSERT_NE(browser, nullptr);
+    hdtest::Browser &b = *browser;
+    EXPECT_EQ(Number(b, "document.querySelectorAll('#process-select option').length"), 2);
+    const std::string info = "document.getElementById('process-info').textContent";
+    const std::string shown = Text(b, info);
+    ASSERT_TRUE(b.Eval("(s => { s.selectedIndex = 1; s.dispatchEvent(new Event('change')); "
+                       "return true; })(document.getElementById('process-select'))"));
+    const std::string other = Text(b, info);
+    EXPECT_NE(shown, other);
+    for (const char *name : {"reach_child[", "graph_child["}) {
+      EXPECT_TRUE(shown.find(name) != std::string::npos || other.find(name) != std::string::npos)
+          << shown << " / " << other;
+    }
+  }
+  {
+    auto browser = OpenPage(dir, "leaks.html");
+    ASSERT_NE(browser, nullptr);
+    std::map<std::pair<std::string, std::string>, std::string> shown;
+    const std::string rows = Text(*browser,
+        "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
+        ".filter(r => r.dataset.category.endsWith('_lost') && r.dataset.category !== 'possibly_lost')"
+        ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes + ' ' + r.dataset.blocks]))");
+    std::smatch m;
+    for (std::string rest = rows; std::regex_search(rest, m, std::regex(R"re(\["(\w+)","([^"]+)","([^"]+)"\])re"));
+         rest = m.suffix()) {
+      std::string category = m[1] == "definitely_lost" ? "DEFINITELY LOST" : "INDIRECTLY LOST";
+      shown[{category, m[2]}] = m[3];
+    }
+    EXPECT_EQ(shown, ReachChildLost(true)) << rows;
+    Screenshot(*browser, "#leaks", "leaks.png");
+  }
 }
 
 }  // namespace
