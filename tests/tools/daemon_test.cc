@@ -147,7 +147,7 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
     // run passes on its command's status, and your-program exits with 3.
     script += line + (line.find("heapdump run") == 0 ? " || test $? = 3" : "") + "\n";
   }
-  ASSERT_EQ(commands, 9) << section;
+  ASSERT_EQ(commands, 10) << section;
   ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
                   "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
                   "cp \"$LEAK_CHILD\" your-program\n"
@@ -168,6 +168,9 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   struct stat st;
   EXPECT_EQ(stat((dir + "/now.dartheap").c_str(), &st), 0) << o.out;
   EXPECT_EQ(stat((dir + "/stored.pb.gz").c_str(), &st), 0) << o.out;
+  const std::string report = ReadFile(dir + "/report.html"), now = ReadFile(dir + "/now.html");
+  EXPECT_NE(report.find("\"name\":\"your-program\""), std::string::npos) << o.out;
+  EXPECT_NE(now.find("\"name\":\"your-server\""), std::string::npos) << o.out;
 }
 
 // docs/tools.md's "Finding a slow leak in a server" lines as written, with a server that grows
@@ -221,7 +224,7 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
       << o.out;
   // The server keeps what it grows in a cache: still reachable, nothing lost.
   EXPECT_TRUE(std::regex_search(
-      o.out, std::regex(R"(my-server\[[0-9]+\]: .*\nleak check: 0 bytes in 0 blocks definitely_lost, 0 bytes in 0 blocks indirectly_lost)")))
+      o.out, std::regex(R"(my-server\[[0-9]+\]: .*\n(timeline: .*\n)?leak check: 0 bytes in 0 blocks definitely_lost, 0 bytes in 0 blocks indirectly_lost)")))
       << o.out;
   struct stat st;
   EXPECT_EQ(stat((dir + "/growth.pb.gz").c_str(), &st), 0) << o.out;
@@ -286,6 +289,40 @@ TEST_F(DaemonTest, DocsLeaksRunsAsWritten) {
   EXPECT_NE(o.out.find("{\"name\":\"leak_basket\",\"category\":\"definitely_lost\","),
             std::string::npos)
       << o.out;
+}
+
+// docs/tools.md's HTML report lines as written: `run --html` with the detached daemon (the demo
+// program as ./my-program), `snapshot -o now.html` of a running server, and `report` and `diff`
+// of the files the slow-leak workflow writes (made first, with a growing server). Each page
+// holds its snapshot's data; what the browser shows of them is cli_test's.
+TEST_F(DaemonTest, DocsHtmlReportRunsAsWritten) {
+  ASSERT_EQ(Shell(std::string("cp \"$LEAKY\" my-program\nmkdir srv && cp ") + HD_GROWTH_CHILD +
+                  " srv/growth\nheapdump run --interval 0.2 -o server.heapdump -- srv/growth "
+                  "serve 40 50 > /dev/null 2>&1\n")
+                .status,
+            0);
+  int commands = 0;
+  std::string script = WithReachServer("### The HTML report", "\n#", 4, &commands);
+  ASSERT_EQ(commands, 4) << script;
+  Output o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  for (const auto &[page, process] :
+       std::vector<std::pair<std::string, std::string>>{{"report.html", "my-program"},
+                                                        {"now.html", "my-server"},
+                                                        {"server.html", "growth"},
+                                                        {"growth.html", "growth"}}) {
+    const std::string html = ReadFile(dir + "/" + page);
+    EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u) << page;
+    EXPECT_NE(html.find("\"format\":\"heapdump-html\""), std::string::npos) << page;
+    EXPECT_NE(html.find("\"name\":\"" + process + "\""), std::string::npos) << page;
+    EXPECT_NE(html.find("\"t_ms\":["), std::string::npos) << page << ": a timeline";
+  }
+  EXPECT_NE(ReadFile(dir + "/growth.html").find("\"kind\":\"diff\""), std::string::npos);
+  EXPECT_NE(ReadFile(dir + "/report.html").find("\"command_line\":\"./my-program\""),
+            std::string::npos);
+  EXPECT_NE(ReadFile(dir + "/report.html").find("\"definitely_lost\":{\"bytes\":56,"),
+            std::string::npos)
+      << "the demo's leak check";
 }
 
 TEST_F(DaemonTest, StartReportsErrorsOnTheTerminalAndAStalePidFileIsNotTrusted) {

@@ -158,13 +158,15 @@ static const struct {
      "\n"
      "      --force       overwrite the output if it exists\n",
      true},
-    {"report", "heapdump report INPUT [--top N] [--by site|stack|thread] [--json]",
+    {"report", "heapdump report INPUT [--top N] [--by site|stack|thread] [--json | --format html]",
      "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file or a pprof\n"
      "heap profile (what run and snapshot write by default) by live bytes and blocks, with the\n"
      "bytes and blocks allocated since start where recorded, and symbolized stacks (a symbolized\n"
      "profile's names are used as written).\n"
      "\n"
-     "  -o, --output FILE     where to write (default: stdout); text or JSON only (.txt, .json)\n"
+     "  -o, --output FILE     where to write (default: stdout); text, JSON or the HTML report\n"
+     "                        (.txt, .json, .html)\n"
+     "  -f, --format F        text (default), json or html (default: from FILE's extension)\n"
      "      --top N           groups shown per process (default 20; 0: all)\n"
      "      --by B            group by site (default), stack or thread\n"
      "      --json            JSON instead of a table\n"
@@ -186,7 +188,7 @@ static const struct {
      "  -p, --pid PID     with --all: only those of this pid\n"
      "  -n, --name NAME   with --all: only those of processes with this name\n",
      false},
-    {"diff", "heapdump diff BASE NEW [--format text|json|pprof] [--by site|stack] [OPTIONS]",
+    {"diff", "heapdump diff BASE NEW [--format text|json|pprof|html] [--by site|stack] [OPTIONS]",
      "Compares two snapshot files of one process (raw or pprof; e.g. the first and the last of\n"
      "`heapdump run --interval`): per site (or stack), the bytes and blocks added (live in NEW,\n"
      "not in BASE), removed (live in BASE, freed by NEW) and the net change, sorted by net\n"
@@ -197,7 +199,8 @@ static const struct {
      "where it shrank), for `go tool pprof -top` or a flame graph of growth.\n"
      "\n"
      "  -o, --output FILE     where to write (default: stdout; pprof: heapdump.diff.pb.gz)\n"
-     "  -f, --format F        text (default), json or pprof (default: from FILE's extension)\n"
+     "  -f, --format F        text (default), json, pprof or html (default: from FILE's\n"
+     "                        extension; html: heapdump.diff.html, a flame graph of growth)\n"
      "      --json            the same as --format json\n"
      "      --top N           groups shown per process (default 20; 0: all)\n"
      "      --by B            group by site (default) or stack\n"
@@ -219,7 +222,9 @@ static const struct {
      "  -n, --name NAME       the process with this name\n"
      "  -a, --all             every matching process\n"
      "  -i, --interval S      seconds between the two scans (default 1)\n"
-     "  -o, --output FILE     where to write (default: stdout); text or JSON (.txt, .json)\n"
+     "  -o, --output FILE     where to write (default: stdout); text, JSON or the HTML report\n"
+     "                        (.txt, .json, .html)\n"
+     "  -f, --format F        text (default), json or html (default: from FILE's extension)\n"
      "      --json            JSON, in the shape of report --json, each group with its\n"
      "                        category and oldest_age_s\n"
      "      --show-reachable  list possibly lost and still reachable blocks too\n"
@@ -292,7 +297,7 @@ static const struct {
   unsigned commands;
 } kOptionCommands[] = {
     {'o', "--output", CMD_OUTPUT},
-    {'f', "--format", CMD_WRITERS | CMD_DIFF},
+    {'f', "--format", CMD_WRITERS | CMD_DIFF | CMD_REPORT | CMD_LEAKS},
     {'p', "--pid", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE | CMD_LEAKS},
     {'n', "--name", CMD_SNAPSHOT | CMD_LIST | CMD_DELETE | CMD_LEAKS},
     {'a', "--all", CMD_SNAPSHOT | CMD_DELETE | CMD_LEAKS},

@@ -3,6 +3,7 @@
  * libheapdump.so preloaded (weak-symbol API). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define HEAPDUMP_WEAK_API
 #include "heapdump/heapdump.h"
@@ -12,6 +13,13 @@ struct node {
   char payload[48];
 };
 
+/* The demo takes its time (about a second) so that its memory over time, which the collector
+ * samples every 100 ms, has a shape: up while it builds, down while it frees. */
+static void pause_briefly(void) {
+  struct timespec t = {0, 40 * 1000 * 1000};
+  nanosleep(&t, NULL);
+}
+
 __attribute__((noinline)) static struct node *build_list(int n) {
   struct node *head = NULL;
   for (int i = 0; i < n; i++) {
@@ -19,6 +27,7 @@ __attribute__((noinline)) static struct node *build_list(int n) {
     snprintf(x->payload, sizeof x->payload, "node %d", i);
     x->next = head;
     head = x;
+    if (i % 100 == 99) pause_briefly();
   }
   return head;
 }
@@ -33,10 +42,11 @@ int main(void) {
     int rc = heapdump_take_named_snapshot("after-build");
     printf("leaky: heapdump_take_named_snapshot(\"after-build\") = %d\n", rc);
   }
-  while (kept != NULL) {
+  for (int freed = 0; kept != NULL; freed++) {
     struct node *next = kept->next;
     free(kept);
     kept = next;
+    if (freed % 100 == 99) pause_briefly();
   }
   struct heapdump_stats st;
   if (heapdump_available() && heapdump_get_stats(&st) == HEAPDUMP_OK) {
