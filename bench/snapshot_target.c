@@ -66,6 +66,36 @@ __attribute__((noinline)) static void *allocate_at(size_t size, unsigned depth) 
   return p;
 }
 
+/* --traces: a distinct stack per path of `bits` through two functions that each call on from two
+ * call sites (a different return address per branch): TRACE_DEPTH levels give 2^TRACE_DEPTH
+ * stacks. The asm statements differ so that the compiler keeps the branches apart. */
+#define TRACE_DEPTH 17
+static void *walk_b(size_t size, unsigned long bits, unsigned depth);
+__attribute__((noinline)) static void *walk_a(size_t size, unsigned long bits, unsigned depth) {
+  if (depth == 0) return malloc(size);
+  void *p;
+  if (bits & 1) {
+    p = walk_a(size, bits >> 1, depth - 1);
+    __asm__ volatile("nop" : "+r"(p)::"memory");
+  } else {
+    p = walk_b(size, bits >> 1, depth - 1);
+    __asm__ volatile("nop; nop" : "+r"(p)::"memory");
+  }
+  return p;
+}
+__attribute__((noinline)) static void *walk_b(size_t size, unsigned long bits, unsigned depth) {
+  if (depth == 0) return malloc(size);
+  void *p;
+  if (bits & 1) {
+    p = walk_a(size, bits >> 1, depth - 1);
+    __asm__ volatile("nop; nop; nop" : "+r"(p)::"memory");
+  } else {
+    p = walk_b(size, bits >> 1, depth - 1);
+    __asm__ volatile("nop; nop; nop; nop" : "+r"(p)::"memory");
+  }
+  return p;
+}
+
 static void raise_to(_Atomic uint64_t *max, uint64_t ns) {
   uint64_t seen = atomic_load_explicit(max, memory_order_relaxed);
   while (ns > seen && !atomic_compare_exchange_weak_explicit(max, &seen, ns, memory_order_relaxed,
@@ -121,19 +151,22 @@ static void *allocate_forever(void *arg) {
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: hd_snapshot_target --blocks N [--threads T] [--realtime]\n"
+          "usage: hd_snapshot_target --blocks N [--traces K] [--threads T] [--realtime]\n"
           "  --blocks N    live blocks to hold (16 to 64 bytes each)\n"
+          "  --traces K    allocate them from K distinct stacks (at most %lu; default: 16)\n"
           "  --threads T   allocating threads whose call times are measured (2)\n"
-          "  --realtime    run those threads under SCHED_FIFO if permitted\n");
+          "  --realtime    run those threads under SCHED_FIFO if permitted\n",
+          1ul << TRACE_DEPTH);
 }
 
 int main(int argc, char **argv) {
   static const struct option longopts[] = {{"blocks", required_argument, 0, 'b'},
                                            {"threads", required_argument, 0, 't'},
+                                           {"traces", required_argument, 0, 'k'},
                                            {"realtime", no_argument, 0, 'r'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
-  unsigned long blocks = 0, threads = 2;
+  unsigned long blocks = 0, threads = 2, traces = 0;
   bool want_realtime = false;
   int c;
   char *end;
@@ -150,6 +183,14 @@ int main(int argc, char **argv) {
       case 't':
         threads = strtoul(optarg, &end, 10);
         if (*end != '\0' || threads == 0 || threads > 64) {
+          usage(stderr);
+          return 2;
+        }
+        break;
+      case 'k':
+        errno = 0;
+        traces = strtoul(optarg, &end, 10);
+        if (errno != 0 || *end != '\0' || traces == 0 || traces > (1ul << TRACE_DEPTH)) {
           usage(stderr);
           return 2;
         }
@@ -171,7 +212,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (unsigned long i = 0; i < blocks; i++) {
-    held[i] = allocate_at(16 + (i % 4) * 16, (unsigned)(i % SITES));
+    const size_t size = 16 + (i % 4) * 16;
+    held[i] = traces ? walk_a(size, i % traces, TRACE_DEPTH) : allocate_at(size, (unsigned)(i % SITES));
     if (held[i] == NULL) {
       fprintf(stderr, "hd_snapshot_target: out of memory after %lu blocks\n", i);
       return 1;
