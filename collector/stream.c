@@ -3,6 +3,7 @@
  * batches, each acknowledged before the next (HD_BATCH_WINDOW). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +292,24 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   return status == HD_OK ? 0 : -EPIPE;
 }
 
+/* The process's command line from /proc/PID/cmdline, arguments joined by spaces; false if it
+ * cannot be read or is empty (a kernel thread, a process that exited). */
+static bool read_command_line(pid_t pid, char *out, size_t size) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, out, size - 1);
+  close(fd);
+  if (n <= 0) return false;
+  while (n > 0 && out[n - 1] == '\0') n--;
+  for (ssize_t i = 0; i < n; i++) {
+    if (out[i] == '\0') out[i] = ' ';
+  }
+  out[n] = '\0';
+  return n > 0;
+}
+
 /* ---- stream threads ---- */
 
 /* Reports error on the receiver channel, once the batches sent so far are answered (the
@@ -329,10 +348,11 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
     if (job->multi_process) {
       heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
       e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
-      e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
-      snprintf(e.element.snapshot_header.process_name, sizeof e.element.snapshot_header.process_name,
-               "%s", p->name);
-      e.element.snapshot_header.process_koid = (uint64_t)p->pid;
+      heapdump_client_SnapshotHeader *h = &e.element.snapshot_header;
+      h->has_process_name = h->has_process_koid = true;
+      snprintf(h->process_name, sizeof h->process_name, "%s", p->name);
+      h->process_koid = (uint64_t)p->pid;
+      h->has_command_line = read_command_line(p->pid, h->command_line, sizeof h->command_line);
       if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
     }
     if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL);

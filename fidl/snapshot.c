@@ -114,6 +114,7 @@ static void snapshot_free(hd_snapshot *s) {
   }
   free(s->roots);
   free(s->samples);
+  free(s->command_line);
   hd_u64_map_free(&s->root_index);
   for (size_t i = 0; i < s->known_location_count; i++) {
     hd_snapshot_known_location *k = &s->known_locations[i];
@@ -414,6 +415,10 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
     s->has_header = true;
     s->pid = el->element.snapshot_header.process_koid;
     snprintf(s->process_name, sizeof s->process_name, "%s", el->element.snapshot_header.process_name);
+    if (el->element.snapshot_header.has_command_line) {
+      s->command_line = strdup(el->element.snapshot_header.command_line);
+      if (s->command_line == NULL) return HD_ERR_NO_MEMORY;
+    }
     return HD_OK;
   }
   hd_snapshot *s = current(r);

@@ -491,7 +491,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   Capture capture;
   auto w = NewWriter(&capture);
   auto header = Element(heapdump_client_SnapshotElement_snapshot_header_tag);
-  header.element.snapshot_header = {true, "proc-name", true, 4321};
+  header.element.snapshot_header = {true, "proc-name", true, 4321, true, "./proc --flag 'a b'"};
   ASSERT_EQ(hd_batch_add(w.get(), &header), HD_OK);
   auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
   alloc.element.allocation = {true, 0x1000, true, 24, true, 7, true, -5, true, 3, true, 2};
@@ -521,6 +521,12 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1, true, 2,
                                  true, 30, true, 4, true, 5, true, 6, true, 11};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
+  for (int i = 0; i < 2; i++) {
+    auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
+    sample.element.stats_sample = {true, 1000 + i, true, 64u + i, true, 2, true, 640, true, 20,
+                                   true, 576, true, 18, i == 1, "at-peak"};
+    ASSERT_EQ(hd_batch_add(w.get(), &sample), HD_OK);
+  }
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   ASSERT_EQ(capture.bodies.size(), 2u);  // everything fits in one batch, then the empty one
   EXPECT_TRUE(capture.bodies[1].empty());
@@ -534,6 +540,14 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_TRUE(s->has_header);
   EXPECT_STREQ(s->process_name, "proc-name");
   EXPECT_EQ(s->pid, 4321u);
+  EXPECT_STREQ(s->command_line, "./proc --flag 'a b'");
+  // Samples stay in the order they came, the snapshot's name only where it was set.
+  ASSERT_EQ(s->sample_count, 2u);
+  EXPECT_EQ(s->samples[0].timestamp, 1000);
+  EXPECT_EQ(s->samples[1].live_bytes, 65u);
+  EXPECT_EQ(s->samples[1].blocks_freed, 18u);
+  EXPECT_FALSE(s->samples[0].has_snapshot_name);
+  EXPECT_STREQ(s->samples[1].snapshot_name, "at-peak");
   const hd_snapshot_allocation *a = hd_snapshot_find_allocation(s, 0x1000);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->size, 24u);
@@ -1110,6 +1124,12 @@ TEST(Reassembler, RejectsInconsistentStreams) {
        [&](hd_batch_writer *w) {
          heapdump_client_RootRegion root = Root(0x1000, 8, heapdump_client_RootKind_ROOT_KIND_DATA);
          ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 16), HD_OK);
+       }},
+      {"a stats sample without its moment",
+       [&](hd_batch_writer *w) {
+         auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
+         sample.element.stats_sample.has_live_bytes = true;
+         ASSERT_EQ(hd_batch_add(w, &sample), HD_OK);
        }},
   };
   for (const auto &c : cases) {

@@ -1447,6 +1447,11 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
   Live first(HD_REACH_CHILD, {}, socket), second(HD_GRAPH_CHILD, {}, socket);
   Output all = Heapdump({"snapshot", "--all", "-o", "all.html"});
   ASSERT_EQ(all.status, 0) << all.err;
+  // A live snapshot knows each process's command line, and a raw file keeps it.
+  ASSERT_EQ(Heapdump({"snapshot", "--pid", std::to_string(first.pid), "-o", "first.heapdump"}).status, 0);
+  ASSERT_EQ(Heapdump({"convert", "first.heapdump", "-o", "first.html"}).status, 0);
+  EXPECT_NE(ReadFile(dir + "/first.html").find(std::string("\"command_line\":\"") + HD_REACH_CHILD + "\""),
+            std::string::npos);
   Output leaks = Heapdump({"leaks", "--pid", std::to_string(first.pid), "--interval", "0.2",
                            "-o", "leaks.html"});
   ASSERT_EQ(leaks.status, 0) << leaks.err;
@@ -1465,6 +1470,7 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
       EXPECT_TRUE(shown.find(name) != std::string::npos || other.find(name) != std::string::npos)
           << shown << " / " << other;
     }
+    EXPECT_NE((shown + other).find(HD_GRAPH_CHILD), std::string::npos) << "its command line";
   }
   {
     auto browser = OpenPage(dir, "leaks.html");

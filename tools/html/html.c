@@ -485,7 +485,9 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
   fprintf(out, "{\"pid\":%" PRIu64 ",\"name\":", s->pid);
   json_string(out, s->process_name);
   fputs(",\"command_line\":", out);
-  if (o->command_line != NULL && (o->command_pid == s->pid || o->command_pid == 0)) {
+  if (s->command_line != NULL) {
+    json_string(out, s->command_line);
+  } else if (o->command_line != NULL && (o->command_pid == s->pid || o->command_pid == 0)) {
     json_string(out, o->command_line);
   } else {
     fputs("null", out);

@@ -55,6 +55,11 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
     snprintf(e.element.snapshot_header.process_name,
              sizeof e.element.snapshot_header.process_name, "%s", s->process_name);
     e.element.snapshot_header.process_koid = s->pid;
+    if (s->command_line != NULL) {
+      e.element.snapshot_header.has_command_line = true;
+      snprintf(e.element.snapshot_header.command_line,
+               sizeof e.element.snapshot_header.command_line, "%s", s->command_line);
+    }
     status = hd_batch_add(w, &e);
     /* The header travels alone in its batch, as the collector sends it. */
     if (status == HD_OK) status = hd_batch_flush(w);

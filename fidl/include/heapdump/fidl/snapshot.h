@@ -104,6 +104,7 @@ typedef struct hd_snapshot {
   heapdump_client_ProcessStats stats;
   char process_name[HD_NAME_SIZE];
   uint64_t pid;
+  char *command_line; /* from the SnapshotHeader (live snapshots); NULL if it has none */
   hd_snapshot_allocation *allocations;
   size_t allocation_count, allocation_capacity;
   hd_snapshot_stack_trace *stack_traces;
