@@ -1172,6 +1172,11 @@ TEST_F(CliTest, OptionsAndOutputsAreCheckedPerCommand) {
            {{"download", "1", "--force"}, "download does not take --force"},
            {{"report", "x.heapdump", "-o", "x.pb.gz"}, "heapdump convert writes other formats"},
            {{"run", "-o", "-", "--", HD_LEAK_CHILD}, "--output - would mix"},
+           {{"report", "x.heapdump", "--format", "dartheap"}, "report writes text, JSON or HTML"},
+           {{"leaks", "-o", "x.pb.gz"}, "leaks writes text, JSON or HTML"},
+           {{"run", "--html", "-", "--", HD_LEAK_CHILD}, "--html wants a file name"},
+           {{"snapshot", "--html", "x.html"}, "snapshot does not take --html"},
+           {{"diff", "a", "b", "-f", "folded"}, "diff writes text, json, pprof or html"},
        }) {
     std::vector<std::string> argv = {HD_CLI};
     argv.insert(argv.end(), r.args.begin(), r.args.end());
@@ -1287,6 +1292,16 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   Output json = Heapdump({"report", "run.heapdump", "--json"});
   ASSERT_EQ(json.status, 0) << json.err;
   const uint64_t live = LiveBytes(json.out);
+  // One self-contained file: nothing to load from anywhere, and small besides its data.
+  const std::string page = ReadFile(dir + "/run.html");
+  for (const char *reference : {"<script src", "<link", "src=\"http", "href=\"http", "url(http",
+                                "fetch(", "XMLHttpRequest"}) {
+    EXPECT_EQ(page.find(reference), std::string::npos) << reference;
+  }
+  const size_t data_start = page.find("id=\"heapdump-data\">");
+  ASSERT_NE(data_start, std::string::npos);
+  const size_t data_size = page.find("</script>", data_start) - data_start;
+  EXPECT_LT(page.size() - data_size, 1u << 20);
 
   auto browser = OpenPage(dir, "run.html");
   ASSERT_NE(browser, nullptr);
