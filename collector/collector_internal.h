@@ -56,6 +56,10 @@ typedef struct hd_process {
    * contents (0: none), which stands for the one the collector would take when it exits. */
   uint32_t exit_stored_id;
   hd_series series; /* its memory over time, sampled by the sampler thread (sampler.c) */
+  /* What the process gave as its command line when it registered (NULL: none, e.g. found by a
+   * scan of /proc). Set before the entry is shared, or under hd_collector.lock when a
+   * registration completes an entry a scan found; read under that lock. */
+  char *command_line;
 } hd_process;
 
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
@@ -251,10 +255,12 @@ void hd_wait_streams(hd_collector *c);
 typedef struct hd_snapshot_totals {
   uint64_t live_bytes, live_blocks;
 } hd_snapshot_totals;
-/* `name` names the snapshot's moment in the process's series ("live" for a live snapshot). */
+/* `name` names the snapshot's own moment, the last of the process's series it carries ("live"
+ * for a live snapshot); *moment (nullable) gets that moment, which a stored snapshot's caller
+ * remembers in the series once it is stored (hd_series_remember). */
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         const char *name, bool with_contents, hd_batch_writer *w,
-                        hd_snapshot_totals *totals);
+                        hd_snapshot_totals *totals, hd_series_moment *moment);
 
 /* Records the outcome of p's last snapshot: stored as snapshot_id, or (ok false) not stored. */
 void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32_t snapshot_id);

@@ -154,6 +154,8 @@ static hd_status on_register(void *ctx, hd_message *msg,
     drop_registration(&reg);
     return HD_ERR_NO_MEMORY;
   }
+  /* Only shown, never parsed: any bytes will do (nanopb ended the string within its bound). */
+  if (req->has_command_line && req->command_line[0] != '\0') p->command_line = strdup(req->command_line);
   bool absorbed;
   hd_process *entry = hd_live_set_add(c, p, true, &absorbed);
   if (entry == NULL) {

@@ -42,6 +42,7 @@ void hd_process_release(hd_process *p) {
   hd_res_reader_close(p->res);
   close(p->pidfd);
   hd_series_destroy(&p->series);
+  free(p->command_line);
   free(p);
 }
 
@@ -176,10 +177,20 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, bool registration, b
   hd_process *entry = NULL, *stale = NULL;
   bool stale_exit_snapshot = false, exec = false;
   *absorbed = false;
+  /* The series starts when the collector first sees the process, not at the next tick. Read
+   * before the lock (p is not shared yet): the read walks the process's memory. */
+  hd_table_stats st;
+  if (c->sample_interval_ns != 0 && hd_res_reader_stats(p->res, &st) == HD_READ_OK) {
+    hd_series_add(&p->series, &st, (int64_t)hd_monotonic_ns());
+  }
   pthread_mutex_lock(&c->lock);
   hd_process *existing = find_locked(c, p->pid);
   if (existing != NULL && same_process(existing, p)) {
     if (registration) existing->exit_snapshot = p->exit_snapshot;
+    if (registration && existing->command_line == NULL) {
+      existing->command_line = p->command_line;
+      p->command_line = NULL;
+    }
     entry = hd_process_retain(existing);
     *absorbed = true;
   } else {
@@ -194,11 +205,6 @@ hd_process *hd_live_set_add(hd_collector *c, hd_process *p, bool registration, b
       if (stale_exit_snapshot) hd_worker_reserve_exit(c);
     }
     if (c->process_count < HD_MAX_PROCESSES) {
-      /* The series starts when the collector first sees the process, not at the next tick. */
-      hd_table_stats st;
-      if (c->sample_interval_ns != 0 && hd_res_reader_stats(p->res, &st) == HD_READ_OK) {
-        hd_series_add(&p->series, &st, (int64_t)hd_monotonic_ns());
-      }
       p->live = true;
       c->processes[c->process_count++] = p;
       entry = hd_process_retain(p);

@@ -40,8 +40,8 @@ static void *run_sampler(void *arg) {
     pthread_mutex_unlock(&s->lock);
     sample_live_processes(c);
     pthread_mutex_lock(&s->lock);
-    /* Ticks keep their spacing however long a round took; after a stall (a suspended machine)
-     * the schedule restarts from now rather than catching up in a burst. */
+    /* Ticks keep their spacing however long a round took; after a stall (a collector stopped
+     * or starved of CPU) the schedule restarts from now rather than catching up in a burst. */
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     uint64_t at = (uint64_t)next.tv_sec * 1000000000u + (uint64_t)next.tv_nsec + c->sample_interval_ns;

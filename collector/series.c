@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void hd_series_init(hd_series *s) {
   memset(s, 0, sizeof *s);
@@ -61,15 +62,18 @@ void hd_series_add(hd_series *s, const hd_table_stats *stats, int64_t now) {
   pthread_mutex_unlock(&s->lock);
 }
 
-void hd_series_mark(hd_series *s, const hd_table_stats *stats, int64_t now, const char *name) {
+void hd_series_remember(hd_series *s, const hd_series_moment *moment) {
   pthread_mutex_lock(&s->lock);
   if (s->mark_count == HD_SERIES_MARKS) {
     memmove(s->marks, s->marks + 1, (HD_SERIES_MARKS - 1) * sizeof *s->marks);
     s->mark_count--;
   }
-  hd_series_moment *m = &s->marks[s->mark_count++];
-  m->at = sample_of(stats, now);
-  snprintf(m->name, sizeof m->name, "%s", name);
+  /* Stores may finish out of order (two storage workers): keep the marks in time order. */
+  size_t at = s->mark_count;
+  while (at > 0 && s->marks[at - 1].at.timestamp > moment->at.timestamp) at--;
+  memmove(s->marks + at + 1, s->marks + at, (s->mark_count - at) * sizeof *s->marks);
+  s->marks[at] = *moment;
+  s->mark_count++;
   pthread_mutex_unlock(&s->lock);
 }
 
@@ -92,9 +96,19 @@ static hd_status add_sample(hd_batch_writer *w, const hd_series_sample *v, const
   return hd_batch_add(w, &e);
 }
 
-hd_status hd_series_write(hd_series *s, hd_batch_writer *w) {
+static int64_t monotonic_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+hd_status hd_series_write(hd_series *s, const hd_table_stats *stats, const char *name,
+                          hd_batch_writer *w, hd_series_moment *moment) {
+  hd_series_moment own = {.at = sample_of(stats, 0)};
+  snprintf(own.name, sizeof own.name, "%s", name);
   /* Copied out first: writing may block on the receiver, and sampling must not wait for it. */
   pthread_mutex_lock(&s->lock);
+  own.at.timestamp = monotonic_now();
   const size_t count = s->count, mark_count = s->mark_count;
   hd_series_sample *samples = count ? malloc(count * sizeof *samples) : NULL;
   hd_series_moment *marks = mark_count ? malloc(mark_count * sizeof *marks) : NULL;
@@ -104,6 +118,7 @@ hd_status hd_series_write(hd_series *s, hd_batch_writer *w) {
     if (mark_count) memcpy(marks, s->marks, mark_count * sizeof *marks);
   }
   pthread_mutex_unlock(&s->lock);
+  if (moment != NULL) *moment = own;
   hd_status status = HD_OK;
   if (copied) {
     /* Merge by time: both lists are in time order. */
@@ -117,6 +132,7 @@ hd_status hd_series_write(hd_series *s, hd_batch_writer *w) {
       }
     }
   }
+  if (status == HD_OK) status = add_sample(w, &own.at, own.name);
   free(samples);
   free(marks);
   return status;

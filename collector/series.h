@@ -17,7 +17,7 @@
  * at twice the spacing: a process that runs for days still has a series covering its whole life,
  * in bounded memory (~112 KiB). */
 #define HD_SERIES_CAPACITY 2048
-/* Snapshot moments kept per process, most recent last (older ones are dropped first). */
+/* Stored snapshots' moments kept per process, in time order (the oldest are dropped first). */
 #define HD_SERIES_MARKS 64
 
 typedef struct hd_series_sample {
@@ -46,9 +46,14 @@ void hd_series_init(hd_series *s);
 void hd_series_destroy(hd_series *s);
 /* Adds one sampling tick's statistics (taken at `now`). Out of memory: the tick is skipped. */
 void hd_series_add(hd_series *s, const hd_table_stats *stats, int64_t now);
-/* Records that snapshot `name` was taken at `now` with these statistics. */
-void hd_series_mark(hd_series *s, const hd_table_stats *stats, int64_t now, const char *name);
-/* Writes the series as StatsSample elements in time order, marks among the samples. */
-hd_status hd_series_write(hd_series *s, hd_batch_writer *w);
+/* Writes the series as StatsSample elements in time order, the remembered moments of stored
+ * snapshots among them, and last this snapshot's own moment, named `name`, with `stats`: timed
+ * under the series' lock, so it is the latest of all, whatever other snapshot of the process
+ * runs meanwhile. *moment (nullable) gets that moment, for hd_series_remember. */
+hd_status hd_series_write(hd_series *s, const hd_table_stats *stats, const char *name,
+                          hd_batch_writer *w, hd_series_moment *moment);
+/* Remembers a stored snapshot's moment (once it is stored), so that later snapshots of the
+ * process show it. Live snapshots are not remembered: they are not kept anywhere. */
+void hd_series_remember(hd_series *s, const hd_series_moment *moment);
 
 #endif

@@ -373,11 +373,14 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
          sink_write(&sink, &meta_len, 4) && sink_write(&sink, meta_buf, meta_len));
   hd_batch_writer *w = malloc(sizeof *w);
   hd_snapshot_totals totals = {0};
+  hd_series_moment moment = {0};
   if (w == NULL) {
     sink.error = ENOMEM;
   } else {
     hd_batch_writer_init(w, append_batch, &sink);
-    if (sink.error == 0) rc = hd_produce_snapshot(c, p, frozen, name, with_contents, w, &totals);
+    if (sink.error == 0) {
+      rc = hd_produce_snapshot(c, p, frozen, name, with_contents, w, &totals, &moment);
+    }
     if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
   }
   free(w);
@@ -407,6 +410,7 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
     return rc == -EIO || rc == -EINVAL ? -EINVAL : -EIO;
   }
   fsync(c->storage_fd);
+  if (moment.name[0] != '\0') hd_series_remember(&p->series, &moment);
   pthread_mutex_lock(&c->lock);
   append_info(c, &info);
   enforce_retention_of(c, p->uid);

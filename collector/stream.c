@@ -3,7 +3,6 @@
  * batches, each acknowledged before the next (HD_BATCH_WINDOW). */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,18 +242,17 @@ static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd
   return status;
 }
 
-/* The process's series up to now, now marked as the moment of snapshot `name`. */
-static hd_status add_series(hd_process *p, const char *name, hd_batch_writer *w) {
+/* The process's series up to now, ending with this snapshot's own moment, named `name`. */
+static hd_status add_series(hd_process *p, const char *name, hd_batch_writer *w,
+                            hd_series_moment *moment) {
   hd_table_stats st;
-  if (hd_res_reader_stats(p->res, &st) == HD_READ_OK) {
-    hd_series_mark(&p->series, &st, (int64_t)hd_monotonic_ns(), name);
-  }
-  return hd_series_write(&p->series, w);
+  if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK; /* the stats say why */
+  return hd_series_write(&p->series, &st, name, w, moment);
 }
 
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         const char *name, bool with_contents, hd_batch_writer *w,
-                        hd_snapshot_totals *totals) {
+                        hd_snapshot_totals *totals, hd_series_moment *moment) {
   hd_live_block *blocks = NULL;
   size_t count = 0;
   int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count);
@@ -265,7 +263,7 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
   if (status == HD_OK && !out_of_memory) status = add_stats(p, w);
-  if (status == HD_OK && !out_of_memory) status = add_series(p, name, w);
+  if (status == HD_OK && !out_of_memory) status = add_series(p, name, w, moment);
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;
@@ -290,24 +288,6 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   key_set_free(&threads);
   if (out_of_memory) return -ENOMEM;
   return status == HD_OK ? 0 : -EPIPE;
-}
-
-/* The process's command line from /proc/PID/cmdline, arguments joined by spaces; false if it
- * cannot be read or is empty (a kernel thread, a process that exited). */
-static bool read_command_line(pid_t pid, char *out, size_t size) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n = read(fd, out, size - 1);
-  close(fd);
-  if (n <= 0) return false;
-  while (n > 0 && out[n - 1] == '\0') n--;
-  for (ssize_t i = 0; i < n; i++) {
-    if (out[i] == '\0') out[i] = ' ';
-  }
-  out[n] = '\0';
-  return n > 0;
 }
 
 /* ---- stream threads ---- */
@@ -352,10 +332,15 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
       h->has_process_name = h->has_process_koid = true;
       snprintf(h->process_name, sizeof h->process_name, "%s", p->name);
       h->process_koid = (uint64_t)p->pid;
-      h->has_command_line = read_command_line(p->pid, h->command_line, sizeof h->command_line);
+      pthread_mutex_lock(&c->lock);
+      if (p->command_line != NULL) {
+        h->has_command_line = true;
+        snprintf(h->command_line, sizeof h->command_line, "%s", p->command_line);
+      }
+      pthread_mutex_unlock(&c->lock);
       if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
     }
-    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL);
+    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL, NULL);
     if (rc == -EIO || rc == -ENOMEM) {
       report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
     } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {

@@ -94,6 +94,21 @@ static bool reopen_read_only(const hd_owned_fd *table, hd_owned_fd *out) {
   return true;
 }
 
+/* Our command line, arguments joined by spaces; false if it cannot be read. */
+static bool read_command_line(char *out, size_t size) {
+  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, out, size - 1);
+  close(fd);
+  if (n <= 0) return false;
+  while (n > 0 && out[n - 1] == '\0') n--;
+  for (ssize_t i = 0; i < n; i++) {
+    if (out[i] == '\0') out[i] = ' ';
+  }
+  out[n] = '\0';
+  return n > 0;
+}
+
 /* Registers with the collector, handing over the read-only tables. Called with g_lock held. */
 static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   char path[108]; /* sun_path: a longer path would name another socket */
@@ -115,7 +130,10 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   }
   set_timeout(registry.fd);
   set_timeout(sink_end.fd);
-  heapdump_process_RegistryRegisterRequest req = heapdump_process_RegistryRegisterRequest_init_zero;
+  /* Static, not on the stack: it holds the 4 KiB command line, and g_lock is held. */
+  static heapdump_process_RegistryRegisterRequest req;
+  req = (heapdump_process_RegistryRegisterRequest)heapdump_process_RegistryRegisterRequest_init_zero;
+  req.has_command_line = read_command_line(req.command_line, sizeof req.command_line);
   req.has_protocol_version = req.has_layout_version = req.has_pid = req.has_process_name = true;
   req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
   req.layout_version = HD_LAYOUT_VERSION;

@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -70,6 +71,14 @@ TEST(Series, LiveAndStoredSnapshotsCarryTheSeriesUpToTheirMoment) {
   size_t checkpoints = 0;
   for (size_t i = 0; i < s->sample_count; i++) checkpoints += NameOf(s->samples[i]) == "checkpoint";
   EXPECT_EQ(checkpoints, 1u);
+  // A live snapshot is kept nowhere: the next one does not show its moment, only its own.
+  auto again = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(again->status, HD_OK) << again->ra.error;
+  const hd_snapshot *a = again->only();
+  size_t lives = 0;
+  for (size_t i = 0; i < a->sample_count; i++) lives += NameOf(a->samples[i]) == "live";
+  EXPECT_EQ(lives, 1u);
+  EXPECT_EQ(NameOf(a->samples[a->sample_count - 1]), "live");
   EXPECT_GE(last.timestamp - s->samples[0].timestamp, static_cast<int64_t>(waited * 1e9 * 0.9));
 
   // The stored snapshot's series ends at its own moment, named after it.
@@ -114,8 +123,8 @@ hd_table_stats StatsOf(uint64_t live, uint64_t allocated) {
   return st;
 }
 
-// A day of samples fits in the series' bound, keeps its single highest sample, its first and last
-// moments, its time order, and its latest totals.
+// A day of samples fits in the series' bound, keeps its single highest sample (whole, with its
+// own totals), its first and last moments, and its time order.
 TEST(Series, ALongRunIsThinnedKeepingItsPeak) {
   hd_series series;
   hd_series_init(&series);
@@ -151,16 +160,23 @@ TEST(Series, ALongRunIsThinnedKeepingItsPeak) {
   const int64_t last = series.samples[series.count - 1].timestamp;
   EXPECT_GE(last, static_cast<int64_t>(ticks - series.stride) * 100000000);
 
-  // Marks stay at most HD_SERIES_MARKS, the newest kept, and come out among the samples in time
-  // order when written (checked by the reassembler-facing tests above).
-  for (int m = 0; m < HD_SERIES_MARKS + 5; m++) {
-    const hd_table_stats st = StatsOf(1, allocated);
-    hd_series_mark(&series, &st, last + m, ("mark-" + std::to_string(m)).c_str());
+  // Stored snapshots' moments stay at most HD_SERIES_MARKS, the newest kept, in time order even
+  // when their stores finish out of order (each pair here is remembered later one first).
+  for (int m = 0; m < HD_SERIES_MARKS + 6; m += 2) {
+    for (int k : {m + 1, m}) {
+      hd_series_moment moment{};
+      moment.at.timestamp = last + k;
+      snprintf(moment.name, sizeof moment.name, "mark-%d", k);
+      hd_series_remember(&series, &moment);
+    }
   }
   ASSERT_EQ(series.mark_count, static_cast<size_t>(HD_SERIES_MARKS));
-  EXPECT_STREQ(series.marks[0].name, "mark-5");
+  EXPECT_STREQ(series.marks[0].name, "mark-6");
   EXPECT_STREQ(series.marks[HD_SERIES_MARKS - 1].name,
-               ("mark-" + std::to_string(HD_SERIES_MARKS + 4)).c_str());
+               ("mark-" + std::to_string(HD_SERIES_MARKS + 5)).c_str());
+  for (size_t i = 1; i < series.mark_count; i++) {
+    EXPECT_GT(series.marks[i].at.timestamp, series.marks[i - 1].at.timestamp) << i;
+  }
   hd_series_destroy(&series);
 }
 

@@ -188,8 +188,9 @@ int cmd_download(cli_options *o, const char *id_text) {
     snprintf(stem, sizeof stem, "heapdump.snapshot-%" PRIu32, id);
     char source[96];
     snprintf(source, sizeof source, "stored snapshot %" PRIu32 " (%s)", id, meta.name);
-    o->source = source;
-    rc = write_result(o, &r, stem);
+    cli_options download = *o; /* source points into this frame: not left in the caller's */
+    download.source = source;
+    rc = write_result(&download, &r, stem);
   }
   hd_reassembler_destroy(&r);
   return rc;

@@ -635,8 +635,11 @@ static void summarize_others(const others_tally *t, const hd_collector_census *c
  * images the command exec'd away from) in the run's directory, under names made unique by the
  * snapshot id. Prints one summary line, the files with --verbose, and the top children by peak
  * live bytes. */
-static void save_others(const cli_options *o, const run_results *res, pid_t pid, cli_format f,
-                        const hd_collector_census *census) {
+static void save_others(const cli_options *run_options, const run_results *res, pid_t pid,
+                        cli_format f, const hd_collector_census *census) {
+  cli_options others = *run_options;
+  others.source = "snapshot stored during heapdump run";
+  const cli_options *o = &others;
   others_tally t = {.children = calloc(res->count + 1, sizeof *t.children)};
   const char *main_name = res->main_exit ? res->main_exit->process_name : "process";
   for (size_t i = 0; i < res->count && t.children != NULL; i++) {
@@ -669,8 +672,11 @@ static void restore_signals(const signal_guard *g) {
 }
 
 /* Downloads the command's exit snapshot, writes it in format f and prints the report. */
-static void write_exit_snapshot(const cli_options *o, const run_results *results, pid_t pid,
-                                cli_format f, int status) {
+static void write_exit_snapshot(const cli_options *run_options, const run_results *results,
+                                pid_t pid, cli_format f, int status) {
+  cli_options exit_options = *run_options;
+  exit_options.source = "exit snapshot (heapdump run)";
+  const cli_options *o = &exit_options;
   hd_reassembler r;
   hd_reassembler_init(&r);
   if (cli_download(o, results->main_exit, &r) == 0) {
@@ -685,17 +691,26 @@ static void write_exit_snapshot(const cli_options *o, const run_results *results
   hd_reassembler_destroy(&r);
 }
 
-/* argv as a shell would take it back: arguments with spaces or quotes in single quotes. */
+/* argv as a shell would take it back: an argument with a character the shell treats specially
+ * goes in single quotes, a single quote in it as '\''. Cut at size. */
 static void join_command_line(int argc, char **argv, char *out, size_t size) {
   size_t used = 0;
-  out[0] = '\0';
-  for (int i = 0; i < argc && used + 1 < size; i++) {
-    const bool quote = argv[i][0] == '\0' || strpbrk(argv[i], " \t\n'\"\\$`*?;&|<>()") != NULL;
-    int n = snprintf(out + used, size - used, "%s%s%s%s", i ? " " : "", quote ? "'" : "", argv[i],
-                     quote ? "'" : "");
-    if (n < 0) break;
-    used += (size_t)n < size - used ? (size_t)n : size - used - 1;
+  const size_t room = size - 1;
+  for (int i = 0; i < argc && used < room; i++) {
+    const char *a = argv[i];
+    const bool quote = a[0] == '\0' || strpbrk(a, " \t\n'\"\\$`*?;&|<>()[]{}~#!") != NULL;
+    if (i && used < room) out[used++] = ' ';
+    if (quote && used < room) out[used++] = '\'';
+    for (; *a && used < room; a++) {
+      if (quote && *a == '\'') {
+        for (const char *q = "'\\''"; *q && used < room; q++) out[used++] = *q;
+      } else {
+        out[used++] = *a;
+      }
+    }
+    if (quote && used < room) out[used++] = '\'';
   }
+  out[used] = '\0';
 }
 
 int cmd_run(cli_options *o, int argc, char **argv) {
@@ -710,6 +725,10 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   }
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
   if (cli_probe_output(o) != 0) return EXIT_RUN_FAILED;
+  /* The page too is checked before the command runs, not found unwritable after. */
+  cli_options page = *o;
+  page.output = o->html_output;
+  if (cli_probe_output(&page) != 0) return EXIT_RUN_FAILED;
 
   embedded e = {0};
   int probe_fd;
@@ -734,7 +753,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   join_command_line(argc, argv, command_line, sizeof command_line);
   o->command_line = command_line;
   o->command_pid = (uint64_t)pid;
-  o->source = "exit snapshot (heapdump run)";
+  o->source = "live snapshot (heapdump run --interval)";
   signal_guard signals;
   guard_signals(&signals);
 

@@ -3,7 +3,10 @@
 their Debian packages) into a C file, so the heapdump command carries its page with it and
 writes it without looking for files at run time.
 
-usage: embed.py OUT.c NAME=PATH...   defines `const char hd_html_NAME[]` (NUL-terminated)."""
+usage: embed.py OUT.c NAME=PATH...   defines `const char hd_html_NAME[]` (NUL-terminated).
+
+Each part becomes one string literal of up to a few hundred KB: past C11's minimum limit of 4,095
+characters, which GCC and Clang (the compilers heapdump builds with) do not impose."""
 import sys
 
 

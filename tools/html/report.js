@@ -118,6 +118,11 @@
       return fa.length - fb.length;
     });
     const parent = new Int32Array(cap), fn = new Int32Array(cap), depth = new Int32Array(cap), end = new Int32Array(cap);
+    // A node's source line: where its function was in the stacks through it (each stack's
+    // `lines`, parallel to its frames), or -1 where they disagree (it called on from several
+    // lines), 0 where unknown.
+    const line = new Int32Array(cap);
+    const lineAt = (s, d) => { const l = stacks[s] && stacks[s].lines; return Array.isArray(l) && l[d] > 0 ? l[d] : 0; };
     const leafOf = new Int32Array(n);
     parent[0] = -1; fn[0] = -1;
     const path = [0];
@@ -127,9 +132,10 @@
       let c = 0;
       while (c < f.length && c < prev.length && f[c] === prev[c]) c++;
       for (let d = prev.length; d > c; d--) end[path[d]] = cnt;
+      for (let d = 0; d < c; d++) if (line[path[d + 1]] !== lineAt(s, d)) line[path[d + 1]] = -1;
       for (let d = c; d < f.length; d++) {
         const x = f[d];
-        parent[cnt] = path[d]; fn[cnt] = x >= 0 && x < nf ? x : -1; depth[cnt] = d + 1; path[d + 1] = cnt++;
+        parent[cnt] = path[d]; fn[cnt] = x >= 0 && x < nf ? x : -1; depth[cnt] = d + 1; line[cnt] = lineAt(s, d); path[d + 1] = cnt++;
       }
       leafOf[s] = path[f.length];
       prev = f;
@@ -152,7 +158,7 @@
       let v = null;
       Object.defineProperty(vals, m.key, { enumerable: true, get: () => v || (v = sum(m)) });
     });
-    return { count: cnt, parent, fn, depth, end, vals };
+    return { count: cnt, parent, fn, depth, end, line, vals };
   }
 
   // Per-process data, built on first view of the process.
@@ -173,6 +179,13 @@
   const fnName = (P, k) => { const f = fnOf(P, k); return f && f.name != null ? String(f.name) : '?'; };
   const nodeName = (P, i) => (i === 0 ? 'all' : fnName(P, P.tree.fn[i]));
   const loc = (o) => (o && o.file ? o.file + (o.line ? ':' + o.line : '') : '');
+  // Where a function was in one stack: its file, and the stack's own line for that frame.
+  const locAt = (f, line) => (f && f.file ? f.file + (line > 0 ? ':' + line : '') : '');
+  // Where a flame graph node's function was: one line, or several (it called on from each).
+  const nodeLoc = (P, i) => {
+    const f = fnOf(P, P.tree.fn[i]), l = P.tree.line[i];
+    return f && f.file ? f.file + (l > 0 ? ':' + l : l < 0 ? ' (several lines)' : '') : '';
+  };
 
   // ---------- colours ----------
   function hash(s) {
@@ -549,7 +562,7 @@
     for (let c = i + 1; c < T.end[i]; c = T.end[c]) self -= V[cur][c];
     const unit = METRIC[cur].isBytes ? bytes(self) : count(self) + ' blocks';
     tip.innerHTML = '<div class="fn">' + esc(nodeName(P, i)) + '</div>' +
-      (i ? '<div class="muted">' + esc(loc(f) || 'no source location') + (f && f.module ? ' \u00b7 ' + esc(f.module) : '') + '</div>' : '') +
+      (i ? '<div class="muted">' + esc(nodeLoc(P, i) || 'no source location') + (f && f.module ? ' \u00b7 ' + esc(f.module) : '') + '</div>' : '') +
       '<table>' + rows + '</table><div class="muted">self (in no callee): ' + unit + ' \u00b7 click to ' + (i ? 'zoom' : 'reset zoom') + '</div>';
     tip.hidden = false;
     moveTip(ev);
@@ -579,12 +592,13 @@
     shown.forEach((si, k) => {
       const st = stacks[si];
       const fr = st && Array.isArray(st.frames) ? st.frames.slice().reverse() : [];
+      const lines = st && Array.isArray(st.lines) ? st.lines.slice().reverse() : [];
       h += '<div class="stack" data-stack="' + exact(si) + '"><div class="stack-head">' +
         (idxs.length > 1 ? 'Stack ' + (k + 1) + ' of ' + idxs.length + ': ' : '') + (withValues ? esc(stackValues(st)) : '') +
         (st ? '' : 'stack ' + esc(si) + ' missing') + '</div><ol class="frames">' +
-        fr.map((x) => {
-          const f = fnOf(P, x);
-          return '<li><span class="fn">' + esc(fnName(P, x)) + '</span>' + (loc(f) ? '<span class="loc">' + esc(loc(f)) + '</span>' : '') +
+        fr.map((x, k) => {
+          const f = fnOf(P, x), where = locAt(f, lines[k]);
+          return '<li><span class="fn">' + esc(fnName(P, x)) + '</span>' + (where ? '<span class="loc">' + esc(where) + '</span>' : '') +
             (f && f.module ? '<span class="mod">' + esc(f.module) + '</span>' : '') + '</li>';
         }).join('') + (fr.length ? '' : '<li class="muted">(no frames)</li>') + '</ol></div>';
     });
@@ -678,7 +692,12 @@
       const s = summ[c] || {}, lost = c !== 'still_reachable' && num(s.bytes) > 0;
       return '<li class="leak-cat' + (lost ? ' lost' : '') + '" data-category="' + c + '" data-bytes="' + exact(s.bytes) +
         '" data-blocks="' + exact(s.blocks) + '">' + catWords(c) + ': ' + hBytes(s.bytes) + ' in ' + plural(num(s.blocks), 'block') + '</li>';
-    }).join('');
+    }).join('') + (summ.unconfirmed && num(summ.unconfirmed.blocks) > 0
+      // heapdump leaks: lost in its last scan only, so perhaps a pointer in flight; not reported.
+      ? '<li class="leak-cat unconfirmed" data-category="unconfirmed" data-bytes="' + exact(summ.unconfirmed.bytes) + '" data-blocks="' +
+        exact(summ.unconfirmed.blocks) + '">not confirmed (lost in the last scan only, not reported): ' + hBytes(summ.unconfirmed.bytes) +
+        ' in ' + plural(num(summ.unconfirmed.blocks), 'block') + '</li>'
+      : '');
     const anyLost = LEAK_CATS.slice(0, 3).some((c) => num((summ[c] || {}).bytes) > 0 || num((summ[c] || {}).blocks) > 0) ||
       groups.some((g) => g && g.category !== 'still_reachable');
     $('leaks-none').hidden = anyLost;
@@ -701,7 +720,8 @@
   // A leak group names its site; where it is comes from the leaf frame of its stack.
   function leafLoc(si) {
     const st = state.P.p.stacks[si], fr = st && Array.isArray(st.frames) ? st.frames : [];
-    const l = fr.length ? loc(fnOf(state.P, fr[fr.length - 1])) : '';
+    const lines = st && Array.isArray(st.lines) ? st.lines : [];
+    const l = fr.length ? locAt(fnOf(state.P, fr[fr.length - 1]), lines[fr.length - 1]) : '';
     return l ? '<span class="loc">' + esc(l) + '</span>' : '';
   }
   const leakStack = (g) => (typeof g.stack === 'number' ? stacksHtml(state.P, [g.stack], true, false) : '<p class="note">No stack recorded.</p>');

@@ -268,12 +268,13 @@ static int build_groups(const hd_diff *d, process_pair *p) {
   for (size_t i = 0; i < p->group_count; i++) {
     diff_group *g = &p->groups[i];
     if (!p->blocks_matched) { /* only totals: the net change is all there is to tell */
-      int64_t bytes = delta(g->live_bytes[BASE], g->live_bytes[NEXT]);
-      int64_t blocks = delta(g->live_blocks[BASE], g->live_blocks[NEXT]);
-      g->added_bytes = bytes > 0 ? (uint64_t)bytes : 0;
-      g->removed_bytes = bytes < 0 ? (uint64_t)-bytes : 0;
-      g->added_blocks = blocks > 0 ? (uint64_t)blocks : 0;
-      g->removed_blocks = blocks < 0 ? (uint64_t)-blocks : 0;
+      hd_diff_change net = {.delta_bytes = delta(g->live_bytes[BASE], g->live_bytes[NEXT]),
+                            .delta_blocks = delta(g->live_blocks[BASE], g->live_blocks[NEXT])};
+      hd_diff_net_split(&net);
+      g->added_bytes = net.added_bytes;
+      g->removed_bytes = net.removed_bytes;
+      g->added_blocks = net.added_blocks;
+      g->removed_blocks = net.removed_blocks;
     }
     bool allocated = g->has_counters[NEXT] && (g->allocated_bytes[NEXT] != g->allocated_bytes[BASE] ||
                                                g->allocated_blocks[NEXT] != g->allocated_blocks[BASE]);
@@ -595,6 +596,14 @@ bool hd_diff_trace_values(void *ctx, size_t snapshot, size_t trace, int64_t valu
 
 size_t hd_diff_profile_pair(const hd_diff *d, size_t snapshot) { return d->profile_pair[snapshot]; }
 
+void hd_diff_net_split(hd_diff_change *c) {
+  /* In unsigned arithmetic: a crafted file's change may be INT64_MIN, which cannot be negated. */
+  c->added_bytes = c->delta_bytes > 0 ? (uint64_t)c->delta_bytes : 0;
+  c->added_blocks = c->delta_blocks > 0 ? (uint64_t)c->delta_blocks : 0;
+  c->removed_bytes = c->delta_bytes < 0 ? 0 - (uint64_t)c->delta_bytes : 0;
+  c->removed_blocks = c->delta_blocks < 0 ? 0 - (uint64_t)c->delta_blocks : 0;
+}
+
 bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_diff_change *out) {
   const process_pair *p = &d->pairs[d->profile_pair[snapshot]];
   const int side = d->profile_side[snapshot];
@@ -605,17 +614,15 @@ bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_di
   const side_trace *next = side == NEXT ? st : NULL;
   *out = (hd_diff_change){
       .delta_bytes = delta(base ? base->live_bytes : 0, next ? next->live_bytes : 0),
-      .delta_blocks = delta(base ? base->live_blocks : 0, next ? next->live_blocks : 0)};
+      .delta_blocks = delta(base ? base->live_blocks : 0, next ? next->live_blocks : 0),
+      .blocks_matched = p->blocks_matched};
   if (p->blocks_matched) {
     out->added_bytes = next ? next->changed_bytes : 0;
     out->added_blocks = next ? next->changed_blocks : 0;
     out->removed_bytes = base ? base->changed_bytes : 0;
     out->removed_blocks = base ? base->changed_blocks : 0;
   } else {
-    out->added_bytes = out->delta_bytes > 0 ? (uint64_t)out->delta_bytes : 0;
-    out->added_blocks = out->delta_blocks > 0 ? (uint64_t)out->delta_blocks : 0;
-    out->removed_bytes = out->delta_bytes < 0 ? (uint64_t)-out->delta_bytes : 0;
-    out->removed_blocks = out->delta_blocks < 0 ? (uint64_t)-out->delta_blocks : 0;
+    hd_diff_net_split(out);
   }
   return out->delta_bytes != 0 || out->delta_blocks != 0 || out->added_blocks != 0 ||
          out->removed_blocks != 0;

@@ -379,8 +379,8 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     fprintf(out,
             "timeline: %zu samples over %.1f s; most live: %" PRIu64 " bytes at %.1f s (the "
             "HTML report draws it)\n",
-            s->sample_count, (double)(s->samples[s->sample_count - 1].timestamp - start) / 1e9,
-            s->samples[peak].live_bytes, (double)(s->samples[peak].timestamp - start) / 1e9);
+            s->sample_count, ((double)s->samples[s->sample_count - 1].timestamp - (double)start) / 1e9,
+            s->samples[peak].live_bytes, ((double)s->samples[peak].timestamp - (double)start) / 1e9);
   }
   if (leaks != NULL) {
     write_leaks_text(s, o, l, leaks, out);

@@ -34,7 +34,8 @@ typedef struct hd_collector_options {
   /* Bytes of block contents one process's snapshot carries at most; 0 = no limit. */
   uint64_t max_contents_bytes;
   /* How often each process's statistics are sampled for its memory-over-time series; 0 =
-   * default. no_sampling: none (snapshots then carry only their own moment). */
+   * default. no_sampling: none (snapshots then carry only the moments of the process's stored
+   * snapshots and their own). */
   uint32_t sample_interval_ms;
   bool no_sampling;
 } hd_collector_options;

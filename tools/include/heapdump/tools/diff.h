@@ -53,8 +53,13 @@ bool hd_diff_trace_values(void *d, size_t snapshot, size_t trace, int64_t values
 typedef struct hd_diff_change {
   int64_t delta_bytes, delta_blocks;
   uint64_t added_bytes, added_blocks, removed_bytes, removed_blocks;
+  /* Blocks were matched one by one; else added and removed are only the net change's sign, and
+   * a sum of stacks must take them from the summed net change, as the report's groups do. */
+  bool blocks_matched;
 } hd_diff_change;
 size_t hd_diff_profile_pair(const hd_diff *d, size_t snapshot);
+/* Added and removed of a change whose blocks were not matched: the net change's sign. */
+void hd_diff_net_split(hd_diff_change *c);
 bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_diff_change *out);
 
 #ifdef __cplusplus
