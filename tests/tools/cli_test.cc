@@ -1401,6 +1401,14 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
                        "\"] + tr.site-stacks li')].find(li => li.querySelector('.fn')"
                        ".textContent === 'main').querySelector('.loc').textContent");
   };
+  // Each site says where it is, as the text report's first frame does.
+  std::smatch site_at;
+  ASSERT_TRUE(std::regex_search(text.out, site_at,
+                                std::regex(R"(  grow_cache\n        at grow_cache \(([^)]*)\))")))
+      << text.out;
+  EXPECT_EQ(Text(b, "document.querySelector('#sites-table tr.site-row[data-name=\"grow_cache\"] .loc')"
+                    ".textContent"),
+            std::string(site_at[1]));
   const std::string grow_at = main_line("grow_cache"), session_at = main_line("open_session");
   EXPECT_NE(grow_at, session_at);
   EXPECT_EQ(page_line("grow_cache"), grow_at);

@@ -263,6 +263,24 @@ static int compare_named(const void *a, const void *b) {
   return strcmp(((const named_group *)a)->name, ((const named_group *)b)->name);
 }
 
+/* Where a site is: the file and line of its frame in its heaviest stack, as the text report's
+ * first "at" line shows it (the function holding the code, where inlined frames are). */
+static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const hd_report_group *g,
+                                FILE *out) {
+  if (g->heaviest_trace == SIZE_MAX) return;
+  const hd_snapshot_stack_trace *trace = &s->stack_traces[g->heaviest_trace];
+  const size_t site = hd_site_frame(sym, s, trace);
+  if (site >= trace->count) return;
+  hd_location_info loc;
+  hd_locate(sym, s, trace->addresses[site], true, &loc);
+  if (loc.frame_count == 0) return;
+  const hd_source_frame *fr = &loc.frames[loc.frame_count - 1];
+  if (fr->file == NULL) return;
+  fputs(",\"file\":", out);
+  json_string(out, fr->file);
+  fprintf(out, ",\"line\":%" PRIu32, fr->line);
+}
+
 /* The sites of the text report, each with the stacks it is made of; short_names: named as
  * heapdump leaks names them, without parameter lists. */
 static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const bool *written,
@@ -303,6 +321,7 @@ static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const bool *wri
       json_string(out, g->name);
       fprintf(out, ",\"module\":");
       json_string(out, g->module);
+      write_site_location(s, sym, g, out);
       fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
               g->live_blocks);
       if (g->has_counters) {
