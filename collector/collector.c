@@ -242,8 +242,7 @@ void hd_collector_take_census(hd_collector *c, hd_collector_census *out) {
   pthread_mutex_unlock(&c->lock);
 }
 
-/* The live processes, retained, into out (HD_MAX_PROCESSES entries). */
-static size_t watched_processes(hd_collector *c, hd_process **out) {
+size_t hd_live_processes(hd_collector *c, hd_process **out) {
   size_t n = 0;
   pthread_mutex_lock(&c->lock);
   for (size_t i = 0; i < c->process_count; i++) out[n++] = hd_process_retain(c->processes[i]);
@@ -271,7 +270,7 @@ int hd_collector_run(hd_collector *c) {
     for (size_t i = 0; i < n; i++) {
       fds[2 + i] = (struct pollfd){.fd = c->conns->items[i].fd, .events = POLLIN};
     }
-    size_t w = watched_processes(c, watched);
+    size_t w = hd_live_processes(c, watched);
     for (size_t i = 0; i < w; i++) {
       fds[2 + n + i] = (struct pollfd){.fd = watched[i]->pidfd, .events = POLLIN};
     }
@@ -306,7 +305,7 @@ int hd_collector_run(hd_collector *c) {
     if (rc != 0) break;
   }
   /* Processes that exited just before the stop still get their exit snapshots. */
-  size_t w = watched_processes(c, watched);
+  size_t w = hd_live_processes(c, watched);
   for (size_t i = 0; i < w; i++) {
     if (!hd_process_alive(watched[i])) hd_process_exited(c, watched[i]);
     hd_process_release(watched[i]);

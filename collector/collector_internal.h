@@ -183,6 +183,8 @@ heapdump_client_CollectorError hd_select_processes(hd_collector *c, uid_t uid, b
  * the live set, else from the record of recent exits. */
 heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *c, pid_t pid,
                                                                   uid_t uid);
+/* The live processes, retained, into out (HD_MAX_PROCESSES entries); returns how many. */
+size_t hd_live_processes(hd_collector *c, hd_process **out);
 /* Reads /proc/PID/comm into out. */
 bool hd_read_process_name(pid_t pid, char *out, size_t size);
 

@@ -17,10 +17,7 @@ typedef struct hd_sampler {
 static void sample_live_processes(hd_collector *c) {
   hd_process **live = malloc(HD_MAX_PROCESSES * sizeof *live);
   if (live == NULL) return;
-  size_t n = 0;
-  pthread_mutex_lock(&c->lock);
-  for (size_t i = 0; i < c->process_count; i++) live[n++] = hd_process_retain(c->processes[i]);
-  pthread_mutex_unlock(&c->lock);
+  const size_t n = hd_live_processes(c, live);
   const int64_t now = (int64_t)hd_monotonic_ns();
   for (size_t i = 0; i < n; i++) {
     hd_table_stats st;

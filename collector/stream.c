@@ -77,7 +77,11 @@ static void key_set_free(key_set *s) {
 
 /* ---- producing elements ---- */
 
-static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
+/* The process's statistics, and its series up to now ending with this snapshot's own moment,
+ * named `name`, with the same statistics. Unreadable statistics (a corrupt table) leave both
+ * out: the snapshot goes on without them. */
+static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_writer *w,
+                                      hd_series_moment *moment) {
   hd_table_stats st;
   if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK;
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
@@ -95,7 +99,8 @@ static hd_status add_stats(hd_process *p, hd_batch_writer *w) {
       .has_dropped_resources = true, .dropped_resources = st.dropped_resources,
       .has_stacks_left_to_libunwind = true,
       .stacks_left_to_libunwind = st.stacks_left_to_libunwind};
-  return hd_batch_add(w, &e);
+  hd_status status = hd_batch_add(w, &e);
+  return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
 
 static hd_status add_contents(void *writer, uint64_t address, const uint8_t *bytes,
@@ -242,14 +247,6 @@ static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd
   return status;
 }
 
-/* The process's series up to now, ending with this snapshot's own moment, named `name`. */
-static hd_status add_series(hd_process *p, const char *name, hd_batch_writer *w,
-                            hd_series_moment *moment) {
-  hd_table_stats st;
-  if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK; /* the stats say why */
-  return hd_series_write(&p->series, &st, name, w, moment);
-}
-
 int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         const char *name, bool with_contents, hd_batch_writer *w,
                         hd_snapshot_totals *totals, hd_series_moment *moment) {
@@ -262,8 +259,7 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   hd_status status = add_allocations(blocks, count, w, totals, &stacks, &threads, &out_of_memory);
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
-  if (status == HD_OK && !out_of_memory) status = add_stats(p, w);
-  if (status == HD_OK && !out_of_memory) status = add_series(p, name, w, moment);
+  if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, w, moment);
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;

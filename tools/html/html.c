@@ -18,21 +18,6 @@
 extern const char hd_html_style[], hd_html_body[], hd_html_chart_js[], hd_html_d3_hierarchy_js[],
     hd_html_script[];
 
-/* A JSON string that is also safe inside a <script> element: '<', '>' and '&' are escaped, so no
- * name from a binary can close the element or be read as markup. */
-static void json_string(FILE *out, const char *s) {
-  fputc('"', out);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-    if (*p == '"' || *p == '\\') {
-      fprintf(out, "\\%c", *p);
-    } else if (*p < 0x20 || *p == 0x7f || *p == '<' || *p == '>' || *p == '&') {
-      fprintf(out, "\\u%04x", *p);
-    } else {
-      fputc(*p, out);
-    }
-  }
-  fputc('"', out);
-}
 
 /* ---- the function table: one entry per function name and module ---- */
 
@@ -92,15 +77,15 @@ static size_t function_index(function_table *t, const char *name, const char *mo
   t->keys[t->count] = key;
   t->slots[j] = t->count + 1;
   fputs(t->count ? ",{\"name\":" : "{\"name\":", t->out);
-  json_string(t->out, name);
+  hd_json_string_in_html(t->out, name);
   fputs(",\"file\":", t->out);
   if (file != NULL) {
-    json_string(t->out, file);
+    hd_json_string_in_html(t->out, file);
   } else {
     fputs("null", t->out);
   }
   fputs(",\"module\":", t->out);
-  json_string(t->out, module);
+  hd_json_string_in_html(t->out, module);
   fputc('}', t->out);
   return t->count++;
 }
@@ -112,23 +97,6 @@ static void function_table_free(function_table *t) {
 }
 
 /* ---- stacks ---- */
-
-typedef struct stack_totals {
-  uint64_t live_bytes, live_blocks;
-} stack_totals;
-
-static stack_totals *live_by_trace(const hd_snapshot *s) {
-  stack_totals *t = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *t);
-  if (t == NULL) return NULL;
-  for (size_t i = 0; i < s->allocation_count; i++) {
-    const hd_snapshot_allocation *a = &s->allocations[i];
-    const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
-    if (trace == NULL) continue;
-    t[trace - s->stack_traces].live_bytes += a->size;
-    t[trace - s->stack_traces].live_blocks += a->count;
-  }
-  return t;
-}
 
 /* One frame of a stack on the page: its function, and the line it was at in this stack. */
 typedef struct page_frame {
@@ -247,21 +215,13 @@ static void write_timeline(const hd_snapshot *s, FILE *out) {
     if (!s->samples[i].has_snapshot_name) continue;
     fprintf(out, "%s{\"t_ms\":%.1f,\"name\":", comma ? "," : "",
             ((double)s->samples[i].timestamp - (double)start) / 1e6);
-    json_string(out, s->samples[i].snapshot_name);
+    hd_json_string_in_html(out, s->samples[i].snapshot_name);
     fputc('}', out);
     comma = true;
   }
   fputs("]}", out);
 }
 
-typedef struct named_group {
-  const char *name;
-  size_t index;
-} named_group;
-
-static int compare_named(const void *a, const void *b) {
-  return strcmp(((const named_group *)a)->name, ((const named_group *)b)->name);
-}
 
 /* Where a site is: the file and line of its frame in its heaviest stack, as the text report's
  * first "at" line shows it (the function holding the code, where inlined frames are). */
@@ -277,50 +237,36 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
   const hd_source_frame *fr = &loc.frames[loc.frame_count - 1];
   if (fr->file == NULL) return;
   fputs(",\"file\":", out);
-  json_string(out, fr->file);
+  hd_json_string_in_html(out, fr->file);
   fprintf(out, ",\"line\":%" PRIu32, fr->line);
 }
 
 /* The sites of the text report, each with the stacks it is made of; short_names: named as
  * heapdump leaks names them, without parameter lists. */
-static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const bool *written,
-                       bool short_names, FILE *out) {
+static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names, FILE *out) {
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
-  hd_report_group *groups;
-  size_t count;
-  int rc = hd_report_groups(s, &ro, NULL, &groups, &count);
-  if (rc != 0) return rc;
-  named_group *by_name = malloc((count ? count : 1) * sizeof *by_name);
-  /* Each group's stacks, as lists threaded through `next` (one entry per stack). */
-  size_t *first = malloc((count ? count : 1) * sizeof *first);
-  size_t *next = malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next);
-  if (by_name == NULL || first == NULL || next == NULL) {
-    rc = -ENOMEM;
-  } else {
-    for (size_t i = 0; i < count; i++) {
-      by_name[i] = (named_group){groups[i].name, i};
-      first[i] = SIZE_MAX;
-    }
-    qsort(by_name, count, sizeof *by_name, compare_named);
+  hd_report_group *groups = NULL;
+  size_t count = 0;
+  size_t *site_of = malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *site_of);
+  int rc = site_of == NULL ? -ENOMEM : hd_report_groups(s, &ro, NULL, &groups, &count, site_of);
+  /* Each site's stacks, as lists threaded through `next` (one entry per stack), in trace order. */
+  size_t *first = rc == 0 ? malloc((count ? count : 1) * sizeof *first) : NULL;
+  size_t *next = rc == 0 ? malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next) : NULL;
+  if (rc == 0 && (first == NULL || next == NULL)) rc = -ENOMEM;
+  if (rc == 0) {
+    for (size_t i = 0; i < count; i++) first[i] = SIZE_MAX;
     for (size_t t = s->stack_trace_count; t-- > 0;) {
-      if (!written[t]) continue;
-      char site[480];
-      named_group key = {short_names
-                             ? hd_site_short_name(sym, s, &s->stack_traces[t], site, sizeof site)
-                             : hd_site_name(sym, s, &s->stack_traces[t], site, sizeof site),
-                         0};
-      const named_group *g = bsearch(&key, by_name, count, sizeof *by_name, compare_named);
-      if (g == NULL) continue; /* no live blocks: not a site of the report */
-      next[t] = first[g->index];
-      first[g->index] = t;
+      if (site_of[t] == SIZE_MAX) continue; /* no live blocks: not a site of the report */
+      next[t] = first[site_of[t]];
+      first[site_of[t]] = t;
     }
     fputs(",\"sites\":[", out);
     for (size_t i = 0; i < count; i++) {
       const hd_report_group *g = &groups[i];
       fputs(i ? ",{\"name\":" : "{\"name\":", out);
-      json_string(out, g->name);
+      hd_json_string_in_html(out, g->name);
       fprintf(out, ",\"module\":");
-      json_string(out, g->module);
+      hd_json_string_in_html(out, g->module);
       write_site_location(s, sym, g, out);
       fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
               g->live_blocks);
@@ -336,7 +282,7 @@ static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const bool *wri
     }
     fputc(']', out);
   }
-  free(by_name);
+  free(site_of);
   free(first);
   free(next);
   free(groups);
@@ -348,7 +294,7 @@ static int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, const uint8_t *
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
   hd_report_group *groups;
   size_t count;
-  int rc = hd_report_groups(s, &ro, categories, &groups, &count);
+  int rc = hd_report_groups(s, &ro, categories, &groups, &count, NULL);
   if (rc != 0) return rc;
   uint64_t bytes[HD_REACH_CATEGORIES] = {0}, blocks[HD_REACH_CATEGORIES] = {0};
   for (size_t i = 0; i < count; i++) {
@@ -375,7 +321,7 @@ static int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, const uint8_t *
     const hd_report_group *g = &groups[i];
     fprintf(out, "%s{\"category\":\"%s\",\"site\":", i ? "," : "",
             hd_reach_category_name((hd_reach_category)g->category));
-    json_string(out, g->name);
+    hd_json_string_in_html(out, g->name);
     fprintf(out, ",\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 ",\"stack\":", g->live_bytes,
             g->live_blocks);
     if (g->heaviest_trace == SIZE_MAX) {
@@ -443,7 +389,7 @@ static int write_diff_sites(site_change *changes, size_t count, FILE *out) {
   for (size_t i = 0; i < n; i++) {
     const site_total *t = &sites[i];
     fputs(i ? ",{\"name\":" : "{\"name\":", out);
-    json_string(out, changes[t->first].name);
+    hd_json_string_in_html(out, changes[t->first].name);
     fprintf(out,
             ",\"delta_bytes\":%" PRId64 ",\"delta_blocks\":%" PRId64 ",\"added_bytes\":%" PRIu64
             ",\"added_blocks\":%" PRIu64 ",\"removed_bytes\":%" PRIu64 ",\"removed_blocks\":%" PRIu64
@@ -470,10 +416,10 @@ typedef struct page_process {
 /* The stacks of one part, appended to `stacks` (page index = first + trace index, null where
  * the trace is left out). In a diff, each written stack's site goes to *changes. */
 static int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html_options *o,
-                             function_table *ft, FILE *stacks, size_t first, bool *written,
+                             function_table *ft, FILE *stacks, size_t first,
                              site_change **changes, size_t *change_count) {
   const hd_snapshot *s = r->snapshots[part];
-  stack_totals *live = o->diff == NULL ? live_by_trace(s) : NULL;
+  hd_trace_totals *live = o->diff == NULL ? hd_trace_totals_of(s) : NULL;
   if (o->diff == NULL && live == NULL) return -ENOMEM;
   frame_list frames = {0};
   int rc = 0;
@@ -519,7 +465,6 @@ static int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html
               trace->allocated_bytes, trace->allocated_blocks);
     }
     fputc('}', stacks);
-    written[t] = true;
   }
   free(frames.items);
   free(live);
@@ -553,19 +498,19 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
                          const hd_html_options *o, FILE *out) {
   const hd_snapshot *s = r->snapshots[pp->parts[0]];
   fprintf(out, "{\"pid\":%" PRIu64 ",\"name\":", s->pid);
-  json_string(out, s->process_name);
+  hd_json_string_in_html(out, s->process_name);
   fputs(",\"command_line\":", out);
   if (s->command_line != NULL) {
-    json_string(out, s->command_line);
+    hd_json_string_in_html(out, s->command_line);
   } else if (o->command_line != NULL && (o->command_pid == s->pid || o->command_pid == 0)) {
-    json_string(out, o->command_line);
+    hd_json_string_in_html(out, o->command_line);
   } else {
     fputs("null", out);
   }
   fputs(",\"snapshot_name\":", out);
   const heapdump_client_StatsSample *last = s->sample_count ? &s->samples[s->sample_count - 1] : NULL;
   if (last != NULL && last->has_snapshot_name) {
-    json_string(out, last->snapshot_name);
+    hd_json_string_in_html(out, last->snapshot_name);
   } else {
     fputs("null", out);
   }
@@ -580,13 +525,11 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
   FILE *stacks = open_memstream(&stacks_text, &stacks_size);
   function_table ft = {0};
   ft.out = open_memstream(&functions_text, &functions_size);
-  bool *written = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *written);
   site_change *changes = NULL;
   size_t change_count = 0;
-  int rc = written == NULL || stacks == NULL || ft.out == NULL ? -ENOMEM : 0;
+  int rc = stacks == NULL || ft.out == NULL ? -ENOMEM : 0;
   for (size_t k = 0, first = 0; k < pp->part_count && rc == 0; k++) {
-    rc = write_part_stacks(r, pp->parts[k], o, &ft, stacks, first, k == 0 ? written : NULL,
-                           &changes, &change_count);
+    rc = write_part_stacks(r, pp->parts[k], o, &ft, stacks, first, &changes, &change_count);
     first += r->snapshots[pp->parts[k]]->stack_trace_count;
   }
   if (stacks != NULL && fclose(stacks) != 0 && rc == 0) rc = -ENOMEM;
@@ -597,7 +540,7 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
       rc = write_diff_sites(changes, change_count, out);
       if (rc == 0) fputs(",\"leaks\":null", out);
     } else {
-      rc = write_sites(s, o->symbolizer, written, o->categories != NULL, out);
+      rc = write_sites(s, o->symbolizer, o->categories != NULL, out);
       if (rc == 0) rc = write_leak_section(r, pp->parts[0], o, out);
     }
   }
@@ -605,7 +548,6 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
   function_table_free(&ft);
   free(functions_text);
   free(stacks_text);
-  free(written);
   free(changes);
   return rc;
 }
@@ -623,7 +565,7 @@ static void write_title(const hd_reassembler *r, size_t processes, bool diff, FI
     snprintf(title, sizeof title, "heapdump%s: %zu processes", diff ? " diff" : "", processes);
   }
   if (json) {
-    json_string(out, title);
+    hd_json_string_in_html(out, title);
     return;
   }
   for (const char *p = title; *p; p++) {
@@ -675,7 +617,7 @@ int hd_html_write(const hd_reassembler *r, const hd_html_options *o, FILE *out, 
           diff ? "diff" : "snapshot");
   write_title(r, count, diff, out, true);
   fputs(",\"source\":", out);
-  json_string(out, o->source ? o->source : "");
+  hd_json_string_in_html(out, o->source ? o->source : "");
   fputs(",\"processes\":[", out);
   int rc = 0;
   for (size_t i = 0; i < count && rc == 0; i++) {

@@ -14,10 +14,7 @@
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
 
-typedef struct trace_totals {
-  uint64_t live_bytes, live_blocks;
-  int64_t oldest; /* the earliest allocation timestamp, INT64_MAX if none */
-} trace_totals;
+typedef hd_trace_totals trace_totals;
 
 typedef hd_report_group group;
 
@@ -47,6 +44,8 @@ static trace_totals *totals_by_trace(const hd_snapshot *s, const uint8_t *catego
   }
   return t;
 }
+
+hd_trace_totals *hd_trace_totals_of(const hd_snapshot *s) { return totals_by_trace(s, NULL, -1); }
 
 static int compare_groups(const void *a, const void *b) {
   const group *x = a, *y = b;
@@ -104,7 +103,7 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
 
 /* The groups of one category's allocations (categories NULL: of all, category -1). */
 static int add_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
-                      int category, group_list *l) {
+                      int category, group_list *l, size_t *trace_group) {
   trace_totals *totals = totals_by_trace(s, categories, category);
   if (totals == NULL) return -ENOMEM;
   int rc = 0;
@@ -155,6 +154,7 @@ static int add_groups(const hd_snapshot *s, const hd_report_options *o, const ui
         break;
       }
       g->module = hd_site_module(o->symbolizer, s, trace);
+      if (trace_group != NULL) trace_group[i] = (size_t)(g - l->items);
       /* A trace's cumulative counters cannot be split by category: a leak report leaves them
        * out. */
       add_trace(g, trace, i, &totals[i], categories == NULL);
@@ -164,30 +164,69 @@ static int add_groups(const hd_snapshot *s, const hd_report_options *o, const ui
   return rc;
 }
 
+static int compare_group_pointers(const void *a, const void *b) {
+  return compare_groups(*(const group *const *)a, *(const group *const *)b);
+}
+
+/* Sorts the groups into the report's order; trace_group's entries (group indices) follow them. */
+static int sort_groups(group_list *l, size_t *trace_group, size_t traces) {
+  if (l->count == 0) return 0;
+  if (trace_group == NULL) {
+    qsort(l->items, l->count, sizeof *l->items, compare_groups);
+    return 0;
+  }
+  const group **order = malloc(l->count * sizeof *order);
+  group *sorted = malloc(l->count * sizeof *sorted);
+  size_t *moved_to = malloc(l->count * sizeof *moved_to);
+  int rc = order == NULL || sorted == NULL || moved_to == NULL ? -ENOMEM : 0;
+  if (rc == 0) {
+    for (size_t k = 0; k < l->count; k++) order[k] = &l->items[k];
+    qsort(order, l->count, sizeof *order, compare_group_pointers);
+    for (size_t k = 0; k < l->count; k++) {
+      sorted[k] = *order[k];
+      moved_to[order[k] - l->items] = k;
+    }
+    for (size_t t = 0; t < traces; t++) {
+      if (trace_group[t] != SIZE_MAX) trace_group[t] = moved_to[trace_group[t]];
+    }
+    free(l->items);
+    l->items = sorted;
+    l->capacity = l->count;
+    sorted = NULL;
+  }
+  free(order);
+  free(sorted);
+  free(moved_to);
+  return rc;
+}
+
 /* Groups by site, stack or thread; by category first where the snapshot has roots
- * (categories: per allocation, or NULL). */
+ * (categories: per allocation, or NULL). trace_group (nullable): which group each trace went to. */
 static int build_groups(const hd_snapshot *s, const hd_report_options *o,
-                        const uint8_t *categories, group_list *out) {
+                        const uint8_t *categories, group_list *out, size_t *trace_group) {
   group_list l = {0};
   int rc = 0;
+  for (size_t t = 0; trace_group != NULL && t < s->stack_trace_count; t++) trace_group[t] = SIZE_MAX;
   if (categories == NULL) {
-    rc = add_groups(s, o, NULL, -1, &l);
+    rc = add_groups(s, o, NULL, -1, &l, trace_group);
   } else {
-    for (int c = 0; c < HD_REACH_CATEGORIES && rc == 0; c++) rc = add_groups(s, o, categories, c, &l);
+    for (int c = 0; c < HD_REACH_CATEGORIES && rc == 0; c++) {
+      rc = add_groups(s, o, categories, c, &l, trace_group);
+    }
   }
+  if (rc == 0) rc = sort_groups(&l, trace_group, s->stack_trace_count);
   if (rc != 0) {
     free(l.items);
     return rc;
   }
-  if (l.count > 0) qsort(l.items, l.count, sizeof *l.items, compare_groups);
   *out = l;
   return 0;
 }
 
 int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
-                     hd_report_group **groups, size_t *count) {
+                     hd_report_group **groups, size_t *count, size_t *trace_group) {
   group_list l = {0};
-  int rc = build_groups(s, o, categories, &l);
+  int rc = build_groups(s, o, categories, &l, trace_group);
   *groups = rc == 0 ? l.items : NULL;
   *count = rc == 0 ? l.count : 0;
   return rc;
@@ -409,12 +448,12 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
 
 /* ---- JSON ---- */
 
-void hd_json_string(FILE *out, const char *s) {
+static void json_string(FILE *out, const char *s, bool markup) {
   fputc('"', out);
   for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
     if (*p == '"' || *p == '\\') {
       fprintf(out, "\\%c", *p);
-    } else if (*p < 0x20 || *p == 0x7f) {
+    } else if (*p < 0x20 || *p == 0x7f || (markup && (*p == '<' || *p == '>' || *p == '&'))) {
       fprintf(out, "\\u%04x", *p);
     } else {
       fputc(*p, out);
@@ -422,6 +461,10 @@ void hd_json_string(FILE *out, const char *s) {
   }
   fputc('"', out);
 }
+
+void hd_json_string(FILE *out, const char *s) { json_string(out, s, false); }
+
+void hd_json_string_in_html(FILE *out, const char *s) { json_string(out, s, true); }
 
 void hd_report_frames_json(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
                            const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
@@ -552,7 +595,7 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
       categories = classified;
     }
     group_list l = {0};
-    int rc = build_groups(s, o, categories, &l);
+    int rc = build_groups(s, o, categories, &l, NULL);
     const leak_summary *with_leaks = categories != NULL ? &leaks : NULL;
     free(classified);
     if (rc != 0) return hd_tool_fail(error, error_size, rc, "out of memory");
@@ -586,7 +629,7 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
   errno = 0;
   for (size_t p = 0; p < r->snapshot_count; p++) {
     const hd_snapshot *s = r->snapshots[p];
-    trace_totals *totals = totals_by_trace(s, NULL, -1);
+    trace_totals *totals = hd_trace_totals_of(s);
     if (totals == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
     for (size_t i = 0; i < s->stack_trace_count; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];

@@ -42,6 +42,14 @@ typedef struct hd_report_options {
   bool short_names;
 } hd_report_options;
 
+/* What a snapshot's live blocks add up to per stack trace: an array parallel to its stack traces
+ * (calloc'd: free() it; NULL when out of memory). */
+typedef struct hd_trace_totals {
+  uint64_t live_bytes, live_blocks;
+  int64_t oldest; /* the earliest allocation timestamp, INT64_MAX if none */
+} hd_trace_totals;
+hd_trace_totals *hd_trace_totals_of(const hd_snapshot *s);
+
 /* One line of the report: a site, stack or thread (and leak category) with its totals. */
 typedef struct hd_report_group {
   char name[512];
@@ -56,9 +64,12 @@ typedef struct hd_report_group {
 } hd_report_group;
 
 /* The groups the report shows for s, in its order: by category first when categories (one per
- * allocation, as hd_reach_classify gives them) is not NULL. free() *groups. 0 or -ENOMEM. */
+ * allocation, as hd_reach_classify gives them) is not NULL. free() *groups. trace_group
+ * (nullable; one entry per stack trace of s): by site or stack, the group each trace is in
+ * (with categories, the last category it has blocks of), SIZE_MAX for a trace in none. 0 or
+ * -ENOMEM. */
 int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
-                     hd_report_group **groups, size_t *count);
+                     hd_report_group **groups, size_t *count, size_t *trace_group);
 
 /* Returns 0, or a negative errno value with a message in error. */
 int hd_report_write(const hd_reassembler *r, const hd_report_options *options, FILE *out,
@@ -79,6 +90,9 @@ void hd_report_frames_json(FILE *out, hd_symbolizer *symbolizer, const hd_snapsh
 
 /* Writes s as a JSON string literal (quotes and control characters escaped). */
 void hd_json_string(FILE *out, const char *s);
+/* The same, safe inside an HTML <script> element too: '<', '>' and '&' are escaped as well, so
+ * no name from a binary can close the element or be read as markup. */
+void hd_json_string_in_html(FILE *out, const char *s);
 
 #ifdef __cplusplus
 }
