@@ -82,6 +82,12 @@ int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *mem
   return 0;
 }
 
+void hd_alloc_table_precommit(hd_alloc_table *t) {
+  hd_precommit_area_init(&t->nodes_area, t->nodes,
+                         (uint64_t)t->hdr->node_capacity * sizeof(hd_alloc_node));
+  hd_precommit_area_init(&t->buckets_area, t->buckets, (uint64_t)4 << t->hdr->max_bucket_log2);
+}
+
 void hd_alloc_table_destroy(hd_alloc_table *t) {
   if (t->hdr) munmap(t->hdr, t->size);
   hd_owned_fd_close(&t->memfd);
@@ -163,6 +169,14 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
   } while (!__atomic_compare_exchange_n(&t->hdr->node_high_water, &hw, hw + got, true,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED));
   for (uint32_t i = got - 1; i > 0; i--) w->nodes[w->node_count++] = hw + i;
+  hd_precommit_need(&t->nodes_area, (uint64_t)(hw + got) * sizeof(hd_alloc_node));
+  /* The next doubling writes a bucket array twice the size: its pages are asked for when the
+   * nodes reach three quarters of the count that triggers it (maybe_grow). */
+  uint32_t log2 = LOAD(&t->hdr->bucket_log2);
+  if ((uint64_t)(hw + got) * 2 > (uint64_t)3 << log2) {
+    uint64_t next_bytes = (uint64_t)8 << log2;
+    if (LOAD(&t->buckets_area.committed) < next_bytes) hd_precommit_want(&t->buckets_area, next_bytes);
+  }
   return hw;
 }
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/prctl.h>
@@ -13,6 +14,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "precommit.h"
+#include "raw_syscall.h"
 #include "runtime.h"
 #include "stack.h"
 
@@ -170,24 +173,12 @@ static inline bool libunwind_call(void *return_address) {
   return HD_UNLIKELY(hd_tls.in_unwind != 0) && hd_called_from_unwinder((uintptr_t)return_address);
 }
 
-static long raw_syscall6(long number, long a1, long a2, long a3, long a4, long a5, long a6) {
-  register long r10 __asm__("r10") = a4;
-  register long r8 __asm__("r8") = a5;
-  register long r9 __asm__("r9") = a6;
-  long ret;
-  __asm__ volatile("syscall"
-                   : "=a"(ret)
-                   : "a"(number), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8), "r"(r9)
-                   : "rcx", "r11", "memory");
-  return ret;
-}
-
 /* Whether n bytes at address can be read, as a write from them to a pipe would tell. */
 static long readable_like_write(const void *address, size_t n) {
   char copy[16];
   if (n > sizeof copy) n = sizeof copy;
   struct iovec local = {copy, n}, remote = {(void *)(uintptr_t)address, n};
-  long rc = raw_syscall6(SYS_process_vm_readv, raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+  long rc = hd_raw_syscall6(SYS_process_vm_readv, hd_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0),
                          (long)&local, 1, (long)&remote, 1, 0);
   if (rc < 0 && rc > -4096) {
     errno = (int)-rc;
@@ -201,6 +192,15 @@ extern int __close(int fd);
 extern ssize_t __read(int fd, void *buf, size_t n);
 extern ssize_t __write(int fd, const void *buf, size_t n);
 
+/* Calls the kernel refuses in a process of several threads (EINVAL): entering a new or
+ * another user namespace, unsharing the address space, signal handlers or thread group. */
+static bool wants_single_thread(long number, long a0, long a1) {
+  const long single = CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM;
+  if (number == SYS_unshare) return (a0 & single) != 0;
+  if (number == SYS_setns) return a1 == 0 || (a1 & CLONE_NEWUSER) != 0; /* 0: any kind */
+  return false;
+}
+
 EXPORT long syscall(long number, ...) {
   va_list ap;
   va_start(ap, number);
@@ -209,13 +209,21 @@ EXPORT long syscall(long number, ...) {
   va_end(ap);
   if (number == SYS_write && libunwind_call(__builtin_return_address(0)))
     return readable_like_write((const void *)a[1], (size_t)a[2]);
-  long rc = raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  /* The precommit helper is a thread: it steps aside for such calls, and comes back on demand. */
+  bool hold = wants_single_thread(number, a[0], a[1]);
+  if (hold) hd_precommit_hold();
+  long rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  if (hold) hd_precommit_release();
   if (rc < 0 && rc > -4096) { /* glibc's convention for syscall() */
     errno = (int)-rc;
     return -1;
   }
   return rc;
 }
+
+EXPORT int unshare(int flags) { return (int)syscall(SYS_unshare, flags); }
+
+EXPORT int setns(int fd, int nstype) { return (int)syscall(SYS_setns, fd, nstype); }
 
 EXPORT int pipe2(int fds[2], int flags) {
   if (libunwind_call(__builtin_return_address(0))) {

@@ -92,6 +92,8 @@ int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_n
   return res_create(t, max_bytes, memfd_name, true);
 }
 
+void hd_res_table_precommit(hd_res_table *t) { hd_precommit_area_init(&t->records_area, t->base, t->size); }
+
 void hd_res_table_destroy(hd_res_table *t) {
   if (t->base) munmap(t->base, t->size);
   dedup_free_all(t->dedup);
@@ -140,6 +142,7 @@ static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
 static uint32_t reserve(hd_res_table *t, uint32_t size) {
   uint64_t used = LOAD(&t->hdr->used);
   if (used + size > t->size) return 0;
+  hd_precommit_need(&t->records_area, used + size);
   return (uint32_t)used;
 }
 

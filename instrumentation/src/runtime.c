@@ -167,6 +167,10 @@ void hd_init_slow(void) {
     /* not chosen: stay off, tables never created */
   } else if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, HD_MEMFD_ALLOCATIONS) == 0) {
     if (hd_res_table_create(&g_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
+      const char *precommit = early_getenv(HD_ENV_PRECOMMIT);
+      hd_precommit_enable(!(precommit && strcmp(precommit, "0") == 0));
+      hd_alloc_table_precommit(&g_alloc);
+      hd_res_table_precommit(&g_res);
       hd_stack_configure(method, max_frames, lo, hi);
       state = HD_STATE_READY;
     } else {
@@ -568,6 +572,9 @@ static void fork_child(void) {
     /* Our mappings of the parent's memfds; the parent keeps its own. */
     hd_alloc_table_destroy(&old_alloc);
     hd_res_table_destroy(&old_res);
+    hd_precommit_after_fork_child();
+    hd_alloc_table_precommit(&g_alloc);
+    hd_res_table_precommit(&g_res);
   } else {
     /* Not chosen, or could not copy: stop recording rather than write into the parent's
      * tables. */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -815,6 +816,118 @@ static void scenario_comm_rename() {
   CHECK(pthread_join(t, nullptr) == 0);
 }
 
+// ---- precommit: the tables' pages committed ahead by the library's helper thread.
+static int helper_threads() {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  CHECK(d != nullptr);
+  while (dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char comm[32] = "";
+    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+    FILE *f = fopen(path.c_str(), "r");
+    if (!f) continue;  // exited meanwhile
+    if (fgets(comm, sizeof comm, f) && strcmp(comm, "heapdump-commit\n") == 0) n++;
+    fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+static long thread_minor_faults() {
+  rusage ru;
+  CHECK(getrusage(RUSAGE_THREAD, &ru) == 0);
+  return ru.ru_minflt;
+}
+
+static void *g_grown[800000];
+static int g_grown_count;
+
+// n blocks of 24 bytes, kept, in bursts of 10,000 with a pause after each (a program doing
+// other work between its allocations); the minor faults this thread took while allocating.
+static long grow(int n) {
+  long faults = 0;
+  for (int done = 0; done < n; done += 10000) {
+    long before = thread_minor_faults();
+    for (int i = 0; i < 10000 && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
+      g_grown[g_grown_count++] = opaque(malloc(24));
+    faults += thread_minor_faults() - before;
+    timespec pause = {0, 2000000};
+    nanosleep(&pause, nullptr);
+  }
+  return faults;
+}
+
+static const char *errno_word(int rc) { return rc == 0 ? "ok" : strerror(errno); }
+
+static void write_file(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+  close(fd);
+}
+
+// Prints the faults of growing and whether a helper runs, then what setns and unshare into
+// user namespaces return (the kernel allows them only in a single-threaded process) and
+// whether the helper comes back after them, then the same growth in a fork child.
+static void scenario_precommit() {
+  memset(g_grown, 0, sizeof g_grown);  // its pages are not the tables'
+  long faults = grow(300000);
+  printf("grow faults=%ld helper=%d\n", faults, helper_threads());
+  // setns into a user namespace a fork child made (and mapped its own ids in).
+  int ready[2], hold[2];
+  CHECK(pipe(ready) == 0 && pipe(hold) == 0);
+  const unsigned uid = getuid(), gid = getgid();
+  pid_t owner = fork();
+  CHECK(owner >= 0);
+  if (owner == 0) {
+    char c = 'n';
+    if (unshare(CLONE_NEWUSER) == 0) {
+      char map[64];
+      write_file("/proc/self/setgroups", "deny");
+      snprintf(map, sizeof map, "0 %u 1", uid);
+      write_file("/proc/self/uid_map", map);
+      snprintf(map, sizeof map, "0 %u 1", gid);
+      write_file("/proc/self/gid_map", map);
+      c = 'y';
+    }
+    CHECK(write(ready[1], &c, 1) == 1);
+    CHECK(read(hold[0], &c, 1) >= 0);
+    _exit(0);
+  }
+  char made = 0;
+  CHECK(read(ready[0], &made, 1) == 1);
+  if (made == 'y') {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)owner);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    CHECK(fd >= 0);
+    printf("setns=%s", errno_word(setns(fd, CLONE_NEWUSER)));
+    printf(" helper=%d\n", helper_threads());
+    close(fd);
+  } else {
+    printf("setns=unavailable\n");
+  }
+  CHECK(write(hold[1], "x", 1) == 1);
+  CHECK(waitpid(owner, nullptr, 0) == owner);
+  grow(100000);
+  printf("regrow helper=%d\n", helper_threads());
+  printf("unshare=%s", errno_word(unshare(CLONE_NEWUSER)));
+  printf(" helper=%d\n", helper_threads());
+  grow(100000);
+  printf("regrow helper=%d\n", helper_threads());
+  fflush(stdout);
+  pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    faults = grow(200000);
+    printf("fork-child faults=%ld helper=%d\n", faults, helper_threads());
+    fflush(stdout);
+    _exit(0);
+  }
+  int status;
+  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 // One block (7777 bytes) allocated between two CLOCK_MONOTONIC readings, which are printed.
 static void scenario_clock() {
   timespec before, after;
@@ -1000,6 +1113,7 @@ int main(int argc, char **argv) {
   else if (mode == "cap") scenario_cap();
   else if (mode == "comm-rename") scenario_comm_rename();
   else if (mode == "clock") scenario_clock();
+  else if (mode == "precommit") scenario_precommit();
   else if (mode == "paths") scenario_paths();
   else if (mode == "callers") scenario_callers();
   else if (mode == "roots") scenario_roots();

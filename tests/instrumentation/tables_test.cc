@@ -11,8 +11,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -658,6 +663,93 @@ TEST(ResTableCap, FullTableDropsAndCounts) {
   EXPECT_EQ(hd_res_add_thread(&t, 1, "x", 0), 0u);
   EXPECT_EQ(t.hdr->stats.dropped_resources, 1u);
   hd_res_table_destroy(&t);
+}
+
+}  // namespace
+
+namespace {
+
+// The names of this process's threads, as /proc shows them (with their newline).
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return names;
+  while (dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+    names.emplace_back(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  closedir(d);
+  return names;
+}
+
+int CommitHelperThreads() {
+  int n = 0;
+  for (const auto &task : ThreadNames()) n += task == "heapdump-commit\n";
+  return n;
+}
+
+bool WaitFor(const std::function<bool()> &done) {
+  for (int i = 0; i < 2000; i++) {
+    if (done()) return true;
+    usleep(5000);
+  }
+  return done();
+}
+
+// Pages of [from, to) of a shared mapping that are in memory.
+size_t ResidentPages(uint8_t *base, size_t from, size_t to) {
+  std::vector<unsigned char> v((to - from) / 4096);
+  if (mincore(base + from, to - from, v.data()) != 0) return SIZE_MAX;
+  size_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
+// The helper commits an area ahead of where its writer says it is, and no further; it leaves
+// the process while held, and comes back on the next wish once released.
+TEST(Precommit, AnAreaIsCommittedAheadOfItsWriterAndTheHelperStepsAsideWhenHeld) {
+  const size_t kSize = 16 << 20, kMiB = 1 << 20;
+  int fd = memfd_create("precommit-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kSize), 0);
+  auto *m = static_cast<uint8_t *>(mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(m, MAP_FAILED);
+  static hd_precommit_area area;  // registered with the helper for the life of the process
+  hd_precommit_area_init(&area, m, kSize);
+
+  hd_precommit_need(&area, 2 * kMiB);
+  const uint64_t ahead = 2 * kMiB + HD_PRECOMMIT_AHEAD;
+  ASSERT_TRUE(WaitFor([&] { return __atomic_load_n(&area.committed, __ATOMIC_ACQUIRE) >= ahead; }))
+      << "committed " << area.committed;
+  EXPECT_TRUE(hd_precommit_running());
+  EXPECT_EQ(CommitHelperThreads(), 1);
+  EXPECT_EQ(ResidentPages(m, 0, ahead), ahead / 4096);
+  EXPECT_EQ(ResidentPages(m, ahead + kMiB, kSize), 0u);  // asked for up to `ahead` only
+
+  hd_precommit_hold();
+  EXPECT_FALSE(hd_precommit_running());
+  EXPECT_EQ(CommitHelperThreads(), 0);
+  hd_precommit_need(&area, 6 * kMiB);  // held: nobody starts
+  usleep(50000);
+  EXPECT_FALSE(hd_precommit_running());
+  EXPECT_EQ(ResidentPages(m, 6 * kMiB, 7 * kMiB), 0u);
+
+  hd_precommit_release();
+  hd_precommit_need(&area, 8 * kMiB);
+  ASSERT_TRUE(WaitFor([&] {
+    return __atomic_load_n(&area.committed, __ATOMIC_ACQUIRE) >= 8 * kMiB + HD_PRECOMMIT_AHEAD;
+  })) << "committed " << area.committed;
+  EXPECT_EQ(CommitHelperThreads(), 1);
+  EXPECT_EQ(ResidentPages(m, 0, 8 * kMiB + HD_PRECOMMIT_AHEAD), (8 * kMiB + HD_PRECOMMIT_AHEAD) / 4096);
+
+  // Leave no helper and no area behind for the other tests.
+  hd_precommit_hold();
+  hd_precommit_area_init(&area, nullptr, 0);
+  hd_precommit_release();
+  EXPECT_EQ(CommitHelperThreads(), 0);
+  munmap(m, kSize);
+  close(fd);
 }
 
 }  // namespace
