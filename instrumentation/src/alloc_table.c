@@ -171,9 +171,10 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
   for (uint32_t i = got - 1; i > 0; i--) w->nodes[w->node_count++] = hw + i;
   hd_precommit_need(&t->nodes_area, (uint64_t)(hw + got) * sizeof(hd_alloc_node));
   /* The next doubling writes a bucket array twice the size: its pages are asked for when the
-   * nodes reach three quarters of the count that triggers it (maybe_grow). */
+   * nodes reach seven eighths of the count that triggers it (maybe_grow), late enough that
+   * few heaps stop growing in between, early enough for the helper to be done before. */
   uint32_t log2 = LOAD(&t->hdr->bucket_log2);
-  if ((uint64_t)(hw + got) * 2 > (uint64_t)3 << log2) {
+  if ((uint64_t)(hw + got) * 4 > (uint64_t)7 << log2) {
     uint64_t next_bytes = (uint64_t)8 << log2;
     if (LOAD(&t->buckets_area.committed) < next_bytes) hd_precommit_want(&t->buckets_area, next_bytes);
   }
