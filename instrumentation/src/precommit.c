@@ -1,9 +1,19 @@
 /* The helper thread that commits the tables' pages ahead of the allocating threads
- * (precommit.h says why and when). */
+ * (precommit.h says why and when).
+ *
+ * States: IDLE (no helper), STARTING (a writer is cloning one), RUNNING (it works), EXITING (it
+ * found nothing more to do and is leaving, or has left), OFF (never again). The helper's thread
+ * id is written by the kernel at the clone and cleared when the thread is gone (CLONE_*_TID),
+ * so "helper_tid == 0" is what lets the next helper reuse the one stack. Starting and holding
+ * meet Dekker-style: a starter moves to STARTING then reads `holds`; hold() raises `holds` then
+ * reads the state; both sequentially consistent, so one of them sees the other. Built without
+ * sanitizers: their instrumentation would read the thread pointer, which the helper does not
+ * share with the runtime. */
 #define _GNU_SOURCE
 #include "precommit.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,32 +30,30 @@
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
 
-#define PAGE_BYTES 4096u
+#define PAGE_BYTES ((uint64_t)4096)
 /* Areas are asked for in steps of this many bytes, and populated at most this much at a time,
  * so that one area's burst does not keep the others waiting. */
 #define WANT_GRAIN ((uint64_t)64 << 10)
 #define POPULATE_STEP ((uint64_t)256 << 10)
-/* Below this size of an area the faults are few: a small program never gets a helper. */
-#define START_AFTER ((uint64_t)1 << 20)
-/* An area that is never asked for again: the hot path's compare always passes. */
+/* An area that never asks again: the hot path's compare always passes. */
 #define NEVER ((uint64_t)1 << 62)
-#define HELPER_STACK_BYTES ((size_t)32 << 10)
+#define HELPER_STACK_BYTES ((uint64_t)32 << 10)
+/* Interrupted populates retried in a row before the helper gives up for good. */
+#define MAX_RETRIES 64
 
-enum { IDLE = 0, RUNNING = 1, OFF = 2 };
+enum { IDLE = 0, STARTING, RUNNING, EXITING, OFF };
 
 static struct {
   hd_precommit_area *areas[HD_PRECOMMIT_AREAS];
   unsigned area_count;
-  int state;          /* atomic: IDLE (none yet), RUNNING, OFF (disabled, or it failed) */
-  int holds;          /* atomic: callers that need the process single-threaded for now */
-  uint32_t wake_seq;  /* atomic: bumped by writers with new wishes; the helper sleeps on it */
-  uint32_t sleeping;  /* atomic: the helper is (about to be) asleep on wake_seq */
-  uint32_t stop;      /* atomic: the helper should exit */
-  int helper_tid;     /* set by the kernel at clone, cleared (and woken) when the helper exits */
-  uint8_t *stack;     /* the helper's stack mapping, kept for the next helper */
+  int state;      /* atomic, see above */
+  int holds;      /* atomic: callers that need no helper until they release */
+  int stop;       /* atomic: the helper should leave now */
+  int helper_tid; /* see above */
+  uint8_t *stack; /* the helper's stack (between two guard pages), reused by the next */
 } g;
 
-/* The helper's thread pointer: it must not share the TCB of the thread that cloned it, which may
+/* The helper's thread pointer: it must not be the TCB of the thread that cloned it, which may
  * exit and free it. Nothing the helper runs reads thread-local storage; this only keeps an
  * accidental read (a stack-protector canary) inside memory that stays. */
 static struct {
@@ -55,87 +63,92 @@ static struct {
 
 static bool sys_failed(long rc) { return rc < 0 && rc > -4096; }
 
-static void futex_wait(uint32_t *word, uint32_t expected) {
-  hd_raw_syscall6(SYS_futex, (long)word, FUTEX_WAIT_PRIVATE, expected, 0, 0, 0);
-}
-
-static void futex_wake(uint32_t *word) {
-  hd_raw_syscall6(SYS_futex, (long)word, FUTEX_WAKE_PRIVATE, 1, 0, 0, 0);
-}
-
-/* Waits until the thread whose id is in *tid_word has left the thread group. The kernel clears
- * the word (CLONE_CHILD_CLEARTID, a shared futex's wake-up) while the thread exits, but the
- * thread stays in the group a little longer, and a call that needs the process single-threaded
- * would still fail then: the thread is gone when its /proc/self/task entry is (both leave in
- * one step of the exit). Bounded to a second, in case /proc is something else. */
-static void wait_until_gone(int *tid_word) {
-  const int tid = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE);
-  for (int t; (t = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE)) != 0;)
-    hd_raw_syscall6(SYS_futex, (long)tid_word, FUTEX_WAIT, t, 0, 0, 0);
-  if (tid == 0) return;
-  char path[32] = "/proc/self/task/", digits[12];
-  int n = 0, len = 16;
-  for (unsigned v = (unsigned)tid; v != 0; v /= 10) digits[n++] = (char)('0' + v % 10);
-  while (n > 0) path[len++] = digits[--n];
-  path[len] = 0;
-  const struct timespec pause = {0, 50000};
-  for (int i = 0; i < 20000 && hd_raw_syscall6(SYS_access, (long)path, F_OK, 0, 0, 0, 0) == 0; i++)
-    hd_raw_syscall6(SYS_nanosleep, (long)&pause, 0, 0, 0, 0, 0);
+static void pause_us(long us) {
+  const struct timespec t = {0, us * 1000};
+  hd_raw_syscall6(SYS_nanosleep, (long)&t, 0, 0, 0, 0, 0);
 }
 
 static void give_up(void) {
-  __atomic_store_n(&g.state, OFF, __ATOMIC_RELEASE);
-  for (unsigned i = 0; i < g.area_count; i++)
-    __atomic_store_n(&g.areas[i]->committed, NEVER, __ATOMIC_RELAXED);
+  __atomic_store_n(&g.state, OFF, __ATOMIC_SEQ_CST);
+  for (unsigned i = 0; i < __atomic_load_n(&g.area_count, __ATOMIC_ACQUIRE); i++)
+    __atomic_store_n(&g.areas[i]->ask_at, NEVER, __ATOMIC_RELAXED);
 }
 
-/* One step of work: true if something was populated. */
-static bool populate_some(void) {
+static bool work_left(void) {
+  for (unsigned i = 0; i < __atomic_load_n(&g.area_count, __ATOMIC_ACQUIRE); i++) {
+    hd_precommit_area *a = g.areas[i];
+    if (__atomic_load_n(&a->wanted, __ATOMIC_SEQ_CST) > __atomic_load_n(&a->committed, __ATOMIC_RELAXED))
+      return true;
+  }
+  return false;
+}
+
+/* One step over every area: false when there was nothing to do, or the helper gave up. */
+static bool populate_some(int *retries) {
   bool worked = false;
   for (unsigned i = 0; i < __atomic_load_n(&g.area_count, __ATOMIC_ACQUIRE); i++) {
     hd_precommit_area *a = g.areas[i];
     uint64_t done = __atomic_load_n(&a->committed, __ATOMIC_RELAXED);
     uint64_t want = __atomic_load_n(&a->wanted, __ATOMIC_RELAXED);
-    if (want <= done || done >= NEVER) continue;
+    if (want <= done || a->base == NULL) continue;
     uint64_t n = want - done < POPULATE_STEP ? want - done : POPULATE_STEP;
     long rc = hd_raw_syscall6(SYS_madvise, (long)(a->base + done), (long)n, MADV_POPULATE_WRITE,
                               0, 0, 0);
-    if (rc == -EINTR || rc == -EAGAIN) return true; /* try again */
-    if (sys_failed(rc)) {                           /* old kernel, or memory short */
+    if (rc == -EINTR || rc == -EAGAIN) {
+      if (++*retries <= MAX_RETRIES) return true;
+    }
+    if (sys_failed(rc)) { /* an old kernel, memory short, or no end to interruptions */
       give_up();
       return false;
     }
-    __atomic_store_n(&a->committed, done + n, __ATOMIC_RELAXED);
+    *retries = 0;
+    __atomic_store_n(&a->committed, done + n, __ATOMIC_RELEASE);
+    uint64_t ask = done + n - HD_PRECOMMIT_SLACK;
+    if (done + n > HD_PRECOMMIT_SLACK && ask > __atomic_load_n(&a->ask_at, __ATOMIC_RELAXED))
+      __atomic_store_n(&a->ask_at, ask, __ATOMIC_RELAXED);
     worked = true;
   }
   return worked;
+}
+
+/* Leaves the RUNNING (or still STARTING) state for EXITING; false if the state is OFF. */
+static bool mark_exiting(void) {
+  for (;;) {
+    int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
+    if (s == OFF) return false;
+    if (__atomic_compare_exchange_n(&g.state, &s, EXITING, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST))
+      return true;
+  }
 }
 
 /* The helper's whole life: system calls only (see g_helper_tcb). */
 static void helper_main(void) {
   static const char name[16] = "heapdump-commit";
   hd_raw_syscall6(SYS_prctl, PR_SET_NAME, (long)name, 0, 0, 0, 0);
+  int retries = 0;
   for (;;) {
-    uint32_t seen = __atomic_load_n(&g.wake_seq, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) return;
-    if (__atomic_load_n(&g.state, __ATOMIC_ACQUIRE) == OFF) return;
-    if (populate_some()) continue;
-    /* Paired with the writer's bump of wake_seq then read of sleeping: one of the two sees the
-     * other, so a wish is never left asleep. */
-    __atomic_store_n(&g.sleeping, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&g.wake_seq, __ATOMIC_SEQ_CST) == seen && !__atomic_load_n(&g.stop, __ATOMIC_SEQ_CST))
-      futex_wait(&g.wake_seq, seen);
-    __atomic_store_n(&g.sleeping, 0, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g.stop, __ATOMIC_SEQ_CST)) break;
+    if (populate_some(&retries)) continue;
+    if (!mark_exiting()) break;
+    /* A writer that asked while we were RUNNING started nobody: look once more. */
+    int exiting = EXITING;
+    if (!work_left() || __atomic_load_n(&g.stop, __ATOMIC_SEQ_CST) ||
+        !__atomic_compare_exchange_n(&g.state, &exiting, RUNNING, false, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+      return;
   }
+  mark_exiting();
 }
 
 /* clone(2) itself, not glibc's: the child starts on its own stack with its own thread pointer,
- * calls helper_main and leaves with exit(2), touching nothing of the parent's. */
+ * calls helper_main and leaves with exit(2), touching nothing of the parent's. Its code says
+ * to unwinders that it is the outermost frame. */
 static long clone_helper(void) {
   const long flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
                      CLONE_SYSVSEM | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID;
   g_helper_tcb.self = &g_helper_tcb;
-  uint8_t *stack_top = g.stack + HELPER_STACK_BYTES; /* 16-byte aligned (page end) */
+  uint8_t *stack_top = g.stack + HELPER_STACK_BYTES; /* 16-byte aligned (a page's end) */
   register long r10 __asm__("r10") = (long)&g.helper_tid; /* child_tid */
   register long r8 __asm__("r8") = (long)&g_helper_tcb;   /* tls */
   register long r9 __asm__("r9") = (long)helper_main;     /* kept across the call in the child */
@@ -144,12 +157,15 @@ static long clone_helper(void) {
       "syscall\n\t"
       "test %%rax, %%rax\n\t"
       "jnz 1f\n\t"
-      "xor %%ebp, %%ebp\n\t" /* the outermost frame, for any unwinder */
+      ".cfi_remember_state\n\t"
+      ".cfi_undefined rip\n\t"
+      "xor %%ebp, %%ebp\n\t"
       "call *%%r9\n\t"
       "mov %[exit], %%eax\n\t"
       "xor %%edi, %%edi\n\t"
       "syscall\n\t"
       "hlt\n\t"
+      ".cfi_restore_state\n\t"
       "1:\n\t"
       : "=a"(ret)
       : "a"((long)SYS_clone), "D"(flags), "S"(stack_top), "d"(&g.helper_tid), "r"(r10),
@@ -158,59 +174,132 @@ static long clone_helper(void) {
   return ret;
 }
 
-static void start_helper(void) {
-  int idle = IDLE;
-  if (!__atomic_compare_exchange_n(&g.state, &idle, RUNNING, false, __ATOMIC_ACQ_REL,
-                                   __ATOMIC_RELAXED))
-    return;
-  if (g.stack == NULL) {
-    long m = hd_raw_syscall6(SYS_mmap, 0, (long)HELPER_STACK_BYTES, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (sys_failed(m)) {
-      give_up();
-      return;
-    }
-    g.stack = (uint8_t *)m;
+/* The stack between two inaccessible pages, so that it never merges with a neighbouring
+ * mapping (which would make the mapping at its stack pointer look bigger than it is). */
+static bool map_stack(void) {
+  if (g.stack != NULL) return true;
+  const uint64_t total = HELPER_STACK_BYTES + 2 * PAGE_BYTES;
+  long m = hd_raw_syscall6(SYS_mmap, 0, (long)total, PROT_NONE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (sys_failed(m)) return false;
+  if (sys_failed(hd_raw_syscall6(SYS_mprotect, m + (long)PAGE_BYTES, (long)HELPER_STACK_BYTES,
+                                 PROT_READ | PROT_WRITE, 0, 0, 0))) {
+    hd_raw_syscall6(SYS_munmap, m, (long)total, 0, 0, 0, 0);
+    return false;
   }
-  __atomic_store_n(&g.stop, 0, __ATOMIC_RELAXED);
-  /* The helper starts with every signal blocked (a clone inherits the mask), so none of the
+  g.stack = (uint8_t *)m + PAGE_BYTES;
+  return true;
+}
+
+static void start_helper(void) {
+  /* Signals blocked from here: a handler of this thread calling hold() must never find the
+   * state STARTING on account of this very thread. The helper inherits the mask: none of the
    * program's signals is ever delivered to it. */
   uint64_t all = ~(uint64_t)0, old = 0;
   hd_raw_syscall6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, 8, 0, 0);
-  long tid = clone_helper();
+  int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
+  /* Until the kernel has cleared its id, the last helper may still be on the one stack. */
+  bool previous_gone = __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) == 0;
+  if ((s == IDLE || s == EXITING) && previous_gone &&
+      __atomic_compare_exchange_n(&g.state, &s, STARTING, false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST)) {
+    if (__atomic_load_n(&g.holds, __ATOMIC_SEQ_CST) != 0) {
+      __atomic_store_n(&g.state, IDLE, __ATOMIC_SEQ_CST);
+    } else if (!map_stack()) {
+      give_up();
+    } else {
+      __atomic_store_n(&g.stop, 0, __ATOMIC_SEQ_CST);
+      long tid = clone_helper();
+      if (sys_failed(tid)) {
+        give_up(); /* a sandbox that refuses clone, say */
+      } else {
+        int starting = STARTING; /* unless the helper is done already */
+        __atomic_compare_exchange_n(&g.state, &starting, RUNNING, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+      }
+    }
+  }
   hd_raw_syscall6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, 8, 0, 0);
-  if (sys_failed(tid)) give_up(); /* a sandbox that refuses clone, say */
 }
 
 void hd_precommit_want(hd_precommit_area *a, uint64_t target) {
   if (a->base == NULL) return; /* a private copy of a table */
-  int state = __atomic_load_n(&g.state, __ATOMIC_ACQUIRE);
+  int state = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
   if (state == OFF) return;
   target = (target + WANT_GRAIN - 1) & ~(WANT_GRAIN - 1);
-  if (target > a->size) target = a->size & ~(uint64_t)(PAGE_BYTES - 1);
+  if (target > a->size) target = a->size & ~(PAGE_BYTES - 1);
   uint64_t want = __atomic_load_n(&a->wanted, __ATOMIC_RELAXED);
-  do {
-    if (target <= want) return;
-  } while (!__atomic_compare_exchange_n(&a->wanted, &want, target, true, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED));
-  if (state == IDLE) {
-    if (target < START_AFTER || __atomic_load_n(&g.holds, __ATOMIC_ACQUIRE) != 0) return;
-    start_helper();
-    return;
+  while (want < target && !__atomic_compare_exchange_n(&a->wanted, &want, target, true,
+                                                       __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
   }
-  __atomic_fetch_add(&g.wake_seq, 1, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&g.sleeping, __ATOMIC_SEQ_CST)) futex_wake(&g.wake_seq);
+  /* Read after the wish is stored: a helper that is leaving stores EXITING before it looks at
+   * the wishes once more, so either it sees this one or this sees EXITING (and starts the next
+   * helper, here or at the writer's next call once the last one is gone). */
+  state = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
+  if (target < HD_PRECOMMIT_START_AFTER || state == RUNNING || state == STARTING) return;
+  if (__atomic_load_n(&a->committed, __ATOMIC_RELAXED) >= target) return;
+  start_helper();
 }
+
+/* Waits until the thread whose id is in *tid_word has left the process. The kernel clears the
+ * word (a shared futex's wake-up) as the thread exits, but the thread stays in the thread group
+ * a little longer, and a call that needs the process single-threaded would still fail then: it
+ * is gone when its /proc/self/task entry is (both leave in one step of the exit). An id without
+ * an entry while /proc works is not a thread of this process (a child made by a raw clone
+ * inherits the parent's word). Bounded to about a second; an id still there then stays in the
+ * word, so that no other helper starts on its stack. */
+static void wait_until_gone(int *tid_word) {
+  const int tid = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE);
+  if (tid == 0) return;
+  char path[32] = "/proc/self/task/", digits[12];
+  int n = 0, len = 16;
+  for (unsigned v = (unsigned)tid; v != 0; v /= 10) digits[n++] = (char)('0' + v % 10);
+  while (n > 0) path[len++] = digits[--n];
+  path[len] = 0;
+  const bool proc = hd_raw_syscall6(SYS_access, (long)"/proc/self/task", F_OK, 0, 0, 0, 0) == 0;
+  const struct timespec tick = {0, 1000000};
+  for (int i = 0; i < 2000; i++) {
+    bool listed = proc && hd_raw_syscall6(SYS_access, (long)path, F_OK, 0, 0, 0, 0) == 0;
+    int t = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE);
+    if (t == 0) {
+      if (!listed) return;
+      pause_us(50);
+    } else if (proc && !listed) {
+      __atomic_store_n(tid_word, 0, __ATOMIC_RELEASE);
+      return;
+    } else {
+      hd_raw_syscall6(SYS_futex, (long)tid_word, FUTEX_WAIT, t, (long)&tick, 0, 0);
+    }
+  }
+}
+
+bool hd_precommit_hold(void) {
+  __atomic_fetch_add(&g.holds, 1, __ATOMIC_SEQ_CST);
+  /* A starter that moved to STARTING before `holds` rose goes on to clone: wait for it. */
+  for (int i = 0; i < 20000 && __atomic_load_n(&g.state, __ATOMIC_SEQ_CST) == STARTING; i++)
+    pause_us(50);
+  bool running = __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) != 0;
+  __atomic_store_n(&g.stop, 1, __ATOMIC_SEQ_CST);
+  wait_until_gone(&g.helper_tid);
+  int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
+  while (s != OFF && s != IDLE &&
+         !__atomic_compare_exchange_n(&g.state, &s, IDLE, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  return running;
+}
+
+void hd_precommit_release(void) { __atomic_fetch_sub(&g.holds, 1, __ATOMIC_SEQ_CST); }
 
 void hd_precommit_area_init(hd_precommit_area *a, void *base, uint64_t size) {
   a->base = base;
   a->size = size;
   a->wanted = 0;
-  a->committed = __atomic_load_n(&g.state, __ATOMIC_ACQUIRE) == OFF ? NEVER : 0;
+  a->committed = 0;
+  a->ask_at = g.state == OFF ? NEVER : HD_PRECOMMIT_START_AFTER - HD_PRECOMMIT_AHEAD;
   for (unsigned i = 0; i < g.area_count; i++)
     if (g.areas[i] == a) return;
   if (g.area_count == HD_PRECOMMIT_AREAS) {
-    a->committed = NEVER;
+    a->ask_at = NEVER;
     return;
   }
   g.areas[g.area_count] = a;
@@ -221,28 +310,11 @@ void hd_precommit_enable(bool on) {
   if (!on) give_up();
 }
 
-void hd_precommit_hold(void) {
-  __atomic_fetch_add(&g.holds, 1, __ATOMIC_ACQ_REL);
-  int running = RUNNING;
-  if (!__atomic_compare_exchange_n(&g.state, &running, IDLE, false, __ATOMIC_ACQ_REL,
-                                   __ATOMIC_RELAXED))
-    return;
-  __atomic_store_n(&g.stop, 1, __ATOMIC_SEQ_CST);
-  __atomic_fetch_add(&g.wake_seq, 1, __ATOMIC_SEQ_CST);
-  futex_wake(&g.wake_seq);
-  wait_until_gone(&g.helper_tid);
-}
-
-void hd_precommit_release(void) { __atomic_fetch_sub(&g.holds, 1, __ATOMIC_ACQ_REL); }
-
 void hd_precommit_after_fork_child(void) {
-  /* Only the forking thread exists in the child: the parent's helper is not there. */
-  if (__atomic_load_n(&g.state, __ATOMIC_RELAXED) == RUNNING) g.state = IDLE;
+  if (g.state != OFF) g.state = IDLE;
   g.helper_tid = 0;
-  g.sleeping = 0;
+  g.holds = 0;
   g.stop = 0;
 }
 
-bool hd_precommit_running(void) {
-  return __atomic_load_n(&g.state, __ATOMIC_ACQUIRE) == RUNNING;
-}
+bool hd_precommit_running(void) { return __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) != 0; }

@@ -10,6 +10,9 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/types.h>
+#include <time.h>
+#include <grp.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -192,13 +195,29 @@ extern int __close(int fd);
 extern ssize_t __read(int fd, void *buf, size_t n);
 extern ssize_t __write(int fd, const void *buf, size_t n);
 
-/* Calls the kernel refuses in a process of several threads (EINVAL): entering a new or
- * another user namespace, unsharing the address space, signal handlers or thread group. */
-static bool wants_single_thread(long number, long a0, long a1) {
-  const long single = CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM;
-  if (number == SYS_unshare) return (a0 & single) != 0;
-  if (number == SYS_setns) return a1 == 0 || (a1 & CLONE_NEWUSER) != 0; /* 0: any kind */
-  return false;
+/* Calls during which the precommit helper thread must not exist: those the kernel refuses in
+ * a process of several threads (unshare of a user namespace, the address space, signal
+ * handlers or the thread group; setns, some of whose kinds need it), and those that change
+ * only the calling thread, after which a helper alive meanwhile would keep the old
+ * credentials, capabilities or filters. It comes back on demand, cloned from a thread that has
+ * the new ones. */
+static bool needs_no_helper(long number, long a0) {
+  switch (number) {
+    case SYS_unshare:
+      return (a0 & (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)) != 0;
+    case SYS_prctl:
+      return a0 == PR_SET_SECCOMP || a0 == PR_SET_NO_NEW_PRIVS || a0 == PR_CAPBSET_DROP ||
+             a0 == PR_SET_SECUREBITS || a0 == PR_SET_KEEPCAPS;
+    case SYS_setns: case SYS_setuid: case SYS_setgid: case SYS_setreuid: case SYS_setregid:
+    case SYS_setresuid: case SYS_setresgid: case SYS_setfsuid: case SYS_setfsgid:
+    case SYS_setgroups: case SYS_capset: case SYS_seccomp:
+#ifdef SYS_landlock_restrict_self
+    case SYS_landlock_restrict_self:
+#endif
+      return true;
+    default:
+      return false;
+  }
 }
 
 EXPORT long syscall(long number, ...) {
@@ -209,10 +228,16 @@ EXPORT long syscall(long number, ...) {
   va_end(ap);
   if (number == SYS_write && libunwind_call(__builtin_return_address(0)))
     return readable_like_write((const void *)a[1], (size_t)a[2]);
-  /* The precommit helper is a thread: it steps aside for such calls, and comes back on demand. */
-  bool hold = wants_single_thread(number, a[0], a[1]);
-  if (hold) hd_precommit_hold();
+  bool hold = needs_no_helper(number, a[0]);
+  bool stopped = hold && hd_precommit_hold();
   long rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  /* A thread that has just left may be counted a moment longer by the checks for a single
+   * thread (if /proc could not tell when it had gone). */
+  for (int i = 0; stopped && (rc == -EINVAL || rc == -EUSERS) && i < 20; i++) {
+    const struct timespec pause = {0, 500000};
+    hd_raw_syscall6(SYS_nanosleep, (long)&pause, 0, 0, 0, 0, 0);
+    rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  }
   if (hold) hd_precommit_release();
   if (rc < 0 && rc > -4096) { /* glibc's convention for syscall() */
     errno = (int)-rc;
@@ -221,9 +246,34 @@ EXPORT long syscall(long number, ...) {
   return rc;
 }
 
-EXPORT int unshare(int flags) { return (int)syscall(SYS_unshare, flags); }
+EXPORT int unshare(int flags) { return (int)syscall(SYS_unshare, (long)flags); }
 
-EXPORT int setns(int fd, int nstype) { return (int)syscall(SYS_setns, fd, nstype); }
+EXPORT int setns(int fd, int nstype) { return (int)syscall(SYS_setns, (long)fd, (long)nstype); }
+
+/* glibc's own: in a program with several threads they make every thread change (setxid). */
+#define WITHOUT_HELPER(name, params, args)                               \
+  EXPORT int name params {                                               \
+    static int(*real) params;                                            \
+    if (!real) real = (int(*) params)dlsym(RTLD_NEXT, #name);           \
+    if (!real) {                                                         \
+      errno = ENOSYS;                                                    \
+      return -1;                                                         \
+    }                                                                    \
+    hd_precommit_hold();                                                 \
+    int rc = real args;                                                  \
+    hd_precommit_release();                                              \
+    return rc;                                                           \
+  }
+WITHOUT_HELPER(setuid, (uid_t u), (u))
+WITHOUT_HELPER(setgid, (gid_t g), (g))
+WITHOUT_HELPER(seteuid, (uid_t u), (u))
+WITHOUT_HELPER(setegid, (gid_t g), (g))
+WITHOUT_HELPER(setreuid, (uid_t r, uid_t e), (r, e))
+WITHOUT_HELPER(setregid, (gid_t r, gid_t e), (r, e))
+WITHOUT_HELPER(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
+WITHOUT_HELPER(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))
+WITHOUT_HELPER(setgroups, (size_t n, const gid_t *list), (n, list))
+WITHOUT_HELPER(capset, (void *header, const void *data), (header, data))
 
 EXPORT int pipe2(int fds[2], int flags) {
   if (libunwind_call(__builtin_return_address(0))) {

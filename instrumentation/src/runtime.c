@@ -556,6 +556,7 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
+  hd_precommit_after_fork_child();
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();
@@ -572,7 +573,6 @@ static void fork_child(void) {
     /* Our mappings of the parent's memfds; the parent keeps its own. */
     hd_alloc_table_destroy(&old_alloc);
     hd_res_table_destroy(&old_res);
-    hd_precommit_after_fork_child();
     hd_alloc_table_precommit(&g_alloc);
     hd_res_table_precommit(&g_res);
   } else {

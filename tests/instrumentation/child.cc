@@ -817,23 +817,6 @@ static void scenario_comm_rename() {
 }
 
 // ---- precommit: the tables' pages committed ahead by the library's helper thread.
-static int helper_threads() {
-  int n = 0;
-  DIR *d = opendir("/proc/self/task");
-  CHECK(d != nullptr);
-  while (dirent *e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    char comm[32] = "";
-    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
-    FILE *f = fopen(path.c_str(), "r");
-    if (!f) continue;  // exited meanwhile
-    if (fgets(comm, sizeof comm, f) && strcmp(comm, "heapdump-commit\n") == 0) n++;
-    fclose(f);
-  }
-  closedir(d);
-  return n;
-}
-
 static long thread_minor_faults() {
   rusage ru;
   CHECK(getrusage(RUSAGE_THREAD, &ru) == 0);
@@ -866,13 +849,13 @@ static void write_file(const char *path, const char *text) {
   close(fd);
 }
 
-// Prints the faults of growing and whether a helper runs, then what setns and unshare into
-// user namespaces return (the kernel allows them only in a single-threaded process) and
-// whether the helper comes back after them, then the same growth in a fork child.
+// Prints the faults of growing, what setns and unshare into user namespaces return right
+// after a growth (the kernel allows them only in a single-threaded process) and the faults of
+// growing after each (the helper comes back), then the faults of the same growth in a fork
+// child.
 static void scenario_precommit() {
   memset(g_grown, 0, sizeof g_grown);  // its pages are not the tables'
-  long faults = grow(300000);
-  printf("grow faults=%ld helper=%d\n", faults, helper_threads());
+  printf("grow faults=%ld\n", grow(300000));
   // setns into a user namespace a fork child made (and mapped its own ids in).
   int ready[2], hold[2];
   CHECK(pipe(ready) == 0 && pipe(hold) == 0);
@@ -901,26 +884,22 @@ static void scenario_precommit() {
     snprintf(path, sizeof path, "/proc/%d/ns/user", (int)owner);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
-    printf("setns=%s", errno_word(setns(fd, CLONE_NEWUSER)));
-    printf(" helper=%d\n", helper_threads());
+    grow(20000);  // the helper is likely at work
+    printf("setns=%s\n", errno_word(setns(fd, CLONE_NEWUSER)));
     close(fd);
   } else {
     printf("setns=unavailable\n");
   }
   CHECK(write(hold[1], "x", 1) == 1);
   CHECK(waitpid(owner, nullptr, 0) == owner);
-  grow(100000);
-  printf("regrow helper=%d\n", helper_threads());
-  printf("unshare=%s", errno_word(unshare(CLONE_NEWUSER)));
-  printf(" helper=%d\n", helper_threads());
-  grow(100000);
-  printf("regrow helper=%d\n", helper_threads());
+  printf("after-setns faults=%ld\n", grow(100000));
+  printf("unshare=%s\n", errno_word(unshare(CLONE_NEWUSER)));
+  printf("after-unshare faults=%ld\n", grow(100000));
   fflush(stdout);
   pid_t child = fork();
   CHECK(child >= 0);
   if (child == 0) {
-    faults = grow(200000);
-    printf("fork-child faults=%ld helper=%d\n", faults, helper_threads());
+    printf("fork-child faults=%ld\n", grow(200000));
     fflush(stdout);
     _exit(0);
   }

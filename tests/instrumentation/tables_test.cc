@@ -706,10 +706,11 @@ size_t ResidentPages(uint8_t *base, size_t from, size_t to) {
   return n;
 }
 
-// The helper commits an area ahead of where its writer says it is, and no further; it leaves
-// the process while held, and comes back on the next wish once released.
+// The helper commits an area ahead of where its writer says it is, and no further, then
+// leaves; held, it stops at once (in the middle of a long job), lets no other start, and once
+// released a new one takes up the wish.
 TEST(Precommit, AnAreaIsCommittedAheadOfItsWriterAndTheHelperStepsAsideWhenHeld) {
-  const size_t kSize = 16 << 20, kMiB = 1 << 20;
+  const size_t kSize = 256 << 20, kMiB = 1 << 20;
   int fd = memfd_create("precommit-test", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, kSize), 0);
@@ -717,31 +718,55 @@ TEST(Precommit, AnAreaIsCommittedAheadOfItsWriterAndTheHelperStepsAsideWhenHeld)
   ASSERT_NE(m, MAP_FAILED);
   static hd_precommit_area area;  // registered with the helper for the life of the process
   hd_precommit_area_init(&area, m, kSize);
+  auto committed = [&] { return __atomic_load_n(&area.committed, __ATOMIC_ACQUIRE); };
 
+  hd_precommit_need(&area, 100 << 10);  // below the start size: nothing asked
+  usleep(20000);
+  EXPECT_EQ(committed(), 0u);
   hd_precommit_need(&area, 2 * kMiB);
   const uint64_t ahead = 2 * kMiB + HD_PRECOMMIT_AHEAD;
-  ASSERT_TRUE(WaitFor([&] { return __atomic_load_n(&area.committed, __ATOMIC_ACQUIRE) >= ahead; }))
-      << "committed " << area.committed;
-  EXPECT_TRUE(hd_precommit_running());
-  EXPECT_EQ(CommitHelperThreads(), 1);
+  ASSERT_TRUE(WaitFor([&] { return committed() >= ahead; })) << "committed " << committed();
   EXPECT_EQ(ResidentPages(m, 0, ahead), ahead / 4096);
   EXPECT_EQ(ResidentPages(m, ahead + kMiB, kSize), 0u);  // asked for up to `ahead` only
+  // The writer asks again only once it comes within the slack of what is committed.
+  EXPECT_EQ(__atomic_load_n(&area.ask_at, __ATOMIC_RELAXED), ahead - HD_PRECOMMIT_SLACK);
+  ASSERT_TRUE(WaitFor([&] { return !hd_precommit_running() && CommitHelperThreads() == 0; }))
+      << "the helper stays after its work";
 
-  hd_precommit_hold();
+  // A long job (200 MiB), stopped by a hold soon after it started.
+  hd_precommit_want(&area, 200 * kMiB);
+  ASSERT_TRUE(WaitFor([&] { return committed() > ahead; }));
+  EXPECT_TRUE(hd_precommit_hold());
   EXPECT_FALSE(hd_precommit_running());
   EXPECT_EQ(CommitHelperThreads(), 0);
-  hd_precommit_need(&area, 6 * kMiB);  // held: nobody starts
+  const uint64_t stopped_at = committed();
+  EXPECT_LT(stopped_at, 200 * kMiB);
+  hd_precommit_want(&area, 201 * kMiB);  // held: nobody starts
   usleep(50000);
-  EXPECT_FALSE(hd_precommit_running());
-  EXPECT_EQ(ResidentPages(m, 6 * kMiB, 7 * kMiB), 0u);
+  EXPECT_EQ(committed(), stopped_at);
+  EXPECT_EQ(CommitHelperThreads(), 0);
+
+  // While held, the process is single-threaded for the kernel: a fork child that holds too can
+  // make a user namespace (refused with EINVAL while any other thread exists).
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    hd_precommit_after_fork_child();
+    hd_precommit_want(&area, 220 * kMiB);  // a helper of its own, busy
+    usleep(2000);
+    hd_precommit_hold();
+    int rc = unshare(CLONE_NEWUSER);
+    _exit(rc == 0 ? 0 : errno == EINVAL ? 2 : 3);  // 3: namespaces not permitted here
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 2) << "unshare saw another thread";
 
   hd_precommit_release();
-  hd_precommit_need(&area, 8 * kMiB);
-  ASSERT_TRUE(WaitFor([&] {
-    return __atomic_load_n(&area.committed, __ATOMIC_ACQUIRE) >= 8 * kMiB + HD_PRECOMMIT_AHEAD;
-  })) << "committed " << area.committed;
-  EXPECT_EQ(CommitHelperThreads(), 1);
-  EXPECT_EQ(ResidentPages(m, 0, 8 * kMiB + HD_PRECOMMIT_AHEAD), (8 * kMiB + HD_PRECOMMIT_AHEAD) / 4096);
+  hd_precommit_want(&area, 202 * kMiB);
+  ASSERT_TRUE(WaitFor([&] { return committed() >= 202 * kMiB; })) << "committed " << committed();
+  EXPECT_EQ(ResidentPages(m, 0, 202 * kMiB), 202 * kMiB / 4096);
 
   // Leave no helper and no area behind for the other tests.
   hd_precommit_hold();
