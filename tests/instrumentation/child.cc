@@ -817,6 +817,24 @@ static void scenario_comm_rename() {
 }
 
 // ---- precommit: the tables' pages committed ahead by the library's helper thread.
+static int threads_named(const char *comm_line) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  CHECK(d != nullptr);
+  while (dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char comm[32] = "";
+    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // exited meanwhile
+    ssize_t got = read(fd, comm, sizeof comm - 1);
+    close(fd);
+    if (got > 0 && strcmp(comm, comm_line) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
 static long thread_minor_faults() {
   rusage ru;
   CHECK(getrusage(RUSAGE_THREAD, &ru) == 0);
@@ -841,6 +859,40 @@ static long grow(int n) {
   return faults;
 }
 
+// Dropping root right after a growth (the helper likely at work): no thread keeps uid 0, and
+// the helper comes back (with the new credentials) for the next growth.
+static void drop_root_and_grow() {
+  if (getuid() != 0) {
+    printf("creds=not-root\n");
+    return;
+  }
+  // Grows until the helper is seen at work (or for 400,000 blocks), then drops root at once.
+  bool seen = false;
+  for (int round = 0; round < 200 && !seen; round++) {
+    for (int i = 0; i < 2000 && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
+      g_grown[g_grown_count++] = opaque(malloc(24));
+    seen = threads_named("heapdump-commit\n") > 0;
+  }
+  CHECK(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
+  printf("helper-seen=%d\n", seen);
+  int root_threads = 0;
+  DIR *d = opendir("/proc/self/task");
+  CHECK(d != nullptr);
+  while (dirent *e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string path = std::string("/proc/self/task/") + e->d_name + "/status";
+    FILE *f = fopen(path.c_str(), "r");
+    if (!f) continue;
+    char line[256];
+    while (fgets(line, sizeof line, f))
+      if (strncmp(line, "Uid:", 4) == 0 && strtoul(line + 4, nullptr, 10) == 0) root_threads++;
+    fclose(f);
+  }
+  closedir(d);
+  printf("creds=%s\n", root_threads == 0 ? "dropped" : "a-thread-kept-root");
+  printf("after-setresuid faults=%ld\n", grow(100000));
+}
+
 static const char *errno_word(int rc) { return rc == 0 ? "ok" : strerror(errno); }
 
 static void write_file(const char *path, const char *text) {
@@ -856,6 +908,16 @@ static void write_file(const char *path, const char *text) {
 static void scenario_precommit() {
   memset(g_grown, 0, sizeof g_grown);  // its pages are not the tables'
   printf("grow faults=%ld\n", grow(300000));
+  fflush(stdout);
+  pid_t dropper = fork();
+  CHECK(dropper >= 0);
+  if (dropper == 0) {
+    drop_root_and_grow();
+    fflush(stdout);
+    _exit(0);
+  }
+  int dropped;
+  CHECK(waitpid(dropper, &dropped, 0) == dropper && WIFEXITED(dropped) && WEXITSTATUS(dropped) == 0);
   // setns into a user namespace a fork child made (and mapped its own ids in).
   int ready[2], hold[2];
   CHECK(pipe(ready) == 0 && pipe(hold) == 0);

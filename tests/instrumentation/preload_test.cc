@@ -479,7 +479,7 @@ static std::string Field(const std::string &out, const std::string &line, const 
 // blocks (2,929 pages of nodes) takes at least 60% of those pages' faults less than with
 // HEAPDUMP_PRECOMMIT=0, and so does a fork child (its own helper). It steps aside for setns
 // and unshare into user namespaces, which the kernel refuses in a process of several threads,
-// and comes back after them.
+// and for setresuid (it would keep root's credentials), and comes back after them.
 TEST_P(Preload, TablePagesAreCommittedAheadOfTheAllocatingThread) {
   Tables with, without;
   RunChild({"precommit"}, &with);
@@ -494,8 +494,10 @@ TEST_P(Preload, TablePagesAreCommittedAheadOfTheAllocatingThread) {
     const char *line;
     long blocks;
   };
-  for (Growth g : {Growth{"grow ", 300000}, Growth{"after-setns ", 100000},
-                   Growth{"after-unshare ", 100000}, Growth{"fork-child ", 200000}}) {
+  std::vector<Growth> growths = {{"grow ", 300000}, {"after-setns ", 100000},
+                                 {"after-unshare ", 100000}, {"fork-child ", 200000}};
+  if (Field(off, "creds", "creds") == "dropped") growths.push_back({"after-setresuid ", 100000});
+  for (Growth g : growths) {
     const long node_pages = g.blocks * 40 / 4096;
     EXPECT_GE(faults(on, g.line), 0) << on;
     EXPECT_LE(faults(on, g.line) + node_pages * 6 / 10, faults(off, g.line))
@@ -504,6 +506,8 @@ TEST_P(Preload, TablePagesAreCommittedAheadOfTheAllocatingThread) {
   // Whatever the kernel allows here, it allows with the helper too.
   EXPECT_EQ(Field(on, "setns", "setns"), Field(off, "setns", "setns")) << on << off;
   EXPECT_EQ(Field(on, "unshare", "unshare"), Field(off, "unshare", "unshare")) << on << off;
+  // A program dropping root keeps no thread with root's credentials (as root only).
+  EXPECT_EQ(Field(on, "creds", "creds"), Field(off, "creds", "creds")) << on << off;
   if (Field(off, "setns", "setns") == "unavailable") {
     std::printf("user namespaces are not available here: setns and unshare not exercised\n");
   }
