@@ -1,14 +1,18 @@
 /* The helper thread that commits the tables' pages ahead of the allocating threads
  * (precommit.h says why and when).
  *
- * States: IDLE (no helper), STARTING (a writer is cloning one), RUNNING (it works), EXITING (it
- * found nothing more to do and is leaving, or has left), OFF (never again). The helper's thread
- * id is written by the kernel at the clone and cleared when the thread is gone (CLONE_*_TID),
- * so "helper_tid == 0" is what lets the next helper reuse the one stack. Starting and holding
- * meet Dekker-style: a starter moves to STARTING then reads `holds`; hold() raises `holds` then
- * reads the state; both sequentially consistent, so one of them sees the other. Built without
- * sanitizers: their instrumentation would read the thread pointer, which the helper does not
- * share with the runtime. */
+ * States: IDLE (no helper), STARTING (a writer is cloning one, until the helper itself says it
+ * runs), RUNNING (it works), EXITING (it found nothing more to do and is leaving, or has left),
+ * OFF (never again). The helper's thread id is written by the kernel at the clone and cleared
+ * when the thread is gone (CLONE_*_TID): "helper_tid == 0" is what lets the next helper reuse
+ * the one stack, and nothing but the kernel (and a fork child's reset) ever clears it. The
+ * thread stays in the thread group a moment after that; `last_tid` keeps its id for those who
+ * must wait until it has left. Starting and holding meet Dekker-style: a starter moves to
+ * STARTING then reads `holds`; hold() raises `holds` then reads the state; both sequentially
+ * consistent, so one of them sees the other. Only the process that cloned the helper
+ * (`owner`) acts on it: a vfork child shares this memory but not the helper's thread group.
+ * Built without sanitizers: their instrumentation would read the thread pointer, which the
+ * helper does not share with the runtime. */
 #define _GNU_SOURCE
 #include "precommit.h"
 
@@ -50,6 +54,8 @@ static struct {
   int holds;      /* atomic: callers that need no helper until they release */
   int stop;       /* atomic: the helper should leave now */
   int helper_tid; /* see above */
+  int last_tid;   /* the last helper's id, until it is known to have left the process */
+  int owner;      /* process id of the process whose helper this is */
   uint8_t *stack; /* the helper's stack (between two guard pages), reused by the next */
 } g;
 
@@ -126,6 +132,9 @@ static bool mark_exiting(void) {
 static void helper_main(void) {
   static const char name[16] = "heapdump-commit";
   hd_raw_syscall6(SYS_prctl, PR_SET_NAME, (long)name, 0, 0, 0, 0);
+  int starting = STARTING;
+  __atomic_compare_exchange_n(&g.state, &starting, RUNNING, false, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
   int retries = 0;
   for (;;) {
     if (__atomic_load_n(&g.stop, __ATOMIC_SEQ_CST)) break;
@@ -149,7 +158,7 @@ static long clone_helper(void) {
                      CLONE_SYSVSEM | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID;
   g_helper_tcb.self = &g_helper_tcb;
   uint8_t *stack_top = g.stack + HELPER_STACK_BYTES; /* 16-byte aligned (a page's end) */
-  register long r10 __asm__("r10") = (long)&g.helper_tid; /* child_tid */
+  register long r10 __asm__("r10") = (long)&g.helper_tid; /* child_tid: cleared at its exit */
   register long r8 __asm__("r8") = (long)&g_helper_tcb;   /* tls */
   register long r9 __asm__("r9") = (long)helper_main;     /* kept across the call in the child */
   long ret;
@@ -168,7 +177,7 @@ static long clone_helper(void) {
       ".cfi_restore_state\n\t"
       "1:\n\t"
       : "=a"(ret)
-      : "a"((long)SYS_clone), "D"(flags), "S"(stack_top), "d"(&g.helper_tid), "r"(r10),
+      : "a"((long)SYS_clone), "D"(flags), "S"(stack_top), "d"(&g.last_tid), "r"(r10),
         "r"(r8), "r"(r9), [exit] "i"(SYS_exit)
       : "rcx", "r11", "memory");
   return ret;
@@ -191,31 +200,38 @@ static bool map_stack(void) {
   return true;
 }
 
+static int own_pid(void) { return (int)hd_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0); }
+
 static void start_helper(void) {
+  int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
+  if ((s != IDLE && s != EXITING) || __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) != 0 ||
+      __atomic_load_n(&g.holds, __ATOMIC_SEQ_CST) != 0)
+    return; /* the cheap answers first: no system call */
   /* Signals blocked from here: a handler of this thread calling hold() must never find the
    * state STARTING on account of this very thread. The helper inherits the mask: none of the
    * program's signals is ever delivered to it. */
   uint64_t all = ~(uint64_t)0, old = 0;
   hd_raw_syscall6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, 8, 0, 0);
-  int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
-  /* Until the kernel has cleared its id, the last helper may still be on the one stack. */
-  bool previous_gone = __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) == 0;
-  if ((s == IDLE || s == EXITING) && previous_gone &&
-      __atomic_compare_exchange_n(&g.state, &s, STARTING, false, __ATOMIC_SEQ_CST,
+  if (__atomic_compare_exchange_n(&g.state, &s, STARTING, false, __ATOMIC_SEQ_CST,
                                   __ATOMIC_SEQ_CST)) {
-    if (__atomic_load_n(&g.holds, __ATOMIC_SEQ_CST) != 0) {
-      __atomic_store_n(&g.state, IDLE, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) != 0) {
+      /* Between our look and the claim, another helper came and is now leaving: it is still
+       * on the stack. */
+      __atomic_store_n(&g.state, EXITING, __ATOMIC_SEQ_CST);
+    } else if (__atomic_load_n(&g.holds, __ATOMIC_SEQ_CST) != 0) {
+      __atomic_store_n(&g.state, s, __ATOMIC_SEQ_CST);
     } else if (!map_stack()) {
       give_up();
     } else {
       __atomic_store_n(&g.stop, 0, __ATOMIC_SEQ_CST);
-      long tid = clone_helper();
-      if (sys_failed(tid)) {
-        give_up(); /* a sandbox that refuses clone, say */
-      } else {
-        int starting = STARTING; /* unless the helper is done already */
-        __atomic_compare_exchange_n(&g.state, &starting, RUNNING, false, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST);
+      g.owner = own_pid();
+      /* Not zero from before the clone until the kernel clears it at the helper's exit; the
+       * kernel writes the id into last_tid before the clone returns. */
+      __atomic_store_n(&g.helper_tid, -1, __ATOMIC_SEQ_CST);
+      long tid = clone_helper(); /* the helper moves STARTING to RUNNING itself */
+      if (sys_failed(tid)) { /* a sandbox that refuses clone, say */
+        __atomic_store_n(&g.helper_tid, 0, __ATOMIC_SEQ_CST);
+        give_up();
       }
     }
   }
@@ -241,54 +257,61 @@ void hd_precommit_want(hd_precommit_area *a, uint64_t target) {
   start_helper();
 }
 
-/* Waits until the thread whose id is in *tid_word has left the process. The kernel clears the
- * word (a shared futex's wake-up) as the thread exits, but the thread stays in the thread group
- * a little longer, and a call that needs the process single-threaded would still fail then: it
- * is gone when its /proc/self/task entry is (both leave in one step of the exit). An id without
- * an entry while /proc works is not a thread of this process (a child made by a raw clone
- * inherits the parent's word). Bounded to about a second; an id still there then stays in the
- * word, so that no other helper starts on its stack. */
-static void wait_until_gone(int *tid_word) {
-  const int tid = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE);
-  if (tid == 0) return;
-  char path[32] = "/proc/self/task/", digits[12];
-  int n = 0, len = 16;
+static void task_path(char path[32], int tid) {
+  static const char prefix[] = "/proc/self/task/";
+  char digits[12];
+  int n = 0, len = (int)sizeof prefix - 1;
+  for (int i = 0; i < len; i++) path[i] = prefix[i];
   for (unsigned v = (unsigned)tid; v != 0; v /= 10) digits[n++] = (char)('0' + v % 10);
   while (n > 0) path[len++] = digits[--n];
   path[len] = 0;
-  const bool proc = hd_raw_syscall6(SYS_access, (long)"/proc/self/task", F_OK, 0, 0, 0, 0) == 0;
-  const struct timespec tick = {0, 1000000};
-  for (int i = 0; i < 2000; i++) {
-    bool listed = proc && hd_raw_syscall6(SYS_access, (long)path, F_OK, 0, 0, 0, 0) == 0;
-    int t = __atomic_load_n(tid_word, __ATOMIC_ACQUIRE);
-    if (t == 0) {
-      if (!listed) return;
-      pause_us(50);
-    } else if (proc && !listed) {
-      __atomic_store_n(tid_word, 0, __ATOMIC_RELEASE);
-      return;
-    } else {
-      hd_raw_syscall6(SYS_futex, (long)tid_word, FUTEX_WAIT, t, (long)&tick, 0, 0);
-    }
-  }
+}
+
+static bool listed(const char *path) {
+  return hd_raw_syscall6(SYS_access, (long)path, F_OK, 0, 0, 0, 0) == 0;
+}
+
+/* Waits until the last helper has left the process: the kernel clears helper_tid (a shared
+ * futex's wake-up) as the thread exits, which no time limit may cut short, since the next
+ * helper would share its stack. The thread stays in the thread group a moment longer, and a
+ * call that needs the process single-threaded would still fail then: it has left when its
+ * /proc/self/task entry has (both leave in one step of the exit). That is only asked of a /proc
+ * that lists this very thread (not one of another pid namespace), and for a second at most. */
+static void wait_until_gone(void) {
+  for (int t; (t = __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE)) != 0;)
+    hd_raw_syscall6(SYS_futex, (long)&g.helper_tid, FUTEX_WAIT, t, 0, 0, 0);
+  const int last = __atomic_load_n(&g.last_tid, __ATOMIC_ACQUIRE);
+  if (last == 0) return;
+  char self[32], path[32];
+  task_path(self, (int)hd_raw_syscall6(SYS_gettid, 0, 0, 0, 0, 0, 0));
+  if (!listed(self)) return;
+  task_path(path, last);
+  for (int i = 0; i < 20000 && listed(path); i++) pause_us(50);
+  if (!listed(path)) __atomic_store_n(&g.last_tid, 0, __ATOMIC_SEQ_CST);
 }
 
 bool hd_precommit_hold(void) {
+  /* A process sharing this memory without the helper's thread group (a vfork child) neither
+   * has the helper among its threads nor may stop it for the process that does. */
+  if (g.owner != 0 && g.owner != own_pid()) return false;
   __atomic_fetch_add(&g.holds, 1, __ATOMIC_SEQ_CST);
-  /* A starter that moved to STARTING before `holds` rose goes on to clone: wait for it. */
-  for (int i = 0; i < 20000 && __atomic_load_n(&g.state, __ATOMIC_SEQ_CST) == STARTING; i++)
-    pause_us(50);
-  bool running = __atomic_load_n(&g.helper_tid, __ATOMIC_ACQUIRE) != 0;
+  /* A starter that moved to STARTING before `holds` rose goes on to clone, and its helper
+   * moves on to RUNNING: wait for that (a few system calls, with signals blocked). */
+  while (__atomic_load_n(&g.state, __ATOMIC_SEQ_CST) == STARTING) pause_us(20);
   __atomic_store_n(&g.stop, 1, __ATOMIC_SEQ_CST);
-  wait_until_gone(&g.helper_tid);
+  wait_until_gone();
   int s = __atomic_load_n(&g.state, __ATOMIC_SEQ_CST);
   while (s != OFF && s != IDLE &&
          !__atomic_compare_exchange_n(&g.state, &s, IDLE, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
   }
-  return running;
+  /* True while a helper may still count as a thread: its exit could not be confirmed. */
+  return __atomic_load_n(&g.last_tid, __ATOMIC_SEQ_CST) != 0;
 }
 
-void hd_precommit_release(void) { __atomic_fetch_sub(&g.holds, 1, __ATOMIC_SEQ_CST); }
+void hd_precommit_release(void) {
+  if (g.owner != 0 && g.owner != own_pid()) return;
+  __atomic_fetch_sub(&g.holds, 1, __ATOMIC_SEQ_CST);
+}
 
 void hd_precommit_area_init(hd_precommit_area *a, void *base, uint64_t size) {
   a->base = base;
@@ -313,6 +336,8 @@ void hd_precommit_enable(bool on) {
 void hd_precommit_after_fork_child(void) {
   if (g.state != OFF) g.state = IDLE;
   g.helper_tid = 0;
+  g.last_tid = 0;
+  g.owner = 0;
   g.holds = 0;
   g.stop = 0;
 }

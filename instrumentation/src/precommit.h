@@ -57,8 +57,11 @@ void hd_precommit_area_init(hd_precommit_area *a, void *base, uint64_t size);
 /* Process-wide switch, read once at start-up (HEAPDUMP_PRECOMMIT=0 turns it off). */
 void hd_precommit_enable(bool on);
 /* Stops the helper if one runs, waits until its thread has left the process, and keeps any
- * other from starting until the matching release. Returns whether a helper was stopped. For
- * calls that fail in a process of several threads, or that change only the calling thread. */
+ * other from starting until the matching release. Returns true if a helper may still count
+ * among the process's threads for a moment (its exit could not be confirmed through /proc):
+ * a call refused for that may be retried. For calls that fail in a process of several
+ * threads, or that change only the calling thread. Does nothing in a process sharing this
+ * memory that is not the helper's (a vfork child). */
 bool hd_precommit_hold(void);
 void hd_precommit_release(void);
 /* In a fork child: only the forking thread exists there. */

@@ -207,7 +207,7 @@ static bool needs_no_helper(long number, long a0) {
       return (a0 & (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)) != 0;
     case SYS_prctl:
       return a0 == PR_SET_SECCOMP || a0 == PR_SET_NO_NEW_PRIVS || a0 == PR_CAPBSET_DROP ||
-             a0 == PR_SET_SECUREBITS || a0 == PR_SET_KEEPCAPS;
+             a0 == PR_SET_SECUREBITS || a0 == PR_SET_KEEPCAPS || a0 == PR_CAP_AMBIENT;
     case SYS_setns: case SYS_setuid: case SYS_setgid: case SYS_setreuid: case SYS_setregid:
     case SYS_setresuid: case SYS_setresgid: case SYS_setfsuid: case SYS_setfsgid:
     case SYS_setgroups: case SYS_capset: case SYS_seccomp:
@@ -231,8 +231,8 @@ EXPORT long syscall(long number, ...) {
   bool hold = needs_no_helper(number, a[0]);
   bool stopped = hold && hd_precommit_hold();
   long rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-  /* A thread that has just left may be counted a moment longer by the checks for a single
-   * thread (if /proc could not tell when it had gone). */
+  /* A helper that has just left may be counted a moment longer by the checks for a single
+   * thread, if /proc could not tell when it had gone. */
   for (int i = 0; stopped && (rc == -EINVAL || rc == -EUSERS) && i < 20; i++) {
     const struct timespec pause = {0, 500000};
     hd_raw_syscall6(SYS_nanosleep, (long)&pause, 0, 0, 0, 0, 0);
@@ -250,30 +250,48 @@ EXPORT int unshare(int flags) { return (int)syscall(SYS_unshare, (long)flags); }
 
 EXPORT int setns(int fd, int nstype) { return (int)syscall(SYS_setns, (long)fd, (long)nstype); }
 
-/* glibc's own: in a program with several threads they make every thread change (setxid). */
-#define WITHOUT_HELPER(name, params, args)                               \
-  EXPORT int name params {                                               \
-    static int(*real) params;                                            \
-    if (!real) real = (int(*) params)dlsym(RTLD_NEXT, #name);           \
-    if (!real) {                                                         \
-      errno = ENOSYS;                                                    \
-      return -1;                                                         \
-    }                                                                    \
-    hd_precommit_hold();                                                 \
-    int rc = real args;                                                  \
-    hd_precommit_release();                                              \
-    return rc;                                                           \
+/* glibc's own, which in a program with several threads make every thread change (setxid),
+ * called with no helper alive (see needs_no_helper). Resolved by a constructor, as a call from
+ * a signal handler or a vfork child must not take the loader's lock; a call made before it
+ * (from another library's constructor) resolves its own. */
+#define HELD_CALLS(X)                                     \
+  X(setuid, (uid_t u), (u))                               \
+  X(setgid, (gid_t g), (g))                               \
+  X(seteuid, (uid_t u), (u))                              \
+  X(setegid, (gid_t g), (g))                              \
+  X(setreuid, (uid_t r, uid_t e), (r, e))                 \
+  X(setregid, (gid_t r, gid_t e), (r, e))                 \
+  X(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))    \
+  X(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))    \
+  X(setfsuid, (uid_t u), (u))                             \
+  X(setfsgid, (gid_t g), (g))                             \
+  X(setgroups, (size_t n, const gid_t *list), (n, list))  \
+  X(initgroups, (const char *user, gid_t g), (user, g))   \
+  X(capset, (void *header, const void *data), (header, data))
+
+#define DECLARE_REAL(name, params, args) static int(*real_##name) params;
+HELD_CALLS(DECLARE_REAL)
+
+#define DEFINE_HELD(name, params, args)                                       \
+  EXPORT int name params {                                                    \
+    int(*real) params = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE);      \
+    if (!real) real = (int(*) params)dlsym(RTLD_NEXT, #name);                \
+    if (!real) {                                                              \
+      errno = ENOSYS;                                                         \
+      return -1;                                                              \
+    }                                                                         \
+    hd_precommit_hold();                                                      \
+    int rc = real args;                                                       \
+    hd_precommit_release();                                                   \
+    return rc;                                                                \
   }
-WITHOUT_HELPER(setuid, (uid_t u), (u))
-WITHOUT_HELPER(setgid, (gid_t g), (g))
-WITHOUT_HELPER(seteuid, (uid_t u), (u))
-WITHOUT_HELPER(setegid, (gid_t g), (g))
-WITHOUT_HELPER(setreuid, (uid_t r, uid_t e), (r, e))
-WITHOUT_HELPER(setregid, (gid_t r, gid_t e), (r, e))
-WITHOUT_HELPER(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
-WITHOUT_HELPER(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))
-WITHOUT_HELPER(setgroups, (size_t n, const gid_t *list), (n, list))
-WITHOUT_HELPER(capset, (void *header, const void *data), (header, data))
+HELD_CALLS(DEFINE_HELD)
+
+__attribute__((constructor)) static void resolve_held_calls(void) {
+#define RESOLVE(name, params, args) \
+  __atomic_store_n(&real_##name, (int(*) params)dlsym(RTLD_NEXT, #name), __ATOMIC_RELEASE);
+  HELD_CALLS(RESOLVE)
+}
 
 EXPORT int pipe2(int fds[2], int flags) {
   if (libunwind_call(__builtin_return_address(0))) {
