@@ -130,11 +130,13 @@ static bool mark_exiting(void) {
 
 /* The helper's whole life: system calls only (see g_helper_tcb). */
 static void helper_main(void) {
-  static const char name[16] = "heapdump-commit";
-  hd_raw_syscall6(SYS_prctl, PR_SET_NAME, (long)name, 0, 0, 0, 0);
+  /* First, before any system call (one a seccomp filter could kill it for): a hold waits for
+   * STARTING to end. */
   int starting = STARTING;
   __atomic_compare_exchange_n(&g.state, &starting, RUNNING, false, __ATOMIC_SEQ_CST,
                               __ATOMIC_SEQ_CST);
+  static const char name[16] = "heapdump-commit";
+  hd_raw_syscall6(SYS_prctl, PR_SET_NAME, (long)name, 0, 0, 0, 0);
   int retries = 0;
   for (;;) {
     if (__atomic_load_n(&g.stop, __ATOMIC_SEQ_CST)) break;
