@@ -176,6 +176,7 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
   uint32_t log2 = LOAD(&t->hdr->bucket_log2);
   if ((uint64_t)(hw + got) * 4 > (uint64_t)7 << log2) {
     uint64_t next_bytes = (uint64_t)8 << log2;
+    /* need() asks for HD_PRECOMMIT_AHEAD past the end it is given: this asks for the array. */
     if (next_bytes > HD_PRECOMMIT_AHEAD) hd_precommit_need(&t->buckets_area, next_bytes - HD_PRECOMMIT_AHEAD);
   }
   return hw;

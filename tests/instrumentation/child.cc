@@ -792,6 +792,12 @@ static void scenario_cap() {
   for (int i = n / 2; i < n; i++) keep(blocks[i]);
 }
 
+static void write_file(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+  close(fd);
+}
+
 // A thread renamed by writing its comm file directly (no prctl, no pthread_setname_np): 5551 is
 // allocated under the old name, 5553 after enough allocations for the name to be read again.
 static void *renamed_through_proc(void *) {
@@ -799,10 +805,7 @@ static void *renamed_through_proc(void *) {
   keep(opaque(malloc(5551)));
   char path[64];
   snprintf(path, sizeof(path), "/proc/self/task/%ld/comm", (long)syscall(SYS_gettid));
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  CHECK(fd >= 0);
-  CHECK(write(fd, "after-rename", 12) == 12);
-  close(fd);
+  write_file(path, "after-rename");
   char now[16];
   CHECK(pthread_getname_np(pthread_self(), now, sizeof(now)) == 0 && strcmp(now, "after-rename") == 0);
   for (int i = 0; i < 2 * 4096 + 2; i++) free(opaque(malloc(5552)));
@@ -817,22 +820,29 @@ static void scenario_comm_rename() {
 }
 
 // ---- precommit: the tables' pages committed ahead by the library's helper thread.
-static int threads_named(const char *comm_line) {
+// The threads whose /proc/self/task/TID/<file> has a line for which match() is true.
+static int threads_where(const char *file, bool (*match)(const char *line)) {
   int n = 0;
   DIR *d = opendir("/proc/self/task");
   CHECK(d != nullptr);
   while (dirent *e = readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    char comm[32] = "";
-    std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;  // exited meanwhile
-    ssize_t got = read(fd, comm, sizeof comm - 1);
-    close(fd);
-    if (got > 0 && strcmp(comm, comm_line) == 0) n++;
+    std::string path = std::string("/proc/self/task/") + e->d_name + "/" + file;
+    FILE *f = fopen(path.c_str(), "r");
+    if (!f) continue;  // exited meanwhile
+    char line[256];
+    bool matched = false;
+    while (!matched && fgets(line, sizeof line, f)) matched = match(line);
+    fclose(f);
+    n += matched;
   }
   closedir(d);
   return n;
+}
+
+static bool is_precommit_helper(const char *comm) { return strcmp(comm, "heapdump-commit\n") == 0; }
+static bool runs_as_root(const char *status) {
+  return strncmp(status, "Uid:", 4) == 0 && strtoul(status + 4, nullptr, 10) == 0;
 }
 
 static long thread_minor_faults() {
@@ -844,14 +854,18 @@ static long thread_minor_faults() {
 static void *g_grown[800000];
 static int g_grown_count;
 
+static void keep_growing(int n) {
+  for (int i = 0; i < n && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
+    g_grown[g_grown_count++] = opaque(malloc(24));
+}
+
 // n blocks of 24 bytes, kept, in bursts of 10,000 with a pause after each (a program doing
 // other work between its allocations); the minor faults this thread took while allocating.
 static long grow(int n) {
   long faults = 0;
   for (int done = 0; done < n; done += 10000) {
     long before = thread_minor_faults();
-    for (int i = 0; i < 10000 && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
-      g_grown[g_grown_count++] = opaque(malloc(24));
+    keep_growing(10000);
     faults += thread_minor_faults() - before;
     timespec pause = {0, 2000000};
     nanosleep(&pause, nullptr);
@@ -869,37 +883,17 @@ static void drop_root_and_grow() {
   // Grows until the helper is seen at work (or for 400,000 blocks), then drops root at once.
   bool seen = false;
   for (int round = 0; round < 200 && !seen; round++) {
-    for (int i = 0; i < 2000 && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
-      g_grown[g_grown_count++] = opaque(malloc(24));
-    seen = threads_named("heapdump-commit\n") > 0;
+    keep_growing(2000);
+    seen = threads_where("comm", is_precommit_helper) > 0;
   }
   CHECK(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
   printf("helper-seen=%d\n", seen);
-  int root_threads = 0;
-  DIR *d = opendir("/proc/self/task");
-  CHECK(d != nullptr);
-  while (dirent *e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::string path = std::string("/proc/self/task/") + e->d_name + "/status";
-    FILE *f = fopen(path.c_str(), "r");
-    if (!f) continue;
-    char line[256];
-    while (fgets(line, sizeof line, f))
-      if (strncmp(line, "Uid:", 4) == 0 && strtoul(line + 4, nullptr, 10) == 0) root_threads++;
-    fclose(f);
-  }
-  closedir(d);
+  int root_threads = threads_where("status", runs_as_root);
   printf("creds=%s\n", root_threads == 0 ? "dropped" : "a-thread-kept-root");
   printf("after-setresuid faults=%ld\n", grow(100000));
 }
 
 static const char *errno_word(int rc) { return rc == 0 ? "ok" : strerror(errno); }
-
-static void write_file(const char *path, const char *text) {
-  int fd = open(path, O_WRONLY | O_CLOEXEC);
-  CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
-  close(fd);
-}
 
 // Prints the faults of growing, what setns and unshare into user namespaces return right
 // after a growth (the kernel allows them only in a single-threaded process) and the faults of
