@@ -335,13 +335,14 @@ static bool copy_chain(copy_pass *p, uint64_t b, bool *bad) {
       return true;
     }
     const hd_alloc_node *n = &p->nodes[link - 1];
+    const uint64_t address_word = LOAD(&n->address_word), time_word = LOAD(&n->time_word);
     hd_live_block blk = {
-        .address = LOAD(&n->address),
-        .size = LOAD(&n->size),
-        .timestamp = LOAD(&n->timestamp),
+        .address = hd_node_address(address_word),
+        .size = hd_node_size(LOAD(&n->size_low), address_word),
+        .timestamp = hd_node_timestamp(time_word, p->r->h.time_base),
         .thread_key = LOAD(&n->thread_key),
         .stack_key = LOAD(&n->stack_key),
-        .flags = LOAD(&n->flags),
+        .flags = hd_node_align_log2(time_word),
     };
     if ((hd_alloc_hash(blk.address) & (p->bucket_count - 1)) != b) {
       *bad = true; /* node in the wrong bucket */

@@ -21,14 +21,14 @@ static const uint64_t kSeqOffset = PAGE;
 static const uint64_t kSeqBytes = HD_SEQ_SLOTS * sizeof(uint32_t);
 
 /* Geometry for a table of `total` bytes: the largest node count whose worst-case bucket array
- * (load factor 2 at the last doubling, so capacity/2 buckets) still fits. */
+ * (a bucket per node handed out, at most) still fits. */
 static void geometry(uint64_t total, uint32_t *bucket_log2, uint32_t *capacity) {
   uint64_t fixed = kSeqOffset + kSeqBytes;
   uint64_t cap = total > fixed ? (total - fixed) / sizeof(hd_alloc_node) : 0;
   uint32_t log2 = HD_MIN_BUCKET_LOG2;
   for (int iter = 0; iter < 4; iter++) {
     log2 = HD_MIN_BUCKET_LOG2;
-    while (((uint64_t)1 << log2) * 2 < cap && log2 < 31) log2++;
+    while (((uint64_t)1 << log2) < cap && log2 < 31) log2++;
     uint64_t bucket_bytes = ALIGN_UP(((uint64_t)4 << log2), PAGE);
     cap = total > fixed + bucket_bytes ? (total - fixed - bucket_bytes) / sizeof(hd_alloc_node) : 0;
   }
@@ -39,7 +39,7 @@ static void geometry(uint64_t total, uint32_t *bucket_log2, uint32_t *capacity) 
 
 uint64_t hd_alloc_table_bytes_for(uint64_t nodes) {
   uint32_t log2 = HD_MIN_BUCKET_LOG2;
-  while (((uint64_t)1 << log2) * 2 < nodes && log2 < 31) log2++;
+  while (((uint64_t)1 << log2) < nodes && log2 < 31) log2++;
   return kSeqOffset + kSeqBytes + ALIGN_UP(((uint64_t)4 << log2), PAGE) +
          ALIGN_UP((nodes ? nodes : 1) * sizeof(hd_alloc_node), PAGE);
 }
@@ -174,7 +174,7 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
    * nodes reach seven eighths of the count that triggers it (maybe_grow), late enough that
    * few heaps stop growing in between, early enough for the helper to be done before. */
   uint32_t log2 = LOAD(&t->hdr->bucket_log2);
-  if ((uint64_t)(hw + got) * 4 > (uint64_t)7 << log2) {
+  if ((uint64_t)(hw + got) * 8 > (uint64_t)7 << log2) {
     uint64_t next_bytes = (uint64_t)8 << log2;
     /* need() asks for HD_PRECOMMIT_AHEAD past the end it is given: this asks for the array. */
     if (next_bytes > HD_PRECOMMIT_AHEAD) hd_precommit_need(&t->buckets_area, next_bytes - HD_PRECOMMIT_AHEAD);
@@ -210,27 +210,27 @@ static void node_free(hd_alloc_table *t, hd_writer_thread *w, uint32_t idx) {
   free_list_push(t, idx, idx);
 }
 
-/* Everything but the address, which is what marks a node as linked (see maybe_grow). */
-static void node_write_payload(hd_alloc_node *n, const hd_alloc_info *i) {
+/* Everything but the address word, which is what marks a node as linked (see maybe_grow). */
+static void node_write_payload(const hd_alloc_table *t, hd_alloc_node *n, const hd_alloc_info *i) {
   STORE(&n->thread_key, i->thread_key);
   STORE(&n->stack_key, i->stack_key);
-  STORE(&n->flags, i->flags);
-  STORE(&n->size, i->size);
-  STORE(&n->timestamp, i->timestamp);
+  STORE(&n->size_low, (uint32_t)i->size);
+  STORE(&n->time_word, hd_node_time_word(i->timestamp, t->hdr->time_base, i->flags));
 }
 
-static void node_write(hd_alloc_node *n, const hd_alloc_info *i) {
-  node_write_payload(n, i);
-  STORE(&n->address, i->address);
+static void node_write(const hd_alloc_table *t, hd_alloc_node *n, const hd_alloc_info *i) {
+  node_write_payload(t, n, i);
+  STORE(&n->address_word, hd_node_address_word(i->address, i->size));
 }
 
-static void node_read(const hd_alloc_node *n, hd_alloc_info *i) {
+static void node_read(const hd_alloc_table *t, const hd_alloc_node *n, hd_alloc_info *i) {
+  const uint64_t address_word = LOAD(&n->address_word), time_word = LOAD(&n->time_word);
   i->thread_key = LOAD(&n->thread_key);
   i->stack_key = LOAD(&n->stack_key);
-  i->flags = LOAD(&n->flags);
-  i->address = LOAD(&n->address);
-  i->size = LOAD(&n->size);
-  i->timestamp = LOAD(&n->timestamp);
+  i->flags = hd_node_align_log2(time_word);
+  i->address = hd_node_address(address_word);
+  i->size = hd_node_size(LOAD(&n->size_low), address_word);
+  i->timestamp = hd_node_timestamp(time_word, t->hdr->time_base);
 }
 
 static void lock_slots(hd_alloc_table *t, uint32_t log2) {
@@ -246,8 +246,8 @@ static void unlock_slots(hd_alloc_table *t, uint32_t log2) {
 }
 
 /* Doubles the bucket array. The chains are rebuilt from the node array, read in index order:
- * a node is linked exactly when its address is non-zero (an insert stores the address only
- * when it links the node, under its slot lock, and an erase clears it when it unlinks), and
+ * a node is linked exactly when its address word is non-zero (an insert stores it only when it
+ * links the node, under its slot lock, and an erase clears it when it unlinks), and
  * every slot lock is held here. Following the old chains instead visits the nodes in hash
  * order, a cache and TLB miss per node: a pause of tens of milliseconds for every allocating
  * thread at a million blocks. Free nodes are not touched (their `next` belongs to the free
@@ -256,7 +256,7 @@ static void maybe_grow(hd_alloc_table *t) {
   hd_alloc_header *h = t->hdr;
   if (pthread_mutex_trylock(&t->world_lock) != 0) return; /* someone else is at it */
   uint32_t log2 = LOAD(&h->bucket_log2);
-  if (log2 >= h->max_bucket_log2 || LOAD(&h->node_high_water) <= ((uint64_t)2 << log2)) {
+  if (log2 >= h->max_bucket_log2 || LOAD(&h->node_high_water) <= ((uint64_t)1 << log2)) {
     pthread_mutex_unlock(&t->world_lock);
     return;
   }
@@ -272,9 +272,9 @@ static void maybe_grow(hd_alloc_table *t) {
   const uint32_t high_water = LOAD(&h->node_high_water);
   for (uint32_t idx = 0; idx < high_water; idx++) {
     hd_alloc_node *n = &t->nodes[idx];
-    uint64_t address = LOAD(&n->address);
-    if (address == 0) continue;
-    uint32_t *head = &t->buckets[hd_alloc_hash(address) & mask];
+    uint64_t address_word = LOAD(&n->address_word);
+    if (address_word == 0) continue;
+    uint32_t *head = &t->buckets[hd_alloc_hash(hd_node_address(address_word)) & mask];
     STORE(&n->next, LOAD(head));
     STORE(head, idx + 1);
   }
@@ -290,6 +290,7 @@ void hd_alloc_table_note_lost_free(hd_alloc_table *t) {
 
 hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
                                        const hd_alloc_info *info, hd_alloc_info *replaced) {
+  if (HD_UNLIKELY_T(!hd_node_representable(info->address, info->size))) return HD_INSERT_UNREPRESENTABLE;
   uint32_t idx = node_alloc(t, w);
   if (idx == UINT32_MAX) return HD_INSERT_FULL;
   hd_alloc_node *node = &t->nodes[idx];
@@ -298,7 +299,7 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
    * that only through a release fence before these stores (the unlock's release store orders
    * the stores before it, not after). On x86 it costs nothing; it stops the compiler only. */
   __atomic_thread_fence(__ATOMIC_RELEASE);
-  node_write_payload(node, info); /* not reachable yet; the address is stored when linked */
+  node_write_payload(t, node, info); /* not reachable yet; the address is stored when linked */
   uint64_t hash = hd_alloc_hash(info->address);
   uint32_t *seq;
   uint32_t b = lock_bucket(t, hash, &seq);
@@ -309,9 +310,9 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
   if (HD_UNLIKELY_T(LOAD(&t->lost_frees))) {
     for (uint32_t link = head; link != HD_LINK_NONE; link = LOAD(&t->nodes[link - 1].next)) {
       hd_alloc_node *n = &t->nodes[link - 1];
-      if (LOAD(&n->address) == info->address) {
-        if (replaced) node_read(n, replaced);
-        node_write(n, info);
+      if (hd_node_address(LOAD(&n->address_word)) == info->address) {
+        if (replaced) node_read(t, n, replaced);
+        node_write(t, n, info);
         slot_unlock(t, seq);
         node_free(t, w, idx);
         return HD_INSERT_REPLACED;
@@ -319,12 +320,12 @@ hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
     }
   }
   STORE(&node->next, head);
-  STORE(&node->address, info->address);
+  STORE(&node->address_word, hd_node_address_word(info->address, info->size));
   STORE(&t->buckets[b], idx + 1);
   slot_unlock(t, seq);
   /* Live blocks never outnumber the nodes handed out, so the bucket array follows the
    * high-water mark: two loads of rarely written header fields, no shared live count. */
-  if (HD_UNLIKELY_T(LOAD(&t->hdr->node_high_water) > ((uint64_t)2 << LOAD(&t->hdr->bucket_log2))))
+  if (HD_UNLIKELY_T(LOAD(&t->hdr->node_high_water) > ((uint64_t)1 << LOAD(&t->hdr->bucket_log2))))
     maybe_grow(t);
   return HD_INSERT_NEW;
 }
@@ -336,10 +337,10 @@ bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t addre
   uint32_t *prev = &t->buckets[b];
   for (uint32_t link = LOAD(prev); link != HD_LINK_NONE; link = LOAD(prev)) {
     hd_alloc_node *n = &t->nodes[link - 1];
-    if (LOAD(&n->address) == address) {
-      if (out) node_read(n, out);
+    if (hd_node_address(LOAD(&n->address_word)) == address) {
+      if (out) node_read(t, n, out);
       STORE(prev, LOAD(&n->next));
-      STORE(&n->address, 0); /* unlinked (see maybe_grow) */
+      STORE(&n->address_word, 0); /* unlinked (see maybe_grow) */
       slot_unlock(t, seq);
       node_free(t, w, link - 1);
       return true;
@@ -351,14 +352,15 @@ bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t addre
 }
 
 bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) {
+  if (!hd_node_representable(info->address, info->size)) return false;
   uint32_t *seq;
   uint32_t b = lock_bucket(t, hd_alloc_hash(info->address), &seq);
   for (uint32_t link = LOAD(&t->buckets[b]); link != HD_LINK_NONE;
        link = LOAD(&t->nodes[link - 1].next)) {
     hd_alloc_node *n = &t->nodes[link - 1];
-    if (LOAD(&n->address) == info->address) {
-      if (old) node_read(n, old);
-      node_write(n, info);
+    if (hd_node_address(LOAD(&n->address_word)) == info->address) {
+      if (old) node_read(t, n, old);
+      node_write(t, n, info);
       slot_unlock(t, seq);
       return true;
     }
@@ -385,8 +387,9 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
   int rc = hd_alloc_table_create(dst, max_bytes, memfd_name);
   if (rc != 0) return rc;
   hd_alloc_header *h = dst->hdr;
+  h->time_base = src->hdr->time_base;
   uint32_t log2 = HD_MIN_BUCKET_LOG2;
-  while (((uint64_t)2 << log2) < live && log2 < h->max_bucket_log2) log2++;
+  while (((uint64_t)1 << log2) < live && log2 < h->max_bucket_log2) log2++;
   h->bucket_log2 = log2;
   uint64_t mask = ((uint64_t)1 << log2) - 1;
   uint32_t count = 0;
@@ -399,9 +402,9 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
         return -ENOSPC;
       }
       hd_alloc_info info;
-      node_read(&src->nodes[link - 1], &info);
+      node_read(src, &src->nodes[link - 1], &info);
       hd_alloc_node *n = &dst->nodes[count];
-      node_write(n, &info);
+      node_write(dst, n, &info);
       uint64_t nb = hd_alloc_hash(info.address) & mask;
       n->next = dst->buckets[nb];
       dst->buckets[nb] = ++count;
@@ -419,7 +422,8 @@ void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64
     for (uint32_t link = LOAD(&t->buckets[b]); link != HD_LINK_NONE;
          link = LOAD(&t->nodes[link - 1].next)) {
       ++*blocks;
-      *bytes += LOAD(&t->nodes[link - 1].size);
+      const hd_alloc_node *n = &t->nodes[link - 1];
+      *bytes += hd_node_size(LOAD(&n->size_low), LOAD(&n->address_word));
     }
   }
 }

@@ -166,6 +166,8 @@ void hd_init_slow(void) {
   if (!program_selected(getpid())) {
     /* not chosen: stay off, tables never created */
   } else if (hd_alloc_table_create(&g_alloc, max_mem / 4 * 3, HD_MEMFD_ALLOCATIONS) == 0) {
+    /* Nodes keep their time as an offset from this: no allocation is timed before it. */
+    g_alloc.hdr->time_base = now_ns();
     if (hd_res_table_create(&g_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
       const char *precommit = early_getenv(HD_ENV_PRECOMMIT);
       hd_precommit_enable(!(precommit && strcmp(precommit, "0") == 0));
@@ -296,6 +298,7 @@ static void insert_info(const hd_alloc_info *info) {
   hd_alloc_info old = {0};
   switch (hd_alloc_table_insert(&g_alloc, w, info, &old)) {
     case HD_INSERT_FULL:
+    case HD_INSERT_UNREPRESENTABLE:
       hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
       return;
     case HD_INSERT_REPLACED:
@@ -335,7 +338,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     bool had = on && hd_alloc_table_erase(&g_alloc, &hd_tls.writer, (uint64_t)(uintptr_t)p, &old);
     void *q = hd_backend_realloc(p, size);
     if (!q) {
-      if (had && hd_alloc_table_insert(&g_alloc, &hd_tls.writer, &old, NULL) == HD_INSERT_FULL)
+      if (had && hd_alloc_table_insert(&g_alloc, &hd_tls.writer, &old, NULL) != HD_INSERT_NEW)
         hd_res_count_free(&g_res, &hd_tls.writer, old.size);
       errno = ENOMEM;
       return NULL;
@@ -353,7 +356,12 @@ void *hd_realloc_recorded(void *p, size_t size) {
     if (on) {
       hd_alloc_info info, old;
       make_info(&info, p, size, 0);
-      if (hd_alloc_table_replace(&g_alloc, &info, &old)) {
+      if (HD_UNLIKELY(!hd_node_representable(info.address, info.size))) {
+        /* Its old record must not outlive it with a size the block no longer has. */
+        if (hd_alloc_table_erase(&g_alloc, &hd_tls.writer, info.address, &old))
+          hd_res_count_free(&g_res, &hd_tls.writer, old.size);
+        insert_info(&info); /* counted as dropped */
+      } else if (hd_alloc_table_replace(&g_alloc, &info, &old)) {
         hd_res_count_free(&g_res, &hd_tls.writer, old.size);
         hd_res_count_alloc(&g_res, &hd_tls.writer, info.stack_key, size);
       } else {

@@ -70,10 +70,11 @@ typedef enum hd_insert_result {
   HD_INSERT_NEW = 0,      /* a new record was linked */
   HD_INSERT_REPLACED = 1, /* the address was already recorded; that record was overwritten */
   HD_INSERT_FULL = 2,     /* no node left: nothing recorded */
+  HD_INSERT_UNREPRESENTABLE = 3, /* an address or size a node cannot hold: nothing recorded */
 } hd_insert_result;
 
-/* Creates a sealed, sparse memfd of about max_bytes (clamped to a minimum) and maps it.
- * flags: HD_ALLOC_FLAG_*. Returns 0 or -errno. */
+/* Creates a sealed, sparse memfd of about max_bytes (clamped to a minimum) and maps it, with a
+ * time_base of 0 (set it before the first insert). Returns 0 or -errno. */
 int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 /* Unmaps and closes. */
 void hd_alloc_table_destroy(hd_alloc_table *t);
@@ -98,7 +99,8 @@ static inline void hd_alloc_table_prefetch(const hd_alloc_table *t, uint64_t add
   __builtin_prefetch(&t->seq[b & (HD_SEQ_SLOTS - 1)], 1);
 }
 /* Rewrites the record of info->address in one critical section (in-place realloc); true and
- * *old filled (if non-NULL) if it was present. */
+ * *old filled (if non-NULL) if it was present (false, and nothing changed, if the new size
+ * cannot be recorded). */
 bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_MUST_CHECK;
 
 /* Stops every writer (world_lock + every slot lock in use); pair with unlock_all. */

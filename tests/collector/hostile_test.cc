@@ -558,7 +558,11 @@ TEST_F(HostileTest, ContentsAreBoundedWhateverTheTableClaims) {
     MappedTable table(victim.pid);
     ASSERT_TRUE(table.ok());
     for (uint32_t link = 1; link <= table.header->node_high_water; link++) {
-      if (table.Node(link)->address != 0) __atomic_store_n(&table.Node(link)->size, 64u << 10, __ATOMIC_RELAXED);
+      hd_alloc_node *node = table.Node(link);
+      const uint64_t address_word = __atomic_load_n(&node->address_word, __ATOMIC_RELAXED);
+      if (address_word == 0) continue;
+      __atomic_store_n(&node->size_low, 64u << 10, __ATOMIC_RELAXED);
+      __atomic_store_n(&node->address_word, hd_node_address(address_word), __ATOMIC_RELAXED);
     }
   }
   auto selector = ByPid(victim.pid);

@@ -71,9 +71,9 @@ class HandTable {
     ASSERT_LT(used_, kCapacity);
     hd_alloc_node &node = nodes_[used_];
     node = hd_alloc_node{};
-    node.address = address;
-    node.size = size;
-    node.timestamp = 1;
+    node.address_word = hd_node_address_word(address, size);
+    node.size_low = static_cast<uint32_t>(size);
+    node.time_word = hd_node_time_word(1, 0, 0);
     const uint64_t b = bucket < 0 ? BucketOf(address) : static_cast<uint64_t>(bucket);
     node.next = buckets_[b];
     buckets_[b] = ++used_;

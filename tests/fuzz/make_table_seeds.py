@@ -77,7 +77,8 @@ def hostile_variants(alloc, res):
     heads = struct.unpack_from(f"<{1 << bucket_log2}I", alloc, buckets_offset)
     head = next(link for link in heads if link)
     cycle = bytearray(alloc)
-    struct.pack_into("<I", cycle, nodes_offset + (head - 1) * 40, head)  # node.next = itself
+    node_size, = struct.unpack_from("<I", alloc, 24)
+    struct.pack_into("<I", cycle, nodes_offset + (head - 1) * node_size, head)  # node.next = itself
     yield "cycle", cycle, res
     huge = bytearray(alloc)
     struct.pack_into("<I", huge, 52, 0xFFFFFFFF)  # node_high_water past any capacity
