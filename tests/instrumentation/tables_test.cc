@@ -297,6 +297,58 @@ TEST_F(AllocTable, ConcurrentSnapshotsSeeStableBlocksExactlyOnce) {
   for (auto &w : writers) w.join();
 }
 
+// Writers never wait for a reader: a reader process stopped (SIGSTOP) in the middle of its
+// copies, thirty times, holds up no insert, erase, in-place replace or doubling of the bucket
+// array. A writer that waited for the reader would not finish its round while the reader is
+// stopped; the deadline below only turns such a hang into a failure.
+TEST_F(AllocTable, WritersNeverWaitForAStoppedReader) {
+  const uint64_t kStable = 20000;
+  for (uint64_t i = 0; i < kStable; i++)
+    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(0x100000 + i * 32, 1), nullptr), HD_INSERT_NEW);
+  const uint32_t log2_before = t.hdr->bucket_log2;
+  pid_t reader = fork();
+  ASSERT_GE(reader, 0);
+  if (reader == 0) {
+    for (;;) {  // copies until killed
+      hd_alloc_reader *r = nullptr;
+      if (hd_alloc_reader_open(t.memfd.fd, &r) != HD_READ_OK) _exit(3);
+      hd_live_block *b = nullptr;
+      size_t n = 0;
+      if (hd_alloc_reader_snapshot(r, &b, &n) == HD_READ_OK) free(b);
+      hd_alloc_reader_close(r);
+    }
+  }
+  hd_writer_thread own{};
+  uint64_t grown = 0;
+  for (int round = 0; round < 30; round++) {
+    usleep(300 + (unsigned)round * 97 % 1500);  // somewhere in a copy
+    ASSERT_EQ(kill(reader, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(reader, &status, WUNTRACED), reader);
+    ASSERT_TRUE(WIFSTOPPED(status)) << "the reader ended: " << status;
+    std::atomic<bool> done{false};
+    std::thread writer([&] {
+      const uint64_t base = 0x10000000 + (uint64_t)round * 0x100000;
+      for (uint64_t i = 0; i < 4000; i++)
+        EXPECT_EQ(hd_alloc_table_insert(&t, &own, &(const hd_alloc_info &)Info(base + i * 16, 2), nullptr), HD_INSERT_NEW);
+      for (uint64_t i = 0; i < 4000; i += 2) EXPECT_TRUE(hd_alloc_table_erase(&t, &own, base + i * 16, nullptr));
+      hd_alloc_info r = Info(0x100000, 100 + (uint64_t)round);
+      EXPECT_TRUE(hd_alloc_table_replace(&t, &r, nullptr));
+      done = true;
+    });
+    for (int waited = 0; waited < 60000 && !done; waited++) usleep(1000);
+    const bool finished = done;
+    kill(reader, SIGCONT);  // lets a writer that waited for it go on, so that it can be joined
+    writer.join();
+    ASSERT_TRUE(finished) << "round " << round << ": the writer waited for the stopped reader";
+    grown += 2000;
+  }
+  kill(reader, SIGKILL);
+  waitpid(reader, nullptr, 0);
+  EXPECT_GT(t.hdr->bucket_log2, log2_before) << "no doubling happened while the reader was stopped";
+  EXPECT_EQ(Snapshot(t.memfd.fd).size(), kStable + grown);
+}
+
 // Doublings rebuild every chain from the node array while other writers are between taking a
 // node and linking it, or waiting to erase: after several doublings under four writers and a
 // reader, exactly the blocks that were never erased are recorded, each once.
