@@ -15,6 +15,7 @@
 #include "process.h"
 #include "table_reader.h"
 #include "heapdump/contract/names.h"
+#include "heapdump/contract/shm_layout.h"
 
 extern char **environ;
 
@@ -498,7 +499,7 @@ TEST_P(Preload, TablePagesAreCommittedAheadOfTheAllocatingThread) {
                                  {"after-unshare ", 100000}, {"fork-child ", 200000}};
   if (Field(off, "creds", "creds") == "dropped") growths.push_back({"after-setresuid ", 100000});
   for (Growth g : growths) {
-    const long node_pages = g.blocks * 40 / 4096;
+    const long node_pages = g.blocks * (long)sizeof(hd_alloc_node) / 4096;
     EXPECT_GE(faults(on, g.line), 0) << on;
     EXPECT_LE(faults(on, g.line) + node_pages * 6 / 10, faults(off, g.line))
         << g.line << "\nwith the helper:\n" << on << "without:\n" << off;
