@@ -131,6 +131,7 @@ typedef struct cfi_module {
   const uint8_t *hdr;    /* .eh_frame_hdr; NULL: none we can search */
   const int32_t *table;  /* (initial location, FDE) pairs relative to hdr, sorted */
   uintptr_t fde_count;
+  uintptr_t resident;    /* non-zero: loaded with the program (below), never unloaded */
 } cfi_module;
 
 /* Readers copy an entry while the sequence stays even and unchanged (a seqlock): the writer,
@@ -151,6 +152,17 @@ static uint64_t g_cache_generation = 1;
  * gconv modules, NSS): a cache miss compares the counts before it reads a module's tables, so a
  * module unmapped since is never read. */
 static unsigned long long g_loads_seen, g_unloads_seen;
+
+/* The modules of the first reading, in its order: the program and the objects loaded with it,
+ * which the loader never unloads. dl_iterate_phdr lists them first, so a module of a later
+ * reading at the same position with the same range is one of them, and a cache miss in it
+ * reads its tables without asking the loader (and taking its lock) whether modules moved. A
+ * module glibc loaded itself before the first reading could be taken for one only if that
+ * reading came after the load, but the load allocates (our hook, whose first call reads) before
+ * the module joins the list. Under g_modules_lock. */
+static uintptr_t g_resident_lo[CFI_MAX_MODULES], g_resident_hi[CFI_MAX_MODULES];
+static size_t g_resident_count;
+static bool g_resident_known;
 
 /* Our dlclose hooks in progress: while one is, the list may name a module being unmapped. */
 static unsigned g_closing;
@@ -216,6 +228,18 @@ static void reread_modules(void) {
   unsigned long long counts[2] = {0, 0};
   g_staged = 0;
   dl_iterate_phdr(stage_module, counts);
+  if (!g_resident_known) {
+    for (size_t i = 0; i < g_staged; i++) {
+      g_resident_lo[i] = g_staging[i].lo;
+      g_resident_hi[i] = g_staging[i].hi;
+    }
+    g_resident_count = g_staged;
+    g_resident_known = true;
+  }
+  for (size_t i = 0; i < g_staged; i++) {
+    g_staging[i].resident = i < g_resident_count && g_staging[i].lo == g_resident_lo[i] &&
+                            g_staging[i].hi == g_resident_hi[i];
+  }
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
   __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -226,6 +250,7 @@ static void reread_modules(void) {
     __atomic_store_n(&m->hdr, g_staging[i].hdr, __ATOMIC_RELAXED);
     __atomic_store_n(&m->table, g_staging[i].table, __ATOMIC_RELAXED);
     __atomic_store_n(&m->fde_count, g_staging[i].fde_count, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->resident, g_staging[i].resident, __ATOMIC_RELAXED);
   }
   __atomic_store_n(&g_module_count, g_staged, __ATOMIC_RELAXED);
   __atomic_store_n(&g_loads_seen, counts[0], __ATOMIC_RELAXED);
@@ -253,7 +278,8 @@ static int read_load_counts(struct dl_phdr_info *info, size_t size, void *counts
 }
 
 /* Whether the loader loaded or unloaded a module since the list was read; if so the list is
- * reread here, unless another thread is at it. A cache miss only (the loader's lock). */
+ * reread here, unless another thread is at it. Takes the loader's lock: only for a cache miss
+ * outside the modules loaded with the program. */
 static bool modules_moved(void) {
   unsigned long long counts[2] = {0, 0};
   dl_iterate_phdr(read_load_counts, counts);
@@ -299,6 +325,7 @@ static module_lookup find_module(uintptr_t pc, cfi_module *out) {
     out->hdr = __atomic_load_n(&m->hdr, __ATOMIC_RELAXED);
     out->table = __atomic_load_n(&m->table, __ATOMIC_RELAXED);
     out->fde_count = __atomic_load_n(&m->fde_count, __ATOMIC_RELAXED);
+    out->resident = __atomic_load_n(&m->resident, __ATOMIC_RELAXED);
     found = MODULE_FOUND;
   }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -595,25 +622,30 @@ static size_t cache_slot(uintptr_t pc) {
   return (size_t)((pc * 0x9e3779b97f4a7c15u) >> 51) & (CACHE_SLOTS - 1);
 }
 
-/* The rule at pc. may_lock_loader: a miss may call dl_iterate_phdr to check the module list
- * (not from a signal handler, where the interrupted code may be inside the loader). */
+/* The rule at pc. may_lock_loader: a miss outside the modules loaded with the program may call
+ * dl_iterate_phdr to check the module list (not from a signal handler, where the interrupted
+ * code may be inside the loader). */
 static uint64_t rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader) {
   const uint64_t key = cache_key(pc, generation);
   const size_t slot = cache_slot(pc);
   const uint64_t rule = __atomic_load_n(&g_cache[slot].rule, __ATOMIC_RELAXED);
   const uint64_t check = __atomic_load_n(&g_cache[slot].check, __ATOMIC_RELAXED);
   if ((check ^ mix(rule)) == key) return rule;
-  /* In a signal handler the loader cannot be asked (the interrupted code may be inside it): the
-   * list is taken as it is, which only a module glibc unloaded without dlclose, whose range
-   * code on this very stack now occupies, could make stale. */
-  if (may_lock_loader && modules_moved()) return RULE_UNSUPPORTED; /* not cached: known again soon */
   cfi_module m;
-  uint64_t computed;
-  switch (find_module(pc, &m)) {
-    case MODULE_CHANGING: return RULE_UNSUPPORTED;
-    case MODULE_NONE: computed = RULE_UNSUPPORTED; break; /* code outside every module (JIT) */
-    default: computed = rule_from_fde(&m, pc); break;
+  module_lookup found = find_module(pc, &m);
+  /* Outside the modules loaded with the program, the list may be stale: glibc loads and unloads
+   * modules without dlopen. The loader's counts say whether it is, under the loader's lock, and
+   * the module is looked up again in the list they confirm. In a signal handler the loader
+   * cannot be asked (the interrupted code may be inside it): the list is taken as it is, which
+   * only a module glibc unloaded without dlclose, whose range code on this very stack now
+   * occupies, could make stale. */
+  if ((found != MODULE_FOUND || !m.resident) && may_lock_loader) {
+    if (modules_moved()) return RULE_UNSUPPORTED; /* not cached: known again soon */
+    found = find_module(pc, &m);
   }
+  if (found == MODULE_CHANGING) return RULE_UNSUPPORTED;
+  const uint64_t computed = found == MODULE_FOUND ? rule_from_fde(&m, pc)
+                                                  : RULE_UNSUPPORTED; /* outside every module (JIT) */
   __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
   __atomic_store_n(&g_cache[slot].check, mix(computed) ^ key, __ATOMIC_RELAXED);
   /* A writer that read its generation before the list changed must not leave its entry for a

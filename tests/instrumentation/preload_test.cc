@@ -671,6 +671,8 @@ INSTANTIATE_TEST_SUITE_P(
         UnwindWorkload{"exceptions", std::string("exec ") + HD_UNWIND_CHILD + " exceptions",
                        10000, 100},
         UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},
+        UnwindWorkload{"realigned_stack", std::string("exec ") + HD_UNWIND_CHILD + " realigned",
+                       20000, 1000},
         UnwindWorkload{"coroutines", std::string("exec ") + HD_UNWIND_CHILD + " coroutines", 2000,
                        1000, nullptr, true},
         UnwindWorkload{"modules_glibc_loads_itself",
@@ -679,5 +681,18 @@ INSTANTIATE_TEST_SUITE_P(
                        std::string("exec ") + HD_UNWIND_CHILD + " dlclose " + HD_TEST_LIB, 10000,
                        1000, nullptr, true}),
     [](const ::testing::TestParamInfo<UnwindWorkload> &i) { return std::string(i.param.name); });
+
+// A cache miss of our unwinder in a module loaded with the program reads its call-frame tables
+// without asking the loader whether modules moved (dl_iterate_phdr, under the loader's lock):
+// such a module is never unloaded. The child drops every cached rule (a dlopen and a dlclose)
+// before each round of allocations, so each round's walks miss in every frame; a counting
+// dl_iterate_phdr preloaded ahead of the library sees the calls.
+TEST(UnwinderMisses, AskTheLoaderNothingInModulesLoadedWithTheProgram) {
+  std::vector<std::string> env = Env(false, {"HEAPDUMP_UNWIND=cfi"});
+  env.push_back(std::string("LD_PRELOAD=") + HD_LOADER_COUNTER + " " + HD_PRELOAD_LIB);
+  Ran ran = RunToEnd({HD_UNWIND_CHILD, "loader"}, env);
+  ASSERT_EQ(ran.status, 0) << ran.out;
+  EXPECT_NE(ran.out.find("loader calls while allocating: 0\n"), std::string::npos) << ran.out;
+}
 
 }  // namespace

@@ -9,6 +9,9 @@
 //   unwind_child coroutines     makecontext/swapcontext stacks of the program's own
 //   unwind_child dlclose LIB    a module loaded, allocated through, closed and loaded again
 //   unwind_child iconv          modules glibc loads and unloads itself (gconv), without dlopen
+//   unwind_child realigned      frames that realign the stack for over-aligned locals
+//   unwind_child loader         walks after every cached rule was dropped, counting the loader's
+//                               dl_iterate_phdr calls (libhd_loader_counter.so preloaded first)
 #include <dlfcn.h>
 #include <iconv.h>
 #include <setjmp.h>
@@ -204,6 +207,50 @@ void mode_iconv() {
   CHECK(converted > 0);
 }
 
+// Over-aligned locals make GCC realign the stack: rsp is rounded down after rbp is saved, so
+// the CFA is rbp-based from there on and the frame's size differs from call to call.
+__attribute__((noinline)) void *realigned(size_t n, int depth) {
+  alignas(64) char buf[96];
+  buf[depth % 96] = static_cast<char>(depth);
+  void *p = depth > 0 ? realigned(n, depth - 1) : malloc(n + (buf[depth % 96] & 1));
+  __asm__ volatile("" : : "r"(buf), "r"(p) : "memory");  // not a tail call; buf is used
+  return p;
+}
+
+void mode_realigned() {
+  for (long i = 0; i < 20000; i++) {
+    void *p = realigned(64 + i % 64, static_cast<int>(i % 6));
+    keep(p);
+    free(p);
+  }
+}
+
+// Every cached rule is dropped when modules change (a dlopen and a dlclose here), so the walks
+// after it miss the cache in every frame; all of those frames are in modules loaded with the
+// program, which the loader never unloads, so none of the misses needs to ask the loader
+// whether modules moved. Prints the dl_iterate_phdr calls made while allocating.
+void mode_loader() {
+  auto loader_calls =
+      reinterpret_cast<unsigned long (*)()>(dlsym(RTLD_DEFAULT, "hd_test_loader_calls"));
+  CHECK(loader_calls != nullptr);
+  unsigned long while_allocating = 0;
+  for (int round = 0; round < 20; round++) {
+    void *h = dlopen("libm.so.6", RTLD_NOW);
+    CHECK(h != nullptr);
+    CHECK(dlclose(h) == 0);
+    const unsigned long before = loader_calls();
+    for (long i = 0; i < 100; i++) {
+      via_a(i);
+      via_b(i);
+      via_c(i);
+      std::string s(200 + i, 'x');  // libstdc++'s frames too
+      keep(&s);
+    }
+    while_allocating += loader_calls() - before;
+  }
+  printf("loader calls while allocating: %lu\n", while_allocating);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -214,8 +261,11 @@ int main(int argc, char **argv) {
   else if (mode == "coroutines") mode_coroutines();
   else if (mode == "dlclose" && argc > 2) mode_dlclose(argv[2]);
   else if (mode == "iconv") mode_iconv();
+  else if (mode == "realigned") mode_realigned();
+  else if (mode == "loader") mode_loader();
   else {
-    fprintf(stderr, "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|dlclose LIB\n");
+    fprintf(stderr,
+            "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|realigned|loader|dlclose LIB\n");
     return 2;
   }
   puts("done");
