@@ -673,6 +673,8 @@ INSTANTIATE_TEST_SUITE_P(
         UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},
         UnwindWorkload{"realigned_stack", std::string("exec ") + HD_UNWIND_CHILD + " realigned",
                        20000, 1000},
+        UnwindWorkload{"signals_in_plt_entries", std::string("exec ") + HD_UNWIND_CHILD + " plt",
+                       100, 0},
         UnwindWorkload{"coroutines", std::string("exec ") + HD_UNWIND_CHILD + " coroutines", 2000,
                        1000, nullptr, true},
         UnwindWorkload{"modules_glibc_loads_itself",

@@ -10,14 +10,19 @@
 //   unwind_child dlclose LIB    a module loaded, allocated through, closed and loaded again
 //   unwind_child iconv          modules glibc loads and unloads itself (gconv), without dlopen
 //   unwind_child realigned      frames that realign the stack for over-aligned locals
+//   unwind_child plt            signals that interrupt a PLT entry, with a handler that allocates
 //   unwind_child loader         walks after every cached rule was dropped, counting the loader's
 //                               dl_iterate_phdr calls (libhd_loader_counter.so preloaded first)
 #include <dlfcn.h>
+#include <elf.h>
 #include <iconv.h>
+#include <link.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <ucontext.h>
 
 #include <stdexcept>
@@ -225,6 +230,74 @@ void mode_realigned() {
   }
 }
 
+// Signals that interrupt a lazy-binding PLT entry (strlen's, called in a loop): the handler
+// allocates, so its trace goes through the signal frame into the entry, whose CFA only the
+// linker's CFA expression for such entries describes. The program's .plt is found from its
+// section headers; the mode fails unless signals landed there.
+uintptr_t g_plt_lo, g_plt_hi;
+volatile sig_atomic_t g_signals, g_in_plt;
+const char *volatile g_text = "heapdump";
+volatile size_t g_length_sink;
+
+int note_program_base(struct dl_phdr_info *info, size_t, void *base) {
+  *static_cast<uintptr_t *>(base) = info->dlpi_addr;
+  return 1;  // the program is listed first
+}
+
+void find_plt() {
+  FILE *f = fopen("/proc/self/exe", "rb");
+  CHECK(f != nullptr);
+  Elf64_Ehdr eh;
+  CHECK(fread(&eh, sizeof eh, 1, f) == 1);
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  CHECK(eh.e_shstrndx < eh.e_shnum);
+  CHECK(fseek(f, static_cast<long>(eh.e_shoff), SEEK_SET) == 0);
+  CHECK(fread(sections.data(), sizeof(Elf64_Shdr), sections.size(), f) == sections.size());
+  const Elf64_Shdr &names = sections[eh.e_shstrndx];
+  std::vector<char> strtab(names.sh_size + 1, '\0');
+  CHECK(fseek(f, static_cast<long>(names.sh_offset), SEEK_SET) == 0);
+  CHECK(fread(strtab.data(), 1, names.sh_size, f) == names.sh_size);
+  fclose(f);
+  uintptr_t base = 0;
+  dl_iterate_phdr(note_program_base, &base);
+  for (const Elf64_Shdr &s : sections) {
+    if (s.sh_name < names.sh_size && strcmp(&strtab[s.sh_name], ".plt") == 0) {
+      g_plt_lo = base + s.sh_addr;
+      g_plt_hi = g_plt_lo + s.sh_size;
+    }
+  }
+  CHECK(g_plt_hi > g_plt_lo);
+}
+
+void on_timer(int, siginfo_t *, void *context) {
+  const auto *uc = static_cast<const ucontext_t *>(context);
+  const auto pc = static_cast<uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+  g_signals = g_signals + 1;
+  if (pc >= g_plt_lo && pc < g_plt_hi) g_in_plt = g_in_plt + 1;
+  void *p = malloc(48);
+  keep(p);
+  free(p);
+}
+
+void mode_plt() {
+  find_plt();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_timer;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  CHECK(sigaction(SIGALRM, &sa, nullptr) == 0);
+  struct itimerval storm = {{0, 100}, {0, 100}};
+  CHECK(setitimer(ITIMER_REAL, &storm, nullptr) == 0);
+  size_t total = 0;
+  for (long i = 0; g_in_plt < 100 && i < 2000000000L; i++) total += strlen(g_text);
+  struct itimerval off = {{0, 0}, {0, 0}};
+  CHECK(setitimer(ITIMER_REAL, &off, nullptr) == 0);
+  g_length_sink = total;
+  printf("signals %d, in PLT entries %d\n", static_cast<int>(g_signals),
+         static_cast<int>(g_in_plt));
+  CHECK(g_in_plt > 0);
+}
+
 // Every cached rule is dropped when modules change (a dlopen and a dlclose here), so the walks
 // after it miss the cache in every frame; all of those frames are in modules loaded with the
 // program, which the loader never unloads, so none of the misses needs to ask the loader
@@ -262,10 +335,12 @@ int main(int argc, char **argv) {
   else if (mode == "dlclose" && argc > 2) mode_dlclose(argv[2]);
   else if (mode == "iconv") mode_iconv();
   else if (mode == "realigned") mode_realigned();
+  else if (mode == "plt") mode_plt();
   else if (mode == "loader") mode_loader();
   else {
     fprintf(stderr,
-            "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|realigned|loader|dlclose LIB\n");
+            "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|realigned|plt|loader"
+            "|dlclose LIB\n");
     return 2;
   }
   puts("done");
