@@ -131,7 +131,7 @@ typedef struct cfi_module {
   const uint8_t *hdr;    /* .eh_frame_hdr; NULL: none we can search */
   const int32_t *table;  /* (initial location, FDE) pairs relative to hdr, sorted */
   uintptr_t fde_count;
-  uintptr_t resident;    /* non-zero: loaded with the program (below), never unloaded */
+  uintptr_t resident;    /* non-zero: loaded with the program (g_read_before), never unloaded */
 } cfi_module;
 
 /* Readers copy an entry while the sequence stays even and unchanged (a seqlock): the writer,
@@ -153,16 +153,14 @@ static uint64_t g_cache_generation = 1;
  * module unmapped since is never read. */
 static unsigned long long g_loads_seen, g_unloads_seen;
 
-/* The modules of the first reading, in its order: the program and the objects loaded with it,
- * which the loader never unloads. dl_iterate_phdr lists them first, so a module of a later
- * reading at the same position with the same range is one of them, and a cache miss in it
- * reads its tables without asking the loader (and taking its lock) whether modules moved. A
- * module glibc loaded itself before the first reading could be taken for one only if that
- * reading came after the load, but the load allocates (our hook, whose first call reads) before
- * the module joins the list. Under g_modules_lock. */
-static uintptr_t g_resident_lo[CFI_MAX_MODULES], g_resident_hi[CFI_MAX_MODULES];
-static size_t g_resident_count;
-static bool g_resident_known;
+/* Whether the list was read before. The first reading's modules are the program and the
+ * objects loaded with it, which the loader never unloads (cfi_module.resident): a cache miss in
+ * one reads its tables without asking the loader (and taking its lock) whether modules moved.
+ * dl_iterate_phdr lists them first, so each later reading keeps the mark of a module found at
+ * the same place with the same range as in the reading before. A module glibc loaded itself
+ * could be marked only if the first reading came after its load, but the load allocates (our
+ * hook, whose first call reads) before the module joins the list. Under g_modules_lock. */
+static bool g_read_before;
 
 /* Our dlclose hooks in progress: while one is, the list may name a module being unmapped. */
 static unsigned g_closing;
@@ -228,18 +226,13 @@ static void reread_modules(void) {
   unsigned long long counts[2] = {0, 0};
   g_staged = 0;
   dl_iterate_phdr(stage_module, counts);
-  if (!g_resident_known) {
-    for (size_t i = 0; i < g_staged; i++) {
-      g_resident_lo[i] = g_staging[i].lo;
-      g_resident_hi[i] = g_staging[i].hi;
-    }
-    g_resident_count = g_staged;
-    g_resident_known = true;
-  }
   for (size_t i = 0; i < g_staged; i++) {
-    g_staging[i].resident = i < g_resident_count && g_staging[i].lo == g_resident_lo[i] &&
-                            g_staging[i].hi == g_resident_hi[i];
+    const cfi_module *before = &g_modules[i]; /* the list as last read, rewritten below */
+    g_staging[i].resident = !g_read_before || (i < g_module_count && before->resident &&
+                                               before->lo == g_staging[i].lo &&
+                                               before->hi == g_staging[i].hi);
   }
+  g_read_before = true;
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
   __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
