@@ -22,7 +22,7 @@ typedef struct hd_cfi_bounds {
  * signal frame's registers). A memo keeps all of these with the walk's result; while they all
  * still hold, the walk would read the same values and give the same frames, so the memo's
  * frames are the walk's without walking. Per thread, a few recent walks; deep stacks (more than
- * HD_CFI_MEMO_FRAMES frames) are always walked. */
+ * HD_CFI_MEMO_FRAMES frames) have no memo, and are left to the trail below. */
 #define HD_CFI_MEMOS 8
 #define HD_CFI_MEMO_FRAMES 40
 #define HD_CFI_MEMO_READS 64
@@ -38,9 +38,43 @@ typedef struct hd_cfi_memo {
   uint64_t frames[HD_CFI_MEMO_FRAMES];
 } hd_cfi_memo;
 
+/* Validated reuse of the outer part of a walk. Deep stacks rarely repeat whole, but a walk that
+ * leaves the frames it shares with the thread's previous one (recursive descent, an event loop)
+ * meets one of that walk's frames again: the same program counter at the same stack pointer.
+ * From there on, the walk is the same function of the same inputs, and it would give the
+ * previous walk's remaining frames if the rbp it brings (where those frames use it) and every
+ * slot they read still hold what they held. The trail keeps the thread's last walk for this,
+ * outermost frame first, so that a walk that joins it replaces only the frames inside the one
+ * it joined, and its shared outer part is never copied. */
+#define HD_CFI_TRAIL_FRAMES 65 /* the most frames a walk is asked for (HD_MAX_FRAMES + 1) */
+#define HD_CFI_TRAIL_READS (3 * HD_CFI_TRAIL_FRAMES) /* a signal frame reads three words */
+
+typedef struct hd_cfi_trail {
+  uint64_t generation;
+  unsigned frame_count, read_count; /* frame_count 0: empty */
+  int end;                          /* the walk's hd_cfi_end */
+  uint64_t after_call[2];           /* bit q: the pc of frame q is a return address */
+  uint64_t bp_needed[2]; /* bit q: frame q and those outside it use the rbp frame q starts with */
+  uintptr_t pc[HD_CFI_TRAIL_FRAMES], sp[HD_CFI_TRAIL_FRAMES], bp[HD_CFI_TRAIL_FRAMES];
+  uint8_t first_read[HD_CFI_TRAIL_FRAMES + 1]; /* frame q read [first_read[q], first_read[q + 1]) */
+  uintptr_t slot[HD_CFI_TRAIL_READS], value[HD_CFI_TRAIL_READS]; /* the reads that decided it */
+} hd_cfi_trail;
+
+/* The walk in progress, innermost frame first: what it read, and which reads decided it. */
+typedef struct hd_cfi_walk_record {
+  unsigned read_count;
+  uint64_t after_call[2], bp_needed[2]; /* as in a trail, by walk order */
+  uint64_t needed[(HD_CFI_TRAIL_READS + 63) / 64];
+  uintptr_t pc[HD_CFI_TRAIL_FRAMES], sp[HD_CFI_TRAIL_FRAMES], bp[HD_CFI_TRAIL_FRAMES];
+  uint8_t first_read[HD_CFI_TRAIL_FRAMES + 1];
+  uintptr_t slot[HD_CFI_TRAIL_READS], value[HD_CFI_TRAIL_READS];
+} hd_cfi_walk_record;
+
 typedef struct hd_cfi_memos {
   hd_cfi_memo entry[HD_CFI_MEMOS];
   unsigned next; /* the entry the next new walk replaces */
+  hd_cfi_trail trail;
+  hd_cfi_walk_record record;
 } hd_cfi_memos;
 
 /* The calling thread's stack (pthread_getattr_np, which may allocate and, for the main thread,
@@ -73,12 +107,13 @@ void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
  * program counter of each caller, innermost first; *count: how many. may_lock_loader: a rule
  * not cached yet may first check with the loader that no module came or went (false in a signal
  * handler). With memos (the calling thread's own), a walk that a memo shows would repeat is
- * not made (*reused), and a new one that fits is remembered; *stack_key then points at the
- * memo's stack_key, where the caller keeps the key it interned these frames under (0 until it
- * does; NULL when no memo holds the trace). Valid until the thread's next walk with memos. */
+ * not made (*reused), a walk that meets the previous walk's trail joins it (*joined), and a new
+ * one that fits is remembered; *stack_key then points at the memo's stack_key, where the caller
+ * keeps the key it interned these frames under (0 until it does; NULL when no memo holds the
+ * trace). Valid until the thread's next walk with memos. */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             bool may_lock_loader, uint64_t *frames, unsigned capacity,
-                            unsigned *count, hd_cfi_memos *memos, bool *reused,
+                            unsigned *count, hd_cfi_memos *memos, bool *reused, bool *joined,
                             uint32_t **stack_key) HD_CFI_HIDDEN;
 
 #endif

@@ -156,8 +156,8 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
 }
 
 /* HD_UNWIND_COMPARE's tally: stacks our unwinder left to libunwind, traces compared, found
- * different, reused without a walk. */
-static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused;
+ * different, reused without a walk, and walks that joined the thread's previous walk. */
+static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused, g_joined;
 
 /* This thread's recent walks (cfi.h). Only its own thread touches them, and never from a call
  * nested in a hook (a signal handler's): a handler never unwinds while the thread it
@@ -215,15 +215,18 @@ __attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n,
   if (!program_call(&bounds, &pc, &caller_sp, &caller_bp)) return false;
   uint64_t walked[HD_MAX_FRAMES + 1];
   unsigned got;
-  bool reused;
+  bool reused, joined;
   uint32_t *memo_key;
   if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler, walked, g_max + 1,
-                       &got, in_signal_handler ? NULL : &t_memos, &reused,
+                       &got, in_signal_handler ? NULL : &t_memos, &reused, &joined,
                        &memo_key) == HD_CFI_UNSUPPORTED) {
     return false;
   }
   if (key_cache != NULL) *key_cache = memo_key;
-  if (reused && g_method == HD_UNWIND_COMPARE) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
+  if (g_method == HD_UNWIND_COMPARE) {
+    if (reused) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
+    if (joined) __atomic_fetch_add(&g_joined, 1, __ATOMIC_RELAXED);
+  }
   *n = keep_callers(walked, got, frames, truncated);
   return true;
 }
@@ -269,11 +272,13 @@ __attribute__((destructor)) static void report_comparison(void) {
   char line[200];
   const int n = snprintf(line, sizeof line,
                          "heapdump: unwinders compared on %" PRIu64 " stacks: %" PRIu64
-                         " differ; %" PRIu64 " left to libunwind; %" PRIu64 " reused\n",
+                         " differ; %" PRIu64 " left to libunwind; %" PRIu64 " reused; %" PRIu64
+                         " joined an earlier walk\n",
                          __atomic_load_n(&g_compared, __ATOMIC_RELAXED),
                          __atomic_load_n(&g_differed, __ATOMIC_RELAXED),
                          __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_reused, __ATOMIC_RELAXED));
+                         __atomic_load_n(&g_reused, __ATOMIC_RELAXED),
+                         __atomic_load_n(&g_joined, __ATOMIC_RELAXED));
   (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 

@@ -582,9 +582,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Our unwinder against libunwind, the oracle: with HEAPDUMP_UNWIND=compare every allocation of a
 // real program is unwound both ways, and each process says at exit how many stacks were
-// compared, how many differed, how many ours left to libunwind, and how many of its traces were
-// reused without a walk (validated trace reuse). Ours must give exactly libunwind's trace every
-// time, reused or walked, and leave it almost nothing.
+// compared, how many differed, how many ours left to libunwind, how many of its traces were
+// reused without a walk, and how many walks joined the thread's previous walk (validated trace
+// reuse, cfi.h). Ours must give exactly libunwind's trace every time, reused, joined or walked,
+// and leave it almost nothing.
 struct UnwindWorkload {
   const char *name;
   std::string script;  // run by bash as the last step (exec), in a scratch directory
@@ -594,6 +595,7 @@ struct UnwindWorkload {
   // It allocates where ours leaves the stack to libunwind by design: on stacks the program made
   // itself, or in a module's constructors, which dlopen runs before the module list is updated.
   bool leaves_stacks = false;
+  size_t min_joined = 0;
 };
 
 void PrintTo(const UnwindWorkload &w, std::ostream *os) { *os << w.name; }
@@ -615,13 +617,13 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
   hdtest::ShellOutput run =
       hdtest::RunShell(w.script, dir, Env(true, {"HEAPDUMP_UNWIND=compare"}));
   ASSERT_EQ(run.status, 0) << run.out;
-  size_t processes = 0, compared = 0, differed = 0, left = 0, reused = 0;
+  size_t processes = 0, compared = 0, differed = 0, left = 0, reused = 0, joined = 0;
   for (const std::string &line : hdtest::Lines(run.out)) {
-    unsigned long long c, d, l, r;
+    unsigned long long c, d, l, r, j;
     if (sscanf(line.c_str(),
                "heapdump: unwinders compared on %llu stacks: %llu differ; %llu left to libunwind; "
-               "%llu reused",
-               &c, &d, &l, &r) != 4) {
+               "%llu reused; %llu joined an earlier walk",
+               &c, &d, &l, &r, &j) != 5) {
       continue;
     }
     processes++;
@@ -629,11 +631,13 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
     differed += d;
     left += l;
     reused += r;
+    joined += j;
   }
   ASSERT_GT(processes, 0u) << run.out;
   EXPECT_EQ(differed, 0u) << run.out;
   EXPECT_GE(compared, w.min_compared) << run.out;
   EXPECT_GE(reused, w.min_reused) << run.out;
+  EXPECT_GE(joined, w.min_joined) << run.out;
   // What ours leaves: allocations made before the unwinder knows a module (constructors that
   // dlopen runs, the loader's own start-up code, which has no call-frame information).
   if (!w.leaves_stacks) {
@@ -652,8 +656,10 @@ INSTANTIATE_TEST_SUITE_P(
                        "ts=[threading.Thread(target=lambda: sorted(map(str,range(20000)))) for _ in range(4)]\n"
                        "[t.start() for t in ts]; [t.join() for t in ts]; print(len(json.dumps(d)))'",
                        1000, 50},  // (most of Python's allocations come from its own arenas)
-        UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000, 1000, "/usr/bin/g++"},
-        UnwindWorkload{"cppcheck", "exec cppcheck -q t.cc", 1000, 100, "/usr/bin/cppcheck"},
+        UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000, 1000, "/usr/bin/g++", false,
+                       10000},
+        UnwindWorkload{"cppcheck", "exec cppcheck -q t.cc", 1000, 100, "/usr/bin/cppcheck", false,
+                       100},
         // (Not coreutils: they close stderr before the summary is written.)
         UnwindWorkload{"bash_loop", "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000, 100},
         UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000, 1000},
@@ -668,6 +674,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Built -O2 -fomit-frame-pointer (unwind_child.cc):
         UnwindWorkload{"same_site_other_callers", std::string("exec ") + HD_UNWIND_CHILD + " callers",
                        300000, 100000},
+        UnwindWorkload{"deep_branching_paths", std::string("exec ") + HD_UNWIND_CHILD + " branches",
+                       150000, 1000, nullptr, false, 100000},
+        UnwindWorkload{"same_frames_other_rbp",
+                       std::string("exec ") + HD_UNWIND_CHILD + " carried_rbp", 100000, 0, nullptr,
+                       false, 90000},
         UnwindWorkload{"exceptions", std::string("exec ") + HD_UNWIND_CHILD + " exceptions",
                        10000, 100},
         UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},

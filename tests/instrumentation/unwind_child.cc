@@ -4,6 +4,8 @@
 // register here. Each mode allocates and exits normally, so the library prints its comparison.
 //
 //   unwind_child callers        one call site reached from different callers at the same depth
+//   unwind_child branches       deep recursion along paths that change a level at a time
+//   unwind_child carried_rbp    inner frames alike but for the rbp their rbp-based caller uses
 //   unwind_child exceptions     destructors that allocate while an exception unwinds through them
 //   unwind_child longjmp        longjmp out of deep allocating recursion, again and again
 //   unwind_child coroutines     makecontext/swapcontext stacks of the program's own
@@ -13,6 +15,7 @@
 //   unwind_child plt            signals that interrupt a PLT entry, with a handler that allocates
 //   unwind_child loader         walks after every cached rule was dropped, counting the loader's
 //                               dl_iterate_phdr calls (libhd_loader_counter.so preloaded first)
+#include <alloca.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <iconv.h>
@@ -84,6 +87,90 @@ void mode_callers() {
       case 1: via_b(i); break;
       default: via_c(i); break;
     }
+  }
+}
+
+// Deep recursion through one of two functions at every level, along a path that changes one
+// level per allocation: each walk shares its outer frames with the walk before, and below the
+// level that changed its frames stand where the previous walk's did (the two functions have the
+// same frame), with the same program counters, while a return address above them differs. A
+// walk that joined the previous one too early would show the previous path. Three depths: a
+// memo holds the shallow walks, not the deeper ones, and the deepest are cut by the capacity.
+__attribute__((noinline)) void *descend(int depth, unsigned long path);
+
+__attribute__((noinline)) void *left(int depth, unsigned long path) {
+  void *p = descend(depth - 1, path >> 1);
+  __asm__ volatile("# left" : : "r"(p) : "memory");  // not a tail call; not folded with right
+  return p;
+}
+
+__attribute__((noinline)) void *right(int depth, unsigned long path) {
+  void *p = descend(depth - 1, path >> 1);
+  __asm__ volatile("# right" : : "r"(p) : "memory");
+  return p;
+}
+
+__attribute__((noinline)) void *descend(int depth, unsigned long path) {
+  void *p = depth == 0 ? site(64, (long)path) : (path & 1) ? right(depth, path) : left(depth, path);
+  __asm__ volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+void mode_branches() {
+  static const int kDepths[] = {8, 18, 40};  // about 20, 40 and 80 frames
+  unsigned long path = 0, state = 12345;
+  for (long i = 0; i < 150000; i++) {
+    const int depth = kDepths[(i / 1000) % 3];
+    state = state * 6364136223846793005u + 1442695040888963407u;
+    path ^= 1ul << ((state >> 33) % (unsigned long)depth);
+    void *p = descend(depth, path);
+    keep(p);
+    free(p);
+  }
+}
+
+// A frame whose CFA is rbp-based (it has a variable-length area) below two callers, under deep
+// recursion (no memo holds the walks). The callers alternate, and their own areas put that frame
+// 256 bytes apart while its area, 256 bytes longer in the higher one, puts the frames it calls at
+// the same place: those frames, which leave rbp alone, stand where the previous walk's did, with
+// the same program counters, and the slots the previous walk read above them now lie inside the
+// area, unwritten, still holding what they held. Only the rbp they carry, the frame's own,
+// tells the walks apart: a walk that joined the previous one without comparing it would show
+// the other caller.
+__attribute__((noinline)) void *rbp_leaf(void *area) {
+  void *p = site(48, (long)area);
+  __asm__ volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+__attribute__((noinline)) void *rbp_based(size_t area_size) {
+  char *area = static_cast<char *>(alloca(area_size));  // left unwritten
+  void *p = rbp_leaf(area);
+  __asm__ volatile("" : : "r"(p), "r"(area) : "memory");
+  return p;
+}
+
+// Its own area of kPad bytes, then the frame with an area of kArea: <512, 256> and <256, 512>.
+template <size_t kPad, size_t kArea>
+__attribute__((noinline)) void *rbp_caller() {
+  char *pad = static_cast<char *>(alloca(kPad));
+  __asm__ volatile("" : : "r"(pad) : "memory");
+  void *p = rbp_based(kArea);
+  __asm__ volatile("" : : "r"(p), "r"(pad) : "memory");
+  return p;
+}
+
+__attribute__((noinline)) void *rbp_nest(int depth, void *(*caller)()) {
+  void *p = depth == 0 ? caller() : rbp_nest(depth - 1, caller);
+  __asm__ volatile("" : : "r"(p) : "memory");
+  return p;
+}
+
+void mode_carried_rbp() {
+  for (long i = 0; i < 100000; i++) {
+    void *p = rbp_nest(45, (i & 1) ? rbp_caller<256, 512> : rbp_caller<512, 256>);
+    keep(p);
+    free(p);
   }
 }
 
@@ -329,6 +416,8 @@ void mode_loader() {
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "callers") mode_callers();
+  else if (mode == "branches") mode_branches();
+  else if (mode == "carried_rbp") mode_carried_rbp();
   else if (mode == "exceptions") mode_exceptions();
   else if (mode == "longjmp") mode_longjmp();
   else if (mode == "coroutines") mode_coroutines();
@@ -339,7 +428,7 @@ int main(int argc, char **argv) {
   else if (mode == "loader") mode_loader();
   else {
     fprintf(stderr,
-            "usage: unwind_child callers|exceptions|longjmp|coroutines|iconv|realigned|plt|loader"
+            "usage: unwind_child callers|branches|carried_rbp|exceptions|longjmp|coroutines|iconv|realigned|plt|loader"
             "|dlclose LIB\n");
     return 2;
   }
