@@ -744,34 +744,32 @@ static void bp_used(walk_log *log, unsigned frame) {
   for (unsigned i = log->bp_since; i <= frame; i++) set_bit(log->record->bp_needed, i);
 }
 
-/* Where frame n of the walk stands. */
-static void log_frame(walk_log *log, unsigned n, uintptr_t pc, uintptr_t sp, uintptr_t bp,
-                      bool after_call) {
+/* Where frame n of the walk stands (its pc is in the walk's frames). */
+static void log_frame(walk_log *log, unsigned n, uintptr_t sp, uintptr_t bp, bool after_call) {
   if (!log->fits) return;
   hd_cfi_walk_record *r = log->record;
-  r->pc[n] = pc;
   r->sp[n] = sp;
   r->bp[n] = bp;
   r->first_read[n] = (uint8_t)r->read_count;
   if (after_call) set_bit(r->after_call, n);
 }
 
-/* Makes frames [0, n) of the walk record, innermost first, frames [at, at + n) of trail t,
- * innermost last, with their needed reads. */
-static void trail_put_record(hd_cfi_trail *t, unsigned at, const hd_cfi_walk_record *r,
-                             unsigned n) {
+/* Makes the walk's frames [0, n) (program counters in `frames`, the rest in record r), innermost
+ * first, frames [at, at + n) of trail t, innermost last, with their needed reads. */
+static void trail_put_record(hd_cfi_trail *t, unsigned at, const uint64_t *frames,
+                             const hd_cfi_walk_record *r, unsigned n) {
   clear_bits_from(t->after_call, at);
   clear_bits_from(t->bp_needed, at);
-  unsigned reads = t->first_read[at];
+  unsigned reads = at == 0 ? 0 : t->first_read[at];
   for (unsigned j = 0; j < n; j++) {
     const unsigned k = n - 1 - j, q = at + j;
-    t->pc[q] = r->pc[k];
+    t->pc[q] = frames[k];
     t->sp[q] = r->sp[k];
     t->bp[q] = r->bp[k];
     if (bit_set(r->after_call, k)) set_bit(t->after_call, q);
     if (bit_set(r->bp_needed, k)) set_bit(t->bp_needed, q);
     t->first_read[q] = (uint8_t)reads;
-    const unsigned read_end = r->first_read[k + 1];
+    const unsigned read_end = k + 1 < n ? r->first_read[k + 1] : r->read_count;
     for (unsigned i = r->first_read[k]; i < read_end; i++) {
       if (!bit_set(r->needed, i)) continue;
       t->slot[reads] = r->slot[i];
@@ -823,8 +821,7 @@ static bool join_last(walk_log *log, unsigned n, uintptr_t pc, uintptr_t sp, uin
   if (!log->fits || total > capacity) return true;
   /* The frames joined use the rbp this walk brings them. */
   if (n > 0 && bit_set(last->bp_needed, q)) bp_used(log, n - 1);
-  log->record->first_read[n] = (uint8_t)log->record->read_count;
-  trail_put_record(last, q + 1, log->record, n);
+  trail_put_record(last, q + 1, frames, log->record, n);
   log->joined_trail = true;
   return true;
 }
@@ -870,7 +867,7 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
     if (log->last != NULL && join_last(log, n, pc, sp, bp, after_call, frames, capacity, count, &end)) {
       return end;
     }
-    log_frame(log, n, pc, sp, bp, after_call);
+    log_frame(log, n, sp, bp, after_call);
     const unsigned frame = n;
     frames[n++] = pc;
     const uint64_t rule = rule_at(after_call ? pc - 1 : pc, generation, may_lock_loader);
@@ -980,9 +977,7 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
     if (!log.joined_trail) return end;
   } else {
     if (!log.fits) return end;
-    log.record->first_read[*count] = (uint8_t)log.record->read_count;
-    t->first_read[0] = 0;
-    trail_put_record(t, 0, log.record, *count);
+    trail_put_record(t, 0, frames, log.record, *count);
     t->end = end;
     t->generation = generation;
   }

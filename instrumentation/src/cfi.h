@@ -60,13 +60,14 @@ typedef struct hd_cfi_trail {
   uintptr_t slot[HD_CFI_TRAIL_READS], value[HD_CFI_TRAIL_READS]; /* the reads that decided it */
 } hd_cfi_trail;
 
-/* The walk in progress, innermost frame first: what it read, and which reads decided it. */
+/* The walk in progress, innermost frame first (its program counters are the walk's frames):
+ * where each frame stood, what it read, and which reads decided the walk. */
 typedef struct hd_cfi_walk_record {
   unsigned read_count;
   uint64_t after_call[2], bp_needed[2]; /* as in a trail, by walk order */
   uint64_t needed[(HD_CFI_TRAIL_READS + 63) / 64];
-  uintptr_t pc[HD_CFI_TRAIL_FRAMES], sp[HD_CFI_TRAIL_FRAMES], bp[HD_CFI_TRAIL_FRAMES];
-  uint8_t first_read[HD_CFI_TRAIL_FRAMES + 1];
+  uintptr_t sp[HD_CFI_TRAIL_FRAMES], bp[HD_CFI_TRAIL_FRAMES];
+  uint8_t first_read[HD_CFI_TRAIL_FRAMES];
   uintptr_t slot[HD_CFI_TRAIL_READS], value[HD_CFI_TRAIL_READS];
 } hd_cfi_walk_record;
 
