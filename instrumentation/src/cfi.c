@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include "cfi.h"
 
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -687,7 +688,8 @@ bool hd_cfi_in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) {
  * Trails and memos keep only the needed reads, and compare a starting rbp only if it is used.
  *
  * last: the thread's trail, which the walk may join (NULL: none); last_pos is the frame of it
- * the walk's stack pointer has reached (from the innermost outwards). Its reads are checked from
+ * the walk's stack pointer has reached (from the innermost outwards; UINT_MAX once past its
+ * outermost frame). Its reads are checked from
  * the outermost inwards, as far as a join needs: every one before last_checked_to holds, and
  * last_changed is the first found changed (UINT_MAX: none yet). */
 typedef struct walk_log {
@@ -790,9 +792,9 @@ static bool join_last(walk_log *log, unsigned n, uintptr_t pc, uintptr_t sp, uin
                       hd_cfi_end *end) {
   hd_cfi_trail *last = log->last;
   unsigned q = log->last_pos;
-  while (q != UINT32_MAX && last->sp[q] < sp) q--;
+  while (q != UINT_MAX && last->sp[q] < sp) q--;
   log->last_pos = q;
-  if (q == UINT32_MAX || last->sp[q] != sp || last->pc[q] != pc ||
+  if (q == UINT_MAX || last->sp[q] != sp || last->pc[q] != pc ||
       bit_set(last->after_call, q) != after_call ||
       (bit_set(last->bp_needed, q) && last->bp[q] != bp)) {
     return false;
@@ -953,7 +955,7 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
       return (hd_cfi_end)m->end;
     }
   }
-  walk_log log = {.bp_source = -1, .last_changed = UINT32_MAX};
+  walk_log log = {.bp_source = -1, .last_changed = UINT_MAX};
   hd_cfi_trail *t = NULL;
   if (memoize && capacity <= HD_CFI_TRAIL_FRAMES) {
     t = &memos->trail;
