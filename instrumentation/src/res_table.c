@@ -17,23 +17,33 @@
 #include "heapdump/contract/stack_codec.h"
 #include "table_memory.h"
 
-/* Private dedup index of stack records: open addressing, slot = (hash >> 32) << 32 | key, 0 =
- * empty; at most half full. Written under the table lock with release stores, probed lock-free
- * with acquire loads. It starts small and doubles (a program with few traces should not pay for
- * the index a huge one needs). A lock-free reader may still be probing an older index: those
- * stay mapped until the table is destroyed (together no bigger than the current one); a miss
- * there only sends the reader to the locked path, which uses the current index. */
+/* Private dedup index of stack records, keyed by the traces' fingerprints (hd_trace_print):
+ * a lookup compares a slot's 12 bytes of fingerprint, never the record's frames, so finding a
+ * trace already stored touches one slot and neither encodes the frames nor reads the record.
+ * Open addressing on print.lo, at most half full. A slot is written once, under the table lock:
+ * its fingerprint first, then its key with a release store (key 0 = empty); lock-free probes
+ * load the key with acquire before reading the fingerprint. It starts small and doubles (a
+ * program with few traces should not pay for the index a huge one needs). A lock-free reader may
+ * still be probing an older index: those stay mapped until the table is destroyed (together no
+ * bigger than the current one); a miss there only sends the reader to the locked path, which
+ * uses the current index. */
+typedef struct hd_dedup_slot {
+  uint64_t print_lo;
+  uint32_t print_hi; /* the high half of print.hi */
+  uint32_t key;
+} hd_dedup_slot;
+
 typedef struct hd_dedup_index {
   struct hd_dedup_index *older;
   uint64_t mask;
   uint64_t bytes;
-  uint64_t slots[];
+  hd_dedup_slot slots[];
 } hd_dedup_index;
 
-#define DEDUP_INITIAL_SLOTS (64u << 10)
+#define DEDUP_INITIAL_SLOTS (32u << 10)
 
 static hd_dedup_index *dedup_new(uint64_t slots) {
-  uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(uint64_t), PAGE);
+  uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(hd_dedup_slot), PAGE);
   void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
   if (m == MAP_FAILED) return NULL;
@@ -121,22 +131,6 @@ void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
   src->dedup = NULL;
 }
 
-static uint64_t hash_bytes(const uint8_t *p, size_t n, unsigned count) {
-  uint64_t h = 0x243F6A8885A308D3u ^ (n * 0x9E3779B97F4A7C15u) ^ count;
-  while (n >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ w) * 0xff51afd7ed558ccdu;
-    h ^= h >> 32;
-    p += 8;
-    n -= 8;
-  }
-  uint64_t w = 0;
-  memcpy(&w, p, n);
-  h = (h ^ w) * 0xc4ceb9fe1a85ec53u;
-  return h ^ (h >> 29);
-}
-
 /* Appends a zeroed record of `size` bytes (multiple of 8) under t->lock; returns its offset or
  * 0 when full. The caller fills it and then calls publish(). */
 static uint32_t reserve(hd_res_table *t, uint32_t size) {
@@ -159,41 +153,30 @@ static bool dedup_grow(hd_res_table *t) {
   hd_dedup_index *d = dedup_new(slots);
   if (!d) return false;
   for (uint64_t i = 0; i <= old->mask; i++) {
-    uint64_t e = old->slots[i];
-    if (e == 0) continue;
-    /* The slot keeps only the hash's high half: the position comes from the record. */
-    const hd_rec_stack *r = (const hd_rec_stack *)(t->base + (uint32_t)e);
-    uint64_t j = hash_bytes((const uint8_t *)(r + 1), r->encoded_len,
-                            hd_trace_seed(r->frame_count, r->flags)) & d->mask;
-    while (d->slots[j] != 0) j = (j + 1) & d->mask;
-    d->slots[j] = e;
+    const hd_dedup_slot *e = &old->slots[i];
+    if (e->key == 0) continue;
+    uint64_t j = e->print_lo & d->mask;
+    while (d->slots[j].key != 0) j = (j + 1) & d->mask;
+    d->slots[j] = *e;
   }
   d->older = old;
   __atomic_store_n(&t->dedup, d, __ATOMIC_RELEASE);
   return true;
 }
 
-static bool stack_equal(const hd_res_table *t, uint32_t key, const uint8_t *enc, size_t len,
-                        unsigned count, unsigned flags) {
-  const hd_rec_stack *r = (const hd_rec_stack *)(t->base + key);
-  return r->frame_count == count && r->flags == flags && r->encoded_len == len &&
-         memcmp((const uint8_t *)(r + 1), enc, len) == 0;
+static bool slot_holds(const hd_dedup_slot *s, hd_trace_print print) {
+  return s->print_lo == print.lo && s->print_hi == (uint32_t)(print.hi >> 32);
 }
 
 static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
-                             unsigned flags, bool may_wait) {
-  uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES];
-  if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
-  size_t len = hd_stack_encode(frames, count, enc);
-  uint64_t h = hash_bytes(enc, len, hd_trace_seed(count, flags));
-  uint32_t tag = (uint32_t)(h >> 32);
-  /* Lock-free lookup: entries are published with release stores after their records. */
+                             unsigned flags, hd_trace_print print, bool may_wait) {
+  /* Lock-free lookup: a slot's key is published with a release store after its fingerprint,
+   * and its record before both. */
   const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);
-  for (uint64_t i = h & d->mask;; i = (i + 1) & d->mask) {
-    uint64_t e = __atomic_load_n(&d->slots[i], __ATOMIC_ACQUIRE);
-    if (e == 0) break;
-    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags))
-      return (uint32_t)e;
+  for (uint64_t i = print.lo & d->mask;; i = (i + 1) & d->mask) {
+    uint32_t key = __atomic_load_n(&d->slots[i].key, __ATOMIC_ACQUIRE);
+    if (key == 0) break;
+    if (slot_holds(&d->slots[i], print)) return key;
   }
   if (!may_wait) {
     if (pthread_mutex_trylock(&t->lock) != 0) {
@@ -204,13 +187,13 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
     pthread_mutex_lock(&t->lock);
   }
   hd_dedup_index *idx = t->dedup;
-  uint64_t i = h & idx->mask;
+  uint64_t i = print.lo & idx->mask;
   for (;; i = (i + 1) & idx->mask) {
-    uint64_t e = LOAD(&idx->slots[i]);
-    if (e == 0) break;
-    if ((uint32_t)(e >> 32) == tag && stack_equal(t, (uint32_t)e, enc, len, count, flags)) {
+    uint32_t key = idx->slots[i].key;
+    if (key == 0) break;
+    if (slot_holds(&idx->slots[i], print)) {
       pthread_mutex_unlock(&t->lock);
-      return (uint32_t)e;
+      return key;
     }
   }
   if ((t->dedup_count + 1) * 2 > idx->mask + 1) {
@@ -220,9 +203,11 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
       return 0;
     }
     idx = t->dedup;
-    for (i = h & idx->mask; idx->slots[i] != 0; i = (i + 1) & idx->mask) {
+    for (i = print.lo & idx->mask; idx->slots[i].key != 0; i = (i + 1) & idx->mask) {
     }
   }
+  uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES];
+  size_t len = hd_stack_encode(frames, count, enc);
   uint32_t size = (uint32_t)ALIGN_UP(sizeof(hd_rec_stack) + len, 8);
   uint32_t off = reserve(t, size);
   if (off == 0) {
@@ -239,19 +224,28 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   memcpy(r + 1, enc, len);
   publish(t, off, size);
   t->dedup_count++;
-  __atomic_store_n(&idx->slots[i], ((uint64_t)tag << 32) | off, __ATOMIC_RELEASE);
+  idx->slots[i].print_lo = print.lo;
+  idx->slots[i].print_hi = (uint32_t)(print.hi >> 32);
+  __atomic_store_n(&idx->slots[i].key, off, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&t->lock);
   return off;
 }
 
 uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
                              unsigned flags) {
-  return intern_stack(t, frames, count, flags, true);
+  if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
+  return intern_stack(t, frames, count, flags, hd_trace_fingerprint(frames, count, flags), true);
+}
+
+uint32_t hd_res_intern_stack_print(hd_res_table *t, const uint64_t *frames, unsigned count,
+                                   unsigned flags, hd_trace_print print) {
+  return intern_stack(t, frames, count, flags, print, true);
 }
 
 uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
                                     unsigned flags) {
-  return intern_stack(t, frames, count, flags, false);
+  if (count > HD_MAX_FRAMES) count = HD_MAX_FRAMES;
+  return intern_stack(t, frames, count, flags, hd_trace_fingerprint(frames, count, flags), false);
 }
 
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp) {

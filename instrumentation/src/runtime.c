@@ -226,43 +226,17 @@ static uint32_t current_thread_key(void) {
   return refresh_thread_key(gen);
 }
 
-/* The high and low halves of a 64x64-bit product folded together: one multiply mixes two
- * words, so a 64-frame trace is fingerprinted in 32 dependent steps per lane. */
-static inline uint64_t fold_mul(uint64_t a, uint64_t b) {
-  __uint128_t p = (__uint128_t)a * b;
-  return (uint64_t)p ^ (uint64_t)(p >> 64);
-}
-
-/* Two independent lanes, each over every frame, each 64 bits: the lanes run in parallel. */
-static void trace_fingerprint(const uint64_t *frames, unsigned n, unsigned flags, uint64_t *lo,
-                              uint64_t *hi) {
-  uint64_t seed = hd_trace_seed(n, flags);
-  uint64_t a = UINT64_C(0x243F6A8885A308D3) ^ seed, b = UINT64_C(0x13198A2E03707344) ^ (seed << 32);
-  unsigned i = 0;
-  for (; i + 1 < n; i += 2) {
-    uint64_t f0 = frames[i], f1 = frames[i + 1];
-    a = fold_mul(a ^ f0, UINT64_C(0xA0761D6478BD642F) ^ f1);
-    b = fold_mul(b ^ f1, UINT64_C(0xE7037ED1A0B428DB) ^ f0);
-  }
-  if (i < n) {
-    a = fold_mul(a ^ frames[i], UINT64_C(0x8EBC6AF09C88C6E3));
-    b = fold_mul(b ^ frames[i], UINT64_C(0x589965CC75374CC3));
-  }
-  *lo = fold_mul(a, UINT64_C(0x1D8E4E27C47D124F));
-  *hi = fold_mul(b, UINT64_C(0x9E3779B97F4A7C15));
-}
-
 /* The key of a trace, through this thread's cache of recently used ones. */
 static uint32_t trace_key(const uint64_t *frames, unsigned n, unsigned flags) {
-  uint64_t lo, hi;
-  trace_fingerprint(frames, n, flags, &lo, &hi);
-  hd_trace_cache_entry *e = &hd_tls.traces[lo & (HD_TRACE_CACHE_ENTRIES - 1)];
-  if (e->key != 0 && e->print_lo == lo && e->print_hi == (uint32_t)(hi >> 32)) return e->key;
-  uint32_t key = hd_res_intern_stack(&g_res, frames, n, flags);
+  hd_trace_print print = hd_trace_fingerprint(frames, n, flags);
+  hd_trace_cache_entry *e = &hd_tls.traces[print.lo & (HD_TRACE_CACHE_ENTRIES - 1)];
+  if (e->key != 0 && e->print_lo == print.lo && e->print_hi == (uint32_t)(print.hi >> 32))
+    return e->key;
+  uint32_t key = hd_res_intern_stack_print(&g_res, frames, n, flags, print);
   if (key != 0) {
     e->key = key;
-    e->print_lo = lo;
-    e->print_hi = (uint32_t)(hi >> 32);
+    e->print_lo = print.lo;
+    e->print_hi = (uint32_t)(print.hi >> 32);
   }
   return key;
 }

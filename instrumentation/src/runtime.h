@@ -34,10 +34,10 @@ typedef struct hd_pending_op {
  * the library cannot see (a write to /proc/self/task/TID/comm) is picked up. */
 #define HD_NAME_RECHECK_ALLOCATIONS 4096u
 
-/* A thread's recently used stack traces and their keys: a hit skips encoding, hashing and
- * probing the shared dedup index, whose slots and records are cache misses in a program with
- * many distinct traces. Entries hold a 128-bit fingerprint of the frames instead of the frames
- * (8 KiB per thread instead of 256 KiB for the same reach). 9 of its bits pick the entry and
+/* A thread's recently used stack traces and their keys: a hit skips probing the shared dedup
+ * index, whose slots are cache misses in a program with many distinct traces. Entries hold a
+ * 128-bit fingerprint of the frames instead of the frames (8 KiB per thread instead of 256 KiB
+ * for the same reach). 9 of its bits pick the entry and
  * 96 are compared, 87 of them not implied by the entry's position: a different trace is taken
  * for the cached one with a probability of at most 2^-87 per lookup. Direct mapped. */
 #define HD_TRACE_CACHE_ENTRIES 512u /* a power of two */

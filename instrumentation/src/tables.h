@@ -148,10 +148,49 @@ void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
  * count and its HD_STACK_* flags. */
 static inline unsigned hd_trace_seed(unsigned count, unsigned flags) { return count | flags << 16; }
 
+/* A 128-bit fingerprint of a trace (its frames, count and flags): what identifies a trace in
+ * the dedup index and in the threads' caches of recent traces. 96 of its bits are compared
+ * (all of lo, the high half of hi): two different traces are taken for one with a probability
+ * of about n^2 / 2^97 for n distinct traces, under 10^-18 for a million. */
+typedef struct hd_trace_print {
+  uint64_t lo, hi;
+} hd_trace_print;
+
+/* The high and low halves of a 64x64-bit product folded together: one multiply mixes two
+ * words, so a 64-frame trace is fingerprinted in 32 dependent steps per lane. */
+static inline uint64_t hd_fold_mul(uint64_t a, uint64_t b) {
+  __uint128_t p = (__uint128_t)a * b;
+  return (uint64_t)p ^ (uint64_t)(p >> 64);
+}
+
+/* Two independent lanes, each over every frame, each 64 bits: the lanes run in parallel.
+ * Inline: the hooks fingerprint every trace they did not reuse. */
+static inline hd_trace_print hd_trace_fingerprint(const uint64_t *frames, unsigned count,
+                                                  unsigned flags) {
+  uint64_t seed = hd_trace_seed(count, flags);
+  uint64_t a = UINT64_C(0x243F6A8885A308D3) ^ seed, b = UINT64_C(0x13198A2E03707344) ^ (seed << 32);
+  unsigned i = 0;
+  for (; i + 1 < count; i += 2) {
+    uint64_t f0 = frames[i], f1 = frames[i + 1];
+    a = hd_fold_mul(a ^ f0, UINT64_C(0xA0761D6478BD642F) ^ f1);
+    b = hd_fold_mul(b ^ f1, UINT64_C(0xE7037ED1A0B428DB) ^ f0);
+  }
+  if (i < count) {
+    a = hd_fold_mul(a ^ frames[i], UINT64_C(0x8EBC6AF09C88C6E3));
+    b = hd_fold_mul(b ^ frames[i], UINT64_C(0x589965CC75374CC3));
+  }
+  return (hd_trace_print){hd_fold_mul(a, UINT64_C(0x1D8E4E27C47D124F)),
+                          hd_fold_mul(b, UINT64_C(0x9E3779B97F4A7C15))};
+}
+
 /* Returns the key of the (deduplicated) trace, or 0 if the table is full (counted). flags:
  * HD_STACK_* (part of the trace's identity). */
 uint32_t hd_res_intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
                              unsigned flags);
+/* Same, with the trace's fingerprint already computed (hd_trace_fingerprint); count is at
+ * most HD_MAX_FRAMES. */
+uint32_t hd_res_intern_stack_print(hd_res_table *t, const uint64_t *frames, unsigned count,
+                                   unsigned flags, hd_trace_print print);
 /* Same, for signal handlers: a trace not yet stored whose lock is taken (possibly by the code
  * the handler interrupted) gets key 0, counted as dropped, instead of waiting. */
 uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,

@@ -541,6 +541,14 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   uint32_t cut = hd_res_intern_stack(&t, a.data(), 4, HD_STACK_TRUNCATED);
   EXPECT_NE(cut, hd_res_intern_stack(&t, a.data(), 4, 0));
   EXPECT_EQ(cut, hd_res_intern_stack(&t, a.data(), 4, HD_STACK_TRUNCATED));
+  // The hooks pass the fingerprint they computed for their own cache: the same trace, the same
+  // key, whichever way it is interned.
+  EXPECT_EQ(hd_res_intern_stack_print(&t, a.data(), (unsigned)a.size(), 0,
+                                      hd_trace_fingerprint(a.data(), (unsigned)a.size(), 0)),
+            ka);
+  EXPECT_EQ(hd_res_intern_stack_print(&t, a.data(), 4, HD_STACK_TRUNCATED,
+                                      hd_trace_fingerprint(a.data(), 4, HD_STACK_TRUNCATED)),
+            cut);
   // Many distinct traces, each interned twice.
   std::set<uint32_t> keys;
   for (uint64_t i = 0; i < 2000; i++) {
@@ -747,22 +755,41 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
 }
 
 // The dedup index starts small and doubles; traces interned before and after each doubling are
-// still found, and reconcile after growth keeps working.
+// still found under their own keys. The index compares fingerprints, not frames: traces that
+// differ in one frame (neighbouring return addresses, as real traces do) keep distinct keys,
+// and each key's record holds its own frames.
 TEST(ResTableIndex, GrowsAndKeepsFindingEveryTrace) {
   hd_res_table t{};
   ASSERT_EQ(hd_res_table_create(&t, 64 << 20, "test-res-index"), 0);
-  const uint64_t n = 150000;  // well past the first doubling of a 64Ki-slot index
+  hd_res_reader *r = nullptr;
+  ASSERT_EQ(hd_res_reader_open(t.memfd.fd, &r), HD_READ_OK);
+  const uint64_t n = 150000;  // past three doublings of the 32Ki-slot first index
+  auto trace = [](uint64_t i, uint64_t f[3]) {
+    f[0] = 0x7f0000401000 + i;
+    f[1] = 0x7f0000500000 + (i / 64) * 5;
+    f[2] = 0x401234;
+  };
   std::vector<uint32_t> keys(n);
   for (uint64_t i = 0; i < n; i++) {
-    uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
-    keys[i] = hd_res_intern_stack(&t, f, 2, 0);
+    uint64_t f[3];
+    trace(i, f);
+    keys[i] = hd_res_intern_stack(&t, f, 3, 0);
     ASSERT_NE(keys[i], 0u);
   }
+  EXPECT_EQ(std::set<uint32_t>(keys.begin(), keys.end()).size(), n);
   for (uint64_t i = 0; i < n; i++) {
-    uint64_t f[2] = {0x400000 + i, 0x500000 + i * 3};
-    ASSERT_EQ(hd_res_intern_stack(&t, f, 2, 0), keys[i]) << i;
+    uint64_t f[3];
+    trace(i, f);
+    ASSERT_EQ(hd_res_intern_stack(&t, f, 3, 0), keys[i]) << i;
+    uint64_t got[4], blocks, bytes;
+    size_t count;
+    ASSERT_EQ(hd_res_reader_stack(r, keys[i], got, 4, &count, &blocks, &bytes, nullptr),
+              HD_READ_OK);
+    ASSERT_EQ(count, 3u);
+    ASSERT_TRUE(got[0] == f[0] && got[1] == f[1] && got[2] == f[2]) << i;
   }
   EXPECT_EQ(t.hdr->stats.dropped_stack_traces, 0u);
+  hd_res_reader_close(r);
   hd_res_table_destroy(&t);
 }
 
