@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -426,6 +427,13 @@ static void prepare_process(void) {
 }
 
 int main(int argc, char **argv) {
+  /* A snapshot's copies and buffers are large and short-lived, made by threads that come and
+   * go. glibc raises its mmap threshold to the largest block freed so far and then serves such
+   * blocks from the thread's arena, which keeps them after they are freed: in 20 s of the
+   * hostile soak test the collector's resident memory grew from 2.4 to 12.3 MB, several MB in
+   * each of its threads' arenas. A fixed threshold (the default's value) keeps every large block
+   * mapped, and returned when freed: 2.3 to 3.9 MB. */
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   arguments args;
   const int parsed = parse_args(argc, argv, &args);
   if (parsed != CONTINUE) return parsed;
