@@ -168,16 +168,25 @@ static bool slot_holds(const hd_dedup_slot *s, hd_trace_print print) {
   return s->print_lo == print.lo && s->print_hi == (uint32_t)(print.hi >> 32);
 }
 
-static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
-                             unsigned flags, hd_trace_print print, bool may_wait) {
-  /* Lock-free lookup: a slot's key is published with a release store after its fingerprint,
-   * and its record before both. */
-  const hd_dedup_index *d = __atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE);
+/* The key stored under print in d, or 0 with *empty the slot where it would go. A slot's key is
+ * loaded (acquire) before its fingerprint, which a lock-free probe needs: the key is published
+ * with a release store after the fingerprint, and the record before both. */
+static uint32_t probe(const hd_dedup_index *d, hd_trace_print print, uint64_t *empty) {
   for (uint64_t i = print.lo & d->mask;; i = (i + 1) & d->mask) {
-    uint32_t key = __atomic_load_n(&d->slots[i].key, __ATOMIC_ACQUIRE);
-    if (key == 0) break;
+    const uint32_t key = __atomic_load_n(&d->slots[i].key, __ATOMIC_ACQUIRE);
+    if (key == 0) {
+      *empty = i;
+      return 0;
+    }
     if (slot_holds(&d->slots[i], print)) return key;
   }
+}
+
+static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned count,
+                             unsigned flags, hd_trace_print print, bool may_wait) {
+  uint64_t i;
+  uint32_t key = probe(__atomic_load_n(&t->dedup, __ATOMIC_ACQUIRE), print, &i); /* lock-free */
+  if (key != 0) return key;
   if (!may_wait) {
     if (pthread_mutex_trylock(&t->lock) != 0) {
       __atomic_fetch_add(&t->hdr->stats.dropped_stack_traces, 1, __ATOMIC_RELAXED);
@@ -186,15 +195,11 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
   } else {
     pthread_mutex_lock(&t->lock);
   }
-  hd_dedup_index *idx = t->dedup;
-  uint64_t i = print.lo & idx->mask;
-  for (;; i = (i + 1) & idx->mask) {
-    uint32_t key = idx->slots[i].key;
-    if (key == 0) break;
-    if (slot_holds(&idx->slots[i], print)) {
-      pthread_mutex_unlock(&t->lock);
-      return key;
-    }
+  hd_dedup_index *idx = t->dedup; /* the current index: stored meanwhile, or where it goes */
+  key = probe(idx, print, &i);
+  if (key != 0) {
+    pthread_mutex_unlock(&t->lock);
+    return key;
   }
   if ((t->dedup_count + 1) * 2 > idx->mask + 1) {
     if (!dedup_grow(t)) {
@@ -203,8 +208,7 @@ static uint32_t intern_stack(hd_res_table *t, const uint64_t *frames, unsigned c
       return 0;
     }
     idx = t->dedup;
-    for (i = print.lo & idx->mask; idx->slots[i].key != 0; i = (i + 1) & idx->mask) {
-    }
+    (void)probe(idx, print, &i);
   }
   uint8_t enc[HD_MAX_FRAMES * HD_STACK_CODEC_MAX_FRAME_BYTES];
   size_t len = hd_stack_encode(frames, count, enc);
