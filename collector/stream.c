@@ -98,7 +98,9 @@ static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_
       .has_dropped_stack_traces = true, .dropped_stack_traces = st.dropped_stack_traces,
       .has_dropped_resources = true, .dropped_resources = st.dropped_resources,
       .has_stacks_left_to_libunwind = true,
-      .stacks_left_to_libunwind = st.stacks_left_to_libunwind};
+      .stacks_left_to_libunwind = st.stacks_left_to_libunwind,
+      .has_writes_past_block_end = true,
+      .writes_past_block_end = st.writes_past_block_end};
   hd_status status = hd_batch_add(w, &e);
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
@@ -158,10 +160,6 @@ static int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *sna
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
            hd_read_status_str(rs));
     return -EIO;
-  }
-  if (limits.torn_slots > 0) {
-    hd_log(c, HD_LOG_WARN, "snapshot of %s[%u]: %u slot(s) left mid-update by the exited process "
-           "skipped", p->name, (unsigned)p->pid, limits.torn_slots);
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <time.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,7 +23,6 @@
 /* A slot whose writer keeps it changing (or holds it, e.g. preempted on a loaded machine) is
  * retried for up to kSlotPatienceNs; only a slot stuck longer than that fails the snapshot, so a
  * hostile table cannot hang the reader and a busy one does not fail it. */
-enum { kMaxRestarts = 64 };
 static const uint64_t kSlotPatienceNs = 1000000000u;
 
 const char *hd_read_status_str(hd_read_status s) {
@@ -90,6 +90,8 @@ struct hd_alloc_reader {
   const uint8_t *base;
   uint64_t size;
   hd_alloc_header h; /* validated private copy of the immutable fields */
+  int fd;            /* the memfd opened again, to find its holes (SEEK_DATA); -1 if it could
+                        not be */
 };
 
 static bool range_ok(uint64_t off, uint64_t len, uint64_t size) {
@@ -115,17 +117,20 @@ hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
   hd_read_status st = map_table(fd, HD_ALLOC_MAGIC, &h, sizeof h, &base, &size);
   if (st != HD_READ_OK) return st;
   if (h.header_size != sizeof(h) || h.node_size != sizeof(hd_alloc_node) ||
-           h.seq_slots != HD_SEQ_SLOTS || h.total_size != size || h.max_bucket_log2 > 31 ||
-           h.max_bucket_log2 < HD_MIN_BUCKET_LOG2 || h.node_capacity >= UINT32_MAX ||
-           h.seq_offset < sizeof(h) || (h.seq_offset | h.buckets_offset | h.nodes_offset) % 8 ||
+           h.seq_slots != HD_SEQ_SLOTS || h.nodes_per_slot != HD_NODES_PER_SLOT ||
+           h.total_size != size || h.node_capacity >= UINT32_MAX ||
+           h.seq_offset < sizeof(h) || (h.seq_offset | h.nodes_offset) % 8 ||
            !range_ok(h.seq_offset, (uint64_t)HD_SEQ_SLOTS * 4, size) ||
-           h.buckets_offset < h.seq_offset + (uint64_t)HD_SEQ_SLOTS * 4 ||
-           !range_ok(h.buckets_offset, (uint64_t)4 << h.max_bucket_log2, size) ||
-           h.nodes_offset < h.buckets_offset + ((uint64_t)4 << h.max_bucket_log2) ||
+           h.nodes_offset < h.seq_offset + (uint64_t)HD_SEQ_SLOTS * 4 ||
            !range_ok(h.nodes_offset, (uint64_t)h.node_capacity * sizeof(hd_alloc_node), size))
     st = HD_READ_ERR_BAD_SIZE;
   hd_alloc_reader *r = reader_or_unmap(&st, base, size, sizeof *r);
   if (r == NULL) return st;
+  /* Opened again, not duplicated: a duplicate would share the caller's file offset, which
+   * SEEK_DATA moves. */
+  char path[48];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  r->fd = open(path, O_RDONLY | O_CLOEXEC); /* -1 (no /proc): every node is read */
   r->base = base;
   r->size = size;
   r->h = h;
@@ -136,6 +141,7 @@ hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
 void hd_alloc_reader_close(hd_alloc_reader *r) {
   if (!r) return;
   munmap((void *)r->base, r->size);
+  if (r->fd >= 0) close(r->fd);
   free(r);
 }
 
@@ -150,7 +156,6 @@ hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out
   out->flags = LOAD(&h->flags);
   out->node_capacity = r->h.node_capacity;
   out->node_high_water = LOAD(&h->node_high_water);
-  out->bucket_log2 = LOAD(&h->bucket_log2);
   out->total_size = r->size;
   return HD_READ_OK;
 }
@@ -174,54 +179,11 @@ static bool reserve(block_vec *bv, size_t cap) {
   return true;
 }
 
-static bool push(block_vec *bv, const hd_live_block *b) {
-  if (bv->n == bv->cap && !reserve(bv, bv->cap ? bv->cap * 2 : 1024)) return false;
-  bv->v[bv->n++] = *b;
-  return true;
-}
-
-/* Nodes ever handed out. No consistent link points past it, which bounds a copy by what the
- * process itself wrote, whatever its header claims about the capacity. */
+/* Nodes ever handed out, bounded by the capacity whatever the header claims: no live record is
+ * in a node past it. */
 static uint64_t high_water_now(const hd_alloc_reader *r) {
   uint64_t high_water = LOAD(&((const hd_alloc_header *)r->base)->node_high_water);
   return high_water < r->h.node_capacity ? high_water : r->h.node_capacity;
-}
-
-/* How many blocks one pass may copy before it is abandoned: the live set (at most the high-water
- * mark) plus a margin for nodes that writers free behind the walk and link again ahead of it. */
-static size_t pass_limit(const hd_alloc_reader *r) {
-  uint64_t high_water = high_water_now(r);
-  uint64_t limit = high_water + high_water / 2 + 4096;
-  return (size_t)(limit < r->h.node_capacity ? limit : r->h.node_capacity);
-}
-
-/* Room for the whole live set up front, so that the copy is not moved as it grows: every live
- * node is below the high-water mark, plus a margin for nodes handed out during the walk. Pages
- * of the reservation that are never written cost no memory. */
-static size_t expected_blocks(const hd_alloc_reader *r) {
-  uint64_t high_water = high_water_now(r);
-  uint64_t expected = high_water + high_water / 16 + 1024;
-  return (size_t)(expected < r->h.node_capacity ? expected : r->h.node_capacity);
-}
-
-/* Equal addresses hash to the same bucket and a node found in any other bucket is refused, so a
- * duplicate can only be within one chain. Chains are short (the writer keeps about two nodes per
- * bucket); a long one, which only a hostile writer makes, is sorted. */
-static bool chain_has_duplicate(hd_live_block *chain, size_t n) {
-  enum { kShortChain = 16 };
-  if (n <= kShortChain) {
-    for (size_t i = 1; i < n; i++) {
-      for (size_t j = 0; j < i; j++) {
-        if (chain[i].address == chain[j].address) return true;
-      }
-    }
-    return false;
-  }
-  qsort(chain, n, sizeof(*chain), cmp_block);
-  for (size_t i = 1; i < n; i++) {
-    if (chain[i].address == chain[i - 1].address) return true;
-  }
-  return false;
 }
 
 static uint64_t monotonic_ns(void) {
@@ -250,116 +212,12 @@ static hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_u
   return now > give_up_at ? HD_READ_ERR_BUSY : HD_READ_OK;
 }
 
-/* Waits out a doubling in progress (for up to kSlotPatienceNs, like a busy slot) rather than
- * count it as a restart: one doubling of a big table outlasts many quick retries. Only passes
- * that a doubling invalidated count, and a table doubles at most 31 times. *resize_seq: the
- * (even) value the pass starts from. */
-static hd_read_status wait_out_doubling(const hd_alloc_header *h, hd_read_limits *limits,
-                                        uint32_t *resize_seq) {
-  uint32_t rs = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
-  if (limits != NULL && limits->final && (rs & 1)) {
-    return HD_READ_ERR_CORRUPT; /* its writer died doubling it: the buckets are half moved */
-  }
-  uint64_t give_up_at = 0;
-  hd_read_status waited;
-  for (unsigned wait = 0; rs & 1; wait++) {
-    if (wait == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-    if (wait > 16 && wait % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
-      return waited;
-    }
-    backoff(wait);
-    rs = __atomic_load_n(&h->resize_seq, __ATOMIC_ACQUIRE);
-  }
-  *resize_seq = rs;
-  return HD_READ_OK;
-}
-
-/* One pass over the buckets, copying every chain into bv. */
-typedef struct copy_pass {
-  const hd_alloc_reader *r;
-  const hd_alloc_header *h;
-  const uint32_t *seq, *buckets;
-  const hd_alloc_node *nodes;
-  uint32_t log2;
-  uint64_t bucket_count;
-  uint64_t high_water; /* refreshed when a link points past it */
-  size_t limit;        /* pass_limit, refreshed when reached */
-  block_vec *bv;
-  /* resized: the bucket array changed under the pass; overfull: the pass copied more blocks
-   * than the table can hold, which only churn (or a hostile writer) explains. Either restarts. */
-  bool resized, overfull;
-} copy_pass;
-
-static hd_read_status begin_pass(const hd_alloc_reader *r, block_vec *bv, copy_pass *p) {
-  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
-  const uint32_t log2 = LOAD(&h->bucket_log2);
-  if (log2 < HD_MIN_BUCKET_LOG2 || log2 > r->h.max_bucket_log2) return HD_READ_ERR_CORRUPT;
-  bv->n = 0;
-  *p = (copy_pass){
-      .r = r,
-      .h = h,
-      .seq = (const uint32_t *)(r->base + r->h.seq_offset),
-      .buckets = (const uint32_t *)(r->base + r->h.buckets_offset),
-      .nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset),
-      .log2 = log2,
-      .bucket_count = (uint64_t)1 << log2,
-      .high_water = high_water_now(r),
-      .limit = pass_limit(r),
-      .bv = bv,
-  };
-  return HD_READ_OK;
-}
-
-/* Appends the chain of bucket b to the pass's copy. *bad when no writer could have left it so
- * (a node never handed out, a cycle, a node in another bucket, an address twice); may set
- * p->overfull. False only when out of memory. */
-static bool copy_chain(copy_pass *p, uint64_t b, bool *bad) {
-  const size_t chain_start = p->bv->n;
-  /* Brent's cycle detection: a chain that returns to a node is caught within twice its length,
-   * at no memory cost, however many nodes the header claims. */
-  uint32_t tortoise = HD_LINK_NONE;
-  uint64_t power = 1, lambda = 0;
-  for (uint32_t link = LOAD(&p->buckets[b]); link != HD_LINK_NONE;) {
-    if (link > p->high_water) p->high_water = high_water_now(p->r); /* a writer took nodes since */
-    if (link > p->high_water || link == tortoise) {
-      *bad = true; /* a node never handed out, or a cycle */
-      return true;
-    }
-    if (++lambda == power) {
-      tortoise = link;
-      power *= 2;
-      lambda = 0;
-    }
-    if (p->bv->n >= p->limit && (p->limit = pass_limit(p->r), p->bv->n >= p->limit)) {
-      p->overfull = true;
-      return true;
-    }
-    const hd_alloc_node *n = &p->nodes[link - 1];
-    const uint64_t address_word = LOAD(&n->address_word), time_word = LOAD(&n->time_word);
-    hd_live_block blk = {
-        .address = hd_node_address(address_word),
-        .size = hd_node_size(LOAD(&n->size_low), address_word),
-        .timestamp = hd_node_timestamp(time_word, p->r->h.time_base),
-        .thread_key = LOAD(&n->thread_key),
-        .stack_key = LOAD(&n->stack_key),
-        .flags = hd_node_align_log2(time_word),
-    };
-    if ((hd_alloc_hash(blk.address) & (p->bucket_count - 1)) != b) {
-      *bad = true; /* node in the wrong bucket */
-      return true;
-    }
-    if (!push(p->bv, &blk)) return false;
-    link = LOAD(&n->next);
-  }
-  const size_t chain_length = p->bv->n - chain_start;
-  if (chain_length > 1 && chain_has_duplicate(p->bv->v + chain_start, chain_length)) *bad = true;
-  return true;
-}
-
-/* Copies the buckets of one sequence slot as a seqlock reader: again while a writer changes the
- * slot, until a copy is stable. HD_READ_OK also when the pass must restart (p->resized or
- * p->overfull); otherwise why the snapshot fails. */
-static hd_read_status copy_slot(copy_pass *p, uint64_t slot, hd_read_limits *limits) {
+/* Copies the live nodes [first, end) of one slot as a seqlock reader (R1-R3): again while a
+ * writer changes the slot, until a copy is stable. */
+static hd_read_status copy_run(const hd_alloc_reader *r, uint32_t first, uint32_t end,
+                               block_vec *bv, hd_read_limits *limits) {
+  const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset) + hd_node_slot(first);
+  const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
   const bool final = limits != NULL && limits->final;
   uint64_t give_up_at = 0;
   hd_read_status waited;
@@ -368,69 +226,185 @@ static hd_read_status copy_slot(copy_pass *p, uint64_t slot, hd_read_limits *lim
     if (attempt > 16 && attempt % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
       return waited;
     }
-    uint32_t s1 = __atomic_load_n(&p->seq[slot], __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
-    const bool left_locked = final && (s1 & 1);
-    if ((s1 & 1) && !left_locked) {
+    const uint32_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
+    if ((s1 & 1) && !final) {
       backoff(attempt);
       continue;
     }
-    const size_t mark = p->bv->n;
-    bool bad = false;
-    if (LOAD(&p->h->bucket_log2) != p->log2) p->resized = true;
-    for (uint64_t b = slot; b < p->bucket_count && !bad && !p->resized && !p->overfull;
-         b += HD_SEQ_SLOTS) {
-      if (!copy_chain(p, b, &bad)) return HD_READ_ERR_NO_MEMORY;
+    const size_t mark = bv->n;
+    for (uint32_t i = first; i < end; i++) { /* R2 */
+      const hd_alloc_node *n = &nodes[i];
+      const uint64_t address_word = LOAD(&n->address_word);
+      if (hd_node_address(address_word) == 0) continue; /* free (no block is at address 0) */
+      const uint64_t time_word = LOAD(&n->time_word);
+      bv->v[bv->n] = (hd_live_block){
+          .address = hd_node_address(address_word),
+          .size = hd_node_size(LOAD(&n->size_low), address_word),
+          .timestamp = hd_node_timestamp(time_word, r->h.time_base),
+          .thread_key = LOAD(&n->thread_key),
+          .stack_key = LOAD(&n->stack_key),
+          .flags = hd_node_align_log2(time_word),
+      };
+      bv->n++;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE); /* R3 */
-    uint32_t s2 = LOAD(&p->seq[slot]);
-    if (p->resized || p->overfull) return HD_READ_OK;
-    if (s1 == s2) {
-      if (bad && left_locked) {
-        p->bv->n = mark; /* its writer died mid-update: the rest of the table is still whole */
-        limits->torn_slots++;
-      } else if (bad) {
-        return HD_READ_ERR_CORRUPT; /* stable and still inconsistent */
-      }
-      return HD_READ_OK;
-    }
-    p->bv->n = mark; /* a writer changed the slot: retry it */
+    if (LOAD(seq) == s1) return HD_READ_OK;
+    bv->n = mark; /* a writer changed the slot: copy the run again */
     backoff(attempt);
   }
+}
+
+/* A copied block and where it stands in the copy, for settling doubles. */
+typedef struct {
+  uint64_t address, timestamp;
+  size_t at;
+} copied_at;
+
+static int cmp_copied_at(const void *a, const void *b) {
+  const copied_at *x = a, *y = b;
+  if (x->address != y->address) return x->address < y->address ? -1 : 1;
+  if (x->timestamp != y->timestamp) return x->timestamp < y->timestamp ? -1 : 1;
+  return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* array (*cap elements of elem bytes, n in use) with room for one more: itself, or doubled;
+ * NULL (array untouched) if out of memory. */
+static void *room_for_one(void *array, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap) return array;
+  const size_t grown_cap = *cap ? *cap * 2 : 256;
+  void *grown = realloc(array, grown_cap * elem);
+  if (grown != NULL) *cap = grown_cap;
+  return grown;
+}
+
+static uint64_t mix_address(uint64_t address) {
+  uint64_t h = address * UINT64_C(0x9E3779B97F4A7C15);
+  return h ^ (h >> 29);
+}
+
+static int cmp_address(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts addresses[0..n) and drops repeats; the count kept. A sorted array rather than a hash
+ * set: a hostile table picks its addresses, and could pile them onto one run of a hash set. */
+static size_t sort_unique(uint64_t *addresses, size_t n) {
+  if (n == 0) return 0;
+  qsort(addresses, n, sizeof *addresses, cmp_address);
+  size_t kept = 1;
+  for (size_t i = 1; i < n; i++) {
+    if (addresses[i] != addresses[kept - 1]) addresses[kept++] = addresses[i];
+  }
+  return kept;
+}
+
+/* Of an address copied twice, keeps the newer record (the older is dropped). An honest table's
+ * copy meets an address twice only when a block freed while the copy ran was allocated again at
+ * its address in a later node; a hostile one anyhow. Every address goes through a Bloom filter
+ * of two bits in sixteen per block (in a cache-sized array, where a set of every address would
+ * miss the caches at each insert); only the addresses the filter may have seen before, a few
+ * percent, are looked at exactly. */
+static bool settle_doubles(block_vec *bv) {
+  if (bv->n < 2) return true;
+  uint64_t bits = 1 << 16;
+  while (bits < 16 * (uint64_t)bv->n) bits *= 2;
+  uint64_t *bloom = calloc(bits / 64, sizeof *bloom);
+  size_t maybe_n = 0, maybe_cap = 0;
+  uint64_t *maybe_list = NULL;
+  bool ok = bloom != NULL;
+  for (size_t k = 0; ok && k < bv->n; k++) {
+    const uint64_t h = mix_address(bv->v[k].address);
+    const uint64_t b1 = h & (bits - 1), b2 = (h >> 32) & (bits - 1);
+    const bool seen = (bloom[b1 / 64] >> (b1 % 64) & 1) && (bloom[b2 / 64] >> (b2 % 64) & 1);
+    bloom[b1 / 64] |= UINT64_C(1) << (b1 % 64);
+    bloom[b2 / 64] |= UINT64_C(1) << (b2 % 64);
+    if (!seen) continue;
+    uint64_t *grown = room_for_one(maybe_list, &maybe_cap, maybe_n, sizeof *maybe_list);
+    ok = grown != NULL;
+    if (ok) (maybe_list = grown)[maybe_n++] = bv->v[k].address;
+  }
+  free(bloom);
+  if (ok) maybe_n = sort_unique(maybe_list, maybe_n);
+  if (!ok || maybe_n == 0) {
+    free(maybe_list);
+    return ok;
+  }
+  /* Every copy of an address the filter may have seen twice, then the doubles among them. */
+  copied_at *suspects = NULL;
+  size_t suspects_n = 0, suspects_cap = 0;
+  for (size_t k = 0; ok && k < bv->n; k++) {
+    if (!bsearch(&bv->v[k].address, maybe_list, maybe_n, sizeof *maybe_list, cmp_address)) continue;
+    copied_at *grown = room_for_one(suspects, &suspects_cap, suspects_n, sizeof *suspects);
+    ok = grown != NULL;
+    if (ok) (suspects = grown)[suspects_n++] = (copied_at){bv->v[k].address, bv->v[k].timestamp, k};
+  }
+  free(maybe_list);
+  if (ok && suspects_n > 1) {
+    qsort(suspects, suspects_n, sizeof *suspects, cmp_copied_at);
+    size_t doubles = 0;
+    for (size_t i = 0; i + 1 < suspects_n; i++) {
+      if (suspects[i].address != suspects[i + 1].address) continue;
+      bv->v[suspects[i].at].address = 0; /* the older of two; addresses are never 0 */
+      doubles++;
+    }
+    if (doubles > 0) {
+      size_t kept = 0;
+      for (size_t k = 0; k < bv->n; k++) {
+        if (bv->v[k].address != 0) bv->v[kept++] = bv->v[k];
+      }
+      bv->n = kept;
+    }
+  }
+  free(suspects);
+  return ok;
 }
 
 hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
                                                   hd_live_block **blocks, size_t *count) {
   if (!r || !blocks || !count) return HD_READ_ERR_ARG;
-  if (limits != NULL) limits->torn_slots = 0;
   *blocks = NULL;
   *count = 0;
-  const hd_alloc_header *h = (const hd_alloc_header *)r->base;
+  /* Nodes handed out later hold blocks allocated after the copy began: none is missed that was
+   * live during the whole copy. */
+  const uint64_t high_water = high_water_now(r);
   block_vec bv = {0};
-  if (!reserve(&bv, expected_blocks(r))) return HD_READ_ERR_NO_MEMORY;
-  hd_read_status st = HD_READ_ERR_BUSY;
-  for (unsigned restart = 0; restart < kMaxRestarts; restart++) {
-    uint32_t resize_seq;
-    copy_pass p;
-    if (restart > 0 && (st = keep_waiting(limits, UINT64_MAX)) != HD_READ_OK) break;
-    if ((st = wait_out_doubling(h, limits, &resize_seq)) != HD_READ_OK) break;
-    if ((st = begin_pass(r, &bv, &p)) != HD_READ_OK) break;
-    const uint64_t slots = p.bucket_count < HD_SEQ_SLOTS ? p.bucket_count : HD_SEQ_SLOTS;
-    for (uint64_t slot = 0; slot < slots && st == HD_READ_OK && !p.resized && !p.overfull; slot++) {
-      st = copy_slot(&p, slot, limits);
+  if (!reserve(&bv, high_water ? high_water : 1)) return HD_READ_ERR_NO_MEMORY;
+  hd_read_status st = HD_READ_OK;
+  /* Pages of the memfd never written hold no live node; reading them would make the kernel
+   * commit them, so a table claiming more nodes than it wrote could make its reader commit the
+   * memfd's whole size. Only the memfd's data is read. */
+  const uint64_t node_bytes = sizeof(hd_alloc_node), nodes_at = r->h.nodes_offset;
+  uint64_t first = 0;
+  while (first < high_water && st == HD_READ_OK) {
+    uint64_t from = first, to = high_water;
+    const off_t at_first = (off_t)(nodes_at + first * node_bytes);
+    const off_t data = r->fd < 0 ? -1 : lseek(r->fd, at_first, SEEK_DATA);
+    if (data < 0 && r->fd >= 0 && errno == ENXIO) break; /* no data past this point */
+    const off_t hole = data < 0 ? -1 : lseek(r->fd, data, SEEK_HOLE);
+    if (hole >= 0) { /* else no map of the holes: every node is read */
+      /* The nodes in [data, hole), from the start of the run holding the first (a run's slot
+       * guards all of it). Pages hold whole nodes. */
+      from = ((uint64_t)data - nodes_at) / node_bytes / HD_NODES_PER_SLOT * HD_NODES_PER_SLOT;
+      to = ((uint64_t)hole - nodes_at) / node_bytes;
+      if (from < first) from = first;
+      if (to > high_water) to = high_water;
     }
-    if (st != HD_READ_OK) break;
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (p.resized || p.overfull || LOAD(&h->resize_seq) != resize_seq ||
-        LOAD(&h->bucket_log2) != p.log2) {
-      st = HD_READ_ERR_BUSY;
-      continue;
+    if (from >= to) break;
+    for (uint64_t at = from; at < to && st == HD_READ_OK; at += HD_NODES_PER_SLOT) {
+      const uint64_t run_end = at + HD_NODES_PER_SLOT < to ? at + HD_NODES_PER_SLOT : to;
+      st = copy_run(r, (uint32_t)at, (uint32_t)run_end, &bv, limits);
     }
-    *blocks = bv.v;
-    *count = bv.n;
-    return HD_READ_OK;
+    first = (to + HD_NODES_PER_SLOT - 1) / HD_NODES_PER_SLOT * HD_NODES_PER_SLOT;
   }
-  free(bv.v);
-  return st;
+  if (st == HD_READ_OK && !settle_doubles(&bv)) st = HD_READ_ERR_NO_MEMORY;
+  if (st != HD_READ_OK) {
+    free(bv.v);
+    return st;
+  }
+  *blocks = bv.v;
+  *count = bv.n;
+  return HD_READ_OK;
 }
 
 hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
@@ -498,6 +472,7 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
   out->dropped_resources = LOAD(&s->dropped_resources);
   out->stacks_left_to_libunwind = LOAD(&h->stacks_left_to_libunwind);
+  out->writes_past_block_end = LOAD(&h->overwritten_tags);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);

@@ -60,7 +60,6 @@ typedef struct hd_alloc_table_info {
   uint32_t flags;           /* HD_ALLOC_FLAG_SNAPSHOT for a frozen copy */
   uint32_t node_capacity;
   uint32_t node_high_water;
-  uint32_t bucket_log2;
   uint64_t total_size;
 } hd_alloc_table_info;
 
@@ -84,16 +83,14 @@ typedef struct hd_read_limits {
   /* Nothing writes the table any more (its process has exited, or it is a sealed copy): slots
    * are read as they were left, without waiting for a lock nobody will release. */
   bool final;
-  /* Out, with final: slots left locked mid-update whose chains did not hold together, skipped
-   * (their blocks are missing from the copy). */
-  uint32_t torn_slots;
 } hd_read_limits;
 
 /* Consistent copy of the live set without stopping the writer (see the layout header):
  * every block live during the whole call appears exactly once, no block freed before the call
- * appears, no two blocks have the same address. *blocks is malloc'd, in table order (no order a
- * caller can use); free() it. On error *blocks is NULL. limits may be NULL (no bounds beyond
- * the per-slot patience). */
+ * appears, and no two blocks have the same address (of an address met in several nodes, only
+ * the newest record is kept, even from a table that breaks the protocol).
+ * *blocks is malloc'd, in table order (no order a caller can use); free() it. On error *blocks
+ * is NULL. limits may be NULL (no bounds beyond the per-slot patience). */
 hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
                                                   hd_live_block **blocks, size_t *count) HD_MUST_CHECK;
 /* The same copy, sorted by address. */
@@ -108,6 +105,7 @@ typedef struct hd_table_stats {
   uint64_t live_blocks, live_bytes, peak_live_bytes;
   uint64_t dropped_allocations, dropped_stack_traces, dropped_resources;
   uint64_t stacks_left_to_libunwind;
+  uint64_t writes_past_block_end; /* frees whose block's tag the program had overwritten */
 } hd_table_stats;
 
 typedef struct hd_thread_info {

@@ -1,5 +1,6 @@
-/* Where the real memory comes from: jemalloc's non-standard API (default; sized frees, no dlsym
- * bootstrap) or glibc's __libc_* entry points (HEAPDUMP_ALLOCATOR=system). Every entry marks the
+/* Where the real memory comes from: jemalloc's non-standard API (default; sized frees, size
+ * classes computed without a lookup) or glibc's __libc_* entry points
+ * (HEAPDUMP_ALLOCATOR=system). Every entry marks the
  * thread as inside the allocator, so that a signal handler interrupting it is not let back in. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -9,15 +10,17 @@
 
 #include "runtime.h"
 
-/* jemalloc's non-standard API (libjemalloc.so.2); flag values are part of its ABI. */
-void *mallocx(size_t size, int flags);
-void *rallocx(void *ptr, size_t size, int flags);
-size_t xallocx(void *ptr, size_t size, size_t extra, int flags);
-void dallocx(void *ptr, int flags);
-void sdallocx(void *ptr, size_t size, int flags);
-size_t sallocx(const void *ptr, int flags);
-size_t nallocx(size_t size, int flags);
-#define HD_MALLOCX_ZERO 0x40
+/* jemalloc's non-standard API (libjemalloc.so.2). libheapdump.so exports the same names for
+ * the programs that call them (preload.c), so jemalloc's own are looked up past ours, at init. */
+static struct {
+  void *(*mallocx)(size_t size, int flags);
+  void *(*rallocx)(void *ptr, size_t size, int flags);
+  size_t (*xallocx)(void *ptr, size_t size, size_t extra, int flags);
+  void (*dallocx)(void *ptr, int flags);
+  void (*sdallocx)(void *ptr, size_t size, int flags);
+  size_t (*sallocx)(const void *ptr, int flags);
+  size_t (*nallocx)(size_t size, int flags);
+} je;
 
 void *__libc_malloc(size_t size);
 void *__libc_calloc(size_t n, size_t size);
@@ -32,7 +35,15 @@ void __libc_free(void *p);
 #error "heapdump runs on x86-64 only (contract/include/heapdump/contract/shm_layout.h)"
 #endif
 #define HD_GLIBC_BASE_VERSION "GLIBC_2.2.5"
-static size_t (*g_libc_usable)(void *);
+
+/* What glibc's malloc_usable_size answers (its musable()), from the chunk's size word: for the
+ * blocks the lookup below may allocate itself, before it has an answer, or if it finds none. */
+static size_t usable_from_chunk_header(void *p) {
+  const size_t size_word = ((const size_t *)p)[-1];
+  const size_t chunk = size_word & ~(size_t)7, mmapped = size_word & 2;
+  return mmapped ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
+}
+static size_t (*g_libc_usable)(void *) = usable_from_chunk_header;
 
 static inline void enter(void) {
   hd_tls.in_backend++;
@@ -46,6 +57,13 @@ static inline void leave(void) {
 
 /* glibc guarantees alignof(max_align_t) == 16 for every block; jemalloc's 8-byte size class
  * is only 8-aligned, so smaller requests take its 16-byte class (sized frees round alike). */
+/* What the backend is asked for: the program's size and the block's tag (runtime.c), which sits
+ * at the end of the usable size. SIZE_MAX, which no allocator grants, if that overflows. */
+static inline size_t tagged(size_t size) {
+  size_t bytes;
+  return __builtin_add_overflow(size, HD_TAG_BYTES, &bytes) ? SIZE_MAX : bytes;
+}
+
 static inline size_t jemalloc_size(size_t size) { return size < 16 ? 16 : size; }
 
 /* glibc serves a request of 32 MiB or more (its largest mmap threshold) with a plain mmap, so
@@ -67,23 +85,43 @@ static bool granted_as_by_glibc(size_t size, size_t align) {
   return true;
 }
 
-void hd_backend_init(void) {
-  if (hd_use_system)
-    g_libc_usable = (size_t(*)(void *))dlvsym(RTLD_NEXT, "malloc_usable_size", HD_GLIBC_BASE_VERSION);
+static bool find_jemalloc(void) {
+#define HD_FIND(name) ((je.name = (__typeof__(je.name))dlsym(RTLD_NEXT, #name)) != NULL)
+  return HD_FIND(mallocx) && HD_FIND(rallocx) && HD_FIND(xallocx) && HD_FIND(dallocx) &&
+         HD_FIND(sdallocx) && HD_FIND(sallocx) && HD_FIND(nallocx);
+#undef HD_FIND
 }
 
-void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) {
-  void *p;
+void hd_backend_init(bool want_system) {
+  /* Marked as inside the allocator, so that whatever the lookups would allocate (glibc's dl
+   * functions only do to report an error) fails, and no block comes from a backend not chosen. */
+  enter();
+  size_t (*libc_usable)(void *) =
+      (size_t(*)(void *))dlvsym(RTLD_NEXT, "malloc_usable_size", HD_GLIBC_BASE_VERSION);
+  const bool jemalloc_found = !want_system && find_jemalloc();
+  leave();
+  if (libc_usable != NULL) g_libc_usable = libc_usable;
+  hd_use_system = want_system || !jemalloc_found; /* glibc's entry points need no lookup */
+}
+
+void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable) {
+  void *p = NULL;
+  size = tagged(size);
   enter();
   if (!hd_use_system) {
-    p = granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)
-            ? mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0))
-            : NULL;
-  } else if (lg_align == 0) {
-    p = zero ? __libc_calloc(1, size) : __libc_malloc(size);
+    if (granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)) {
+      p = je.mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
+      /* The size class, computed: what sallocx would answer after a lookup of the block. */
+      if (p) *usable = je.nallocx(jemalloc_size(size), (int)lg_align);
+    }
   } else {
-    p = __libc_memalign((size_t)1 << lg_align, size);
-    if (p && zero) memset(p, 0, size);
+    if (lg_align == 0) {
+      p = zero ? __libc_calloc(1, size) : __libc_malloc(size);
+    } else {
+      p = __libc_memalign((size_t)1 << lg_align, size);
+      if (p && zero) memset(p, 0, size);
+    }
+    if (p) *usable = g_libc_usable(p); /* the chunk's header, in the line just written */
   }
   leave();
   return p;
@@ -92,15 +130,16 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) {
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) {
   enter();
   if (hd_use_system) __libc_free(p);
-  else if (size_hint && lg_align == 0) sdallocx(p, jemalloc_size(size_hint), 0);
-  else dallocx(p, 0);
+  else if (size_hint && lg_align == 0) je.sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
+  else je.dallocx(p, 0);
   leave();
 }
 
 void *hd_backend_realloc(void *p, size_t size) {
+  size = tagged(size);
   enter();
   void *q = hd_use_system                  ? __libc_realloc(p, size)
-            : granted_as_by_glibc(size, 0) ? rallocx(p, jemalloc_size(size), 0)
+            : granted_as_by_glibc(size, 0) ? je.rallocx(p, jemalloc_size(size), 0)
                                            : NULL;
   leave();
   return q;
@@ -108,25 +147,36 @@ void *hd_backend_realloc(void *p, size_t size) {
 
 size_t hd_backend_usable(void *p) {
   enter();
-  size_t n = !hd_use_system ? sallocx(p, 0) : g_libc_usable ? g_libc_usable(p) : 0;
+  size_t n = !hd_use_system ? je.sallocx(p, 0) : g_libc_usable(p);
   leave();
   return n;
 }
 
-/* In-place resize for the jemalloc backend: true if p now has exactly the size class of size
- * (so a later sized free with `size` is valid). */
-bool hd_backend_resize_in_place(void *p, size_t size) {
+/* In-place resize for the jemalloc backend: done only if p then has exactly the size class of
+ * size (so a later sized free with `size` is valid). */
+size_t hd_backend_resize_in_place(void *p, size_t size) {
+  size = tagged(size);
   enter();
-  size_t cls = nallocx(jemalloc_size(size), 0);
-  bool ok = cls != 0 && xallocx(p, jemalloc_size(size), 0, 0) == cls;
+  size_t cls = je.nallocx(jemalloc_size(size), 0);
+  bool ok = cls != 0 && je.xallocx(p, jemalloc_size(size), 0, 0) == cls;
   leave();
-  return ok;
+  return ok ? cls : 0;
+}
+
+size_t hd_backend_size_class(size_t size, unsigned lg_align) {
+  if (hd_use_system) return size; /* glibc cannot say before it allocates */
+  size = tagged(size);
+  enter();
+  const size_t cls = je.nallocx(jemalloc_size(size), (int)lg_align);
+  leave();
+  return cls > HD_TAG_BYTES ? cls - HD_TAG_BYTES : 0;
 }
 
 bool hd_backend_grants(size_t size) {
   if (hd_use_system) return true; /* glibc decides in its realloc */
+  size = tagged(size);
   enter();
-  bool ok = nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
+  bool ok = je.nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
   leave();
   return ok;
 }

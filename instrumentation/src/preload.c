@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <time.h>
@@ -32,8 +33,9 @@ static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
   hd_ensure_init();
   if (nested()) return hd_nested_alloc(size, lg_align, zero);
   hd_hook_enter();
-  void *p = hd_backend_alloc(size, lg_align, zero);
-  if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align);
+  size_t usable;
+  void *p = hd_backend_alloc(size, lg_align, zero, &usable);
+  if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align, usable);
   else errno = ENOMEM;
   hd_hook_leave(); /* keeps errno */
   return p;
@@ -136,7 +138,67 @@ EXPORT void *pvalloc(size_t size) {
 EXPORT size_t malloc_usable_size(void *p) {
   if (!p) return 0;
   hd_ensure_init();
-  return hd_backend_usable(p);
+  return hd_backend_usable(p) - HD_TAG_BYTES; /* the tag is not the program's */
+}
+
+/* jemalloc's non-standard API, for the programs that call it themselves: folly does, once it
+ * sees jemalloc serving malloc, as it does under the default backend. Their blocks are recorded
+ * like malloc's, the sizes they are told are the program's (each block keeps its tag past
+ * them), any size the program was told is valid in a sized free, and a block from either API
+ * may be freed through the other. Arena and tcache flags are not honoured. */
+static unsigned mallocx_lg_align(int flags) {
+  const unsigned lg_align = (unsigned)flags & HD_MALLOCX_LG_ALIGN_MASK;
+  return lg_align <= 4 ? 0 : lg_align; /* every block is 16-byte aligned */
+}
+
+EXPORT void *mallocx(size_t size, int flags) {
+  return alloc_hook(size, mallocx_lg_align(flags), (flags & HD_MALLOCX_ZERO) != 0);
+}
+
+EXPORT void *rallocx(void *p, size_t size, int flags) {
+  const unsigned lg_align = mallocx_lg_align(flags);
+  const bool zero = (flags & HD_MALLOCX_ZERO) != 0;
+  /* Size 0 is undefined for rallocx; realloc would free the block and answer NULL, which here
+   * means that the block was left as it was. */
+  if (lg_align == 0 && !zero) return realloc(p, size ? size : 1);
+  /* Only a new block is aligned so, or zeroed past the old block's bytes. */
+  void *q = alloc_hook(size, lg_align, zero);
+  if (!q) return NULL;
+  const size_t old_size = malloc_usable_size(p);
+  memcpy(q, p, old_size < size ? old_size : size);
+  free(p);
+  return q;
+}
+
+/* Never resizes: the answer, the block's size as it is, tells a caller asking for more that the
+ * block could not grow in place, as jemalloc's may answer. */
+EXPORT size_t xallocx(void *p, size_t size, size_t extra, int flags) {
+  (void)size;
+  (void)extra;
+  (void)flags;
+  return malloc_usable_size(p);
+}
+
+EXPORT size_t sallocx(const void *p, int flags) {
+  (void)flags;
+  return malloc_usable_size((void *)p);
+}
+
+EXPORT size_t nallocx(size_t size, int flags) {
+  hd_ensure_init();
+  return hd_backend_size_class(size, mallocx_lg_align(flags));
+}
+
+EXPORT void dallocx(void *p, int flags) {
+  (void)flags;
+  free(p);
+}
+
+/* The size is not trusted, as for free_sized: the block's own is used. */
+EXPORT void sdallocx(void *p, size_t size, int flags) {
+  (void)size;
+  (void)flags;
+  free(p);
 }
 
 /* Module changes: rescan executable regions after the loader is done (loader lock released).

@@ -449,6 +449,10 @@ void hd_res_count_left_to_libunwind(hd_res_table *t) {
   __atomic_fetch_add(&t->hdr->stacks_left_to_libunwind, 1, __ATOMIC_RELAXED);
 }
 
+void hd_res_count_overwritten_tag(hd_res_table *t) {
+  __atomic_fetch_add(&t->hdr->overwritten_tags, 1, __ATOMIC_RELAXED);
+}
+
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats) {
   uint64_t *f = (uint64_t *)((uint8_t *)&t->hdr->stats + field_offset_in_stats);
   __atomic_fetch_add(f, 1, __ATOMIC_RELAXED);

@@ -147,8 +147,7 @@ void hd_init_slow(void) {
     return;
   }
   const char *a = early_getenv(HD_ENV_ALLOCATOR);
-  hd_use_system = a && strcmp(a, "system") == 0;
-  hd_backend_init();
+  hd_backend_init(a && strcmp(a, "system") == 0);
   const char *u = early_getenv(HD_ENV_UNWIND);
   int method = HD_UNWIND_CFI;
   if (u != NULL && strcmp(u, "fp") == 0) method = HD_UNWIND_FP;
@@ -242,8 +241,6 @@ static uint32_t trace_key(const uint64_t *frames, unsigned n, unsigned flags) {
 }
 
 static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_align) {
-  /* The bucket is a likely cache miss in a big table: fetch it while the stack is walked. */
-  hd_alloc_table_prefetch(&g_alloc, (uint64_t)(uintptr_t)p);
   uint64_t frames[HD_MAX_FRAMES];
   bool truncated;
   uint32_t *known_key;
@@ -267,36 +264,87 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
     hd_drain_pending();
 }
 
-static void insert_info(const hd_alloc_info *info) {
-  hd_writer_thread *w = &hd_tls.writer;
-  hd_alloc_info old = {0};
-  switch (hd_alloc_table_insert(&g_alloc, w, info, &old)) {
-    case HD_INSERT_FULL:
-    case HD_INSERT_UNREPRESENTABLE:
-      hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
-      return;
-    case HD_INSERT_REPLACED:
-      hd_res_count_free(&g_res, w, old.size); /* its free was not seen (nested/signal) */
-      break;
-    case HD_INSERT_NEW:
-      break;
-  }
-  hd_res_count_alloc(&g_res, w, info->stack_key, info->size);
+/* ------------------------------------------------------------------ the block's tag */
+
+/* The last HD_TAG_BYTES of every block's usable size, past what the program asked for (the
+ * backend allocates that much more, and malloc_usable_size answers that much less): the link
+ * (node index + 1, 0 = not recorded) of the node that records the block, and a check of the link
+ * against the block's address. A free finds its node from the tag, so the table needs no index.
+ * The check catches a program that wrote past its block onto the tag: that free then finds its
+ * node by a scan, and the overwrite is counted. */
+typedef struct block_tag {
+  uint32_t link;
+  uint32_t check;
+} block_tag;
+
+static uint32_t tag_check(uint64_t address, uint32_t link) {
+  uint64_t h = (address ^ ((uint64_t)link << 32) ^ UINT64_C(0x2545F4914F6CDD1D)) *
+               UINT64_C(0x9E3779B97F4A7C15);
+  return (uint32_t)(h >> 32);
 }
 
-void hd_record_alloc(void *p, size_t size, unsigned lg_align) {
-  if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) return;
+static block_tag *tag_at(void *p, size_t usable) {
+  return (block_tag *)((char *)p + usable - HD_TAG_BYTES);
+}
+
+/* usable: the block's usable size where the caller has it, which spares the lookup. */
+static void tag_set_at(void *p, size_t usable, uint32_t index) {
+  block_tag *tag = tag_at(p, usable);
+  tag->link = index == HD_NO_NODE ? 0 : index + 1;
+  tag->check = tag_check((uint64_t)(uintptr_t)p, tag->link);
+}
+
+static void tag_set(void *p, uint32_t index) { tag_set_at(p, hd_backend_usable(p), index); }
+
+/* The node recording block p, or HD_NO_NODE if it is not recorded. */
+static uint32_t node_of(void *p) {
+  const block_tag tag = *tag_at(p, hd_backend_usable(p));
+  const uint64_t address = (uint64_t)(uintptr_t)p;
+  if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
+    return tag.link == 0 ? HD_NO_NODE : tag.link - 1;
+  }
+  hd_res_count_overwritten_tag(&g_res);
+  return hd_alloc_table_find(&g_alloc, address);
+}
+
+/* Records info in a node; the node, or HD_NO_NODE if the table could not (counted). */
+static uint32_t insert_info(const hd_alloc_info *info) {
+  hd_writer_thread *w = &hd_tls.writer;
+  uint32_t index;
+  if (hd_alloc_table_insert(&g_alloc, w, info, &index) != HD_INSERT_NEW) {
+    hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+    return HD_NO_NODE;
+  }
+  hd_res_count_alloc(&g_res, w, info->stack_key, info->size);
+  return index;
+}
+
+void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
+  if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) {
+    tag_set_at(p, usable, HD_NO_NODE);
+    return;
+  }
   hd_alloc_info info;
   make_info(&info, p, size, lg_align);
-  insert_info(&info);
+  tag_set_at(p, usable, insert_info(&info));
+}
+
+/* Takes the record of block p out of the table; true and *old filled if it had one. */
+static bool erase_recorded(void *p, hd_alloc_info *old) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
+  const uint32_t index = node_of(p);
+  if (index == HD_NO_NODE ||
+      !hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old)) {
+    return false;
+  }
+  hd_res_count_free(&g_res, &hd_tls.writer, old->size);
+  return true;
 }
 
 void hd_free_recorded(void *p) {
   hd_alloc_info old;
-  if (HD_LIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) &&
-      hd_alloc_table_erase(&g_alloc, &hd_tls.writer, (uint64_t)(uintptr_t)p, &old)) {
-    /* Erased before the block goes back: its address cannot be reused while still recorded. */
-    hd_res_count_free(&g_res, &hd_tls.writer, old.size);
+  /* Erased before the block goes back: its address cannot be reused while still recorded. */
+  if (erase_recorded(p, &old)) {
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
   }
@@ -309,49 +357,62 @@ void *hd_realloc_recorded(void *p, size_t size) {
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
-    bool had = on && hd_alloc_table_erase(&g_alloc, &hd_tls.writer, (uint64_t)(uintptr_t)p, &old);
+    const uint32_t index = on ? node_of(p) : HD_NO_NODE;
+    const bool had = index != HD_NO_NODE && hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index,
+                                                                 (uint64_t)(uintptr_t)p, &old);
     void *q = hd_backend_realloc(p, size);
     if (!q) {
-      if (had && hd_alloc_table_insert(&g_alloc, &hd_tls.writer, &old, NULL) != HD_INSERT_NEW)
+      /* p is unchanged: recorded again under a new node (its counters never moved), or marked
+       * as not recorded (and counted freed) if the table cannot take it again. */
+      uint32_t again = HD_NO_NODE;
+      if (had && hd_alloc_table_insert(&g_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
         hd_res_count_free(&g_res, &hd_tls.writer, old.size);
+      tag_set(p, again);
       errno = ENOMEM;
       return NULL;
     }
     if (had) hd_res_count_free(&g_res, &hd_tls.writer, old.size);
-    hd_record_alloc(q, size, 0);
+    hd_record_alloc(q, size, 0, hd_backend_usable(q));
     return q;
   }
   if (!hd_backend_grants(size)) {
     errno = ENOMEM;
     return NULL;
   }
-  if (hd_backend_resize_in_place(p, size)) {
+  /* The tag moves with the block's end: read it before the resize. */
+  const uint32_t index = on ? node_of(p) : HD_NO_NODE;
+  const size_t resized_usable = hd_backend_resize_in_place(p, size);
+  if (resized_usable != 0) {
+    if (!on) {
+      tag_set_at(p, resized_usable, HD_NO_NODE);
+      return p;
+    }
     /* Same address: one record rewritten in one critical section. */
-    if (on) {
-      hd_alloc_info info, old;
-      make_info(&info, p, size, 0);
-      if (HD_UNLIKELY(!hd_node_representable(info.address, info.size))) {
-        /* Its old record must not outlive it with a size the block no longer has. */
-        if (hd_alloc_table_erase(&g_alloc, &hd_tls.writer, info.address, &old))
-          hd_res_count_free(&g_res, &hd_tls.writer, old.size);
-        insert_info(&info); /* counted as dropped */
-      } else if (hd_alloc_table_replace(&g_alloc, &info, &old)) {
+    hd_alloc_info info, old;
+    make_info(&info, p, size, 0);
+    if (index != HD_NO_NODE && hd_alloc_table_replace(&g_alloc, index, &info, &old)) {
+      hd_res_count_free(&g_res, &hd_tls.writer, old.size);
+      hd_res_count_alloc(&g_res, &hd_tls.writer, info.stack_key, size);
+      tag_set_at(p, resized_usable, index);
+    } else {
+      /* Not recorded, or its new size cannot be: its old record must not outlive it. */
+      if (index != HD_NO_NODE &&
+          hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index, info.address, &old)) {
         hd_res_count_free(&g_res, &hd_tls.writer, old.size);
-        hd_res_count_alloc(&g_res, &hd_tls.writer, info.stack_key, size);
-      } else {
-        insert_info(&info);
       }
+      tag_set_at(p, resized_usable, insert_info(&info));
     }
     return p;
   }
-  void *q = hd_backend_alloc(size, 0, false);
+  size_t usable;
+  void *q = hd_backend_alloc(size, 0, false, &usable);
   if (!q) {
     errno = ENOMEM;
     return NULL;
   }
-  size_t old_usable = hd_backend_usable(p);
+  size_t old_usable = hd_backend_usable(p) - HD_TAG_BYTES;
   memcpy(q, p, old_usable < size ? old_usable : size);
-  hd_record_alloc(q, size, 0); /* new block recorded before the old one is released */
+  hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
   hd_free_recorded(p);
   return q;
 }
@@ -369,18 +430,30 @@ static bool queue_pending(const hd_pending_op *op) {
 }
 
 /* From a signal handler inside a hook: the block is real already; its record waits. The trace
- * is taken here (the handler's own stack), unless that cannot be done safely. */
-static void defer_record(void *p, size_t size, unsigned lg_align) {
+ * is taken here (the handler's own stack), unless that cannot be done safely. Its node is
+ * reserved and written in its tag now, while the handler still owns the block: by the time the
+ * record is written, the program may have freed the block, whose tag must then not be touched. */
+static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
   hd_pending_op op = {.ptr = p, .size = size, .lg_align = lg_align & HD_NODE_ALIGN_MASK,
-                      .thread_key = hd_tls.thread_key, .timestamp = now_ns()};
+                      .thread_key = hd_tls.thread_key, .timestamp = now_ns(),
+                      .node = hd_alloc_table_reserve(&g_alloc)};
+  if (op.node == HD_NO_NODE) {
+    hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+    return;
+  }
+  tag_set_at(p, usable, op.node);
   uint64_t frames[HD_MAX_FRAMES];
   bool truncated;
   unsigned n = hd_capture_stack(frames, true, &truncated, NULL);
   if (n > 0) {
     op.stack_key = hd_res_intern_stack_nowait(&g_res, frames, n, truncated ? HD_STACK_TRUNCATED : 0);
   }
-  if (!queue_pending(&op)) hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+  if (!queue_pending(&op)) {
+    tag_set_at(p, usable, HD_NO_NODE);
+    hd_alloc_table_release(&g_alloc, op.node);
+    hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+  }
 }
 
 void *hd_nested_alloc(size_t size, unsigned lg_align, bool zero) {
@@ -388,12 +461,14 @@ void *hd_nested_alloc(size_t size, unsigned lg_align, bool zero) {
     errno = ENOMEM;
     return NULL;
   }
-  void *p = hd_backend_alloc(size, lg_align, zero);
+  size_t usable;
+  void *p = hd_backend_alloc(size, lg_align, zero, &usable);
   if (!p) {
     errno = ENOMEM;
     return NULL;
   }
-  if (!hd_tls.guard) defer_record(p, size, lg_align);
+  tag_set_at(p, usable, HD_NO_NODE); /* unless a record is queued */
+  if (!hd_tls.guard) defer_record(p, size, lg_align, usable);
   return p;
 }
 
@@ -406,12 +481,9 @@ void hd_nested_free(void *p) {
    * would let another thread get the address while it is still recorded. Both wait. */
   hd_pending_op op = {.ptr = p, .is_free = 1};
   if (queue_pending(&op)) return;
-  /* Queue full: a stale record is replaced when the address is next recorded (counted freed
-   * then). Inside the allocator the block cannot be returned at all: it is leaked. */
-  if (!hd_tls.in_backend) {
-    hd_alloc_table_note_lost_free(&g_alloc);
-    hd_backend_free(p, 0, 0);
-  }
+  /* Queue full: the block is not returned (leaked), so that its record, if it has one, stays
+   * true: a free that erased nothing would leave a record of a block the allocator hands out
+   * again, and with no index over addresses nothing would find that record later. */
 }
 
 void *hd_nested_realloc(void *p, size_t size) {
@@ -422,12 +494,13 @@ void *hd_nested_realloc(void *p, size_t size) {
   if (hd_tls.guard) {
     void *q = hd_backend_realloc(p, size);
     if (!q) errno = ENOMEM;
+    else tag_set(q, HD_NO_NODE);
     return q;
   }
   /* Always moves: the old block's record can only be dropped later, with its free. */
   void *q = hd_nested_alloc(size, 0, false);
   if (!q) return NULL;
-  size_t old_usable = hd_backend_usable(p);
+  size_t old_usable = hd_backend_usable(p) - HD_TAG_BYTES;
   memcpy(q, p, old_usable < size ? old_usable : size);
   hd_nested_free(p);
   return q;
@@ -444,10 +517,15 @@ void hd_drain_pending(void) {
       if (op.is_free) {
         hd_free_recorded(op.ptr);
       } else if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) {
+        /* The block's tag already names op.node; the block itself may be gone. */
         hd_alloc_info info = {.address = (uint64_t)(uintptr_t)op.ptr, .size = op.size,
                               .timestamp = op.timestamp, .thread_key = op.thread_key,
                               .stack_key = op.stack_key, .flags = op.lg_align};
-        insert_info(&info);
+        if (hd_alloc_table_fill(&g_alloc, &hd_tls.writer, op.node, &info)) {
+          hd_res_count_alloc(&g_res, &hd_tls.writer, info.stack_key, info.size);
+        } else {
+          hd_res_count_drop(&g_res, offsetof(hd_stats_block, dropped_allocations));
+        }
       }
     }
     /* Fails if a handler queued more meanwhile: those are applied in the next round. */

@@ -27,6 +27,7 @@ typedef struct hd_pending_op {
   uint32_t thread_key;
   uint32_t lg_align;
   uint32_t is_free; /* 1: erase ptr's record, then free it; 0: record ptr */
+  uint32_t node;    /* to record ptr in: reserved, and written in ptr's tag, by the handler */
 } hd_pending_op;
 
 #define HD_PENDING_MAX 32u
@@ -80,17 +81,30 @@ static inline void hd_ensure_init(void) {
 
 /* Backend (real memory). lg_align: log2 of the alignment (0 = default). Each call marks the
  * thread as inside the allocator (hd_tls.in_backend) for its duration. */
-void hd_backend_init(void) HD_HIDDEN; /* once, at init: lookups the other calls rely on */
-void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero) HD_HIDDEN;
+/* Once, at init: chooses the backend (glibc's if asked for, or if jemalloc cannot be found) and
+ * looks up what the other calls rely on. */
+void hd_backend_init(bool want_system) HD_HIDDEN;
+/* Every block holds HD_TAG_BYTES more than asked for, at the end of its usable size (runtime.c,
+ * the block's tag); sizes given to these functions are the program's. */
+#define HD_TAG_BYTES 8u
+/* jemalloc's flags (part of its ABI), which its API takes and the backend passes on. */
+#define HD_MALLOCX_LG_ALIGN_MASK 0x3f
+#define HD_MALLOCX_ZERO 0x40
+/* *usable: the block's usable size (tag included), known to the backend without a lookup. */
+void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable) HD_HIDDEN;
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) HD_HIDDEN; /* hint 0 = unknown */
 void *hd_backend_realloc(void *p, size_t size) HD_HIDDEN;
-size_t hd_backend_usable(void *p) HD_HIDDEN;
-bool hd_backend_resize_in_place(void *p, size_t size) HD_HIDDEN; /* jemalloc only */
+size_t hd_backend_usable(void *p) HD_HIDDEN; /* the allocator's, tag included */
+/* jemalloc only: the block's new usable size if it was resized in place, else 0. */
+size_t hd_backend_resize_in_place(void *p, size_t size) HD_HIDDEN;
+/* What malloc_usable_size will answer for a block of size allocated so (jemalloc's nallocx);
+ * the size itself with glibc, which cannot say before it allocates; 0 for an impossible size. */
+size_t hd_backend_size_class(size_t size, unsigned lg_align) HD_HIDDEN;
 /* false: a size the program must see fail with ENOMEM, as glibc would fail it */
 bool hd_backend_grants(size_t size) HD_HIDDEN;
 
 /* Recording; call with hd_tls.in_hook set. */
-void hd_record_alloc(void *p, size_t size, unsigned lg_align) HD_HIDDEN;
+void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) HD_HIDDEN;
 /* Erases p's record (if any) and frees it through the backend. */
 void hd_free_recorded(void *p) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;

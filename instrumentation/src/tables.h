@@ -16,7 +16,7 @@
 #include "precommit.h"
 
 
-/* One live block as the writer sees it (the shared node minus its link). */
+/* One live block as the writer sees it (what a node holds, unpacked). */
 typedef struct hd_alloc_info {
   uint64_t address;
   uint64_t size;
@@ -43,32 +43,29 @@ typedef struct hd_writer_thread {
   uint32_t nodes[HD_THREAD_NODE_CACHE]; /* free node indices owned by this thread */
 } hd_writer_thread;
 
+#define HD_NO_NODE UINT32_MAX /* "no node" where a node index is expected */
+#define HD_NO_NODE_LINK 0u    /* end of the free list; its links are index + 1 */
+
 typedef struct hd_alloc_table {
   hd_alloc_header *hdr;     /* shared, read-write mapping of memfd */
   uint32_t *seq;            /* slot sequence counters / writer spinlocks */
-  uint32_t *buckets;
   hd_alloc_node *nodes;
   uint64_t size;            /* mapping size == memfd size */
   hd_owned_fd memfd;
   uint32_t slot_sleepers;   /* threads asleep on a slot lock (alloc_table.c, slot_lock) */
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
-   * of a free node is kept in its shared `next` field (unreachable from any bucket). */
+   * of a free node is kept in its shared `next` field, which readers ignore. */
   uint64_t free_top;
-  /* Set (never cleared) once a free could not be applied to the table, so an address may still
-   * be recorded after its block was freed and reused: from then on insert looks for such a stale
-   * record. Without it insert links at the head of the chain without walking it. */
-  int lost_frees;
-  /* Held by whoever doubles the bucket array or locks the whole table (snapshot copy, fork).
+  /* Held by whoever locks the whole table (snapshot copy, fork).
    * Lock order: resources table lock -> world_lock -> slot locks in increasing order. */
   pthread_mutex_t world_lock;
-  /* The node array and the bucket array, committed ahead by the precommit helper once
-   * hd_alloc_table_precommit was called (the live table only). */
-  hd_precommit_area nodes_area, buckets_area;
+  /* The node array, committed ahead by the precommit helper once hd_alloc_table_precommit was
+   * called (the live table only). */
+  hd_precommit_area nodes_area;
 } hd_alloc_table;
 
 typedef enum hd_insert_result {
-  HD_INSERT_NEW = 0,      /* a new record was linked */
-  HD_INSERT_REPLACED = 1, /* the address was already recorded; that record was overwritten */
+  HD_INSERT_NEW = 0,      /* a new record was written */
   HD_INSERT_FULL = 2,     /* no node left: nothing recorded */
   HD_INSERT_UNREPRESENTABLE = 3, /* an address or size a node cannot hold: nothing recorded */
 } hd_insert_result;
@@ -83,31 +80,39 @@ void hd_alloc_table_precommit(hd_alloc_table *t);
 /* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
 uint64_t hd_alloc_table_bytes_for(uint64_t nodes);
 
-/* w: the calling thread's state, or NULL. */
+/* Records info in a node of its own; HD_INSERT_NEW and *index set, or why not. w: the calling
+ * thread's state, or NULL. */
 hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
-                                       const hd_alloc_info *info, hd_alloc_info *replaced) HD_MUST_CHECK;
-/* Unlinks the record of address; true and *out filled if it was present. */
-bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint64_t address,
-                          hd_alloc_info *out) HD_MUST_CHECK;
-/* A block was freed without its record being erased (see lost_frees). */
-void hd_alloc_table_note_lost_free(hd_alloc_table *t);
-/* Starts loading the cache lines an insert or erase of address will need. */
-static inline void hd_alloc_table_prefetch(const hd_alloc_table *t, uint64_t address) {
-  uint32_t log2 = __atomic_load_n(&t->hdr->bucket_log2, __ATOMIC_RELAXED);
-  uint64_t b = hd_alloc_hash(address) & (((uint64_t)1 << log2) - 1);
-  __builtin_prefetch(&t->buckets[b], 1);
-  __builtin_prefetch(&t->seq[b & (HD_SEQ_SLOTS - 1)], 1);
-}
-/* Rewrites the record of info->address in one critical section (in-place realloc); true and
- * *old filled (if non-NULL) if it was present (false, and nothing changed, if the new size
- * cannot be recorded). */
-bool hd_alloc_table_replace(hd_alloc_table *t, const hd_alloc_info *info, hd_alloc_info *old) HD_MUST_CHECK;
+                                       const hd_alloc_info *info, uint32_t *index) HD_MUST_CHECK;
+/* A node taken for a record to come, HD_NO_NODE if none is left. Lock-free and without
+ * syscalls: for signal handlers, which cannot take a slot lock (the hook they interrupted may
+ * hold it). The record is written later by hd_alloc_table_fill, or the node given back by
+ * hd_alloc_table_release (also safe in a handler). */
+uint32_t hd_alloc_table_reserve(hd_alloc_table *t);
+/* Records info in the reserved node index; false (and the node given back) if info cannot be
+ * recorded. */
+bool hd_alloc_table_fill(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
+                         const hd_alloc_info *info) HD_MUST_CHECK;
+void hd_alloc_table_release(hd_alloc_table *t, uint32_t index);
+/* Erases the record of address from node index; true and *out filled (if non-NULL) if that node
+ * held it. */
+bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
+                          uint64_t address, hd_alloc_info *out) HD_MUST_CHECK;
+/* The node holding address, by a scan of every node handed out (for a block whose index was
+ * lost); HD_NO_NODE if none. */
+uint32_t hd_alloc_table_find(const hd_alloc_table *t, uint64_t address);
+/* Rewrites the record of info->address in node index in one critical section (in-place
+ * realloc); true and *old filled (if non-NULL) if that node held it (false, and nothing changed,
+ * if the new size cannot be recorded). */
+bool hd_alloc_table_replace(hd_alloc_table *t, uint32_t index, const hd_alloc_info *info,
+                            hd_alloc_info *old) HD_MUST_CHECK;
 
-/* Stops every writer (world_lock + every slot lock in use); pair with unlock_all. */
+/* Stops every writer (world_lock + every slot lock); pair with unlock_all. */
 void hd_alloc_table_lock_all(hd_alloc_table *t);
 void hd_alloc_table_unlock_all(hd_alloc_table *t);
 /* With src locked: creates dst (a new memfd of max_bytes, or exactly big enough when
- * max_bytes == 0) holding a copy of every live record of src. Returns 0 or -errno. */
+ * max_bytes == 0) holding a copy of every live record of src, in the same nodes. Returns 0 or
+ * -errno. */
 int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
                                 const char *memfd_name) HD_MUST_CHECK;
 /* With t locked (or private): the number and total requested size of its live records. */
@@ -217,6 +222,8 @@ void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder left to libunwind (hd_res_header.stacks_left_to_libunwind). */
 void hd_res_count_left_to_libunwind(hd_res_table *t);
+/* One more free of a block whose tag the program had overwritten (hd_res_header.overwritten_tags). */
+void hd_res_count_overwritten_tag(hd_res_table *t);
 /* The process statistics: header base plus every thread's counters (see shm_layout.h). */
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out);
 /* At thread exit: its live share joins the total, its free nodes and counters record go back

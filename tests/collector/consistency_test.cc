@@ -1,5 +1,5 @@
 // The snapshot consistency promise, on a real program whose threads allocate and free without
-// pause (growing its table through bucket doublings) while snapshots are taken: every block
+// pause (growing its table) while snapshots are taken: every block
 // live for the whole snapshot appears exactly once, and no block freed before the snapshot
 // started appears. heap_workload's "churn" mode documents the sizes each kind of block uses.
 #include <fcntl.h>

@@ -180,10 +180,6 @@ uint32_t *MappedTable::Seq(uint64_t slot) const {
   return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(header) + header->seq_offset) + slot;
 }
 
-uint32_t *MappedTable::Bucket(uint64_t index) const {
-  return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(header) + header->buckets_offset) + index;
-}
-
 hd_alloc_node *MappedTable::Node(uint32_t link) const {
   return reinterpret_cast<hd_alloc_node *>(reinterpret_cast<char *>(header) + header->nodes_offset) +
          (link - 1);

@@ -81,7 +81,6 @@ struct MappedTable {
   MappedTable &operator=(const MappedTable &) = delete;
   bool ok() const { return header != nullptr; }
   uint32_t *Seq(uint64_t slot) const;
-  uint32_t *Bucket(uint64_t index) const;
   hd_alloc_node *Node(uint32_t link) const;  // link = node index + 1
   // Locks or unlocks a sequence slot the way a writer does.
   void SetSlotLocked(uint64_t slot, bool locked) const;

@@ -67,18 +67,20 @@ ProcessStatus FinalState(const std::string &socket, pid_t pid) {
 
 // Holds one sequence slot of a table after another, each just under the reader's patience for
 // one slot, the next taken before the last is let go: a reader waiting on it would wait for
-// every slot in turn (an hour).
+// every slot the table's nodes use in turn.
 class LockWalker {
  public:
   explicit LockWalker(const MappedTable &table) : table_(table) {
+    const uint64_t used = (table.header->node_high_water + HD_NODES_PER_SLOT - 1) / HD_NODES_PER_SLOT;
+    slots_ = std::min<uint64_t>(std::max<uint64_t>(used, 2), HD_SEQ_SLOTS);
     table_.SetSlotLocked(0, true);  // before any reader starts, which is far quicker than a thread
     thread_ = std::thread([this] {
       uint64_t slot = 0;
       while (!done_) {
         for (int i = 0; i < 80 && !done_; i++) usleep(10000);
-        table_.SetSlotLocked((slot + 1) % HD_SEQ_SLOTS, true);
+        table_.SetSlotLocked((slot + 1) % slots_, true);
         table_.SetSlotLocked(slot, false);
-        slot = (slot + 1) % HD_SEQ_SLOTS;
+        slot = (slot + 1) % slots_;
       }
       table_.SetSlotLocked(slot, false);
     });
@@ -90,6 +92,7 @@ class LockWalker {
 
  private:
   const MappedTable &table_;
+  uint64_t slots_;
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
@@ -384,9 +387,10 @@ TEST_F(HostileTest, ProgramsKilledWhileAllocatingAllGetTheirExitSnapshots) {
 }
 
 // A process that keeps its slot locks held fails its own snapshot once the read timeout is
-// spent, and only its own: other processes' live and named snapshots go on meanwhile.
+// spent, and only its own: other processes' live and named snapshots go on meanwhile. (Its
+// nodes use two slots or more, each held 0.8 s: a reader needs more than the 1 s timeout.)
 TEST_F(HostileTest, HeldLocksCostOnlyTheirOwnSnapshotAndOnlyTheReadTimeout) {
-  collector.args = {"--read-timeout", "2"};
+  collector.args = {"--read-timeout", "1"};
   collector.Start();
   Child healthy(collector.socket, nullptr);
   Child victim(collector.socket, nullptr);
@@ -616,12 +620,14 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
   auto locker_table = std::make_unique<MappedTable>(locker.pid);
   auto cyclic_table = std::make_unique<MappedTable>(cyclic.pid);
   ASSERT_TRUE(locker_table->ok() && cyclic_table->ok());
-  for (uint64_t b = 0; b < (uint64_t{1} << cyclic_table->header->bucket_log2); b++) {
-    const uint32_t head = *cyclic_table->Bucket(b);
-    if (head != HD_LINK_NONE) {
-      __atomic_store_n(&cyclic_table->Node(head)->next, head, __ATOMIC_RELAXED);
-      break;
-    }
+  // Every live node of this one claims the first one's address, as no honest writer leaves it.
+  uint64_t one_address = 0;
+  for (uint32_t link = 1; link <= cyclic_table->header->node_high_water; link++) {
+    hd_alloc_node *node = cyclic_table->Node(link);
+    const uint64_t address_word = __atomic_load_n(&node->address_word, __ATOMIC_RELAXED);
+    if (address_word == 0) continue;
+    if (one_address == 0) one_address = address_word;
+    __atomic_store_n(&node->address_word, one_address, __ATOMIC_RELAXED);
   }
   std::atomic<bool> stop{false};
   std::atomic<size_t> normal_failures{0}, normal_requests{0};

@@ -519,7 +519,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
   stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1, true, 2,
-                                 true, 30, true, 4, true, 5, true, 6, true, 11};
+                                 true, 30, true, 4, true, 5, true, 6, true, 11, true, 12};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);

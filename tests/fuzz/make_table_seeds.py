@@ -72,14 +72,17 @@ def hostile_variants(alloc, res):
     """Yields (suffix, allocations, resources): the tables of a real program as a hostile one
     would change them. Offsets are those shm_layout.h pins."""
     alloc, res = bytearray(alloc), bytearray(res)
-    bucket_log2, = struct.unpack_from("<I", alloc, 40)
-    buckets_offset, nodes_offset = struct.unpack_from("<QQ", alloc, 64)
-    heads = struct.unpack_from(f"<{1 << bucket_log2}I", alloc, buckets_offset)
-    head = next(link for link in heads if link)
-    cycle = bytearray(alloc)
     node_size, = struct.unpack_from("<I", alloc, 24)
-    struct.pack_into("<I", cycle, nodes_offset + (head - 1) * node_size, head)  # node.next = itself
-    yield "cycle", cycle, res
+    high_water, = struct.unpack_from("<I", alloc, 52)
+    nodes_offset, = struct.unpack_from("<Q", alloc, 72)
+    one_address = bytearray(alloc)  # every live node claims the first one's address
+    words = [struct.unpack_from("<Q", alloc, nodes_offset + i * node_size + 16)[0]
+             for i in range(high_water)]
+    first = next(word for word in words if word)
+    for i, word in enumerate(words):
+        if word:
+            struct.pack_into("<Q", one_address, nodes_offset + i * node_size + 16, first)
+    yield "one_address", one_address, res
     huge = bytearray(alloc)
     struct.pack_into("<I", huge, 52, 0xFFFFFFFF)  # node_high_water past any capacity
     huge_res = bytearray(res)

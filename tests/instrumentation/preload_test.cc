@@ -295,6 +295,35 @@ TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
   }
 }
 
+// A program that fills what malloc_usable_size gives it overflows nothing; one that writes past
+// that overwrites the bytes kept after the block: its free still erases the record (found by a
+// scan), and the statistics count the overflow.
+TEST_P(Preload, WritesPastABlockAreCountedAndItsRecordStillErased) {
+  Tables t;
+  RunChild({"overflow"}, &t);
+  EXPECT_EQ(t.stats.writes_past_block_end, 1u);
+  EXPECT_EQ(t.CountSize(24), 0);
+  EXPECT_EQ(t.CountSize(7131), 0);
+  EXPECT_EQ(t.CountSize(7132), 1);
+}
+
+// A program calling jemalloc's API itself, as folly does when jemalloc serves malloc (the
+// default backend; not the system one), gets recorded blocks and valid sized frees.
+TEST_P(Preload, JemallocsOwnApiIsRecordedLikeMalloc) {
+  Tables t;
+  RunChild({"jemalloc-api"}, &t);
+  const auto &env = GetParam().env;
+  const bool jemalloc_backend =
+      std::find(env.begin(), env.end(), "HEAPDUMP_ALLOCATOR=system") == env.end();
+  EXPECT_NE(last_output.find(jemalloc_backend ? "jemalloc serves malloc: yes" : "jemalloc serves malloc: no"),
+            std::string::npos)
+      << last_output;
+  const std::pair<uint64_t, int> kept[] = {{5000, 1}, {5001, 1}, {4093, 0}, {5003, 0}, {50030, 1},
+                                           {5004, 0}, {5005, 1}, {5006, 0}, {5007, 0}};
+  for (const auto &[size, count] : kept) EXPECT_EQ(t.CountSize(size), count) << size << " bytes";
+  EXPECT_EQ(t.stats.writes_past_block_end, 0u);
+}
+
 // A fork while another thread holds the unwinder's lock leaves the child able to unwind: libunwind
 // keeps a process-wide lock that a fork child would otherwise wait on forever (the child was seen
 // hanging so under load in ForkWithBusyThreadsGivesChildItsOwnTables).

@@ -192,6 +192,22 @@ TEST_F(CliTest, RunReportsTheLeaksAndPropagatesTheExitStatus) {
   EXPECT_TRUE(Glob(tmp, "heapdump-run-").empty());
 }
 
+// A heap overflow seen by heapdump (a block written past its end, onto the bytes heapdump keeps
+// after it) is reported, in text and in JSON; a program without one gets no such warning.
+TEST_F(CliTest, RunWarnsOfWritesPastTheEndOfABlock) {
+  Output o = Heapdump({"run", "-o", "overflow.heapdump", "--", HD_LEAK_CHILD, "overflow"});
+  EXPECT_EQ(o.status, 3) << o.err;
+  EXPECT_NE(o.err.find("warning: the program wrote past the end of 1 freed block(s) (heap "
+                       "overflow)"),
+            std::string::npos)
+      << o.err;
+  Output j = Heapdump({"report", "--json", "overflow.heapdump"});
+  ASSERT_EQ(j.status, 0) << j.err;
+  EXPECT_NE(j.out.find("\"writes_past_block_end\":1}"), std::string::npos) << j.out;
+  Output clean = Heapdump({"run", "--", HD_LEAK_CHILD});
+  EXPECT_EQ(clean.err.find("wrote past the end"), std::string::npos) << clean.err;
+}
+
 TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
   Output o = Heapdump({"run", "-o", "leaks.heapdump", "--", HD_LEAK_CHILD});
   ASSERT_EQ(o.status, 3) << o.err;

@@ -3,7 +3,10 @@
  * tests can check that `heapdump run` propagates it. With "wait", it stays alive until its stdin
  * closes, for live snapshots; with "sleep", for 1.5 s; with "deep", leak_deep also leaves one block
  * of 2222 bytes allocated 100 calls deep (past any frame limit under test). With "hog MB", it
- * also keeps one block of MB megabytes holding byte i = i * 7 & 0xff, and waits as with "wait". */
+ * also keeps one block of MB megabytes holding byte i = i * 7 & 0xff, and waits as with "wait".
+ * With "overflow", it writes 8 bytes past the end of one block (all malloc_usable_size gives it,
+ * and more) before freeing it. */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,13 @@ int main(int argc, char **argv) {
   balanced();
   if (argc > 1 && strcmp(argv[1], "deep") == 0) leak_deep(100);
   if (argc > 1 && strcmp(argv[1], "sleep") == 0) usleep(1500 * 1000);
+  if (argc > 1 && strcmp(argv[1], "overflow") == 0) {
+    volatile unsigned char *block = malloc(40);
+    if (block == NULL) return 1;
+    const size_t past_end = malloc_usable_size((void *)block) + 8;
+    for (size_t i = 0; i < past_end; i++) block[i] = 0x5a;
+    free((void *)block);
+  }
   if (argc > 2 && strcmp(argv[1], "hog") == 0) {
     size_t size = (size_t)atol(argv[2]) << 20;
     unsigned char *hog = malloc(size);

@@ -409,6 +409,13 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             "heapdump's unwinder\n",
             s->stats.stacks_left_to_libunwind, s->stats.blocks_allocated);
   }
+  /* A heap overflow in the program: worth saying every time it is seen. */
+  if (s->has_stats && s->stats.writes_past_block_end > 0) {
+    fprintf(out,
+            "warning: the program wrote past the end of %" PRIu64 " freed block(s) (heap "
+            "overflow); run it under AddressSanitizer or valgrind to find where\n",
+            s->stats.writes_past_block_end);
+  }
   if (s->sample_count > 0) {
     size_t peak = 0;
     for (size_t i = 1; i < s->sample_count; i++) {
@@ -515,10 +522,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
             ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
             ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
-            ",\"stacks_left_to_libunwind\":%" PRIu64 "}",
+            ",\"stacks_left_to_libunwind\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
-            st->dropped_resources, st->stacks_left_to_libunwind);
+            st->dropped_resources, st->stacks_left_to_libunwind, st->writes_past_block_end);
   }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);

@@ -18,55 +18,46 @@
  *   | hd_alloc_header          |              | hd_res_header (stats)  |
  *   +--------------------------+ seq_offset   +------------------------+ records_offset
  *   | u32 slot_seq[4096]       |              | record | record | ...   | append-only log,
- *   +--------------------------+ buckets_off  |   ...                  | 8-byte aligned records;
- *   | u32 bucket[max_buckets]  | (first       |                        | key = byte offset
- *   |   only 2^bucket_log2 used|  2^log2 used)+------------------------+ used (published)
- *   +--------------------------+ nodes_offset |   (unwritten, sparse)  |
- *   | hd_alloc_node[capacity]  |              +------------------------+ total_size
- *   +--------------------------+ total_size
+ *   +--------------------------+ nodes_offset |   ...                  | 8-byte aligned records;
+ *   | hd_alloc_node[capacity]  |              |                        | key = byte offset
+ *   +--------------------------+ total_size   +------------------------+ used (published)
+ *                                             |   (unwritten, sparse)  |
+ *                                             +------------------------+ total_size
  *
- * ALLOCATIONS TABLE: a chained hash of live blocks. bucket = hd_alloc_hash(address) &
- * (2^bucket_log2 - 1). A link (bucket head or node.next) holds node index + 1; HD_LINK_NONE (0)
- * ends a chain, so never-written (zero) pages are empty buckets. Each bucket belongs to one sequence slot: slot = bucket & (HD_SEQ_SLOTS - 1). The slot's
- * u32 counter is both the writers' spinlock and the readers' seqlock:
- *   writer (any change to a chain of a bucket of slot s: insert, erase, in-place replace):
+ * ALLOCATIONS TABLE: an array of nodes, one per live block. A node holds a block's record from
+ * the block's allocation to its free and never moves; it is live exactly when its address_word
+ * is non-zero. The writer finds a block's node from the block itself (it keeps the index in the
+ * block, out of the program's sight), so the table has no index a reader must follow. Nodes
+ * [0, node_high_water) have been handed out; node_high_water only grows, by compare-and-swap
+ * (relaxed: a node's contents are only published through W3); free nodes are linked through
+ * their `next` fields, which readers ignore. Every HD_NODES_PER_SLOT consecutive nodes belong to one sequence
+ * slot: slot = (index / HD_NODES_PER_SLOT) & (HD_SEQ_SLOTS - 1). The slot's u32 counter is both
+ * the writers' spinlock and the readers' seqlock:
+ *   writer (any change to a node of slot s: insert, erase, in-place replace):
  *     W1  CAS slot_seq[s] even -> odd            (__ATOMIC_ACQUIRE: lock between writers)
  *         __atomic_thread_fence(__ATOMIC_RELEASE) (odd value ordered before the data stores)
- *     W2  relaxed stores to nodes / bucket heads (a new node is filled before it is linked; a
- *         reused node's payload, written before W1, follows a release fence, so a reader still
- *         copying it from its old slot sees that slot's sequence change)
+ *     W2  relaxed stores to the node: an insert stores the payload before the address_word, an
+ *         erase stores address_word = 0
  *     W3  store slot_seq[s] = odd + 1            (__ATOMIC_RELEASE: unlock, publishes W2)
- *   reader (per slot):
+ *   reader (per run of HD_NODES_PER_SLOT nodes, in index order, below node_high_water as read
+ *   when the copy starts):
  *     R1  s1 = load slot_seq[s]                  (__ATOMIC_ACQUIRE, pairs with W3); odd: retry
- *     R2  relaxed loads: read bucket_log2; copy every chain of the slot into private memory.
- *         A link above node_high_water (re-read once, as writers take nodes meanwhile) or a
- *         chain that returns to one of its nodes is inconsistent: a stable table holding one
- *         is corrupt, so a copy never exceeds the nodes the writer handed out
+ *     R2  relaxed loads: copy every node of the run whose address_word is non-zero
  *     R3  __atomic_thread_fence(__ATOMIC_ACQUIRE) then s2 = load slot_seq[s] (__ATOMIC_RELAXED);
- *         s1 != s2: discard the copy, retry (bounded; give up with a "busy" error)
+ *         s1 != s2: discard the run's copy, retry (bounded; give up with a "busy" error)
  *   A FINAL table — a snapshot copy (sealed F_SEAL_WRITE) or the table of a process that has
- *   exited — cannot change: a reader takes an odd slot as its dead writer left it (no retry);
- *   a chain inconsistent under such a slot loses that slot's blocks, not the whole copy. A
- *   resize_seq left odd (the writer died doubling) makes the table unreadable.
- *   Growth of the bucket array (doubling when the nodes handed out outnumber the buckets) is done by a writer holding
- *   every slot lock: resize_seq goes odd (relaxed store + release fence), every chain is rebuilt
- *   for 2^(old_log2 + 1) buckets from the nodes in index order (a node is linked exactly when
- *   its address_word is non-zero: a writer stores it when it links a node and zero when it
- *   unlinks one, both inside W1..W3), bucket_log2 is incremented, resize_seq goes even
- *   (__ATOMIC_RELEASE). A reader loads resize_seq (__ATOMIC_ACQUIRE) before its first slot and
- *   (after an acquire fence) again after its last slot, and restarts if it changed or was odd.
- *   Node storage: nodes [0, node_high_water) have been handed out; node_high_water grows with
- *   __atomic_fetch_add (relaxed: a node's contents are only published through W3). Free nodes are
- *   listed in the writer's private memory; only this table's links are shared.
+ *   exited — cannot change: a reader takes an odd slot as its dead writer left it (no retry).
  *
  * SNAPSHOT CONSISTENCY (what the collector relies on, with a read-only mapping and no pause):
- * each slot's copy is exactly the state of its buckets at one instant inside the snapshot, and a
- * block's address selects one bucket for a given bucket_log2 (which is constant across a valid
- * snapshot). Hence a block live during the whole snapshot is in its bucket at that instant and is
- * copied exactly once; a block freed before the snapshot began is in no bucket by then. Writers
- * never wait for readers; a reader retries a slot only when a writer changed it meanwhile.
- * A realloc that stays in place rewrites its node inside one W1..W3 section, so it is never seen
- * absent or twice; a moving realloc is a new block plus the free of the old one.
+ * each run's copy is exactly the state of its nodes at one instant inside the snapshot, and a
+ * block's record stays in one node from its allocation to its free. Hence a block live during
+ * the whole snapshot is copied exactly once; a block freed before the snapshot began is in no
+ * node by then. A block freed while the copy runs may be met, and a block allocated again at its
+ * address may be met too, in a later node: the copy then holds one address twice, and the
+ * reader keeps the newer record (as it does of an address that a hostile table records twice).
+ * Writers never wait for readers; a reader retries a run only when a writer changed its slot
+ * meanwhile. A realloc that stays in place rewrites its node inside one W1..W3 section, so it
+ * is never seen absent or twice; a moving realloc is a new block plus the free of the old one.
  *
  * RESOURCES TABLE: append-only records, never modified after publication except the two atomic
  * counters of a stack-trace record, the counters of a HD_REC_COUNTERS record and the header
@@ -83,7 +74,7 @@
  * varint form (7 bits per byte, high bit = more).
  *
  * Every reader must treat all of this memory as hostile: copy, then bounds-check every offset,
- * length, index and chain length before use.
+ * length, index and count before use.
  */
 #ifndef HEAPDUMP_CONTRACT_SHM_LAYOUT_H
 #define HEAPDUMP_CONTRACT_SHM_LAYOUT_H
@@ -98,16 +89,20 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 5u
+#define HD_LAYOUT_VERSION 6u
 #define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
 #define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
 
-#define HD_LINK_NONE 0u               /* empty bucket / end of chain; links are index + 1 */
-/* Sequence slots (power of two). 4096 of them (16 KiB) stay in a core's cache, where 65536 made
- * the lock word a second cache miss beside the bucket in a big table; two writers still rarely
- * meet on one. */
+/* Sequence slots (power of two). 4096 of them (16 KiB) stay in a core's cache; two writers
+ * rarely meet on one. */
 #define HD_SEQ_SLOTS 4096u
-#define HD_MIN_BUCKET_LOG2 12u        /* initial bucket count 4096 */
+/* Consecutive nodes guarded by one slot: a reader copies them under one read of the slot, and a
+ * writer thread takes nodes from the never-used range this many at a time, so its own nodes
+ * share slots with no other thread's. */
+#define HD_NODES_PER_SLOT 16u
+static inline uint32_t hd_node_slot(uint32_t index) {
+  return (index / HD_NODES_PER_SLOT) & (HD_SEQ_SLOTS - 1);
+}
 #define HD_MAX_FRAMES 64u             /* hard cap of frames per trace */
 /* No table's memfd is larger (over a billion live blocks): a reader refuses a bigger one before
  * mapping it, so a process cannot make a collector map unbounded address space. */
@@ -119,18 +114,6 @@ extern "C" {
 /* hd_alloc_header.flags */
 #define HD_ALLOC_FLAG_SNAPSHOT 1u /* a frozen copy (sealed F_SEAL_WRITE), not a live table */
 
-/* Address hash. The page number is mixed (multiply by 2^64/phi, fold the high half in) so that
- * pages spread evenly over the buckets; the 16-byte granule within the page is XORed into the low
- * 8 bits, so the blocks of one page fall into one aligned group of 256 buckets (16 cache lines of
- * bucket heads and seq slots). Programs tend to free and allocate neighbouring blocks together;
- * with the whole address mixed, every insert and erase in a big table was a cache and TLB miss
- * on the bucket array; now neighbours share lines. XOR with a fixed granule is a bijection, so
- * buckets stay uniform. */
-static inline uint64_t hd_alloc_hash(uint64_t address) {
-  uint64_t h = (address >> 12) * UINT64_C(0x9E3779B97F4A7C15);
-  return (h ^ (h >> 29)) ^ ((address >> 4) & 0xffu);
-}
-
 typedef struct hd_alloc_header {
   uint64_t magic;            /* HD_ALLOC_MAGIC */
   uint32_t version;          /* HD_LAYOUT_VERSION */
@@ -139,13 +122,12 @@ typedef struct hd_alloc_header {
   uint32_t node_size;        /* sizeof(hd_alloc_node) */
   uint32_t flags;            /* HD_ALLOC_FLAG_* */
   uint32_t seq_slots;        /* HD_SEQ_SLOTS */
-  uint32_t max_bucket_log2;  /* bucket array capacity is 2^max_bucket_log2 */
-  uint32_t bucket_log2;      /* atomic; current bucket count is 2^bucket_log2 (>= HD_MIN_BUCKET_LOG2) */
-  uint32_t resize_seq;       /* atomic; odd while the bucket array is being doubled */
+  uint32_t nodes_per_slot;   /* HD_NODES_PER_SLOT */
+  uint32_t reserved1[2];
   uint32_t node_capacity;    /* nodes that fit; indices are < node_capacity < 2^32 - 1 */
   uint32_t node_high_water;  /* atomic; nodes ever handed out */
   uint64_t seq_offset;       /* u32[seq_slots] */
-  uint64_t buckets_offset;   /* u32[2^max_bucket_log2] */
+  uint64_t reserved2;
   uint64_t nodes_offset;     /* hd_alloc_node[node_capacity] */
   uint64_t time_base;        /* CLOCK_MONOTONIC ns that every node's time offset is added to */
   uint32_t pid;              /* process that wrote the table */
@@ -153,18 +135,16 @@ typedef struct hd_alloc_header {
   uint64_t reserved[6];
 } hd_alloc_header;
 
-/* One live block in 32 bytes. The 8 bytes saved on layout 4's node pay for twice the buckets
- * (one per node handed out, not one per two), so the chain a free searches holds 1.25 to 1.5
- * nodes on average instead of 1.5 to 2, each a cache miss in a big table, for less memory per
- * block. Addresses and sizes below 2^48 are recorded (user space on x86-64 is below 2^47 unless
- * a program maps above it on purpose, and no larger block can be allocated); the writer leaves
- * any other block unrecorded, counted as dropped. */
+/* One live block in 32 bytes. Addresses and sizes below 2^48 are recorded (user space on x86-64
+ * is below 2^47 unless a program maps above it on purpose, and no larger block can be
+ * allocated); the writer leaves any other block unrecorded, counted as dropped. */
 typedef struct hd_alloc_node {
-  uint32_t next;         /* link (index + 1) of the next node in the chain, 0 at the end */
+  uint32_t next;         /* the writer's: link (index + 1) of the next free node while this one
+                            is free; readers ignore it */
   uint32_t thread_key;   /* resources-table offset of a HD_REC_THREAD record, 0 if none */
   uint32_t stack_key;    /* resources-table offset of a HD_REC_STACK record, 0 if none */
   uint32_t size_low;     /* bits 0..31 of the requested size in bytes */
-  uint64_t address_word; /* bits 0..47: the block's address (0: the node is not linked);
+  uint64_t address_word; /* bits 0..47: the block's address (0: the node is free);
                             bits 48..63: bits 32..47 of the requested size */
   uint64_t time_word;    /* bits 0..55: CLOCK_MONOTONIC ns at allocation minus the header's
                             time_base (kept at 0 and 2^56 - 1 if it falls outside, which takes a
@@ -234,7 +214,10 @@ typedef struct hd_res_header {
    * describe and left to libunwind. Zero with any other unwinder, and in a table whose writer
    * did not know the field (it was reserved, so zero). */
   uint64_t stacks_left_to_libunwind;
-  uint64_t reserved[6];
+  /* Atomic, relaxed: frees of blocks whose tag (the end of the block, past what the program
+   * asked for) had been overwritten: the program wrote past the end of those blocks. */
+  uint64_t overwritten_tags;
+  uint64_t reserved[5];
 } hd_res_header;
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
@@ -326,13 +309,12 @@ HD_PIN(hd_alloc_header, total_size, 16);
 HD_PIN(hd_alloc_header, node_size, 24);
 HD_PIN(hd_alloc_header, flags, 28);
 HD_PIN(hd_alloc_header, seq_slots, 32);
-HD_PIN(hd_alloc_header, max_bucket_log2, 36);
-HD_PIN(hd_alloc_header, bucket_log2, 40);
-HD_PIN(hd_alloc_header, resize_seq, 44);
+HD_PIN(hd_alloc_header, nodes_per_slot, 36);
+HD_PIN(hd_alloc_header, reserved1, 40);
 HD_PIN(hd_alloc_header, node_capacity, 48);
 HD_PIN(hd_alloc_header, node_high_water, 52);
 HD_PIN(hd_alloc_header, seq_offset, 56);
-HD_PIN(hd_alloc_header, buckets_offset, 64);
+HD_PIN(hd_alloc_header, reserved2, 64);
 HD_PIN(hd_alloc_header, nodes_offset, 72);
 HD_PIN(hd_alloc_header, time_base, 80);
 HD_PIN(hd_alloc_header, pid, 88);
@@ -371,7 +353,8 @@ HD_PIN(hd_res_header, stats, 56);
 HD_PIN(hd_res_header, counters_head, 120);
 HD_PIN(hd_res_header, reserved1, 124);
 HD_PIN(hd_res_header, stacks_left_to_libunwind, 128);
-HD_PIN(hd_res_header, reserved, 136);
+HD_PIN(hd_res_header, overwritten_tags, 136);
+HD_PIN(hd_res_header, reserved, 144);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);
