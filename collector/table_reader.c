@@ -170,8 +170,10 @@ typedef struct {
   size_t n, cap;
 } block_vec;
 
+/* Room for cap blocks, grown at least twofold. */
 static bool reserve(block_vec *bv, size_t cap) {
   if (cap <= bv->cap) return true;
+  if (cap < bv->cap * 2) cap = bv->cap * 2;
   hd_live_block *v = realloc(bv->v, cap * sizeof(*v));
   if (!v) return false;
   bv->v = v;
@@ -369,7 +371,7 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_li
    * live during the whole copy. */
   const uint64_t high_water = high_water_now(r);
   block_vec bv = {0};
-  if (!reserve(&bv, high_water ? high_water : 1)) return HD_READ_ERR_NO_MEMORY;
+  if (!reserve(&bv, 1)) return HD_READ_ERR_NO_MEMORY;
   hd_read_status st = HD_READ_OK;
   /* Pages of the memfd never written hold no live node; reading them would make the kernel
    * commit them, so a table claiming more nodes than it wrote could make its reader commit the
@@ -391,6 +393,12 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_li
       if (to > high_water) to = high_water;
     }
     if (from >= to) break;
+    /* Room for what these pages can hold, not for what the header claims: a table's own
+     * high-water mark costs its reader nothing past the data written. */
+    if (!reserve(&bv, bv.n + (to - from))) {
+      st = HD_READ_ERR_NO_MEMORY;
+      break;
+    }
     for (uint64_t at = from; at < to && st == HD_READ_OK; at += HD_NODES_PER_SLOT) {
       const uint64_t run_end = at + HD_NODES_PER_SLOT < to ? at + HD_NODES_PER_SLOT : to;
       st = copy_run(r, (uint32_t)at, (uint32_t)run_end, &bv, limits);
