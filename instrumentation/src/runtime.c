@@ -296,9 +296,9 @@ static void tag_set_at(void *p, size_t usable, uint32_t index) {
 
 static void tag_set(void *p, uint32_t index) { tag_set_at(p, hd_backend_usable(p), index); }
 
-/* The node recording block p, or HD_NO_NODE if it is not recorded. */
-static uint32_t node_of(void *p) {
-  const block_tag tag = *tag_at(p, hd_backend_usable(p));
+/* The node recording block p (of the usable size given), or HD_NO_NODE if it is not recorded. */
+static uint32_t node_of_at(void *p, size_t usable) {
+  const block_tag tag = *tag_at(p, usable);
   const uint64_t address = (uint64_t)(uintptr_t)p;
   if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
     return tag.link == 0 ? HD_NO_NODE : tag.link - 1;
@@ -306,6 +306,8 @@ static uint32_t node_of(void *p) {
   hd_res_count_overwritten_tag(&g_res);
   return hd_alloc_table_find(&g_alloc, address);
 }
+
+static uint32_t node_of(void *p) { return node_of_at(p, hd_backend_usable(p)); }
 
 /* Records info in a node; the node, or HD_NO_NODE if the table could not (counted). */
 static uint32_t insert_info(const hd_alloc_info *info) {
@@ -329,27 +331,27 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
   tag_set_at(p, usable, insert_info(&info));
 }
 
-/* Takes the record of block p out of the table; true and *old filled if it had one. */
-static bool erase_recorded(void *p, hd_alloc_info *old) {
+/* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
+ * *old filled if it had one. */
+static bool take_record(void *p, size_t usable, hd_alloc_info *old) {
   if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
-  const uint32_t index = node_of(p);
-  if (index == HD_NO_NODE ||
-      !hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old)) {
-    return false;
-  }
-  hd_res_count_free(&g_res, &hd_tls.writer, old->size);
-  return true;
+  const uint32_t index = node_of_at(p, usable);
+  return index != HD_NO_NODE &&
+         hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old);
 }
 
-void hd_free_recorded(void *p) {
+static void free_recorded_at(void *p, size_t usable) {
   hd_alloc_info old;
   /* Erased before the block goes back: its address cannot be reused while still recorded. */
-  if (erase_recorded(p, &old)) {
+  if (take_record(p, usable, &old)) {
+    hd_res_count_free(&g_res, &hd_tls.writer, old.size);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
   }
   hd_backend_free(p, 0, 0);
 }
+
+void hd_free_recorded(void *p) { free_recorded_at(p, hd_backend_usable(p)); }
 
 void *hd_realloc_recorded(void *p, size_t size) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
@@ -357,9 +359,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
-    const uint32_t index = on ? node_of(p) : HD_NO_NODE;
-    const bool had = index != HD_NO_NODE && hd_alloc_table_erase(&g_alloc, &hd_tls.writer, index,
-                                                                 (uint64_t)(uintptr_t)p, &old);
+    const bool had = take_record(p, hd_backend_usable(p), &old);
     void *q = hd_backend_realloc(p, size);
     if (!q) {
       /* p is unchanged: recorded again under a new node (its counters never moved), or marked
@@ -410,10 +410,11 @@ void *hd_realloc_recorded(void *p, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  size_t old_usable = hd_backend_usable(p) - HD_TAG_BYTES;
-  memcpy(q, p, old_usable < size ? old_usable : size);
+  const size_t old_usable = hd_backend_usable(p);
+  const size_t old_size = old_usable - HD_TAG_BYTES;
+  memcpy(q, p, old_size < size ? old_size : size);
   hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
-  hd_free_recorded(p);
+  free_recorded_at(p, old_usable);
   return q;
 }
 
