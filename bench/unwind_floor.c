@@ -60,10 +60,11 @@ __attribute__((always_inline)) static inline void walk(void) {
       (void)hd_cfi_thread_stack(&t_bounds.lo[0], &t_bounds.hi[0]);
     }
     const uintptr_t *fp = (const uintptr_t *)__builtin_frame_address(0);
-    bool reused, joined;
+    bool reused, joined, by_frame_pointer;
     uint32_t *known_key;
     (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames,
-                           CFI_FRAMES, &count, &t_memos, &reused, &joined, &known_key);
+                           CFI_FRAMES, &count, &t_memos, &reused, &joined, &by_frame_pointer,
+                           &known_key);
   } else {
     count = (unsigned)unw_backtrace((void **)frames, FLOOR_FRAMES);
   }

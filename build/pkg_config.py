@@ -3,6 +3,9 @@
 
 usage: pkg_config.py PACKAGE...
 Output: {"cflags": [...], "ldflags": [...], "libs": [...], "lib_dirs": [...]}
+
+usage: pkg_config.py --libdir PACKAGE
+Output: the package's library directory (for a static archive of its, named by the caller).
 """
 import json
 import shlex
@@ -21,6 +24,9 @@ def query(option, packages):
 
 def main():
     packages = sys.argv[1:]
+    if packages[:1] == ["--libdir"] and len(packages) == 2:
+        print(query("--variable=libdir", packages[1:])[0])
+        return
     if not packages:
         sys.exit("usage: pkg_config.py PACKAGE...")
     result = {"cflags": query("--cflags", packages), "ldflags": [], "libs": [], "lib_dirs": []}

@@ -97,8 +97,8 @@ static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_
       .has_dropped_allocations = true, .dropped_allocations = st.dropped_allocations,
       .has_dropped_stack_traces = true, .dropped_stack_traces = st.dropped_stack_traces,
       .has_dropped_resources = true, .dropped_resources = st.dropped_resources,
-      .has_stacks_left_to_libunwind = true,
-      .stacks_left_to_libunwind = st.stacks_left_to_libunwind,
+      .has_stacks_beyond_cfi = true,
+      .stacks_beyond_cfi = st.stacks_beyond_cfi,
       .has_writes_past_block_end = true,
       .writes_past_block_end = st.writes_past_block_end};
   hd_status status = hd_batch_add(w, &e);

@@ -479,7 +479,7 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->dropped_allocations = LOAD(&s->dropped_allocations);
   out->dropped_stack_traces = LOAD(&s->dropped_stack_traces);
   out->dropped_resources = LOAD(&s->dropped_resources);
-  out->stacks_left_to_libunwind = LOAD(&h->stacks_left_to_libunwind);
+  out->stacks_beyond_cfi = LOAD(&h->stacks_beyond_cfi);
   out->writes_past_block_end = LOAD(&h->overwritten_tags);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */

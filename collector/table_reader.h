@@ -104,7 +104,7 @@ typedef struct hd_table_stats {
   uint64_t blocks_allocated, bytes_allocated, blocks_freed, bytes_freed;
   uint64_t live_blocks, live_bytes, peak_live_bytes;
   uint64_t dropped_allocations, dropped_stack_traces, dropped_resources;
-  uint64_t stacks_left_to_libunwind;
+  uint64_t stacks_beyond_cfi;
   uint64_t writes_past_block_end; /* frees whose block's tag the program had overwritten */
 } hd_table_stats;
 

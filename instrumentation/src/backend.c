@@ -10,17 +10,16 @@
 
 #include "runtime.h"
 
-/* jemalloc's non-standard API (libjemalloc.so.2). libheapdump.so exports the same names for
- * the programs that call them (preload.c), so jemalloc's own are looked up past ours, at init. */
-static struct {
-  void *(*mallocx)(size_t size, int flags);
-  void *(*rallocx)(void *ptr, size_t size, int flags);
-  size_t (*xallocx)(void *ptr, size_t size, size_t extra, int flags);
-  void (*dallocx)(void *ptr, int flags);
-  void (*sdallocx)(void *ptr, size_t size, int flags);
-  size_t (*sallocx)(const void *ptr, int flags);
-  size_t (*nallocx)(size_t size, int flags);
-} je;
+/* jemalloc's non-standard API, from the jemalloc linked into this library, whose public names
+ * are renamed hd_je_* (private_jemalloc.py) so that nothing of it is the program's: the names
+ * mallocx, sdallocx... are libheapdump.so's own exports, for programs that call them. */
+void *hd_je_mallocx(size_t size, int flags);
+size_t hd_je_xallocx(void *ptr, size_t size, size_t extra, int flags);
+void hd_je_dallocx(void *ptr, int flags);
+void hd_je_sdallocx(void *ptr, size_t size, int flags);
+size_t hd_je_sallocx(const void *ptr, int flags);
+size_t hd_je_nallocx(size_t size, int flags);
+void *hd_je_rallocx(void *ptr, size_t size, int flags);
 
 void *__libc_malloc(size_t size);
 void *__libc_calloc(size_t n, size_t size);
@@ -85,23 +84,15 @@ static bool granted_as_by_glibc(size_t size, size_t align) {
   return true;
 }
 
-static bool find_jemalloc(void) {
-#define HD_FIND(name) ((je.name = (__typeof__(je.name))dlsym(RTLD_NEXT, #name)) != NULL)
-  return HD_FIND(mallocx) && HD_FIND(rallocx) && HD_FIND(xallocx) && HD_FIND(dallocx) &&
-         HD_FIND(sdallocx) && HD_FIND(sallocx) && HD_FIND(nallocx);
-#undef HD_FIND
-}
-
 void hd_backend_init(bool want_system) {
-  /* Marked as inside the allocator, so that whatever the lookups would allocate (glibc's dl
-   * functions only do to report an error) fails, and no block comes from a backend not chosen. */
+  /* Marked as inside the allocator, so that whatever the lookup would allocate (glibc's dl
+   * functions only do to report an error) fails. */
   enter();
   size_t (*libc_usable)(void *) =
       (size_t(*)(void *))dlvsym(RTLD_NEXT, "malloc_usable_size", HD_GLIBC_BASE_VERSION);
-  const bool jemalloc_found = !want_system && find_jemalloc();
   leave();
   if (libc_usable != NULL) g_libc_usable = libc_usable;
-  hd_use_system = want_system || !jemalloc_found; /* glibc's entry points need no lookup */
+  hd_use_system = want_system;
 }
 
 void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable) {
@@ -110,9 +101,9 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable
   enter();
   if (!hd_use_system) {
     if (granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)) {
-      p = je.mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
+      p = hd_je_mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
       /* The size class, computed: what sallocx would answer after a lookup of the block. */
-      if (p) *usable = je.nallocx(jemalloc_size(size), (int)lg_align);
+      if (p) *usable = hd_je_nallocx(jemalloc_size(size), (int)lg_align);
     }
   } else {
     if (lg_align == 0) {
@@ -130,8 +121,8 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) {
   enter();
   if (hd_use_system) __libc_free(p);
-  else if (size_hint && lg_align == 0) je.sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
-  else je.dallocx(p, 0);
+  else if (size_hint && lg_align == 0) hd_je_sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
+  else hd_je_dallocx(p, 0);
   leave();
 }
 
@@ -139,7 +130,7 @@ void *hd_backend_realloc(void *p, size_t size) {
   size = tagged(size);
   enter();
   void *q = hd_use_system                  ? __libc_realloc(p, size)
-            : granted_as_by_glibc(size, 0) ? je.rallocx(p, jemalloc_size(size), 0)
+            : granted_as_by_glibc(size, 0) ? hd_je_rallocx(p, jemalloc_size(size), 0)
                                            : NULL;
   leave();
   return q;
@@ -147,7 +138,7 @@ void *hd_backend_realloc(void *p, size_t size) {
 
 size_t hd_backend_usable(void *p) {
   enter();
-  size_t n = !hd_use_system ? je.sallocx(p, 0) : g_libc_usable(p);
+  size_t n = !hd_use_system ? hd_je_sallocx(p, 0) : g_libc_usable(p);
   leave();
   return n;
 }
@@ -157,8 +148,8 @@ size_t hd_backend_usable(void *p) {
 size_t hd_backend_resize_in_place(void *p, size_t size) {
   size = tagged(size);
   enter();
-  size_t cls = je.nallocx(jemalloc_size(size), 0);
-  bool ok = cls != 0 && je.xallocx(p, jemalloc_size(size), 0, 0) == cls;
+  size_t cls = hd_je_nallocx(jemalloc_size(size), 0);
+  bool ok = cls != 0 && hd_je_xallocx(p, jemalloc_size(size), 0, 0) == cls;
   leave();
   return ok ? cls : 0;
 }
@@ -167,7 +158,7 @@ size_t hd_backend_size_class(size_t size, unsigned lg_align) {
   if (hd_use_system) return size; /* glibc cannot say before it allocates */
   size = tagged(size);
   enter();
-  const size_t cls = je.nallocx(jemalloc_size(size), (int)lg_align);
+  const size_t cls = hd_je_nallocx(jemalloc_size(size), (int)lg_align);
   leave();
   return cls > HD_TAG_BYTES ? cls - HD_TAG_BYTES : 0;
 }
@@ -176,7 +167,7 @@ bool hd_backend_grants(size_t size) {
   if (hd_use_system) return true; /* glibc decides in its realloc */
   size = tagged(size);
   enter();
-  bool ok = je.nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
+  bool ok = hd_je_nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
   leave();
   return ok;
 }

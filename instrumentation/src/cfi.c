@@ -6,9 +6,11 @@
  * 64-bit rule, which a cache keeps; the allocation path then reads a rule and two stack slots per
  * frame, with no lock, no system call and no allocation.
  *
- * What a rule cannot say (a CFA computed by an expression, a return address kept in another
- * register, a module without .eh_frame_hdr, code outside every module) makes the walk report
- * HD_CFI_UNSUPPORTED, and the caller unwinds that stack with libunwind instead. */
+ * Code with no call-frame information at all (outside every module: JIT code; a module without
+ * .eh_frame_hdr; a gap between a module's FDEs: hand-written assembly) is stepped over as a
+ * frame-pointer frame where rbp points at one, as libunwind does. What a rule cannot say (a CFA
+ * computed by an expression, a return address kept in another register) ends the walk there:
+ * HD_CFI_UNSUPPORTED, with the frames walked so far. */
 #define _GNU_SOURCE
 #include "cfi.h"
 
@@ -272,20 +274,21 @@ static int read_load_counts(struct dl_phdr_info *info, size_t size, void *counts
 }
 
 /* Whether the loader loaded or unloaded a module since the list was read; if so the list is
- * reread here, unless another thread is at it. Takes the loader's lock: only for a cache miss
+ * reread here (so that a module's constructors, which run before dlopen returns, are walked
+ * through), unless another thread is at it. Takes the loader's lock: only for a cache miss
  * outside the modules loaded with the program. */
-static bool modules_moved(void) {
+typedef enum { MODULES_CURRENT, MODULES_BEING_REREAD } modules_check;
+static modules_check modules_moved(void) {
   unsigned long long counts[2] = {0, 0};
   dl_iterate_phdr(read_load_counts, counts);
   if (counts[0] == __atomic_load_n(&g_loads_seen, __ATOMIC_RELAXED) &&
       counts[1] == __atomic_load_n(&g_unloads_seen, __ATOMIC_RELAXED)) {
-    return false;
+    return MODULES_CURRENT;
   }
-  if (pthread_mutex_trylock(&g_modules_lock) == 0) {
-    reread_modules();
-    pthread_mutex_unlock(&g_modules_lock);
-  }
-  return true;
+  if (pthread_mutex_trylock(&g_modules_lock) != 0) return MODULES_BEING_REREAD;
+  reread_modules();
+  pthread_mutex_unlock(&g_modules_lock);
+  return MODULES_CURRENT;
 }
 
 void hd_cfi_after_fork_child(void) {
@@ -336,6 +339,9 @@ static module_lookup find_module(uintptr_t pc, cfi_module *out) {
  *   bits 16-23 the saved rbp's offset from the CFA, in 8-byte words (signed)
  *   bits 32-63 the CFA's offset from its register (signed) */
 enum { RULE_UNSUPPORTED = 0, RULE_FRAME = 1, RULE_OUTERMOST = 2, RULE_SIGNAL = 3 };
+/* An unsupported rule for code that has no call-frame information at all (rather than some our
+ * rules cannot express): the walk may step it by its frame pointer. */
+#define RULE_NO_INFO ((uint64_t)RULE_UNSUPPORTED | 4u)
 #define RULE_KIND(r) ((unsigned)((r)&3))
 #define RULE_CFA_RBP(r) (((r) >> 2) & 1)
 #define RULE_RBP_SAVED(r) (((r) >> 3) & 1)
@@ -563,9 +569,9 @@ static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
 
 /* The rule at pc in module m, from its FDE. */
 static uint64_t rule_from_fde(const cfi_module *m, uintptr_t pc) {
-  if (m->hdr == NULL || m->fde_count == 0) return RULE_UNSUPPORTED;
+  if (m->hdr == NULL || m->fde_count == 0) return RULE_NO_INFO;
   const uint8_t *fde = find_fde(m, pc);
-  if (fde == NULL) return RULE_UNSUPPORTED;
+  if (fde == NULL) return RULE_NO_INFO;
   dw_reader r = {fde, fde + 8, true};
   const uint32_t length = (uint32_t)read_fixed(&r, 4);
   if (!r.ok || length == 0 || length == 0xffffffffu) return RULE_UNSUPPORTED;
@@ -576,7 +582,8 @@ static uint64_t rule_from_fde(const cfi_module *m, uintptr_t pc) {
   r.end = fde + 4 + length;
   const uintptr_t begin = read_encoded(&r, cie.fde_encoding, 0, false);
   const uintptr_t range = read_encoded(&r, cie.fde_encoding, 0, true);
-  if (!r.ok || pc < begin || pc - begin >= range) return RULE_UNSUPPORTED;
+  if (!r.ok) return RULE_UNSUPPORTED;
+  if (pc < begin || pc - begin >= range) return RULE_NO_INFO; /* between FDEs */
   if (cie.has_augmentation_data) skip(&r, read_uleb(&r));
   if (!r.ok || r.p > r.end) return RULE_UNSUPPORTED;
   frame_state initial = {.rbp = {REG_SAME, 0}, .ra = {REG_UNSET, 0}};
@@ -634,12 +641,12 @@ static uint64_t rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader)
    * only a module glibc unloaded without dlclose, whose range code on this very stack now
    * occupies, could make stale. */
   if ((found != MODULE_FOUND || !m.resident) && may_lock_loader) {
-    if (modules_moved()) return RULE_UNSUPPORTED; /* not cached: known again soon */
+    if (modules_moved() == MODULES_BEING_REREAD) return RULE_UNSUPPORTED; /* not cached */
     found = find_module(pc, &m);
   }
   if (found == MODULE_CHANGING) return RULE_UNSUPPORTED;
   const uint64_t computed = found == MODULE_FOUND ? rule_from_fde(&m, pc)
-                                                  : RULE_UNSUPPORTED; /* outside every module (JIT) */
+                                                  : RULE_NO_INFO; /* outside every module (JIT) */
   __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
   __atomic_store_n(&g_cache[slot].check, mix(computed) ^ key, __ATOMIC_RELAXED);
   /* A writer that read its generation before the list changed must not leave its entry for a
@@ -700,6 +707,7 @@ typedef struct walk_log {
   hd_cfi_trail *last;
   unsigned last_pos, last_checked_to, last_changed;
   bool joined, joined_trail; /* joined_trail: the trail is now this walk's */
+  bool by_frame_pointer;      /* a frame without call-frame information was stepped by rbp */
 } walk_log;
 
 static void set_bit(uint64_t *words, unsigned i) { words[i / 64] |= (uint64_t)1 << (i % 64); }
@@ -877,8 +885,24 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
       end = HD_CFI_COMPLETE;
       break;
     }
-    if (RULE_KIND(rule) == RULE_UNSUPPORTED) break;
-    if (RULE_KIND(rule) == RULE_SIGNAL) {
+    if (rule == RULE_NO_INFO) {
+      /* Code without call-frame information: a frame-pointer frame if rbp points at a (saved
+       * rbp, return address) pair above rsp, as libunwind steps it. Such a walk is neither
+       * remembered nor made the trail: rbp may hold anything in code without frame pointers. */
+      log->fits = false;
+      log->by_frame_pointer = true;
+      uintptr_t ra, saved_bp;
+      if (bp % 8 != 0 || !read_saved(bounds, bp + 8, sp, &ra, frame, false, log) ||
+          !read_saved(bounds, bp, sp, &saved_bp, frame, true, log)) {
+        break;
+      }
+      sp = bp + 16;
+      pc = ra;
+      bp = saved_bp;
+      after_call = true;
+    } else if (RULE_KIND(rule) == RULE_UNSUPPORTED) {
+      break;
+    } else if (RULE_KIND(rule) == RULE_SIGNAL) {
       const uintptr_t gregs = sp + UC_GREGS;
       if (!read_saved(bounds, gregs + 8 * GREG_RIP, sp, &pc, frame, false, log) ||
           !read_saved(bounds, gregs + 8 * GREG_RSP, sp, &sp, frame, false, log) ||
@@ -935,10 +959,11 @@ static bool memoize_trail(hd_cfi_memo *m, const hd_cfi_trail *t, const uint64_t 
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             bool may_lock_loader, uint64_t *frames, unsigned capacity,
                             unsigned *count, hd_cfi_memos *memos, bool *reused, bool *joined,
-                            uint32_t **stack_key) {
+                            bool *by_frame_pointer, uint32_t **stack_key) {
   const uint64_t generation = __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE);
   *reused = false;
   *joined = false;
+  *by_frame_pointer = false;
   *stack_key = NULL;
   /* A walk on an alternate signal stack is not remembered: its bounds come and go. */
   const bool memoize = memos != NULL && bounds->count == 1;
@@ -974,6 +999,7 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
   const hd_cfi_end end =
       walk(bounds, pc, sp, bp, generation, may_lock_loader, frames, capacity, count, &log);
   *joined = log.joined;
+  *by_frame_pointer = log.by_frame_pointer;
   if (t == NULL || end == HD_CFI_UNSUPPORTED) return end;
   if (log.joined) {
     if (!log.joined_trail) return end;

@@ -89,7 +89,8 @@ bool hd_cfi_in_bounds(const hd_cfi_bounds *b, uintptr_t addr, uintptr_t size) HD
 typedef enum hd_cfi_end {
   HD_CFI_COMPLETE,    /* the outermost frame (its return address undefined, or zero) */
   HD_CFI_FULL,        /* out of room in frames */
-  HD_CFI_UNSUPPORTED, /* a frame our rules cannot describe: the caller falls back */
+  HD_CFI_UNSUPPORTED, /* a frame our rules cannot describe, or a read out of bounds: the walk ends
+                         there, its frames so far given */
 } hd_cfi_end;
 
 /* (Re)reads the loaded modules' unwind tables; called at start and after dlopen/dlclose, never
@@ -111,10 +112,12 @@ void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
  * not made (*reused), a walk that meets the previous walk's trail joins it (*joined), and a new
  * one that fits is remembered; *stack_key then points at the memo's stack_key, where the caller
  * keeps the key it interned these frames under (0 until it does; NULL when no memo holds the
- * trace). Valid until the thread's next walk with memos. */
+ * trace). Valid until the thread's next walk with memos. *by_frame_pointer: a frame of code
+ * without call-frame information was stepped by its frame pointer (such walks are never
+ * remembered). */
 hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, uintptr_t bp,
                             bool may_lock_loader, uint64_t *frames, unsigned capacity,
                             unsigned *count, hd_cfi_memos *memos, bool *reused, bool *joined,
-                            uint32_t **stack_key) HD_CFI_HIDDEN;
+                            bool *by_frame_pointer, uint32_t **stack_key) HD_CFI_HIDDEN;
 
 #endif

@@ -221,42 +221,6 @@ EXPORT int dlclose(void *handle) {
   return rc;
 }
 
-/* libunwind makes descriptors of its own while it unwinds: a validation pipe (re-created,
- * closing the old numbers, whenever a read from it fails), and an open file for every frame in a
- * module without .eh_frame_hdr, whose .debug_frame it then reads. In a program that closes every
- * descriptor and opens its own files, those numbers are the program's: the unwinder would read
- * from, write into and close them. So inside our capture libunwind gets no descriptor at all.
- * Its pipe was only a way to ask the kernel whether an address is readable (it drains the pipe,
- * then writes one byte from the address with syscall(SYS_write, ...)), so that conversation is
- * answered here without one: its pipe2 succeeds with two ends that are no descriptors (-1), its
- * read finds the pipe empty, its write reads that byte with process_vm_readv, which fails with
- * EFAULT where the write would have, and its close does nothing. Its open fails: a module without
- * .eh_frame_hdr ends the trace where frame pointers cannot continue it. Calls from anywhere else,
- * including a program's signal handler that interrupted a capture, go straight to the kernel or
- * glibc after one thread-local test. */
-static inline bool libunwind_call(void *return_address) {
-  return HD_UNLIKELY(hd_tls.in_unwind != 0) && hd_called_from_unwinder((uintptr_t)return_address);
-}
-
-/* Whether n bytes at address can be read, as a write from them to a pipe would tell. */
-static long readable_like_write(const void *address, size_t n) {
-  char copy[16];
-  if (n > sizeof copy) n = sizeof copy;
-  struct iovec local = {copy, n}, remote = {(void *)(uintptr_t)address, n};
-  long rc = hd_raw_syscall6(SYS_process_vm_readv, hd_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0),
-                         (long)&local, 1, (long)&remote, 1, 0);
-  if (rc < 0 && rc > -4096) {
-    errno = (int)-rc;
-    return -1;
-  }
-  return rc;
-}
-
-extern int __open(const char *path, int flags, ...);
-extern int __close(int fd);
-extern ssize_t __read(int fd, void *buf, size_t n);
-extern ssize_t __write(int fd, const void *buf, size_t n);
-
 /* Calls during which the precommit helper thread must not exist: those the kernel refuses in
  * a process of several threads (unshare of a user namespace, the address space, signal
  * handlers or the thread group; setns, some of whose kinds need it), and those that change
@@ -288,8 +252,6 @@ EXPORT long syscall(long number, ...) {
   long a[6];
   for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
   va_end(ap);
-  if (number == SYS_write && libunwind_call(__builtin_return_address(0)))
-    return readable_like_write((const void *)a[1], (size_t)a[2]);
   bool hold = needs_no_helper(number, a[0]);
   bool stopped = hold && hd_precommit_hold();
   long rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -353,50 +315,6 @@ __attribute__((constructor)) static void resolve_held_calls(void) {
 #define RESOLVE(name, params, args) \
   __atomic_store_n(&real_##name, (int(*) params)dlsym(RTLD_NEXT, #name), __ATOMIC_RELEASE);
   HELD_CALLS(RESOLVE)
-}
-
-EXPORT int pipe2(int fds[2], int flags) {
-  if (libunwind_call(__builtin_return_address(0))) {
-    fds[0] = fds[1] = -1;
-    return 0;
-  }
-  return (int)syscall(SYS_pipe2, fds, flags);
-}
-
-EXPORT int open(const char *path, int flags, ...) {
-  if (libunwind_call(__builtin_return_address(0))) {
-    errno = EMFILE;
-    return -1;
-  }
-  mode_t mode = 0;
-  if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) { /* as glibc reads it */
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  return __open(path, flags, mode);
-}
-
-EXPORT int close(int fd) {
-  if (libunwind_call(__builtin_return_address(0))) {
-    errno = EBADF;
-    return -1;
-  }
-  return __close(fd);
-}
-
-EXPORT ssize_t read(int fd, void *buf, size_t n) {
-  if (libunwind_call(__builtin_return_address(0))) {
-    errno = EAGAIN;
-    return -1;
-  }
-  return __read(fd, buf, n);
-}
-
-EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-  if (libunwind_call(__builtin_return_address(0))) return readable_like_write(buf, (size_t)n);
-  return __write(fd, buf, n);
 }
 
 /* Thread names: renames bump a generation that each thread compares (one load) before using

@@ -445,8 +445,8 @@ void hd_res_reconcile_live(hd_res_table *t, uint64_t live_blocks, uint64_t live_
   STORE(&t->live_bytes, (int64_t)live_bytes);
 }
 
-void hd_res_count_left_to_libunwind(hd_res_table *t) {
-  __atomic_fetch_add(&t->hdr->stacks_left_to_libunwind, 1, __ATOMIC_RELAXED);
+void hd_res_count_beyond_cfi(hd_res_table *t) {
+  __atomic_fetch_add(&t->hdr->stacks_beyond_cfi, 1, __ATOMIC_RELAXED);
 }
 
 void hd_res_count_overwritten_tag(hd_res_table *t) {

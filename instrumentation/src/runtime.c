@@ -539,7 +539,7 @@ void hd_drain_pending(void) {
 
 void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
 
-void hd_count_left_to_libunwind(void) { hd_res_count_left_to_libunwind(&g_res); }
+void hd_count_beyond_cfi(void) { hd_res_count_beyond_cfi(&g_res); }
 
 void hd_rescan_regions(void) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
@@ -720,6 +720,9 @@ __attribute__((constructor)) static void hd_constructor(void) {
   g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
   hd_tls.guard--;
   if (!g_follow_children) strip_from_ld_preload();
+  hd_tls.guard++; /* what loading libunwind allocates is the library's own */
+  hd_stack_start();
+  hd_tls.guard--;
   hd_rescan_regions();
   hd_register_with_collector();
   if (hd_exit_with_contents_wanted()) __cxa_atexit(exit_leak_check, NULL, NULL);

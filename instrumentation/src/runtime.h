@@ -81,8 +81,8 @@ static inline void hd_ensure_init(void) {
 
 /* Backend (real memory). lg_align: log2 of the alignment (0 = default). Each call marks the
  * thread as inside the allocator (hd_tls.in_backend) for its duration. */
-/* Once, at init: chooses the backend (glibc's if asked for, or if jemalloc cannot be found) and
- * looks up what the other calls rely on. */
+/* Once, at init: chooses the backend (jemalloc, linked into this library, or glibc's if asked
+ * for) and looks up what the other calls rely on. */
 void hd_backend_init(bool want_system) HD_HIDDEN;
 /* Every block holds HD_TAG_BYTES more than asked for, at the end of its usable size (runtime.c,
  * the block's tag); sizes given to these functions are the program's. */
@@ -141,8 +141,9 @@ static inline void hd_hook_leave(void) {
 
 void hd_note_rename(void) HD_HIDDEN;
 void hd_rescan_regions(void) HD_HIDDEN;
-/* Counts, in the process statistics, a stack our unwinder left to libunwind. */
-void hd_count_left_to_libunwind(void) HD_HIDDEN;
+/* Counts, in the process statistics, a stack our unwinder could not describe by call-frame
+ * information alone (stacks_beyond_cfi). */
+void hd_count_beyond_cfi(void) HD_HIDDEN;
 
 /* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
  * library's; check hd_owned_fd_valid before handing one over. */

@@ -1,59 +1,47 @@
-/* Stack capture: the only file that talks to libunwind. Runs on the allocation hot path. */
+/* Stack capture: chooses the unwinder and keeps the program's frames. Runs on the allocation
+ * hot path. libunwind is reached only through libunwind_loader.c, when it was asked for. */
 #define _GNU_SOURCE
 #include "stack.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "cfi.h"
-
-#define UNW_LOCAL_ONLY
-#include <errno.h>
-#include <libunwind.h>
-#include <link.h>
+#include "libunwind_loader.h"
+#include "raw_syscall.h"
 
 static int g_method;
 static unsigned g_max = HD_MAX_FRAMES;
 static uintptr_t g_skip_lo, g_skip_hi;
-static uintptr_t g_unwinder_lo, g_unwinder_hi; /* libunwind's mapped segments */
-
-/* Finds the module whose segments hold `inside` (an address of libunwind's). */
-static int find_unwinder(struct dl_phdr_info *info, size_t size, void *inside) {
-  (void)size;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    if (ph->p_type != PT_LOAD) continue;
-    const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
-    if (start < lo) lo = start;
-    if (start + ph->p_memsz > hi) hi = start + ph->p_memsz;
-  }
-  if ((uintptr_t)inside < lo || (uintptr_t)inside >= hi) return 0;
-  g_unwinder_lo = lo;
-  g_unwinder_hi = hi;
-  return 1;
-}
-
-bool hd_called_from_unwinder(uintptr_t return_address) {
-  return return_address >= g_unwinder_lo && return_address < g_unwinder_hi;
-}
 
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) {
   g_method = method;
   g_max = max_frames == 0 || max_frames > HD_MAX_FRAMES ? HD_MAX_FRAMES : max_frames;
   g_skip_lo = skip_lo;
   g_skip_hi = skip_hi;
-  if (method != HD_UNWIND_FP) { /* libunwind: the unwinder, or the fallback of ours */
-    dl_iterate_phdr(find_unwinder, (void *)(uintptr_t)&unw_backtrace);
-    /* libunwind initialises itself here, where it would create its validation pipe: counted as
-     * inside the unwinder so that it gets no descriptor (preload.c, pipe2). */
-    hd_tls.in_unwind++;
-    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
-    hd_tls.in_unwind--;
-  }
+  hd_stack_modules_changed();
+}
+
+static const char *method_name(int method) {
+  return method == HD_UNWIND_LIBUNWIND ? "libunwind" : "compare";
+}
+
+void hd_stack_start(void) {
+  if (g_method != HD_UNWIND_LIBUNWIND && g_method != HD_UNWIND_COMPARE) return;
+  if (hd_libunwind_load()) return;
+  char line[160];
+  const int n = snprintf(line, sizeof line,
+                         "heapdump: HEAPDUMP_UNWIND=%s needs libunwind.so.8, which could not be "
+                         "loaded: heapdump's own unwinder is used\n",
+                         method_name(g_method));
+  (void)!write(STDERR_FILENO, line, (size_t)n);
+  g_method = HD_UNWIND_CFI;
   hd_stack_modules_changed();
 }
 
@@ -82,9 +70,7 @@ void hd_stack_modules_closed(bool counted) {
 void hd_stack_after_fork_child(void) {
   if (g_method == HD_UNWIND_FP) return;
   hd_cfi_after_fork_child();
-  hd_tls.in_unwind++;
-  unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_NONE);
-  hd_tls.in_unwind--;
+  hd_libunwind_share_no_cache();
 }
 
 static int own_frame(uintptr_t ip) { return ip >= g_skip_lo && ip < g_skip_hi; }
@@ -148,8 +134,11 @@ __attribute__((noinline)) static unsigned capture_unwind(uint64_t *frames, bool 
    * ends exactly there. */
   void *ips[HD_MAX_FRAMES + 17];
   const int saved_errno = errno; /* libunwind's system calls are no business of the program's */
-  int got = unw_backtrace(ips, (int)(g_max + 17));
+  int got = hd_libunwind_backtrace(ips, (int)(g_max + 17));
   errno = saved_errno;
+  /* Before the library's constructor has loaded libunwind (the allocations of the libraries
+   * initialised before it): frame pointers. */
+  if (got < 0) return capture_fp(frames, truncated);
   uint64_t walked[HD_MAX_FRAMES + 17];
   for (int i = 0; i < got; i++) walked[i] = (uint64_t)(uintptr_t)ips[i];
   return keep_callers(walked, got > 0 ? (unsigned)got : 0, frames, truncated);
@@ -165,7 +154,7 @@ static uint64_t g_cfi_fallbacks, g_compared, g_differed, g_reused, g_joined;
  * hook is about to fill (make_info). */
 static __thread hd_cfi_memos t_memos __attribute__((tls_model("initial-exec")));
 /* The last MiB (address >> 20) found to hold a stack of the program's own, not an alternate
- * signal stack (0: none yet). A misjudged MiB only sends stacks to libunwind. */
+ * signal stack (0: none yet): its next walks skip the sigaltstack call. */
 static __thread uintptr_t t_foreign_stack_mib __attribute__((tls_model("initial-exec")));
 
 /* Where the program called into the library: its return address, its stack pointer after the
@@ -189,46 +178,79 @@ static bool program_call(const hd_cfi_bounds *b, uintptr_t *pc, uintptr_t *sp, u
   return false;
 }
 
-/* Our unwinder; false if it could not describe the stack (nothing is written then). */
-__attribute__((noinline)) static bool capture_cfi(uint64_t *frames, unsigned *n, bool *truncated,
-                                                  bool in_signal_handler, uint32_t **key_cache) {
+/* A stack the program made itself (a coroutine's, from makecontext or a library of its own):
+ * the walk may read from just below sp up to where the memory stops being readable, up to
+ * FOREIGN_STACK_PAGES pages; one system call (process_vm_readv of a byte per page, which stops
+ * at the first page it cannot read) tells how far that is. Such stacks are freed and remapped
+ * as coroutines end, so nothing is kept of them: neither the bounds nor the walk's memos. */
+#define FOREIGN_STACK_PAGES 64
+static bool foreign_stack_bounds(uintptr_t sp, uintptr_t *lo, uintptr_t *hi) {
+  const uintptr_t page = 4096, first = (sp - 128) & ~(page - 1); /* the red zone included */
+  struct iovec remote[FOREIGN_STACK_PAGES];
+  char bytes[FOREIGN_STACK_PAGES];
+  for (unsigned i = 0; i < FOREIGN_STACK_PAGES; i++) {
+    remote[i] = (struct iovec){(void *)(first + i * page), 1};
+  }
+  struct iovec local = {bytes, sizeof bytes};
+  const long self = hd_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+  const long got = hd_raw_syscall6(SYS_process_vm_readv, self, (long)&local, 1, (long)remote,
+                                   FOREIGN_STACK_PAGES, 0);
+  if (got <= 0) return false;
+  *lo = first;
+  *hi = first + (uintptr_t)got * page;
+  return true;
+}
+
+/* How much of a stack our unwinder described. */
+typedef enum cfi_capture {
+  CFI_NONE,             /* nothing: the stack could not even be entered */
+  CFI_PARTIAL,          /* the frames up to one it could not describe */
+  CFI_BY_FRAME_POINTER, /* whole, a frame without call-frame information stepped by rbp */
+  CFI_WHOLE,            /* whole, by call-frame information */
+} cfi_capture;
+
+/* Our unwinder. */
+__attribute__((noinline)) static cfi_capture capture_cfi(uint64_t *frames, unsigned *n,
+                                                         bool *truncated, bool in_signal_handler,
+                                                         uint32_t **key_cache) {
   if (hd_tls.stack_hi == 0) thread_bounds();
   hd_cfi_bounds bounds = {.lo = {hd_tls.stack_lo}, .hi = {hd_tls.stack_hi}, .count = 1};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+  bool remembered = !in_signal_handler;
   if (sp < bounds.lo[0] || sp >= bounds.hi[0]) {
     /* Not on the thread's stack: a handler on an alternate signal stack (a system call, but
-     * only here), else a stack the program made itself (a coroutine's), which libunwind walks
-     * instead. The MiB around such a stack pointer is remembered as the program's, so that a
-     * coroutine's allocations make the system call once, not each time. */
-    if ((sp >> 20) == t_foreign_stack_mib) return false;
+     * only here), else a stack the program made itself. */
     stack_t alt;
-    if (sigaltstack(NULL, &alt) != 0 || !(alt.ss_flags & SS_ONSTACK) ||
-        sp < (uintptr_t)alt.ss_sp || sp >= (uintptr_t)alt.ss_sp + alt.ss_size) {
+    if ((sp >> 20) != t_foreign_stack_mib && sigaltstack(NULL, &alt) == 0 &&
+        (alt.ss_flags & SS_ONSTACK) && sp >= (uintptr_t)alt.ss_sp &&
+        sp < (uintptr_t)alt.ss_sp + alt.ss_size) {
+      bounds.lo[1] = (uintptr_t)alt.ss_sp;
+      bounds.hi[1] = (uintptr_t)alt.ss_sp + alt.ss_size;
+      bounds.count = 2;
+    } else {
       t_foreign_stack_mib = sp >> 20;
-      return false;
+      if (!foreign_stack_bounds(sp, &bounds.lo[0], &bounds.hi[0])) return CFI_NONE;
+      remembered = false;
     }
-    bounds.lo[1] = (uintptr_t)alt.ss_sp;
-    bounds.hi[1] = (uintptr_t)alt.ss_sp + alt.ss_size;
-    bounds.count = 2;
   }
   uintptr_t pc, caller_sp, caller_bp;
-  if (!program_call(&bounds, &pc, &caller_sp, &caller_bp)) return false;
+  if (!program_call(&bounds, &pc, &caller_sp, &caller_bp)) return CFI_NONE;
   uint64_t walked[HD_MAX_FRAMES + 1];
   unsigned got;
-  bool reused, joined;
+  bool reused, joined, by_frame_pointer;
   uint32_t *memo_key;
-  if (hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler, walked, g_max + 1,
-                       &got, in_signal_handler ? NULL : &t_memos, &reused, &joined,
-                       &memo_key) == HD_CFI_UNSUPPORTED) {
-    return false;
-  }
+  const hd_cfi_end end = hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler,
+                                          walked, g_max + 1, &got,
+                                          remembered ? &t_memos : NULL, &reused, &joined,
+                                          &by_frame_pointer, &memo_key);
   if (key_cache != NULL) *key_cache = memo_key;
   if (g_method == HD_UNWIND_COMPARE) {
     if (reused) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
     if (joined) __atomic_fetch_add(&g_joined, 1, __ATOMIC_RELAXED);
   }
   *n = keep_callers(walked, got, frames, truncated);
-  return true;
+  if (end == HD_CFI_UNSUPPORTED) return CFI_PARTIAL;
+  return by_frame_pointer ? CFI_BY_FRAME_POINTER : CFI_WHOLE;
 }
 
 static void write_trace(char *line, size_t size, const char *who, const uint64_t *frames,
@@ -242,14 +264,17 @@ static void write_trace(char *line, size_t size, const char *who, const uint64_t
   (void)!write(STDERR_FILENO, line, used + 1);
 }
 
-/* libunwind's trace (recorded) against ours; the first few differences are printed. */
+/* libunwind's trace (recorded) against ours; the first few differences are printed. Stacks ours
+ * could not describe to their end are left to libunwind; those it stepped by frame pointers are
+ * compared like the rest. */
 static unsigned capture_compared(uint64_t *frames, bool *truncated, bool in_signal_handler) {
   const unsigned n = capture_unwind(frames, truncated);
   uint64_t ours[HD_MAX_FRAMES];
   unsigned m;
   bool ours_truncated;
-  if (!capture_cfi(ours, &m, &ours_truncated, in_signal_handler, NULL)) {
-    hd_count_left_to_libunwind();
+  const cfi_capture got = capture_cfi(ours, &m, &ours_truncated, in_signal_handler, NULL);
+  if (got != CFI_WHOLE) hd_count_beyond_cfi();
+  if (got == CFI_NONE || got == CFI_PARTIAL) {
     if (__atomic_fetch_add(&g_cfi_fallbacks, 1, __ATOMIC_RELAXED) < 5) {
       char line[HD_MAX_FRAMES * 20 + 64];
       write_trace(line, sizeof line, "left to libunwind", frames, n);
@@ -288,10 +313,11 @@ static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handle
   switch (g_method) {
     case HD_UNWIND_FP:
       return capture_fp(frames, truncated);
-    case HD_UNWIND_CFI:
-      if (capture_cfi(frames, &n, truncated, in_signal_handler, key_cache)) return n;
-      hd_count_left_to_libunwind();
-      return capture_unwind(frames, truncated);
+    case HD_UNWIND_CFI: {
+      const cfi_capture got = capture_cfi(frames, &n, truncated, in_signal_handler, key_cache);
+      if (got != CFI_WHOLE) hd_count_beyond_cfi();
+      return got == CFI_NONE ? 0 : n;
+    }
     case HD_UNWIND_COMPARE:
       return capture_compared(frames, truncated, in_signal_handler);
     default:

@@ -1,5 +1,5 @@
-/* Stack capture for libheapdump.so: our own DWARF CFI unwinder (cfi.c, the default, falling back
- * to libunwind for what it cannot describe), libunwind, or a bounded frame-pointer walk. */
+/* Stack capture for libheapdump.so: our own DWARF CFI unwinder (cfi.c, the default), libunwind
+ * (loaded on request), or a bounded frame-pointer walk. */
 #ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
 #define HEAPDUMP_INSTRUMENTATION_STACK_H
 
@@ -23,9 +23,9 @@ unsigned hd_capture_stack(uint64_t *frames, bool in_signal_handler, bool *trunca
 /* The calling thread's stack bounds, computed once per thread (they may allocate: under the
  * recursion guard); false if they cannot be known. */
 bool hd_thread_stack(uintptr_t *lo, uintptr_t *hi) HD_HIDDEN;
-/* Whether a call returning to this address comes from libunwind's own code (not from, say, a
- * signal handler of the program that interrupted a capture). */
-bool hd_called_from_unwinder(uintptr_t return_address) HD_HIDDEN;
+/* From the library's constructor, where dlopen may run: loads libunwind if the method needs it
+ * (if it cannot, says so on stderr and uses our unwinder). */
+void hd_stack_start(void) HD_HIDDEN;
 
 /* After dlopen or dlclose: the unwinder rereads the modules' tables. Around the real dlclose,
  * closing and closed (given what closing returned): in between, the unwinder reads no module's

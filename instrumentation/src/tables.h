@@ -220,8 +220,9 @@ bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
 void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
 void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
-/* One more stack our unwinder left to libunwind (hd_res_header.stacks_left_to_libunwind). */
-void hd_res_count_left_to_libunwind(hd_res_table *t);
+/* One more stack our unwinder could not describe by call-frame information alone
+ * (hd_res_header.stacks_beyond_cfi). */
+void hd_res_count_beyond_cfi(hd_res_table *t);
 /* One more free of a block whose tag the program had overwritten (hd_res_header.overwritten_tags). */
 void hd_res_count_overwritten_tag(hd_res_table *t);
 /* The process statistics: header base plus every thread's counters (see shm_layout.h). */

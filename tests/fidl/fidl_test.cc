@@ -578,7 +578,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_TRUE(s->has_stats);
   EXPECT_EQ(s->stats.peak_live_bytes, 30u);
   EXPECT_EQ(s->stats.dropped_resources, 6u);
-  EXPECT_EQ(s->stats.stacks_left_to_libunwind, 11u);
+  EXPECT_EQ(s->stats.stacks_beyond_cfi, 11u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

@@ -401,13 +401,14 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             s->stats.dropped_resources);
   }
   /* A few are usual (allocations of the loader's start-up code); a share worth noting says
-   * where heapdump's unwinder could not go, and what the recording cost more for. */
-  if (s->has_stats && s->stats.stacks_left_to_libunwind > 0 &&
-      s->stats.stacks_left_to_libunwind >= s->stats.blocks_allocated / 100) {
+   * how many traces may be short or, in code without frame pointers, wrong past such a frame. */
+  if (s->has_stats && s->stats.stacks_beyond_cfi > 0 &&
+      s->stats.stacks_beyond_cfi >= s->stats.blocks_allocated / 100) {
     fprintf(out,
-            "note: %" PRIu64 " of %" PRIu64 " stacks were unwound by libunwind, not by "
-            "heapdump's unwinder\n",
-            s->stats.stacks_left_to_libunwind, s->stats.blocks_allocated);
+            "note: %" PRIu64 " of %" PRIu64 " stacks pass through code without call-frame "
+            "information (JIT code, hand-written assembly, modules without .eh_frame_hdr): "
+            "unwound there by frame pointers, or cut short\n",
+            s->stats.stacks_beyond_cfi, s->stats.blocks_allocated);
   }
   /* A heap overflow in the program: worth saying every time it is seen. */
   if (s->has_stats && s->stats.writes_past_block_end > 0) {
@@ -522,10 +523,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
             ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
             ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
-            ",\"stacks_left_to_libunwind\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64 "}",
+            ",\"stacks_beyond_cfi\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
-            st->dropped_resources, st->stacks_left_to_libunwind, st->writes_past_block_end);
+            st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end);
   }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);

@@ -210,10 +210,12 @@ typedef struct hd_res_header {
   hd_stats_block stats;
   uint32_t counters_head;  /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
   uint32_t reserved1;
-  /* Atomic, relaxed: allocations whose stack our unwinder (HEAPDUMP_UNWIND=cfi) could not
-   * describe and left to libunwind. Zero with any other unwinder, and in a table whose writer
-   * did not know the field (it was reserved, so zero). */
-  uint64_t stacks_left_to_libunwind;
+  /* Atomic, relaxed: allocations whose stack our unwinder (HEAPDUMP_UNWIND=cfi or compare) could
+   * not describe by call-frame information alone: a frame of code without any was stepped by
+   * its frame pointer, or the trace ends at a frame it could not describe (with compare, libunwind
+   * unwound those). Zero with any other unwinder, and in a table whose writer did not know the
+   * field (it was reserved, so zero). */
+  uint64_t stacks_beyond_cfi;
   /* Atomic, relaxed: frees of blocks whose tag (the end of the block, past what the program
    * asked for) had been overwritten: the program wrote past the end of those blocks. */
   uint64_t overwritten_tags;
@@ -352,7 +354,7 @@ HD_PIN(hd_res_header, start_time_ns, 48);
 HD_PIN(hd_res_header, stats, 56);
 HD_PIN(hd_res_header, counters_head, 120);
 HD_PIN(hd_res_header, reserved1, 124);
-HD_PIN(hd_res_header, stacks_left_to_libunwind, 128);
+HD_PIN(hd_res_header, stacks_beyond_cfi, 128);
 HD_PIN(hd_res_header, overwritten_tags, 136);
 HD_PIN(hd_res_header, reserved, 144);
 HD_PIN_SIZE(hd_res_header, 184);
