@@ -61,11 +61,6 @@ int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *mem
   return 0;
 }
 
-void hd_alloc_table_precommit(hd_alloc_table *t) {
-  hd_precommit_area_init(&t->nodes_area, t->nodes,
-                         (uint64_t)t->hdr->node_capacity * sizeof(hd_alloc_node));
-}
-
 void hd_alloc_table_destroy(hd_alloc_table *t) {
   if (t->hdr) munmap(t->hdr, t->size);
   hd_owned_fd_close(&t->memfd);
@@ -152,7 +147,6 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
   idx = high_water_take(t, w && !w->retired, &got);
   if (idx == HD_NO_NODE) return idx;
   for (uint32_t i = got - 1; i > 0; i--) w->nodes[w->node_count++] = idx + i;
-  hd_precommit_need(&t->nodes_area, (uint64_t)(idx + got) * sizeof(hd_alloc_node));
   return idx;
 }
 

@@ -18,7 +18,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "precommit.h"
 #include "raw_syscall.h"
 #include "runtime.h"
 #include "stack.h"
@@ -221,102 +220,6 @@ EXPORT int dlclose(void *handle) {
   return rc;
 }
 
-/* Calls during which the precommit helper thread must not exist: those the kernel refuses in
- * a process of several threads (unshare of a user namespace, the address space, signal
- * handlers or the thread group; setns, some of whose kinds need it), and those that change
- * only the calling thread, after which a helper alive meanwhile would keep the old
- * credentials, capabilities or filters. It comes back on demand, cloned from a thread that has
- * the new ones. */
-static bool needs_no_helper(long number, long a0) {
-  switch (number) {
-    case SYS_unshare:
-      return (a0 & (CLONE_NEWUSER | CLONE_THREAD | CLONE_SIGHAND | CLONE_VM)) != 0;
-    case SYS_prctl:
-      return a0 == PR_SET_SECCOMP || a0 == PR_SET_NO_NEW_PRIVS || a0 == PR_CAPBSET_DROP ||
-             a0 == PR_SET_SECUREBITS || a0 == PR_SET_KEEPCAPS || a0 == PR_CAP_AMBIENT;
-    case SYS_setns: case SYS_setuid: case SYS_setgid: case SYS_setreuid: case SYS_setregid:
-    case SYS_setresuid: case SYS_setresgid: case SYS_setfsuid: case SYS_setfsgid:
-    case SYS_setgroups: case SYS_capset: case SYS_seccomp:
-#ifdef SYS_landlock_restrict_self
-    case SYS_landlock_restrict_self:
-#endif
-      return true;
-    default:
-      return false;
-  }
-}
-
-EXPORT long syscall(long number, ...) {
-  va_list ap;
-  va_start(ap, number);
-  long a[6];
-  for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long);
-  va_end(ap);
-  bool hold = needs_no_helper(number, a[0]);
-  bool stopped = hold && hd_precommit_hold();
-  long rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-  /* A helper that has just left may be counted a moment longer by the checks for a single
-   * thread, if /proc could not tell when it had gone. */
-  for (int i = 0; stopped && (rc == -EINVAL || rc == -EUSERS) && i < 20; i++) {
-    const struct timespec pause = {0, 500000};
-    hd_raw_syscall6(SYS_nanosleep, (long)&pause, 0, 0, 0, 0, 0);
-    rc = hd_raw_syscall6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-  }
-  if (hold) hd_precommit_release();
-  if (rc < 0 && rc > -4096) { /* glibc's convention for syscall() */
-    errno = (int)-rc;
-    return -1;
-  }
-  return rc;
-}
-
-EXPORT int unshare(int flags) { return (int)syscall(SYS_unshare, (long)flags); }
-
-EXPORT int setns(int fd, int nstype) { return (int)syscall(SYS_setns, (long)fd, (long)nstype); }
-
-/* glibc's own, which in a program with several threads make every thread change (setxid),
- * called with no helper alive (see needs_no_helper). Resolved by a constructor, as a call from
- * a signal handler or a vfork child must not take the loader's lock; a call made before it
- * (from another library's constructor) resolves its own. */
-#define HELD_CALLS(X)                                     \
-  X(setuid, (uid_t u), (u))                               \
-  X(setgid, (gid_t g), (g))                               \
-  X(seteuid, (uid_t u), (u))                              \
-  X(setegid, (gid_t g), (g))                              \
-  X(setreuid, (uid_t r, uid_t e), (r, e))                 \
-  X(setregid, (gid_t r, gid_t e), (r, e))                 \
-  X(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))    \
-  X(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))    \
-  X(setfsuid, (uid_t u), (u))                             \
-  X(setfsgid, (gid_t g), (g))                             \
-  X(setgroups, (size_t n, const gid_t *list), (n, list))  \
-  X(initgroups, (const char *user, gid_t g), (user, g))   \
-  X(capset, (void *header, const void *data), (header, data))
-
-#define DECLARE_REAL(name, params, args) static int(*real_##name) params;
-HELD_CALLS(DECLARE_REAL)
-
-#define DEFINE_HELD(name, params, args)                                       \
-  EXPORT int name params {                                                    \
-    int(*real) params = __atomic_load_n(&real_##name, __ATOMIC_ACQUIRE);      \
-    if (!real) real = (int(*) params)dlsym(RTLD_NEXT, #name);                \
-    if (!real) {                                                              \
-      errno = ENOSYS;                                                         \
-      return -1;                                                              \
-    }                                                                         \
-    hd_precommit_hold();                                                      \
-    int rc = real args;                                                       \
-    hd_precommit_release();                                                   \
-    return rc;                                                                \
-  }
-HELD_CALLS(DEFINE_HELD)
-
-__attribute__((constructor)) static void resolve_held_calls(void) {
-#define RESOLVE(name, params, args) \
-  __atomic_store_n(&real_##name, (int(*) params)dlsym(RTLD_NEXT, #name), __ATOMIC_RELEASE);
-  HELD_CALLS(RESOLVE)
-}
-
 /* Thread names: renames bump a generation that each thread compares (one load) before using
  * its cached thread info, so no allocation makes a syscall to learn its thread's name. */
 EXPORT int prctl(int option, ...) {
@@ -325,8 +228,12 @@ EXPORT int prctl(int option, ...) {
   unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long),
                 a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
   va_end(ap);
-  long rc = syscall(SYS_prctl, option, a2, a3, a4, a5);
-  if (option == PR_SET_NAME && rc == 0) hd_note_rename();
+  long rc = hd_raw_syscall6(SYS_prctl, option, (long)a2, (long)a3, (long)a4, (long)a5, 0);
+  if (rc < 0 && rc > -4096) { /* glibc's convention */
+    errno = (int)-rc;
+    return -1;
+  }
+  if (option == PR_SET_NAME) hd_note_rename();
   return (int)rc;
 }
 

@@ -1,6 +1,7 @@
 /* A system call without glibc: no errno (the result is -errno on failure), no cancellation
- * point, nothing in thread-local storage touched. For code that runs where glibc must not
- * (the precommit helper thread) or must not be re-entered (answers to libunwind). x86-64. */
+ * point, nothing in thread-local storage touched. For calls whose errno is no business of the
+ * program's (the unwinder's probes, the answers given to libunwind) and for forwarding an
+ * interposed call without reaching ourselves again (prctl). x86-64. */
 #ifndef HEAPDUMP_INSTRUMENTATION_RAW_SYSCALL_H
 #define HEAPDUMP_INSTRUMENTATION_RAW_SYSCALL_H
 

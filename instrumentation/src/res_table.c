@@ -102,8 +102,6 @@ int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_n
   return res_create(t, max_bytes, memfd_name, true);
 }
 
-void hd_res_table_precommit(hd_res_table *t) { hd_precommit_area_init(&t->records_area, t->base, t->size); }
-
 void hd_res_table_destroy(hd_res_table *t) {
   if (t->base) munmap(t->base, t->size);
   dedup_free_all(t->dedup);
@@ -136,7 +134,6 @@ void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src) {
 static uint32_t reserve(hd_res_table *t, uint32_t size) {
   uint64_t used = LOAD(&t->hdr->used);
   if (used + size > t->size) return 0;
-  hd_precommit_need(&t->records_area, used + size);
   return (uint32_t)used;
 }
 

@@ -168,10 +168,6 @@ void hd_init_slow(void) {
     /* Nodes keep their time as an offset from this: no allocation is timed before it. */
     g_alloc.hdr->time_base = now_ns();
     if (hd_res_table_create(&g_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
-      const char *precommit = early_getenv(HD_ENV_PRECOMMIT);
-      hd_precommit_enable(!(precommit && strcmp(precommit, "0") == 0));
-      hd_alloc_table_precommit(&g_alloc);
-      hd_res_table_precommit(&g_res);
       hd_stack_configure(method, max_frames, lo, hi);
       state = HD_STATE_READY;
     } else {
@@ -617,7 +613,6 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
-  hd_precommit_after_fork_child();
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();
@@ -634,8 +629,6 @@ static void fork_child(void) {
     /* Our mappings of the parent's memfds; the parent keeps its own. */
     hd_alloc_table_destroy(&old_alloc);
     hd_res_table_destroy(&old_res);
-    hd_alloc_table_precommit(&g_alloc);
-    hd_res_table_precommit(&g_res);
   } else {
     /* Not chosen, or could not copy: stop recording rather than write into the parent's
      * tables. */

@@ -13,7 +13,6 @@
 #include "heapdump/contract/must_check.h"
 #include "heapdump/contract/shm_layout.h"
 #include "owned_fd.h"
-#include "precommit.h"
 
 
 /* One live block as the writer sees it (what a node holds, unpacked). */
@@ -59,9 +58,6 @@ typedef struct hd_alloc_table {
   /* Held by whoever locks the whole table (snapshot copy, fork).
    * Lock order: resources table lock -> world_lock -> slot locks in increasing order. */
   pthread_mutex_t world_lock;
-  /* The node array, committed ahead by the precommit helper once hd_alloc_table_precommit was
-   * called (the live table only). */
-  hd_precommit_area nodes_area;
 } hd_alloc_table;
 
 typedef enum hd_insert_result {
@@ -75,8 +71,6 @@ typedef enum hd_insert_result {
 int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 /* Unmaps and closes. */
 void hd_alloc_table_destroy(hd_alloc_table *t);
-/* Lets the precommit helper commit the table's pages ahead of its writers. */
-void hd_alloc_table_precommit(hd_alloc_table *t);
 /* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
 uint64_t hd_alloc_table_bytes_for(uint64_t nodes);
 
@@ -137,12 +131,10 @@ typedef struct hd_res_table {
   uint32_t counters_pool;   /* under lock: counters records of exited threads, linked through
                                writer_private */
   int64_t live_bytes;       /* atomic; process total of the threads' flushed live_delta */
-  hd_precommit_area records_area; /* see hd_alloc_table's */
 } hd_res_table;
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_destroy(hd_res_table *t);
-void hd_res_table_precommit(hd_res_table *t);
 /* With src->lock held: a new table (new memfd, same size) with the same records and counters
  * but no dedup index; after fork the child moves its copy of src's index over with
  * hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */

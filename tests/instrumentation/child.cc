@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/inotify.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -917,7 +921,7 @@ static void scenario_comm_rename() {
   CHECK(pthread_join(t, nullptr) == 0);
 }
 
-// ---- precommit: the tables' pages committed ahead by the library's helper thread.
+// ---- one-thread: the library adds no thread to the program.
 // The threads whose /proc/self/task/TID/<file> has a line for which match() is true.
 static int threads_where(const char *file, bool (*match)(const char *line)) {
   int n = 0;
@@ -938,79 +942,51 @@ static int threads_where(const char *file, bool (*match)(const char *line)) {
   return n;
 }
 
-static bool is_precommit_helper(const char *comm) { return strcmp(comm, "heapdump-commit\n") == 0; }
+static bool any_line(const char *line) { return line != nullptr; }
 static bool runs_as_root(const char *status) {
   return strncmp(status, "Uid:", 4) == 0 && strtoul(status + 4, nullptr, 10) == 0;
 }
 
-static long thread_minor_faults() {
-  rusage ru;
-  CHECK(getrusage(RUSAGE_THREAD, &ru) == 0);
-  return ru.ru_minflt;
-}
-
-static void *g_grown[800000];
-static int g_grown_count;
-
-static void keep_growing(int n) {
-  for (int i = 0; i < n && g_grown_count < (int)(sizeof g_grown / sizeof *g_grown); i++)
-    g_grown[g_grown_count++] = opaque(malloc(24));
-}
-
-// n blocks of 24 bytes, kept, in bursts of 10,000 with a pause after each (a program doing
-// other work between its allocations); the minor faults this thread took while allocating.
-static long grow(int n) {
-  long faults = 0;
-  for (int done = 0; done < n; done += 10000) {
-    long before = thread_minor_faults();
-    keep_growing(10000);
-    faults += thread_minor_faults() - before;
-    timespec pause = {0, 2000000};
-    nanosleep(&pause, nullptr);
-  }
-  return faults;
-}
-
-// Dropping root right after a growth (the helper likely at work): no thread keeps uid 0, and
-// the helper comes back (with the new credentials) for the next growth.
-static void drop_root_and_grow() {
-  if (getuid() != 0) {
-    printf("creds=not-root\n");
-    return;
-  }
-  // Grows until the helper is seen at work (or for 400,000 blocks), then drops root at once.
-  bool seen = false;
-  for (int round = 0; round < 200 && !seen; round++) {
-    keep_growing(2000);
-    seen = threads_where("comm", is_precommit_helper) > 0;
-  }
-  CHECK(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
-  printf("helper-seen=%d\n", seen);
-  int root_threads = threads_where("status", runs_as_root);
-  printf("creds=%s\n", root_threads == 0 ? "dropped" : "a-thread-kept-root");
-  printf("after-setresuid faults=%ld\n", grow(100000));
-}
-
 static const char *errno_word(int rc) { return rc == 0 ? "ok" : strerror(errno); }
 
-// Prints the faults of growing, what setns and unshare into user namespaces return right
-// after a growth (the kernel allows them only in a single-threaded process) and the faults of
-// growing after each (the helper comes back), then the faults of the same growth in a fork
-// child.
-static void scenario_precommit() {
-  memset(g_grown, 0, sizeof g_grown);  // its pages are not the tables'
-  printf("grow faults=%ld\n", grow(300000));
+// Keeps n blocks of 32 bytes, counting the process's threads every 20,000 allocations; the
+// most it saw.
+static void *g_counted[2200000];
+static size_t g_counted_count;
+static int keep_counting_threads(int n) {
+  int most = 0;
+  for (int i = 0; i < n && g_counted_count < sizeof g_counted / sizeof *g_counted; i++) {
+    g_counted[g_counted_count++] = opaque(malloc(32));
+    if (i % 20000 == 0) {
+      const int now = threads_where("comm", any_line);
+      if (now > most) most = now;
+    }
+  }
+  return most;
+}
+
+// A program that allocates and keeps 2,000,000 blocks sees one thread all along (the tables
+// grow by 64 MB meanwhile). Then what the kernel allows only a process of one thread, right
+// after growing: setns into a user namespace a fork child made, unshare of a new one; and, as
+// root, that no thread keeps root after setresuid.
+static void scenario_one_thread() {
+  printf("threads-seen=%d\n", keep_counting_threads(2000000));
   fflush(stdout);
   pid_t dropper = fork();
   CHECK(dropper >= 0);
   if (dropper == 0) {
-    drop_root_and_grow();
+    if (getuid() != 0) {
+      printf("creds=not-root\n");
+    } else {
+      keep_counting_threads(100000);
+      CHECK(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
+      printf("creds=%s\n", threads_where("status", runs_as_root) == 0 ? "dropped" : "a-thread-kept-root");
+    }
     fflush(stdout);
     _exit(0);
   }
   int dropped;
   CHECK(waitpid(dropper, &dropped, 0) == dropper && WIFEXITED(dropped) && WEXITSTATUS(dropped) == 0);
-  // setns into a user namespace a fork child made (and mapped its own ids in).
   int ready[2], hold[2];
   CHECK(pipe(ready) == 0 && pipe(hold) == 0);
   const unsigned uid = getuid(), gid = getgid();
@@ -1038,7 +1014,7 @@ static void scenario_precommit() {
     snprintf(path, sizeof path, "/proc/%d/ns/user", (int)owner);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
-    grow(20000);  // the helper is likely at work
+    keep_counting_threads(20000);
     printf("setns=%s\n", errno_word(setns(fd, CLONE_NEWUSER)));
     close(fd);
   } else {
@@ -1046,19 +1022,26 @@ static void scenario_precommit() {
   }
   CHECK(write(hold[1], "x", 1) == 1);
   CHECK(waitpid(owner, nullptr, 0) == owner);
-  printf("after-setns faults=%ld\n", grow(100000));
+  keep_counting_threads(20000);
   printf("unshare=%s\n", errno_word(unshare(CLONE_NEWUSER)));
-  printf("after-unshare faults=%ld\n", grow(100000));
-  fflush(stdout);
-  pid_t child = fork();
-  CHECK(child >= 0);
-  if (child == 0) {
-    printf("fork-child faults=%ld\n", grow(200000));
-    fflush(stdout);
-    _exit(0);
-  }
-  int status;
-  CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// A seccomp filter that kills the process at any clone or clone3 (a sandbox allowing no new
+// thread), then 1,000,000 blocks of 40 bytes kept, which grow the tables by 32 MB: the library
+// must make no thread of its own for that.
+static void scenario_seccomp_no_clone() {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+  };
+  struct sock_fprog program = {(unsigned short)(sizeof filter / sizeof *filter), filter};
+  CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+  CHECK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0);
+  for (int i = 0; i < 1000000; i++) keep(opaque(malloc(40)));
+  printf("survived\n");
 }
 
 // One block (7777 bytes) allocated between two CLOCK_MONOTONIC readings, which are printed.
@@ -1248,7 +1231,8 @@ int main(int argc, char **argv) {
   else if (mode == "jemalloc-api") scenario_jemalloc_api();
   else if (mode == "comm-rename") scenario_comm_rename();
   else if (mode == "clock") scenario_clock();
-  else if (mode == "precommit") scenario_precommit();
+  else if (mode == "one-thread") scenario_one_thread();
+  else if (mode == "seccomp-no-clone") scenario_seccomp_no_clone();
   else if (mode == "paths") scenario_paths();
   else if (mode == "callers") scenario_callers();
   else if (mode == "roots") scenario_roots();

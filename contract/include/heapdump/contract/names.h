@@ -31,7 +31,6 @@
 #define HD_ENV_MAX_FRAMES "HEAPDUMP_MAX_FRAMES"
 #define HD_ENV_MAX_MEMORY "HEAPDUMP_MAX_MEMORY"           /* the tables' shared memory */
 #define HD_ENV_CLOCK "HEAPDUMP_CLOCK"
-#define HD_ENV_PRECOMMIT "HEAPDUMP_PRECOMMIT"             /* 0: no helper thread */
 #define HD_ENV_SNAPSHOT_TIMEOUT "HEAPDUMP_SNAPSHOT_TIMEOUT"
 #define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY"                 /* the library `run` preloads */
 
