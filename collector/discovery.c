@@ -2,7 +2,7 @@
  * before it, or while it was down, or whose registration failed) by their memfds.
  *
  * libheapdump.so keeps its two tables open as memfds named heapdump-allocations and
- * heapdump-resources (instrumentation/src/runtime.c). A scan walks /proc/PID/fd of every
+ * heapdump-resources (instrumentation/src/lifecycle.c). A scan walks /proc/PID/fd of every
  * process this collector may serve (its own uid, every uid when root), and adopts a process
  * whose links name exactly one table of each kind, and whose own socket path (computed from its
  * environment as the library computes it) is this collector's: a process belongs to the

@@ -44,6 +44,8 @@ static size_t usable_from_chunk_header(void *p) {
 }
 static size_t (*g_libc_usable)(void *) = usable_from_chunk_header;
 
+int hd_use_system;
+
 static inline void enter(void) {
   hd_tls.in_backend++;
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -56,7 +58,7 @@ static inline void leave(void) {
 
 /* glibc guarantees alignof(max_align_t) == 16 for every block; jemalloc's 8-byte size class
  * is only 8-aligned, so smaller requests take its 16-byte class (sized frees round alike). */
-/* What the backend is asked for: the program's size and the block's tag (runtime.c), which sits
+/* What the backend is asked for: the program's size and the block's tag (record.c), which sits
  * at the end of the usable size. SIZE_MAX, which no allocator grants, if that overflows. */
 static inline size_t tagged(size_t size) {
   size_t bytes;

@@ -1,12 +1,15 @@
-/* Recording runtime of libheapdump.so: configuration, lazy allocation-free init, the backends,
- * stack capture, thread infos, executable regions, fork handling and the snapshot copy. The
- * preload shim (preload.c) only guards, forwards to these and records. */
+/* Recording runtime of libheapdump.so, the names each of its files defines for the others:
+ * lifecycle.c (configuration, init, fork, thread exit, the exit check), backend.c (where the
+ * memory comes from), record.c (the hot path: record and tag), nested.c (nested calls and the
+ * signal queue). The shim (preload.c) only guards, forwards to these and records; api.c is the
+ * public API, hooks.c the calls the library watches (dlopen, thread names). */
 #ifndef HEAPDUMP_INSTRUMENTATION_RUNTIME_H
 #define HEAPDUMP_INSTRUMENTATION_RUNTIME_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tables.h"
 
@@ -68,10 +71,14 @@ typedef struct hd_thread_state {
   hd_pending_op pending[HD_PENDING_MAX];
 } hd_thread_state;
 
+/* ---- lifecycle.c: configuration, lazy init, the live tables, fork, thread exit ---- */
+
 extern __thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec"))) HD_HIDDEN;
 extern int hd_state HD_HIDDEN;
-extern int hd_use_system HD_HIDDEN; /* backend chosen at init: 1 = glibc, 0 = jemalloc */
 extern uint32_t hd_name_generation HD_HIDDEN;
+/* The live tables; replaced only in a fork child (single-threaded then). */
+extern hd_alloc_table hd_live_alloc HD_HIDDEN;
+extern hd_res_table hd_live_res HD_HIDDEN;
 
 /* Makes sure the backend is chosen and recording set up (or switched off). */
 void hd_init_slow(void) HD_HIDDEN;
@@ -79,12 +86,42 @@ static inline void hd_ensure_init(void) {
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) < HD_STATE_READY)) hd_init_slow();
 }
 
+/* Timestamps: CLOCK_MONOTONIC_COARSE by default, the same clock as CLOCK_MONOTONIC read without
+ * the TSC, to the kernel tick (1-4 ms); a tenth of the cost of a precise read, which was about a
+ * tenth of the whole hook. HEAPDUMP_CLOCK=precise: CLOCK_MONOTONIC. */
+extern clockid_t hd_clock HD_HIDDEN;
+static inline uint64_t hd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(hd_clock, &ts); /* vDSO: no syscall */
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A thread's first record: its writer state goes back when it exits. */
+void hd_watch_thread_exit(void) HD_HIDDEN;
+void hd_note_rename(void) HD_HIDDEN;
+void hd_rescan_regions(void) HD_HIDDEN;
+/* Counts, in the process statistics, a stack our unwinder could not describe by call-frame
+ * information alone (stacks_beyond_cfi). */
+void hd_count_beyond_cfi(void) HD_HIDDEN;
+
+/* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
+ * library's; check hd_owned_fd_valid before handing one over. */
+void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) HD_HIDDEN;
+/* Copies the live set under the table lock into a new memfd, sealed (incl. F_SEAL_WRITE), with
+ * the allocations-table layout and HD_ALLOC_FLAG_SNAPSHOT; *out is the caller's to close.
+ * Returns 0 or -errno. */
+int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_MUST_CHECK;
+
+/* ---- backend.c: real memory ---- */
+
+extern int hd_use_system HD_HIDDEN; /* backend chosen at init: 1 = glibc, 0 = jemalloc */
+
 /* Backend (real memory). lg_align: log2 of the alignment (0 = default). Each call marks the
  * thread as inside the allocator (hd_tls.in_backend) for its duration. */
 /* Once, at init: chooses the backend (jemalloc, linked into this library, or glibc's if asked
  * for) and looks up what the other calls rely on. */
 void hd_backend_init(bool want_system) HD_HIDDEN;
-/* Every block holds HD_TAG_BYTES more than asked for, at the end of its usable size (runtime.c,
+/* Every block holds HD_TAG_BYTES more than asked for, at the end of its usable size (record.c,
  * the block's tag); sizes given to these functions are the program's. */
 #define HD_TAG_BYTES 8u
 /* jemalloc's flags (part of its ABI), which its API takes and the backend passes on. */
@@ -103,11 +140,19 @@ size_t hd_backend_size_class(size_t size, unsigned lg_align) HD_HIDDEN;
 /* false: a size the program must see fail with ENOMEM, as glibc would fail it */
 bool hd_backend_grants(size_t size) HD_HIDDEN;
 
+/* ---- record.c: the hot path ---- */
+
 /* Recording; call with hd_tls.in_hook set. */
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) HD_HIDDEN;
 /* Erases p's record (if any) and frees it through the backend. */
 void hd_free_recorded(void *p) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;
+/* Writes block p's tag: the node that records it (HD_NO_NODE: none). usable: the block's usable
+ * size where the caller has it (hd_tag_set looks it up). */
+void hd_tag_set_at(void *p, size_t usable, uint32_t index) HD_HIDDEN;
+void hd_tag_set(void *p, uint32_t index) HD_HIDDEN;
+
+/* ---- nested.c: nested calls and the signal queue ---- */
 
 /* Calls made while this thread is already inside the library (hd_tls.guard or in_hook set):
  * from the library's own code (forwarded, unrecorded) or from a signal handler that interrupted
@@ -138,19 +183,5 @@ static inline void hd_hook_leave(void) {
     hd_tls.in_hook = 1;
   }
 }
-
-void hd_note_rename(void) HD_HIDDEN;
-void hd_rescan_regions(void) HD_HIDDEN;
-/* Counts, in the process statistics, a stack our unwinder could not describe by call-frame
- * information alone (stacks_beyond_cfi). */
-void hd_count_beyond_cfi(void) HD_HIDDEN;
-
-/* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
- * library's; check hd_owned_fd_valid before handing one over. */
-void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) HD_HIDDEN;
-/* Copies the live set under the table lock into a new memfd, sealed (incl. F_SEAL_WRITE), with
- * the allocations-table layout and HD_ALLOC_FLAG_SNAPSHOT; *out is the caller's to close.
- * Returns 0 or -errno. */
-int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_MUST_CHECK;
 
 #endif /* HEAPDUMP_INSTRUMENTATION_RUNTIME_H */

@@ -40,7 +40,7 @@ hd_alloc_info Info(uint64_t addr, uint64_t size, uint32_t stack = 0) {
   return i;
 }
 
-// The writer erases and replaces the record in the node a block's tag names (runtime.c); here
+// The writer erases and replaces the record in the node a block's tag names (record.c); here
 // each thread remembers which node it gave each address, by table, as the tags would.
 thread_local std::map<std::pair<const hd_alloc_table *, uint64_t>, uint32_t> tl_nodes;
 

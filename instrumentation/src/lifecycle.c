@@ -1,0 +1,360 @@
+/* The library's life in a process: configuration from the environment, the lazy
+ * allocation-free init, the constructor, fork, thread exit, the exit leak check, and what
+ * registration and the public API need of the live tables (their memfds, a sealed copy). */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapdump/contract/names.h"
+#include "regions.h"
+#include "registration.h"
+#include "stack.h"
+
+__thread hd_thread_state hd_tls __attribute__((tls_model("initial-exec")));
+int hd_state;
+uint32_t hd_name_generation;
+hd_alloc_table hd_live_alloc;
+hd_res_table hd_live_res;
+
+static char g_exe_name[HD_REGION_NAME_MAX];
+static int g_follow_children = 1;
+/* Its destructor hands a thread's writer state back when the thread exits. */
+static pthread_key_t g_thread_exit_key;
+static bool g_thread_exit_key_made;
+
+extern char **environ;
+extern const ElfW(Ehdr) __ehdr_start; /* this module's ELF header, set by the static linker */
+
+/* ------------------------------------------------------------------ configuration */
+
+static const char *early_getenv(const char *name);
+
+/* `heapdump run --children` chooses which of its command's descendants are profiled:
+ * HEAPDUMP_PROFILE_ROOT is the command's pid (profiled whatever program it runs, across exec)
+ * and HEAPDUMP_PROFILE_ONLY the programs profiled among its descendants, comma-separated ("":
+ * none). A process not chosen keeps the library in LD_PRELOAD for its own children but records
+ * nothing and never registers. */
+static bool program_selected(pid_t pid) {
+  const char *only = early_getenv(HD_ENV_PROFILE_ONLY);
+  if (only == NULL) return true;
+  const char *root = early_getenv(HD_ENV_PROFILE_ROOT);
+  if (root != NULL && strtol(root, NULL, 10) == (long)pid) return true;
+  char comm[HD_COMM_MAX + 1] = {0};
+  syscall(SYS_prctl, PR_GET_NAME, comm, 0, 0, 0); /* not prctl(): we interpose it */
+  return hd_comm_listed(only, comm);
+}
+
+/* getenv that works before libc has set `environ` (the first malloc may come from ld.so):
+ * falls back to a raw read of /proc/self/environ into a static buffer. No allocation. */
+static const char *early_getenv(const char *name) {
+  static char buf[65536];
+  static size_t len;
+  static int loaded;
+  size_t nl = strlen(name);
+  if (environ) {
+    for (char **e = environ; *e; e++)
+      if (strncmp(*e, name, nl) == 0 && (*e)[nl] == '=') return *e + nl + 1;
+    return NULL;
+  }
+  if (!loaded) {
+    loaded = 1;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/environ", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ssize_t n;
+      while (len < sizeof(buf) - 1 &&
+             (n = syscall(SYS_read, fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+        len += (size_t)n;
+      syscall(SYS_close, fd);
+    }
+  }
+  for (size_t i = 0; i < len; i += strlen(buf + i) + 1)
+    if (strncmp(buf + i, name, nl) == 0 && buf[i + nl] == '=') return buf + i + nl + 1;
+  return NULL;
+}
+
+static uint64_t parse_size(const char *s, uint64_t dflt) {
+  if (!s || !*s) return dflt;
+  uint64_t v = 0;
+  for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (uint64_t)(*s - '0');
+  switch (*s) {
+    case 'k': case 'K': v <<= 10; break;
+    case 'm': case 'M': v <<= 20; break;
+    case 'g': case 'G': v <<= 30; break;
+    default: break;
+  }
+  return v ? v : dflt;
+}
+
+/* CLOCK_MONOTONIC_COARSE by default (runtime.h says why); HEAPDUMP_CLOCK=precise: nanoseconds. */
+clockid_t hd_clock = CLOCK_MONOTONIC_COARSE;
+
+/* Text range of this module, whose frames are dropped from the top of every trace. */
+static void own_text_range(uintptr_t *lo, uintptr_t *hi) {
+  const ElfW(Ehdr) *eh = &__ehdr_start;
+  const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+  uintptr_t base = (uintptr_t)eh;
+  *lo = *hi = 0;
+  for (int i = 0; i < eh->e_phnum; i++) {
+    if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) {
+      *lo = base + ph[i].p_vaddr;
+      *hi = *lo + ph[i].p_memsz;
+    }
+  }
+}
+
+void hd_init_slow(void) {
+  if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
+  /* Guard first: a signal handler allocating right after the state change below must forward,
+   * not wait for an init that cannot finish until the handler returns. */
+  hd_tls.guard++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  int expected = HD_STATE_UNINIT;
+  if (!__atomic_compare_exchange_n(&hd_state, &expected, HD_STATE_INITIALIZING, false,
+                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    hd_tls.guard--;
+    /* Sleeps rather than yields: under real-time scheduling a yield never lets a lower-priority
+     * initialising thread run. Start-up only, so a plain sleep is precise enough. */
+    while (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_INITIALIZING) {
+      struct timespec pause = {0, 50000};
+      nanosleep(&pause, NULL);
+    }
+    return;
+  }
+  const char *a = early_getenv(HD_ENV_ALLOCATOR);
+  hd_backend_init(a && strcmp(a, "system") == 0);
+  const char *u = early_getenv(HD_ENV_UNWIND);
+  int method = HD_UNWIND_CFI;
+  if (u != NULL && strcmp(u, "fp") == 0) method = HD_UNWIND_FP;
+  if (u != NULL && strcmp(u, "libunwind") == 0) method = HD_UNWIND_LIBUNWIND;
+  if (u != NULL && strcmp(u, "compare") == 0) method = HD_UNWIND_COMPARE;
+  unsigned max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
+  uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
+  const char *clock = early_getenv(HD_ENV_CLOCK);
+  if (clock && strcmp(clock, "precise") == 0) hd_clock = CLOCK_MONOTONIC;
+  const char *f = early_getenv(HD_ENV_FOLLOW_CHILDREN);
+  g_follow_children = !(f && strcmp(f, "0") == 0);
+  uintptr_t lo, hi;
+  own_text_range(&lo, &hi);
+  int state = HD_STATE_OFF;
+  if (!program_selected(getpid())) {
+    /* not chosen: stay off, tables never created */
+  } else if (hd_alloc_table_create(&hd_live_alloc, max_mem / 4 * 3, HD_MEMFD_ALLOCATIONS) == 0) {
+    /* Nodes keep their time as an offset from this: no allocation is timed before it. */
+    hd_live_alloc.hdr->time_base = hd_now_ns();
+    if (hd_res_table_create(&hd_live_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
+      hd_stack_configure(method, max_frames, lo, hi);
+      state = HD_STATE_READY;
+    } else {
+      hd_alloc_table_destroy(&hd_live_alloc);
+    }
+  }
+  hd_tls.guard--;
+  __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
+}
+
+void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
+
+void hd_count_beyond_cfi(void) { hd_res_count_beyond_cfi(&hd_live_res); }
+
+void hd_rescan_regions(void) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  hd_regions_scan(&hd_live_res, g_exe_name);
+  hd_stack_modules_changed();
+  hd_tls.guard--;
+}
+
+void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) {
+  bool on = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  *alloc = on ? hd_live_alloc.memfd : HD_OWNED_FD_NONE;
+  *res = on ? hd_live_res.memfd : HD_OWNED_FD_NONE;
+}
+
+int hd_snapshot_copy_live(hd_owned_fd *out) {
+  if (!out) return -EINVAL;
+  *out = HD_OWNED_FD_NONE;
+  hd_ensure_init();
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return -ENODEV;
+  hd_tls.guard++;
+  hd_alloc_table snap;
+  hd_alloc_table_lock_all(&hd_live_alloc);
+  int rc = hd_alloc_table_clone_locked(&hd_live_alloc, &snap, 0, HD_MEMFD_SNAPSHOT);
+  hd_alloc_table_unlock_all(&hd_live_alloc);
+  if (rc == 0) {
+    rc = hd_alloc_table_freeze(&snap);
+    if (rc == 0) *out = snap.memfd;
+    else hd_alloc_table_destroy(&snap);
+  }
+  hd_tls.guard--;
+  return rc;
+}
+
+void hd_watch_thread_exit(void) {
+  if (!g_thread_exit_key_made) return;
+  hd_tls.guard++; /* pthread_setspecific may allocate */
+  pthread_setspecific(g_thread_exit_key, &hd_tls);
+  hd_tls.guard--;
+}
+
+/* ------------------------------------------------------------------ fork */
+
+/* The tables are MAP_SHARED: after fork parent and child would write the same memory. So the
+ * prepare handler (all writers stopped) copies both tables into new memfds; the child adopts
+ * them (its live set equals the parent's at the fork) and the parent drops them. */
+static hd_alloc_table g_fork_alloc;
+static hd_res_table g_fork_res;
+static int g_fork_locked, g_fork_copied;
+
+static void fork_prepare(void) {
+  g_fork_locked = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  if (!g_fork_locked) return;
+  hd_tls.guard++;
+  pthread_mutex_lock(&hd_live_res.lock);
+  hd_alloc_table_lock_all(&hd_live_alloc);
+  g_fork_copied = 0;
+  /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
+   * is not known yet, but it is not the root: only its program (ours) decides. */
+  if (program_selected(0) &&
+      hd_alloc_table_clone_locked(&hd_live_alloc, &g_fork_alloc, hd_live_alloc.size, HD_MEMFD_ALLOCATIONS) == 0) {
+    if (hd_res_table_clone_locked(&hd_live_res, &g_fork_res, HD_MEMFD_RESOURCES) == 0) {
+      uint64_t live_blocks, live_bytes;
+      hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
+      hd_res_reconcile_live(&g_fork_res, live_blocks, live_bytes);
+      g_fork_copied = 1;
+    } else {
+      hd_alloc_table_destroy(&g_fork_alloc);
+    }
+  }
+}
+
+static void fork_parent(void) {
+  if (!g_fork_locked) return;
+  hd_alloc_table_unlock_all(&hd_live_alloc);
+  pthread_mutex_unlock(&hd_live_res.lock);
+  if (g_fork_copied) {
+    hd_alloc_table_destroy(&g_fork_alloc);
+    hd_res_table_destroy(&g_fork_res);
+  }
+  hd_tls.guard--;
+}
+
+static void fork_child(void) {
+  if (!g_fork_locked) return;
+  hd_stack_after_fork_child();
+  hd_regions_after_fork_child();
+  if (g_fork_copied) {
+    hd_alloc_table old_alloc = hd_live_alloc;
+    hd_res_table old_res = hd_live_res;
+    hd_res_table_adopt_index(&g_fork_res, &old_res);
+    hd_live_alloc = g_fork_alloc;
+    hd_live_res = g_fork_res;
+    pthread_mutex_init(&hd_live_alloc.world_lock, NULL);
+    pthread_mutex_init(&hd_live_res.lock, NULL);
+    hd_live_alloc.hdr->pid = (uint32_t)getpid(); /* the copies were made by the parent */
+    hd_live_res.hdr->pid = (uint32_t)getpid();
+    /* Our mappings of the parent's memfds; the parent keeps its own. */
+    hd_alloc_table_destroy(&old_alloc);
+    hd_res_table_destroy(&old_res);
+  } else {
+    /* Not chosen, or could not copy: stop recording rather than write into the parent's
+     * tables. */
+    __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
+  }
+  /* The cached free nodes were numbered in the parent's table; the counters record is copied. */
+  hd_tls.writer.node_count = 0;
+  hd_tls.writer.live_delta = 0;
+  hd_tls.tid = 0; /* new tid: the next allocation records a new thread info */
+  hd_tls.thread_key = 0;
+  hd_tls.name_countdown = 0;
+  hd_tls.guard--;
+  if (g_fork_copied) hd_registration_after_fork_child();
+}
+
+/* ------------------------------------------------------------------ start-up */
+
+/* Runs at thread exit after the thread's TLS destructors (C++ thread_local ones included) but
+ * before its last frees by libc; those take the shared paths. */
+static void thread_exit(void *arg) {
+  (void)arg;
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  hd_writer_thread_retire(&hd_live_alloc, &hd_live_res, &hd_tls.writer);
+  hd_tls.guard--;
+}
+
+static void strip_from_ld_preload(void) {
+  const char *pre = getenv("LD_PRELOAD");
+  Dl_info di;
+  if (!pre || !dladdr((void *)&hd_init_slow, &di) || !di.dli_fname) return;
+  const char *self = strrchr(di.dli_fname, '/');
+  self = self ? self + 1 : di.dli_fname;
+  char out[4096];
+  size_t o = 0;
+  for (const char *p = pre; *p;) {
+    size_t n = strcspn(p, " :");
+    const char *base = p;
+    for (const char *q = p; q < p + n; q++)
+      if (*q == '/') base = q + 1;
+    bool ours = n > 0 && (size_t)(p + n - base) == strlen(self) && strncmp(base, self, strlen(self)) == 0;
+    if (n > 0 && !ours && o + n + 2 < sizeof(out)) {
+      if (o) out[o++] = ':';
+      memcpy(out + o, p, n);
+      o += n;
+    }
+    p += n;
+    if (*p) p++;
+  }
+  out[o] = 0;
+  if (o) setenv("LD_PRELOAD", out, 1);
+  else unsetenv("LD_PRELOAD");
+}
+
+/* exit() runs its handlers last-registered first, and this one is registered before the C
+ * library registers the loader's finalizer (our constructor runs before the program starts):
+ * it runs after the program's atexit handlers and every static destructor. Registered without
+ * a DSO handle, so that finalizing this library does not run it early. */
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
+
+/* The exit snapshot, stored from the exit path with contents and roots (a leak check) while
+ * this thread waits for the collector, bounded by the snapshot timeout; without a collector,
+ * or if it fails, the collector's own exit snapshot (without contents) is what remains. */
+static void exit_leak_check(void *unused) {
+  (void)unused;
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (!hd_exit_with_contents_wanted()) return; /* a fork child of the command, say */
+  hd_owned_fd memfd;
+  if (hd_snapshot_copy_live(&memfd) != 0) return;
+  int rc = hd_store_named_snapshot(HD_EXIT_SNAPSHOT_NAME, &memfd, true);
+  (void)rc;
+  hd_owned_fd_close(&memfd);
+}
+
+__attribute__((constructor)) static void hd_constructor(void) {
+  hd_ensure_init();
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_tls.guard++;
+  ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
+  g_exe_name[n > 0 ? n : 0] = 0;
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
+  hd_tls.guard--;
+  if (!g_follow_children) strip_from_ld_preload();
+  hd_tls.guard++; /* what loading libunwind allocates is the library's own */
+  hd_stack_start();
+  hd_tls.guard--;
+  hd_rescan_regions();
+  hd_register_with_collector();
+  if (hd_exit_with_contents_wanted()) __cxa_atexit(exit_leak_check, NULL, NULL);
+}

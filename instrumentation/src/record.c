@@ -1,0 +1,245 @@
+/* The hot path: what one allocation, free or realloc records (its stack trace, thread and
+ * time, in a node of the allocations table) and the block's tag, which says which node records
+ * the block. Called by the shim (preload.c) with the thread marked as inside a hook. */
+#define _GNU_SOURCE
+#include "runtime.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "stack.h"
+
+/* Re-reads this thread's name: at its first allocation, after a rename seen by the prctl and
+ * pthread_setname_np hooks, and every HD_NAME_RECHECK_ALLOCATIONS allocations (renames through
+ * /proc/self/task/TID/comm reach no hook). A full table keeps the old key until the next read. */
+__attribute__((noinline)) static uint32_t refresh_thread_key(uint32_t gen) {
+  hd_tls.name_gen = gen;
+  hd_tls.name_countdown = HD_NAME_RECHECK_ALLOCATIONS;
+  char name[HD_THREAD_NAME_MAX] = {0};
+  if (hd_tls.tid == 0) hd_tls.tid = (uint32_t)syscall(SYS_gettid);
+  syscall(SYS_prctl, PR_GET_NAME, name, 0, 0, 0); /* not prctl(): we interpose it */
+  name[HD_THREAD_NAME_MAX - 1] = 0;
+  if (hd_tls.writer.counters_key == 0 && !hd_tls.writer.retired &&
+      hd_res_attach_counters(&hd_live_res, &hd_tls.writer)) {
+    hd_watch_thread_exit();
+  }
+  if (hd_tls.thread_key == 0) {
+    /* Once per thread: where its stack and TLS are, roots of a leak check. */
+    uintptr_t lo = 0, hi = 0;
+    if (!hd_thread_stack(&lo, &hi)) lo = hi = 0;
+    hd_res_add_thread_roots(&hd_live_res, hd_tls.tid, lo, hi, (uint64_t)__builtin_thread_pointer());
+  }
+  if (hd_tls.thread_key == 0 || strcmp(name, hd_tls.name) != 0) {
+    uint32_t key = hd_res_add_thread(&hd_live_res, hd_tls.tid, name, hd_now_ns());
+    if (key != 0) {
+      hd_tls.thread_key = key;
+      memcpy(hd_tls.name, name, sizeof(name));
+    }
+  }
+  return hd_tls.thread_key;
+}
+
+static uint32_t current_thread_key(void) {
+  uint32_t gen = __atomic_load_n(&hd_name_generation, __ATOMIC_RELAXED);
+  if (HD_LIKELY(hd_tls.name_countdown != 0 && hd_tls.name_gen == gen)) {
+    hd_tls.name_countdown--;
+    return hd_tls.thread_key;
+  }
+  return refresh_thread_key(gen);
+}
+
+/* The key of a trace, through this thread's cache of recently used ones. */
+static uint32_t trace_key(const uint64_t *frames, unsigned n, unsigned flags) {
+  hd_trace_print print = hd_trace_fingerprint(frames, n, flags);
+  hd_trace_cache_entry *e = &hd_tls.traces[print.lo & (HD_TRACE_CACHE_ENTRIES - 1)];
+  if (e->key != 0 && e->print_lo == print.lo && e->print_hi == (uint32_t)(print.hi >> 32))
+    return e->key;
+  uint32_t key = hd_res_intern_stack_print(&hd_live_res, frames, n, flags, print);
+  if (key != 0) {
+    e->key = key;
+    e->print_lo = print.lo;
+    e->print_hi = (uint32_t)(print.hi >> 32);
+  }
+  return key;
+}
+
+static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_align) {
+  uint64_t frames[HD_MAX_FRAMES];
+  bool truncated;
+  uint32_t *known_key;
+  unsigned n = hd_capture_stack(frames, false, &truncated, &known_key);
+  info->address = (uint64_t)(uintptr_t)p;
+  info->size = size;
+  /* A reused trace comes with the key interned for it last time: no fingerprint, no lookup. */
+  if (known_key != NULL && *known_key != 0) {
+    info->stack_key = *known_key;
+  } else {
+    info->stack_key = trace_key(frames, n, truncated ? HD_STACK_TRUNCATED : 0);
+    if (known_key != NULL) *known_key = info->stack_key;
+  }
+  info->thread_key = current_thread_key();
+  info->timestamp = hd_now_ns();
+  info->flags = lg_align & HD_NODE_ALIGN_MASK;
+  /* No lock is held here, and the capture above is where a hook spends most of its time, so
+   * where signal handlers are most likely to have queued work: apply it now, not only at the
+   * end of the hook, so that a signal storm fills the queue less. */
+  if (HD_UNLIKELY(__atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED) != 0))
+    hd_drain_pending();
+}
+
+/* ---- the block's tag */
+
+/* The last HD_TAG_BYTES of every block's usable size, past what the program asked for (the
+ * backend allocates that much more, and malloc_usable_size answers that much less): the link
+ * (node index + 1, 0 = not recorded) of the node that records the block, and a check of the link
+ * against the block's address. A free finds its node from the tag, so the table needs no index.
+ * The check catches a program that wrote past its block onto the tag: that free then finds its
+ * node by a scan, and the overwrite is counted. */
+typedef struct block_tag {
+  uint32_t link;
+  uint32_t check;
+} block_tag;
+
+static uint32_t tag_check(uint64_t address, uint32_t link) {
+  uint64_t h = (address ^ ((uint64_t)link << 32) ^ UINT64_C(0x2545F4914F6CDD1D)) *
+               UINT64_C(0x9E3779B97F4A7C15);
+  return (uint32_t)(h >> 32);
+}
+
+static block_tag *tag_at(void *p, size_t usable) {
+  return (block_tag *)((char *)p + usable - HD_TAG_BYTES);
+}
+
+/* usable: the block's usable size where the caller has it, which spares the lookup. */
+void hd_tag_set_at(void *p, size_t usable, uint32_t index) {
+  block_tag *tag = tag_at(p, usable);
+  tag->link = index == HD_NO_NODE ? 0 : index + 1;
+  tag->check = tag_check((uint64_t)(uintptr_t)p, tag->link);
+}
+
+void hd_tag_set(void *p, uint32_t index) { hd_tag_set_at(p, hd_backend_usable(p), index); }
+
+/* The node recording block p (of the usable size given), or HD_NO_NODE if it is not recorded. */
+static uint32_t node_of_at(void *p, size_t usable) {
+  const block_tag tag = *tag_at(p, usable);
+  const uint64_t address = (uint64_t)(uintptr_t)p;
+  if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
+    return tag.link == 0 ? HD_NO_NODE : tag.link - 1;
+  }
+  hd_res_count_overwritten_tag(&hd_live_res);
+  return hd_alloc_table_find(&hd_live_alloc, address);
+}
+
+static uint32_t node_of(void *p) { return node_of_at(p, hd_backend_usable(p)); }
+
+/* Records info in a node; the node, or HD_NO_NODE if the table could not (counted). */
+static uint32_t insert_info(const hd_alloc_info *info) {
+  hd_writer_thread *w = &hd_tls.writer;
+  uint32_t index;
+  if (hd_alloc_table_insert(&hd_live_alloc, w, info, &index) != HD_INSERT_NEW) {
+    hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
+    return HD_NO_NODE;
+  }
+  hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size);
+  return index;
+}
+
+void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
+  if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) {
+    hd_tag_set_at(p, usable, HD_NO_NODE);
+    return;
+  }
+  hd_alloc_info info;
+  make_info(&info, p, size, lg_align);
+  hd_tag_set_at(p, usable, insert_info(&info));
+}
+
+/* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
+ * *old filled if it had one. */
+static bool take_record(void *p, size_t usable, hd_alloc_info *old) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
+  const uint32_t index = node_of_at(p, usable);
+  return index != HD_NO_NODE &&
+         hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old);
+}
+
+static void free_recorded_at(void *p, size_t usable) {
+  hd_alloc_info old;
+  /* Erased before the block goes back: its address cannot be reused while still recorded. */
+  if (take_record(p, usable, &old)) {
+    hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+    hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
+    return;
+  }
+  hd_backend_free(p, 0, 0);
+}
+
+void hd_free_recorded(void *p) { free_recorded_at(p, hd_backend_usable(p)); }
+
+void *hd_realloc_recorded(void *p, size_t size) {
+  bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
+  if (hd_use_system) {
+    /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
+     * moved-from address never stays recorded) and restored if realloc fails. */
+    hd_alloc_info old;
+    const bool had = take_record(p, hd_backend_usable(p), &old);
+    void *q = hd_backend_realloc(p, size);
+    if (!q) {
+      /* p is unchanged: recorded again under a new node (its counters never moved), or marked
+       * as not recorded (and counted freed) if the table cannot take it again. */
+      uint32_t again = HD_NO_NODE;
+      if (had && hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
+        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      hd_tag_set(p, again);
+      errno = ENOMEM;
+      return NULL;
+    }
+    if (had) hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+    hd_record_alloc(q, size, 0, hd_backend_usable(q));
+    return q;
+  }
+  if (!hd_backend_grants(size)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  /* The tag moves with the block's end: read it before the resize. */
+  const uint32_t index = on ? node_of(p) : HD_NO_NODE;
+  const size_t resized_usable = hd_backend_resize_in_place(p, size);
+  if (resized_usable != 0) {
+    if (!on) {
+      hd_tag_set_at(p, resized_usable, HD_NO_NODE);
+      return p;
+    }
+    /* Same address: one record rewritten in one critical section. */
+    hd_alloc_info info, old;
+    make_info(&info, p, size, 0);
+    if (index != HD_NO_NODE && hd_alloc_table_replace(&hd_live_alloc, index, &info, &old)) {
+      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size);
+      hd_tag_set_at(p, resized_usable, index);
+    } else {
+      /* Not recorded, or its new size cannot be: its old record must not outlive it. */
+      if (index != HD_NO_NODE &&
+          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old)) {
+        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      }
+      hd_tag_set_at(p, resized_usable, insert_info(&info));
+    }
+    return p;
+  }
+  size_t usable;
+  void *q = hd_backend_alloc(size, 0, false, &usable);
+  if (!q) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  const size_t old_usable = hd_backend_usable(p);
+  const size_t old_size = old_usable - HD_TAG_BYTES;
+  memcpy(q, p, old_size < size ? old_size : size);
+  hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
+  free_recorded_at(p, old_usable);
+  return q;
+}
