@@ -41,7 +41,7 @@ extern "C" int guest_make_strings(int n) {
 }
 
 // new[] (54,321 bytes) and aligned new (512 bytes, 256-aligned), both kept and zeroed (no stale
-// pointer in them may reach another block); a sized delete; a
+// pointer in them may reach another block); a sized delete and a sized aligned one; a
 // nothrow new too big to succeed; and a new that fails twice through the new_handler, then
 // throws. Returns how many times the handler ran (2), or -1 where the program's libstdc++ would
 // have done otherwise.
@@ -52,6 +52,7 @@ extern "C" int guest_exercise_new(void) {
   if (reinterpret_cast<std::uintptr_t>(aligned) % 256 != 0) return -1;
   auto *sized = new std::string(2000, 'y');  // its buffer: operator delete(void *, size_t)
   delete sized;
+  delete new Aligned();  // operator delete(void *, size_t, std::align_val_t)
   volatile std::size_t huge = std::size_t{1} << 60;
   if (new (std::nothrow) char[huge] != nullptr) return -1;
   std::set_new_handler(second_call_gives_up);
