@@ -233,6 +233,11 @@ class RunChildrenTest : public ::testing::Test {
     std::smatch m;
     EXPECT_TRUE(std::regex_search(o.out, m, std::regex(R"(heapdump: [^ ]+\[([0-9]+)\])"))) << o.out;
     std::string main_pid = m[1].str();
+    // The daemon stores the children's exit snapshots as it sees them exit, which may be after
+    // `run` returned; stopped, it stores every one it has seen or that exited meanwhile before
+    // it leaves, and started again on the same storage it lists them all.
+    daemon.Stop();
+    daemon.Start();
     std::vector<std::string> kinds;
     for (const auto &s : hdtest::List(daemon.socket).items) {
       if (std::to_string(s.pid) == main_pid && s.name == "exit") continue;
