@@ -11,9 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "contents.h"
+#include "heapdump/contract/shm_layout.h"
 
 /* The main thread's TLS shares its mapping with what the loader allocated early; a mapping
  * bigger than this is read only around the thread pointer (static TLS below, the TCB above). */
@@ -23,6 +26,20 @@
 /* glibc's thread control block (struct pthread) starts at the thread pointer; 2304 bytes on
  * x86-64 glibc 2.36, read with room to spare. */
 #define TCB_SPAN 4096u
+
+/* Bounds on what one snapshot's roots may cost the collector, whatever the process looks like
+ * (a million mappings, a 64 GiB sparse one): the mappings kept from /proc/PID/maps, the
+ * records of memory that is not the program's taken from its table, and the address space
+ * whose residency is looked up (/proc/PID/pagemap, 8 bytes per page). Past them, what is left
+ * is sent as roots not read, so that a leak check says its verdict is uncertain. */
+#define MAX_MAPPINGS (1u << 18)
+#define MAX_MAPPING_RECORDS 8192u
+#define MAX_PAGEMAP_SPAN ((uint64_t)256 << 30)
+/* A program mapping up to this size is read whole (its pages not looked up first). */
+#define READ_WHOLE_MAX ((uint64_t)1 << 20)
+/* Roots are read and sent in pieces of at most this size. */
+#define ROOT_PIECE ((uint64_t)64 << 20)
+#define PAGE_SIZE_BYTES 4096u
 
 typedef struct mapping {
   uint64_t start, end, offset;
@@ -35,7 +52,17 @@ typedef struct root {
   heapdump_client_RootKind kind;
   uint64_t tid;
   const char *name; /* a mapping's path, owned by the maps */
+  bool not_read;    /* left out before reading: send as RootRegion.not_read */
 } root;
+
+/* Sorted, disjoint address ranges. */
+typedef struct range {
+  uint64_t start, end;
+} range;
+typedef struct range_set {
+  range *items;
+  size_t count, capacity;
+} range_set;
 
 typedef struct gather {
   mapping *maps;
@@ -50,6 +77,18 @@ typedef struct gather {
   } *live;
   size_t live_count, live_capacity;
   bool *record_alive; /* per record */
+  /* Memory that is not the program's, as the process recorded it (hd_rec_mapping). */
+  range_set allocator, heapdump;
+  struct tls_span {
+    uint64_t offset, size; /* from each thread pointer (offset in two's complement) */
+  } heapdump_tls[4];
+  size_t heapdump_tls_count;
+  bool brk_heap, blocks_mapped;
+  bool records_cut;   /* more mapping records than MAX_MAPPING_RECORDS */
+  bool maps_cut;      /* more mappings than MAX_MAPPINGS */
+  uint64_t maps_cut_start, maps_cut_bytes; /* the writable mappings past the cut */
+  uint64_t pagemap_left; /* address space whose residency may still be looked up */
+  int pagemap_fd;
   bool out_of_memory;
 } gather;
 
@@ -63,14 +102,70 @@ static bool grow(void **items, size_t count, size_t *capacity, size_t size) {
   return true;
 }
 
-static void add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
-                     uint64_t tid, const char *name) {
+static void add_root_as(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                        uint64_t tid, const char *name, bool not_read) {
   if (start >= end) return;
   if (!grow((void **)&g->roots, g->root_count, &g->root_capacity, sizeof *g->roots)) {
     g->out_of_memory = true;
     return;
   }
-  g->roots[g->root_count++] = (root){start, end, kind, tid, name};
+  g->roots[g->root_count++] = (root){start, end, kind, tid, name, not_read};
+}
+
+static void add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                     uint64_t tid, const char *name) {
+  add_root_as(g, start, end, kind, tid, name, false);
+}
+
+/* ---- sets of address ranges ---- */
+
+/* Adds [start, end) to s (kept sorted and disjoint). Linear in the set's size. */
+static bool range_set_add(range_set *s, uint64_t start, uint64_t end) {
+  if (start >= end) return true;
+  size_t i = 0;
+  while (i < s->count && s->items[i].end < start) i++;
+  size_t j = i;
+  while (j < s->count && s->items[j].start <= end) {
+    if (s->items[j].start < start) start = s->items[j].start;
+    if (s->items[j].end > end) end = s->items[j].end;
+    j++;
+  }
+  if (j == i) { /* overlaps nothing: insert at i */
+    if (!grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items)) return false;
+    memmove(&s->items[i + 1], &s->items[i], (s->count - i) * sizeof *s->items);
+    s->count++;
+  } else { /* replaces items [i, j) */
+    memmove(&s->items[i + 1], &s->items[j], (s->count - j) * sizeof *s->items);
+    s->count -= j - i - 1;
+  }
+  s->items[i] = (range){start, end};
+  return true;
+}
+
+/* Removes [start, end) from s. */
+static bool range_set_remove(range_set *s, uint64_t start, uint64_t end) {
+  for (size_t i = 0; i < s->count && start < end; i++) {
+    range r = s->items[i];
+    if (r.end <= start || r.start >= end) continue;
+    if (r.start < start && r.end > end) { /* splits it in two */
+      if (!grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items)) return false;
+      memmove(&s->items[i + 2], &s->items[i + 1], (s->count - i - 1) * sizeof *s->items);
+      s->count++;
+      s->items[i] = (range){r.start, start};
+      s->items[i + 1] = (range){end, r.end};
+      return true;
+    }
+    if (r.start < start) {
+      s->items[i].end = start;
+    } else if (r.end > end) {
+      s->items[i].start = end;
+    } else {
+      memmove(&s->items[i], &s->items[i + 1], (s->count - i - 1) * sizeof *s->items);
+      s->count--;
+      i--;
+    }
+  }
+  return true;
 }
 
 static bool readable_private(const mapping *m) { return m->perms[0] == 'r' && m->perms[3] == 'p'; }
@@ -114,6 +209,14 @@ static bool read_maps(pid_t pid, gather *g) {
     name[strcspn(name, "\n")] = '\0';
     m.start = start;
     m.end = end;
+    if (g->map_count == MAX_MAPPINGS) { /* only counted: sent as a root not read */
+      if (m.perms[0] == 'r' && m.perms[1] == 'w' && end > start) {
+        if (!g->maps_cut) g->maps_cut_start = start;
+        g->maps_cut = true;
+        g->maps_cut_bytes += end - start;
+      }
+      continue;
+    }
     m.path = strdup(name);
     if (m.path == NULL || !grow((void **)&g->maps, g->map_count, &capacity, sizeof *g->maps)) {
       free(m.path);
@@ -181,14 +284,49 @@ static void add_module_data(pid_t pid, gather *g) {
   }
 }
 
-static void read_thread_records(hd_process *p, gather *g) {
+/* A record of memory that is not the program's, applied in the order of the log. */
+static void apply_mapping_record(gather *g, const hd_mapping_change *m) {
+  if (m->kind == HD_MAPPING_BRK_HEAP) {
+    g->brk_heap = m->mapped;
+    return;
+  }
+  if (m->kind == HD_MAPPING_BLOCKS_MAPPED) {
+    g->blocks_mapped = m->mapped;
+    return;
+  }
+  if (m->kind == HD_MAPPING_HEAPDUMP_TLS) {
+    if (m->mapped && g->heapdump_tls_count < sizeof g->heapdump_tls / sizeof *g->heapdump_tls) {
+      g->heapdump_tls[g->heapdump_tls_count++] = (struct tls_span){m->start, m->size};
+    }
+    return;
+  }
+  range_set *set = m->kind == HD_MAPPING_ALLOCATOR ? &g->allocator
+                   : m->kind == HD_MAPPING_HEAPDUMP ? &g->heapdump
+                                                    : NULL;
+  if (set == NULL || m->size == 0 || m->start + m->size < m->start) return; /* hostile */
+  const bool ok = m->mapped ? range_set_add(set, m->start, m->start + m->size)
+                            : range_set_remove(set, m->start, m->start + m->size);
+  if (!ok) g->out_of_memory = true;
+}
+
+/* The thread records, and the records of memory that is not the program's. */
+static void read_records(hd_process *p, gather *g) {
   hd_res_entry *entry = malloc(sizeof *entry);
   if (entry == NULL) {
     g->out_of_memory = true;
     return;
   }
   uint64_t cursor = 0;
-  while (hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
+  size_t mapping_records = 0;
+  while (!g->out_of_memory && hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
+    if (entry->type == HD_ENTRY_MAPPING) {
+      if (mapping_records++ < MAX_MAPPING_RECORDS) {
+        apply_mapping_record(g, &entry->u.mapping);
+      } else {
+        g->records_cut = true;
+      }
+      continue;
+    }
     if (entry->type != HD_ENTRY_THREAD_ROOTS) continue;
     if (!grow((void **)&g->threads, g->thread_count, &g->thread_capacity, sizeof *g->threads)) {
       g->out_of_memory = true;
@@ -339,6 +477,229 @@ static void add_threads(hd_process *p, gather *g) {
   }
 }
 
+/* ---- memory the program mapped itself ---- */
+
+/* Where the residency of a mapping is looked up, 8 bytes per page; runs of resident pages
+ * closer than this are read as one (a page not resident reads as zeros, the zero page). */
+#define PAGEMAP_BATCH 4096u
+#define RUN_GAP_PAGES 16u
+/* The most roots one snapshot keeps: past it, program mappings are sent as not read. */
+#define MAX_ROOTS (1u << 20)
+
+/* A stack of a thread: of a live one, or one a thread recorded (glibc keeps the stacks of exited
+ * threads for the next ones: their dead frames are not roots). */
+static bool thread_stack(const gather *g, const mapping *m) {
+  for (size_t i = 0; i < g->live_count; i++) {
+    if (g->live[i].lo < m->end && g->live[i].hi > m->start) return true;
+  }
+  for (size_t i = 0; i < g->thread_count; i++) {
+    if (g->threads[i].stack_lo < m->end && g->threads[i].stack_hi > m->start) return true;
+  }
+  return false;
+}
+
+/* Whether a live block lies in [start, end) (addresses sorted). */
+static bool holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
+  size_t lo = 0, hi = count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (addresses[mid] < start) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < count && addresses[lo] < end;
+}
+
+/* [start, end) of a program mapping, as roots: whole if small, else the runs of its resident
+ * pages (/proc/PID/pagemap), within the snapshot's bound on the address space looked up. */
+static void add_resident(gather *g, uint64_t *entries, uint64_t start, uint64_t end,
+                         const char *name) {
+  const heapdump_client_RootKind kind = heapdump_client_RootKind_ROOT_KIND_MAPPING;
+  if (g->root_count >= MAX_ROOTS) {
+    add_root_as(g, start, end, kind, 0, name, true);
+    return;
+  }
+  if (end - start <= READ_WHOLE_MAX) {
+    add_root(g, start, end, kind, 0, name);
+    return;
+  }
+  if (g->pagemap_fd < 0 || entries == NULL || end - start > g->pagemap_left) {
+    add_root_as(g, start, end, kind, 0, name, true);
+    return;
+  }
+  g->pagemap_left -= end - start;
+  uint64_t run_start = 0, run_end = 0; /* run_end == 0: no run open */
+  for (uint64_t page = start / PAGE_SIZE_BYTES; page < end / PAGE_SIZE_BYTES;) {
+    const uint64_t n = end / PAGE_SIZE_BYTES - page < PAGEMAP_BATCH ? end / PAGE_SIZE_BYTES - page
+                                                                     : PAGEMAP_BATCH;
+    if (pread(g->pagemap_fd, entries, n * sizeof *entries, (off_t)(page * sizeof *entries)) !=
+        (ssize_t)(n * sizeof *entries)) {
+      if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
+      add_root_as(g, page * PAGE_SIZE_BYTES, end, kind, 0, name, true);
+      return;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+      const bool resident = (entries[i] >> 62) != 0; /* present, or swapped out */
+      if (!resident) continue;
+      const uint64_t at = (page + i) * PAGE_SIZE_BYTES;
+      if (run_end != 0 && at - run_end <= RUN_GAP_PAGES * PAGE_SIZE_BYTES) {
+        run_end = at + PAGE_SIZE_BYTES;
+        continue;
+      }
+      if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
+      run_start = at;
+      run_end = at + PAGE_SIZE_BYTES;
+    }
+    page += n;
+  }
+  if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
+}
+
+/* Every writable mapping that is neither a module's data, a thread's stack, the allocator's nor
+ * heapdump's own: memory the program mapped itself, which may hold the only pointers to its
+ * blocks (a garbage-collected heap, an interpreter's arenas). `taken` holds the roots found so
+ * far; addresses are the live blocks' (for an allocator whose mappings are known only by the
+ * blocks they hold). */
+static void add_program_mappings(hd_process *p, gather *g, const range_set *taken,
+                                 const uint64_t *addresses, size_t address_count) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/pagemap", (int)p->pid);
+  g->pagemap_fd = open(path, O_RDONLY | O_CLOEXEC);
+  g->pagemap_left = MAX_PAGEMAP_SPAN;
+  uint64_t *entries = malloc(PAGEMAP_BATCH * sizeof *entries);
+  range_set pieces = {0};
+  for (size_t i = 0; i < g->map_count && !g->out_of_memory; i++) {
+    const mapping *m = &g->maps[i];
+    if (m->perms[0] != 'r' || m->perms[1] != 'w' || m->end <= m->start) continue;
+    /* The kernel's own ([stack], [vvar], [vdso], [vsyscall]); but the break's heap and named
+     * anonymous mappings are the program's. */
+    const bool heap = strcmp(m->path, "[heap]") == 0;
+    if (m->path[0] == '[' && !heap && strncmp(m->path, "[anon:", 6) != 0) continue;
+    if ((heap && g->brk_heap) || thread_stack(g, m)) continue;
+    if (g->blocks_mapped && holds_block(addresses, address_count, m->start, m->end)) continue;
+    pieces.count = 0;
+    if (!range_set_add(&pieces, m->start, m->end)) {
+      g->out_of_memory = true;
+      break;
+    }
+    const range_set *not_program[] = {taken, &g->allocator, &g->heapdump};
+    for (size_t k = 0; k < sizeof not_program / sizeof *not_program; k++) {
+      for (size_t r = 0; r < not_program[k]->count; r++) {
+        const range x = not_program[k]->items[r];
+        if (x.start < m->end && x.end > m->start && !range_set_remove(&pieces, x.start, x.end)) {
+          g->out_of_memory = true;
+        }
+      }
+    }
+    for (size_t k = 0; k < pieces.count; k++) {
+      add_resident(g, entries, pieces.items[k].start, pieces.items[k].end, m->path);
+    }
+  }
+  free(pieces.items);
+  free(entries);
+  if (g->pagemap_fd >= 0) close(g->pagemap_fd);
+  g->pagemap_fd = -1;
+  if (g->maps_cut) {
+    add_root_as(g, g->maps_cut_start, g->maps_cut_start + g->maps_cut_bytes,
+                heapdump_client_RootKind_ROOT_KIND_MAPPING, 0, "", true);
+  }
+}
+
+/* Removes from the roots (sorted, disjoint) what is not the program's: the allocator's memory,
+ * heapdump's own, and heapdump's static TLS in each thread (its part of a TLS root, or of a stack
+ * root where a thread's TLS lies at the top of its stack). */
+static void remove_not_the_programs(gather *g) {
+  range_set out = {0};
+  for (size_t i = 0; i < g->allocator.count; i++) {
+    if (!range_set_add(&out, g->allocator.items[i].start, g->allocator.items[i].end)) goto fail;
+  }
+  for (size_t i = 0; i < g->heapdump.count; i++) {
+    if (!range_set_add(&out, g->heapdump.items[i].start, g->heapdump.items[i].end)) goto fail;
+  }
+  for (size_t t = 0; t < g->thread_count; t++) {
+    const uint64_t tp = g->threads[t].thread_pointer;
+    for (size_t k = 0; tp != 0 && k < g->heapdump_tls_count; k++) {
+      const uint64_t start = tp + g->heapdump_tls[k].offset, size = g->heapdump_tls[k].size;
+      if (size > 0 && size < (1u << 24) && start + size > start &&
+          !range_set_add(&out, start, start + size)) {
+        goto fail;
+      }
+    }
+  }
+  if (out.count == 0) goto done;
+  root *kept = NULL;
+  size_t kept_count = 0, kept_capacity = 0;
+  for (size_t i = 0; i < g->root_count; i++) {
+    root r = g->roots[i];
+    uint64_t at = r.start;
+    for (size_t k = 0; k < out.count && at < r.end; k++) {
+      const range x = out.items[k];
+      if (x.end <= at || x.start >= r.end) continue;
+      if (x.start > at) {
+        if (!grow((void **)&kept, kept_count, &kept_capacity, sizeof *kept)) goto fail_kept;
+        kept[kept_count] = r;
+        kept[kept_count].start = at;
+        kept[kept_count++].end = x.start;
+      }
+      at = x.end;
+    }
+    if (at < r.end) {
+      if (!grow((void **)&kept, kept_count, &kept_capacity, sizeof *kept)) goto fail_kept;
+      kept[kept_count] = r;
+      kept[kept_count++].start = at;
+    }
+  }
+  free(g->roots);
+  g->roots = kept;
+  g->root_count = kept_count;
+  g->root_capacity = kept_capacity;
+  goto done;
+fail_kept:
+  free(kept);
+fail:
+  g->out_of_memory = true;
+done:
+  free(out.items);
+}
+
+/* Roots in pieces of at most ROOT_PIECE bytes: each is read into one buffer. */
+static void split_in_pieces(gather *g) {
+  size_t extra = 0;
+  for (size_t i = 0; i < g->root_count; i++) {
+    if (!g->roots[i].not_read) extra += (g->roots[i].end - g->roots[i].start - 1) / ROOT_PIECE;
+  }
+  if (extra == 0) return;
+  root *pieces = malloc((g->root_count + extra) * sizeof *pieces);
+  if (pieces == NULL) {
+    g->out_of_memory = true;
+    return;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < g->root_count; i++) {
+    root r = g->roots[i];
+    if (r.not_read) {
+      pieces[n++] = r;
+      continue;
+    }
+    for (uint64_t at = r.start; at < r.end; at += ROOT_PIECE) {
+      pieces[n] = r;
+      pieces[n].start = at;
+      pieces[n++].end = r.end - at > ROOT_PIECE ? at + ROOT_PIECE : r.end;
+    }
+  }
+  free(g->roots);
+  g->roots = pieces;
+  g->root_count = n;
+  g->root_capacity = n;
+}
+
+static int compare_u64(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int compare_roots(const void *a, const void *b) {
   const root *x = a, *y = b;
   return x->start < y->start ? -1 : x->start > y->start;
@@ -362,8 +723,25 @@ static void remove_overlaps(gather *g) {
 
 typedef struct emit {
   const gather *g;
+  bool *emitted; /* per root */
   hd_batch_writer *w;
 } emit;
+
+static hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address, const uint8_t *bytes,
+                           uint64_t size, bool not_read) {
+  heapdump_client_RootRegion region = heapdump_client_RootRegion_init_zero;
+  region.has_address = region.has_size = region.has_kind = true;
+  region.address = address;
+  region.size = size;
+  region.kind = r->kind;
+  region.has_thread_koid = r->tid != 0;
+  region.thread_koid = r->tid;
+  region.has_name = r->name[0] != '\0';
+  snprintf(region.name, sizeof region.name, "%s", r->name);
+  region.has_not_read = not_read;
+  region.not_read = not_read;
+  return hd_batch_add_root_region(w, &region, bytes, not_read ? 0 : size);
+}
 
 static hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, uint64_t size) {
   const emit *e = ctx;
@@ -377,45 +755,85 @@ static hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, ui
     }
   }
   if (lo == e->g->root_count || e->g->roots[lo].start != address) return HD_OK;
-  const root *r = &e->g->roots[lo];
-  heapdump_client_RootRegion region = heapdump_client_RootRegion_init_zero;
-  region.has_address = region.has_size = region.has_kind = true;
-  region.address = address;
-  region.size = size;
-  region.kind = r->kind;
-  region.has_thread_koid = r->tid != 0;
-  region.thread_koid = r->tid;
-  region.has_name = r->name[0] != '\0';
-  snprintf(region.name, sizeof region.name, "%s", r->name);
-  return hd_batch_add_root_region(e->w, &region, bytes, size);
+  e->emitted[lo] = true;
+  return send_root(e->w, &e->g->roots[lo], address, bytes, size, false);
 }
 
-hd_status hd_add_roots(hd_process *p, uint64_t max_total, bool *cut, hd_batch_writer *w) {
-  gather g = {0};
+/* Where the roots are: modules' data and threads' stacks and TLS from /proc and the thread
+ * records; then the program's own mappings; less what is not the program's. */
+static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
+                         gather *g) {
+  if (!read_maps(p->pid, g)) return;
+  read_records(p, g);
+  add_module_data(p->pid, g);
+  add_threads(p, g);
+  remove_overlaps(g);
+  range_set taken = {0};
+  uint64_t *addresses = NULL;
+  if (g->root_count > 0) {
+    taken.items = malloc(g->root_count * sizeof *taken.items);
+    if (taken.items == NULL) {
+      g->out_of_memory = true;
+      return;
+    }
+    for (size_t i = 0; i < g->root_count; i++) {
+      taken.items[i] = (range){g->roots[i].start, g->roots[i].end};
+    }
+    taken.count = taken.capacity = g->root_count;
+  }
+  if (g->blocks_mapped && block_count > 0) {
+    addresses = malloc(block_count * sizeof *addresses);
+    if (addresses == NULL) {
+      g->out_of_memory = true;
+    } else {
+      for (size_t i = 0; i < block_count; i++) addresses[i] = blocks[i].address;
+      qsort(addresses, block_count, sizeof *addresses, compare_u64);
+    }
+  }
+  if (!g->out_of_memory) add_program_mappings(p, g, &taken, addresses, addresses ? block_count : 0);
+  free(addresses);
+  free(taken.items);
+  remove_overlaps(g);
+  remove_not_the_programs(g);
+  split_in_pieces(g);
+}
+
+hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
+                       uint64_t max_total, bool *cut, hd_batch_writer *w) {
+  gather g = {.pagemap_fd = -1};
   hd_status status = HD_OK;
   *cut = false;
-  if (read_maps(p->pid, &g)) {
-    add_module_data(p->pid, &g);
-    read_thread_records(p, &g);
-    add_threads(p, &g);
-    remove_overlaps(&g);
-  }
-  hd_live_block *blocks = g.out_of_memory ? NULL : calloc(g.root_count + 1, sizeof *blocks);
-  if (blocks != NULL) {
+  gather_roots(p, blocks, block_count, &g);
+  if (g.records_cut) *cut = true;
+  hd_live_block *reads = g.out_of_memory ? NULL : calloc(g.root_count + 1, sizeof *reads);
+  bool *emitted = g.out_of_memory ? NULL : calloc(g.root_count + 1, sizeof *emitted);
+  if (reads != NULL && emitted != NULL) {
+    size_t n = 0;
     for (size_t i = 0; i < g.root_count; i++) {
-      blocks[i].address = g.roots[i].start;
-      blocks[i].size = g.roots[i].end - g.roots[i].start;
+      if (g.roots[i].not_read) continue;
+      reads[n].address = g.roots[i].start;
+      reads[n++].size = g.roots[i].end - g.roots[i].start;
     }
-    emit e = {&g, w};
-    status = hd_read_block_contents(p->pid, p->pidfd, blocks, g.root_count, HD_ROOT_MAX_REGION,
-                                    max_total, cut, emit_root, &e);
+    emit e = {&g, emitted, w};
+    status = hd_read_block_contents(p->pid, p->pidfd, reads, n, ROOT_PIECE, max_total, cut,
+                                    emit_root, &e);
+    /* What was left out (too much, unreadable, or past the bounds) is said, not dropped. */
+    for (size_t i = 0; i < g.root_count && status == HD_OK; i++) {
+      if (emitted[i]) continue;
+      if (!g.roots[i].not_read) *cut = true;
+      status = send_root(w, &g.roots[i], g.roots[i].start, NULL,
+                         g.roots[i].end - g.roots[i].start, true);
+    }
   }
-  free(blocks);
+  free(reads);
+  free(emitted);
   for (size_t i = 0; i < g.map_count; i++) free(g.maps[i].path);
   free(g.maps);
   free(g.roots);
   free(g.threads);
   free(g.live);
   free(g.record_alive);
+  free(g.allocator.items);
+  free(g.heapdump.items);
   return status;
 }

@@ -22,14 +22,18 @@ extern "C" {
  *   the whole stack the thread recorded (hd_rec_thread_roots); a thread neither blocked nor
  *   recorded has no stack root;
  * - TLS: per recorded thread whose thread pointer is not inside its stack (the main thread's):
- *   the mapping around it, which holds its static TLS and thread control block.
- * Only readable private mappings are read, and regions never overlap. At most max_total bytes
- * (0: no limit; *cut says so); a region over HD_ROOT_MAX_REGION is left out. Returns HD_OK or the writer's error; a region that cannot be read
- * (unmapped meanwhile) is left out. */
-/* A region bigger than this (a huge .bss, say) is left out rather than read into one buffer. */
-#define HD_ROOT_MAX_REGION (256u << 20)
-
-hd_status hd_add_roots(hd_process *p, uint64_t max_total, bool *cut, hd_batch_writer *w);
+ *   the mapping around it, which holds its static TLS and thread control block;
+ * - MAPPING: every other writable mapping (private or shared) that is neither a thread's stack
+ *   nor the kernel's, less the allocator's memory and heapdump's own as the process recorded
+ *   them (hd_rec_mapping: jemalloc's mappings; with glibc, the break's heap and the mappings
+ *   that hold live blocks, which are `blocks`); of a mapping over 1 MiB, the runs of its resident
+ *   pages (/proc/PID/pagemap), within bounds on the mappings and pages looked at.
+ * Regions never overlap and are read in pieces of at most 64 MiB. At most max_total bytes are
+ * read (0: no limit): what is past it, what cannot be read and what the bounds left out are sent
+ * as roots not read (RootRegion.not_read, without contents), and *cut says so. Returns HD_OK
+ * or the writer's error. */
+hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
+                       uint64_t max_total, bool *cut, hd_batch_writer *w);
 
 #ifdef __cplusplus
 }

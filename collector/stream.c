@@ -100,7 +100,9 @@ static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_
       .has_stacks_beyond_cfi = true,
       .stacks_beyond_cfi = st.stacks_beyond_cfi,
       .has_writes_past_block_end = true,
-      .writes_past_block_end = st.writes_past_block_end};
+      .writes_past_block_end = st.writes_past_block_end,
+      .has_mapping_records_lost = true,
+      .mapping_records_lost = st.mapping_records_lost};
   hd_status status = hd_batch_add(w, &e);
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
@@ -261,10 +263,11 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;
-    status = hd_add_roots(p, c->max_contents_bytes, &cut, w);
+    status = hd_add_roots(p, blocks, count, c->max_contents_bytes, &cut, w);
     if (cut) {
-      hd_log(c, HD_LOG_WARN, "roots of %s[%u] cut at %llu bytes (--max-contents-bytes)", p->name,
-             (unsigned)p->pid, (unsigned long long)c->max_contents_bytes);
+      hd_log(c, HD_LOG_WARN,
+             "roots of %s[%u] not all read (--max-contents-bytes %llu, or bounds on mappings)",
+             p->name, (unsigned)p->pid, (unsigned long long)c->max_contents_bytes);
     }
   }
   /* A block the process freed and unmapped meanwhile is skipped whole, never sent short. */

@@ -481,6 +481,7 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->dropped_resources = LOAD(&s->dropped_resources);
   out->stacks_beyond_cfi = LOAD(&h->stacks_beyond_cfi);
   out->writes_past_block_end = LOAD(&h->overwritten_tags);
+  out->mapping_records_lost = LOAD(&h->mapping_records_lost);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);
@@ -622,6 +623,15 @@ hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor, hd_res_ent
         out->u.thread_roots = (hd_thread_roots){.tid = rec.tid, .stack_lo = rec.stack_lo,
                                                 .stack_hi = rec.stack_hi,
                                                 .thread_pointer = rec.thread_pointer};
+        return HD_READ_OK;
+      }
+      case HD_REC_MAPPING: {
+        if (hdr.size < sizeof(hd_rec_mapping)) return HD_READ_ERR_CORRUPT;
+        hd_rec_mapping rec = {0};
+        copy_words(&rec, r->base + off, sizeof(rec));
+        out->type = HD_ENTRY_MAPPING;
+        out->u.mapping = (hd_mapping_change){.kind = rec.kind, .mapped = rec.mapped != 0,
+                                             .start = rec.start, .size = rec.size};
         return HD_READ_OK;
       }
       default:

@@ -106,6 +106,7 @@ typedef struct hd_table_stats {
   uint64_t dropped_allocations, dropped_stack_traces, dropped_resources;
   uint64_t stacks_beyond_cfi;
   uint64_t writes_past_block_end; /* frees whose block's tag the program had overwritten */
+  uint64_t mapping_records_lost;  /* hd_rec_mapping records the writer could not write */
 } hd_table_stats;
 
 typedef struct hd_thread_info {
@@ -129,7 +130,20 @@ typedef struct hd_thread_roots {
   uint64_t stack_lo, stack_hi, thread_pointer;
 } hd_thread_roots;
 
-enum { HD_ENTRY_STACK = 1, HD_ENTRY_THREAD = 2, HD_ENTRY_REGION = 3, HD_ENTRY_THREAD_ROOTS = 4 };
+/* Memory that is not the program's (hd_rec_mapping; as the process recorded it). */
+typedef struct hd_mapping_change {
+  uint32_t kind; /* HD_MAPPING_* */
+  bool mapped;
+  uint64_t start, size;
+} hd_mapping_change;
+
+enum {
+  HD_ENTRY_STACK = 1,
+  HD_ENTRY_THREAD = 2,
+  HD_ENTRY_REGION = 3,
+  HD_ENTRY_THREAD_ROOTS = 4,
+  HD_ENTRY_MAPPING = 5,
+};
 typedef struct hd_res_entry {
   int type;      /* HD_ENTRY_* */
   uint32_t key;  /* for HD_ENTRY_STACK, pass to hd_res_reader_stack */
@@ -137,6 +151,7 @@ typedef struct hd_res_entry {
     hd_thread_info thread;
     hd_region region;
     hd_thread_roots thread_roots;
+    hd_mapping_change mapping;
   } u;
 } hd_res_entry;
 

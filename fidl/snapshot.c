@@ -327,7 +327,7 @@ static hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_clie
     index = s->root_count;
     hd_snapshot_root *root = &s->roots[index];
     *root = (hd_snapshot_root){.address = g->address, .size = g->size, .kind = g->kind,
-                               .thread_koid = g->thread_koid,
+                               .thread_koid = g->thread_koid, .not_read = g->not_read,
                                .contents = {.address = g->address}};
     root->name = strdup(g->has_name ? g->name : "");
     if (root->name == NULL) return HD_ERR_NO_MEMORY;
@@ -338,8 +338,13 @@ static hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_clie
     s->root_count++;
   }
   hd_snapshot_root *root = &s->roots[index];
-  if (root->size != g->size || root->kind != g->kind || root->thread_koid != g->thread_koid) {
+  if (root->size != g->size || root->kind != g->kind || root->thread_koid != g->thread_koid ||
+      root->not_read != g->not_read) {
     return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: chunks disagree",
+                (unsigned long long)g->address);
+  }
+  if (root->not_read && size > 0) {
+    return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: contents of a root not read",
                 (unsigned long long)g->address);
   }
   if (size > root->size - root->contents.size) {
@@ -483,7 +488,7 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
     }
     for (size_t i = 0; i < s->root_count; i++) {
       const hd_snapshot_root *g = &s->roots[i];
-      if (g->contents.size != g->size) {
+      if (!g->not_read && g->contents.size != g->size) {
         return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: %zu bytes of contents for size %llu",
                     (unsigned long long)g->address, g->contents.size,
                     (unsigned long long)g->size);

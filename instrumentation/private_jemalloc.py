@@ -10,7 +10,10 @@ then the only ones of those names, and the version script keeps the renamed ones
 archive's imports from beyond libc (libm's log, exp and round, libgcc's _Unwind_Backtrace and
 _Unwind_GetIP: only jemalloc's own heap profiling calls them) are renamed hd_je_NAME too and
 served by instrumentation/src/jemalloc_imports.c, so that no library is loaded because of us.
-Anything else the archive imports stays libc's.
+Its imports of mmap and munmap are renamed too, to the functions of instrumentation/src/backend.c
+that record what jemalloc maps (a leak check must know the allocator's memory exactly), and of
+sbrk, to one that fails (jemalloc then leaves the program break to the program). Anything else
+the archive imports stays libc's.
 
 The rename list is computed from the archive at build time (readelf), so a newer jemalloc with
 another set of public names is handled alike; the output is checked afterwards: a default-
@@ -22,7 +25,8 @@ import sys
 import tempfile
 
 PREFIX = "hd_je_"
-PRIVATE_IMPORTS = {"log", "exp", "round", "_Unwind_Backtrace", "_Unwind_GetIP"}
+PRIVATE_IMPORTS = {"log", "exp", "round", "_Unwind_Backtrace", "_Unwind_GetIP", "mmap", "munmap",
+                   "sbrk"}
 
 
 def symbols(archive):

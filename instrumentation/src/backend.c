@@ -4,6 +4,8 @@
  * thread as inside the allocator, so that a signal handler interrupting it is not let back in. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -54,6 +56,125 @@ static inline void enter(void) {
 static inline void leave(void) {
   __atomic_signal_fence(__ATOMIC_SEQ_CST);
   hd_tls.in_backend--;
+}
+
+/* ---- jemalloc's memory, known exactly to a leak check ----
+ *
+ * A leak check takes the process's writable memory as roots, except the allocator's (which
+ * holds the blocks, free or not, and jemalloc's metadata pointing at them). jemalloc maps its
+ * memory through the functions below: private_jemalloc.py renames its imports of mmap and munmap
+ * to them, and of sbrk to one that always fails (jemalloc then never extends the program break,
+ * which stays the program's). Each range jemalloc maps or unmaps is recorded in the resources
+ * table (HD_MAPPING_ALLOCATOR). jemalloc maps rarely (it keeps what it mapped and grows its
+ * reserve geometrically), so this costs the allocation path one load.
+ *
+ * Code inside jemalloc may hold jemalloc's locks, which a forking thread takes after the
+ * resources lock (the fork handlers): it must not wait for the resources lock, nor for anything
+ * a waiter for it holds. So it only puts the change in `g_ring`, a bounded queue of many
+ * producers (a sequence number per slot tells whose turn it is: free for the producer of index
+ * i when it is i, ready for the consumer when it is i + 1), and the changes are written into the
+ * table by hd_backend_publish_mappings, from where no lock is held: the next allocation's hook,
+ * the drain of a signal handler's work, a snapshot copy, the fork handler, the end of init. An
+ * unmapping is queued before its system call, so that a later mapping of the same range, by
+ * any thread, comes after it in the queue. */
+#define RING_SLOTS 64u
+static struct ring_slot {
+  /* Atomic: the sequence number less the slot's own index, so that the zeroed slots are free for
+   * the first lap before any constructor runs (jemalloc may map from another library's). */
+  uint64_t seq;
+  uint64_t start, size;
+  bool mapped;
+} g_ring[RING_SLOTS];
+static uint64_t g_ring_enqueue;   /* atomic: the next index a producer takes */
+static uint64_t g_ring_dequeue;   /* the next index to publish, under g_publish_lock */
+static uint64_t g_ring_lost;      /* atomic: changes the full queue could not take */
+uint32_t hd_backend_mappings_waiting; /* atomic: a change is queued */
+static pthread_mutex_t g_publish_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t slot_seq(uint64_t index) {
+  return __atomic_load_n(&g_ring[index % RING_SLOTS].seq, __ATOMIC_ACQUIRE) + index % RING_SLOTS;
+}
+
+static void set_slot_seq(uint64_t index, uint64_t seq) {
+  __atomic_store_n(&g_ring[index % RING_SLOTS].seq, seq - index % RING_SLOTS, __ATOMIC_RELEASE);
+}
+
+static void queue_mapping(void *start, size_t size, bool mapped) {
+  uint64_t pos = __atomic_load_n(&g_ring_enqueue, __ATOMIC_RELAXED);
+  struct ring_slot *slot;
+  for (;;) {
+    slot = &g_ring[pos % RING_SLOTS];
+    const uint64_t seq = slot_seq(pos);
+    if (seq == pos) {
+      if (__atomic_compare_exchange_n(&g_ring_enqueue, &pos, pos + 1, true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+        break;
+      }
+    } else if ((int64_t)(seq - pos) < 0) { /* a lap behind: full */
+      __atomic_fetch_add(&g_ring_lost, 1, __ATOMIC_RELAXED);
+      __atomic_store_n(&hd_backend_mappings_waiting, 1, __ATOMIC_RELEASE);
+      return;
+    } else {
+      pos = __atomic_load_n(&g_ring_enqueue, __ATOMIC_RELAXED);
+    }
+  }
+  slot->start = (uint64_t)(uintptr_t)start;
+  slot->size = size;
+  slot->mapped = mapped;
+  set_slot_seq(pos, pos + 1);
+  __atomic_store_n(&hd_backend_mappings_waiting, 1, __ATOMIC_RELEASE);
+}
+
+void *hd_je_mmap(void *addr, size_t size, int prot, int flags, int fd, off_t offset);
+void *hd_je_mmap(void *addr, size_t size, int prot, int flags, int fd, off_t offset) {
+  void *p = mmap(addr, size, prot, flags, fd, offset);
+  if (p != MAP_FAILED) queue_mapping(p, size, true);
+  return p;
+}
+
+int hd_je_munmap(void *addr, size_t size);
+int hd_je_munmap(void *addr, size_t size) {
+  queue_mapping(addr, size, false);
+  const int rc = munmap(addr, size);
+  if (rc != 0) queue_mapping(addr, size, true); /* it stays jemalloc's */
+  return rc;
+}
+
+void *hd_je_sbrk(intptr_t increment);
+void *hd_je_sbrk(intptr_t increment) {
+  (void)increment;
+  errno = ENOMEM;
+  return (void *)-1;
+}
+
+void hd_backend_publish_mappings(void) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  hd_res_table *t = &hd_live_res;
+  pthread_mutex_lock(&g_publish_lock);
+  __atomic_store_n(&hd_backend_mappings_waiting, 0, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* a change queued from now on sets it again */
+  pthread_mutex_lock(&t->lock);
+  for (;;) {
+    const struct ring_slot *slot = &g_ring[g_ring_dequeue % RING_SLOTS];
+    if (slot_seq(g_ring_dequeue) != g_ring_dequeue + 1) break;
+    (void)hd_res_add_mapping_locked(t, HD_MAPPING_ALLOCATOR, slot->mapped, slot->start,
+                                    slot->size);
+    set_slot_seq(g_ring_dequeue, g_ring_dequeue + RING_SLOTS);
+    g_ring_dequeue++;
+  }
+  const uint64_t lost = __atomic_exchange_n(&g_ring_lost, 0, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&t->hdr->mapping_records_lost, lost, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&t->lock);
+  pthread_mutex_unlock(&g_publish_lock);
+}
+
+void hd_backend_after_fork_child(void) {
+  /* Only the forking thread exists here; it published every change before the fork. A slot
+   * another thread had taken but not filled will never be: the queue starts afresh. */
+  pthread_mutex_init(&g_publish_lock, NULL);
+  const uint64_t pos = __atomic_load_n(&g_ring_enqueue, __ATOMIC_RELAXED);
+  for (uint64_t i = 0; i < RING_SLOTS; i++) set_slot_seq(pos + i, pos + i);
+  g_ring_dequeue = pos;
 }
 
 /* glibc guarantees alignof(max_align_t) == 16 for every block; jemalloc's 8-byte size class

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +115,54 @@ static void own_text_range(uintptr_t *lo, uintptr_t *hi) {
   }
 }
 
+/* Memory of the library's own in the process, which a leak check must not take for the
+ * program's (hd_rec_mapping): its module's writable data (which holds the jemalloc linked into
+ * it), its static TLS in every thread (the same offset from each thread pointer), and, with glibc
+ * as the backend, glibc's heaps. */
+static int note_own_tls(struct dl_phdr_info *info, size_t size, void *unused) {
+  (void)unused;
+  if (info->dlpi_addr != (uintptr_t)&__ehdr_start ||
+      size < offsetof(struct dl_phdr_info, dlpi_tls_data) + sizeof(void *) ||
+      info->dlpi_tls_data == NULL) {
+    return 0;
+  }
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    if (info->dlpi_phdr[i].p_type != PT_TLS) continue;
+    const uint64_t offset =
+        (uint64_t)((uintptr_t)info->dlpi_tls_data - (uintptr_t)__builtin_thread_pointer());
+    (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_HEAPDUMP_TLS, true, offset,
+                             info->dlpi_phdr[i].p_memsz);
+  }
+  return 1;
+}
+
+/* The tables' own mappings (their memfds are shared memory). */
+static void note_tables(bool mapped, const hd_alloc_table *alloc, const hd_res_table *res) {
+  (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_HEAPDUMP, mapped,
+                           (uint64_t)(uintptr_t)alloc->hdr, alloc->size);
+  (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_HEAPDUMP, mapped,
+                           (uint64_t)(uintptr_t)res->base, res->size);
+}
+
+static void note_memory_not_the_programs(void) {
+  note_tables(true, &hd_live_alloc, &hd_live_res);
+  const ElfW(Ehdr) *eh = &__ehdr_start;
+  const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+  for (int i = 0; i < eh->e_phnum; i++) {
+    if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_W)) {
+      (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_HEAPDUMP, true,
+                               (uintptr_t)eh + ph[i].p_vaddr, ph[i].p_memsz);
+    }
+  }
+  dl_iterate_phdr(note_own_tls, NULL);
+  if (hd_use_system) {
+    (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_BRK_HEAP, true, 0, 0);
+    (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_BLOCKS_MAPPED, true, 0, 0);
+  }
+  /* What jemalloc mapped before the tables existed (its constructor's arena and metadata). */
+  hd_backend_publish_mappings();
+}
+
 void hd_init_slow(void) {
   if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
   /* Guard first: a signal handler allocating right after the state change below must forward,
@@ -162,6 +211,7 @@ void hd_init_slow(void) {
   }
   hd_tls.guard--;
   __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
+  if (state == HD_STATE_READY) note_memory_not_the_programs();
 }
 
 void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_RELAXED); }
@@ -187,6 +237,7 @@ int hd_snapshot_copy_live(hd_owned_fd *out) {
   *out = HD_OWNED_FD_NONE;
   hd_ensure_init();
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return -ENODEV;
+  hd_backend_publish_mappings(); /* a snapshot with contents needs them all */
   hd_tls.guard++;
   hd_alloc_table snap;
   hd_alloc_table_lock_all(&hd_live_alloc);
@@ -220,6 +271,7 @@ static int g_fork_locked, g_fork_copied;
 static void fork_prepare(void) {
   g_fork_locked = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
   if (!g_fork_locked) return;
+  hd_backend_publish_mappings(); /* the child's copy of the table has them all */
   hd_tls.guard++;
   pthread_mutex_lock(&hd_live_res.lock);
   hd_alloc_table_lock_all(&hd_live_alloc);
@@ -251,6 +303,7 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
+  hd_backend_after_fork_child();
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();
@@ -265,6 +318,8 @@ static void fork_child(void) {
     hd_live_alloc.hdr->pid = (uint32_t)getpid(); /* the copies were made by the parent */
     hd_live_res.hdr->pid = (uint32_t)getpid();
     /* Our mappings of the parent's memfds; the parent keeps its own. */
+    note_tables(false, &old_alloc, &old_res);
+    note_tables(true, &hd_live_alloc, &hd_live_res);
     hd_alloc_table_destroy(&old_alloc);
     hd_res_table_destroy(&old_res);
   } else {

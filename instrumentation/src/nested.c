@@ -98,6 +98,7 @@ void *hd_nested_realloc(void *p, size_t size) {
 
 void hd_drain_pending(void) {
   int saved_errno = errno;
+  hd_backend_publish_waiting_mappings(); /* what a handler's allocation made the allocator map */
   uint32_t done = 0;
   for (;;) {
     uint32_t n = __atomic_load_n(&hd_tls.pending_count, __ATOMIC_RELAXED);

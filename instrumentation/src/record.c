@@ -148,6 +148,7 @@ static uint32_t insert_info(const hd_alloc_info *info) {
 }
 
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
+  hd_backend_publish_waiting_mappings(); /* what the allocator may have mapped for p */
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
     return;

@@ -99,7 +99,12 @@ static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_nam
 }
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) {
-  return res_create(t, max_bytes, memfd_name, true);
+  int rc = res_create(t, max_bytes, memfd_name, true);
+  if (rc == 0) {
+    (void)hd_res_add_mapping(t, HD_MAPPING_HEAPDUMP, true, (uint64_t)(uintptr_t)t->dedup,
+                             t->dedup->bytes);
+  }
+  return rc;
 }
 
 void hd_res_table_destroy(hd_res_table *t) {
@@ -142,6 +147,32 @@ static void publish(hd_res_table *t, uint32_t off, uint32_t size) {
   __atomic_store_n(&t->hdr->used, (uint64_t)off + size, __ATOMIC_RELEASE);
 }
 
+bool hd_res_add_mapping_locked(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
+                               uint64_t size) {
+  uint32_t off = reserve(t, sizeof(hd_rec_mapping));
+  if (off == 0) {
+    __atomic_fetch_add(&t->hdr->mapping_records_lost, 1, __ATOMIC_RELAXED);
+    return false;
+  }
+  hd_rec_mapping *r = (hd_rec_mapping *)(t->base + off);
+  r->h.type = HD_REC_MAPPING;
+  r->h.size = sizeof(*r);
+  r->kind = kind;
+  r->mapped = mapped;
+  r->start = start;
+  r->size = size;
+  publish(t, off, sizeof(*r));
+  return true;
+}
+
+bool hd_res_add_mapping(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
+                        uint64_t size) {
+  pthread_mutex_lock(&t->lock);
+  const bool added = hd_res_add_mapping_locked(t, kind, mapped, start, size);
+  pthread_mutex_unlock(&t->lock);
+  return added;
+}
+
 /* Under the lock: doubles the index; false when it is at its maximum or memory is short. */
 static bool dedup_grow(hd_res_table *t) {
   hd_dedup_index *old = t->dedup;
@@ -149,6 +180,8 @@ static bool dedup_grow(hd_res_table *t) {
   if (slots > t->dedup_max_slots) return false;
   hd_dedup_index *d = dedup_new(slots);
   if (!d) return false;
+  /* heapdump's own memory: a leak check does not take it for the program's. */
+  (void)hd_res_add_mapping_locked(t, HD_MAPPING_HEAPDUMP, true, (uint64_t)(uintptr_t)d, d->bytes);
   for (uint64_t i = 0; i <= old->mask; i++) {
     const hd_dedup_slot *e = &old->slots[i];
     if (e->key == 0) continue;

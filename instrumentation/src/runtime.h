@@ -139,6 +139,17 @@ size_t hd_backend_resize_in_place(void *p, size_t size) HD_HIDDEN;
 size_t hd_backend_size_class(size_t size, unsigned lg_align) HD_HIDDEN;
 /* false: a size the program must see fail with ENOMEM, as glibc would fail it */
 bool hd_backend_grants(size_t size) HD_HIDDEN;
+/* Writes into the resources table what the allocator mapped and unmapped since the last call
+ * (backend.c). From where this thread holds no lock and is not inside the allocator; does
+ * nothing before the tables exist. hd_backend_mappings_waiting says whether there is any. */
+extern uint32_t hd_backend_mappings_waiting HD_HIDDEN;
+void hd_backend_publish_mappings(void) HD_HIDDEN;
+static inline void hd_backend_publish_waiting_mappings(void) {
+  if (HD_UNLIKELY(__atomic_load_n(&hd_backend_mappings_waiting, __ATOMIC_RELAXED) != 0))
+    hd_backend_publish_mappings();
+}
+/* In a fork child: the queue of changes starts afresh (backend.c). */
+void hd_backend_after_fork_child(void) HD_HIDDEN;
 
 /* ---- record.c: the hot path ---- */
 

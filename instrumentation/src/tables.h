@@ -193,6 +193,13 @@ uint32_t hd_res_intern_stack_print(hd_res_table *t, const uint64_t *frames, unsi
 uint32_t hd_res_intern_stack_nowait(hd_res_table *t, const uint64_t *frames, unsigned count,
                                     unsigned flags);
 uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint64_t timestamp);
+/* Records that [start, start + size) was mapped or unmapped (hd_rec_mapping, kind HD_MAPPING_*);
+ * false if the table is full (counted in the header's mapping_records_lost). The _locked form
+ * is for a caller that holds t->lock. */
+bool hd_res_add_mapping(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
+                        uint64_t size);
+bool hd_res_add_mapping_locked(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
+                               uint64_t size);
 /* The thread's stack bounds and thread pointer (hd_rec_thread_roots); 0 if the table is full. */
 uint32_t hd_res_add_thread_roots(hd_res_table *t, uint32_t tid, uint64_t stack_lo,
                                  uint64_t stack_hi, uint64_t thread_pointer);

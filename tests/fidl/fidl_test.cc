@@ -519,7 +519,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
   stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1, true, 2,
-                                 true, 30, true, 4, true, 5, true, 6, true, 11, true, 12};
+                                 true, 30, true, 4, true, 5, true, 6, true, 11, true, 12,
+                                 true, 13};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
@@ -579,6 +580,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(s->stats.peak_live_bytes, 30u);
   EXPECT_EQ(s->stats.dropped_resources, 6u);
   EXPECT_EQ(s->stats.stacks_beyond_cfi, 11u);
+  EXPECT_EQ(s->stats.mapping_records_lost, 13u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

@@ -203,7 +203,7 @@ TEST_F(CliTest, RunWarnsOfWritesPastTheEndOfABlock) {
       << o.err;
   Output j = Heapdump({"report", "--json", "overflow.heapdump"});
   ASSERT_EQ(j.status, 0) << j.err;
-  EXPECT_NE(j.out.find("\"writes_past_block_end\":1}"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find("\"writes_past_block_end\":1,"), std::string::npos) << j.out;
   Output clean = Heapdump({"run", "--", HD_LEAK_CHILD});
   EXPECT_EQ(clean.err.find("wrote past the end"), std::string::npos) << clean.err;
 }

@@ -5,9 +5,7 @@
 // valgrind's memcheck where it is installed.
 #include <unistd.h>
 
-#include <algorithm>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "leak_report.h"
 #include "process.h"
 
 namespace {
@@ -43,42 +42,12 @@ std::set<std::string> Words(const std::string &text) {
   return words;
 }
 
-// The leak check's groups: (category, site) -> (bytes, blocks).
-using Groups = std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>>;
-Groups LeakGroups(const std::string &report) {
-  Groups groups;
-  std::string category;
-  static const std::regex kRow(R"(^ +([0-9]+) +([0-9]+)  (.+)$)");
-  for (const std::string &line : Lines(report)) {
-    if (line == "DEFINITELY LOST" || line == "INDIRECTLY LOST" || line == "POSSIBLY LOST" ||
-        line == "STILL REACHABLE") {
-      category = line;
-      continue;
-    }
-    std::smatch m;
-    if (!category.empty() && std::regex_match(line, m, kRow)) {
-      auto &g = groups[{category, m[3].str()}];
-      g.first += std::stoull(m[1].str());
-      g.second += std::stoull(m[2].str());
-    }
-  }
-  return groups;
-}
-
-// valgrind's summary of a run: category ("definitely lost", ...) -> (bytes, blocks).
-std::map<std::string, std::pair<uint64_t, uint64_t>> MemcheckSummary(const std::string &out) {
-  std::map<std::string, std::pair<uint64_t, uint64_t>> summary;
-  static const std::regex kLine(
-      R"(==[0-9]+== +(definitely lost|indirectly lost|possibly lost|still reachable): ([0-9,]+) bytes in ([0-9,]+) blocks)");
-  auto number = [](std::string s) {
-    s.erase(std::remove(s.begin(), s.end(), ','), s.end());
-    return std::stoull(s);
-  };
-  for (const std::string &line : Lines(out)) {
-    std::smatch m;
-    if (std::regex_search(line, m, kLine)) summary[m[1].str()] = {number(m[2]), number(m[3])};
-  }
-  return summary;
+using hdtest::Amount;
+using hdtest::LostAt;
+using Groups = hdtest::LeakGroups;
+Groups LeakGroups(const std::string &report) { return hdtest::ParseLeakGroups(report); }
+std::map<std::string, Amount> MemcheckSummary(const std::string &out) {
+  return hdtest::ParseMemcheckSummary(out);
 }
 
 bool Installed(const char *program) { return access(program, X_OK) == 0; }
@@ -131,20 +100,8 @@ TEST_F(Guest, ACProgramsLeakCheckHoldsItsOwnBlocksOnly) {
       Shell(std::string("valgrind --leak-check=full --show-leak-kinds=all ") +
             HD_GUEST_TWO_BLOCKS + " 2>&1");
   auto summary = MemcheckSummary(memcheck.out);
-  EXPECT_EQ(summary["definitely lost"], (std::pair<uint64_t, uint64_t>{200, 1})) << memcheck.out;
-  EXPECT_EQ(summary["still reachable"], (std::pair<uint64_t, uint64_t>{100, 1})) << memcheck.out;
-}
-
-// The blocks a module made lost at exit, summed over the two lost categories: (bytes, blocks).
-std::pair<uint64_t, uint64_t> LostAt(const Groups &groups, const std::string &site) {
-  std::pair<uint64_t, uint64_t> lost{0, 0};
-  for (const char *category : {"DEFINITELY LOST", "INDIRECTLY LOST"}) {
-    auto it = groups.find({category, site});
-    if (it == groups.end()) continue;
-    lost.first += it->second.first;
-    lost.second += it->second.second;
-  }
-  return lost;
+  EXPECT_EQ(summary["definitely lost"], (Amount{200, 1})) << memcheck.out;
+  EXPECT_EQ(summary["still reachable"], (Amount{100, 1})) << memcheck.out;
 }
 
 // A C program loads a C++ module: its new and delete are the module's libstdc++'s, which calls
@@ -164,7 +121,7 @@ TEST_F(Guest, CxxInAModuleThatACProgramLoadsIsRecorded) {
   // vector buffer it had freed, whose stale pointer to another string lies in the object's
   // unused bytes, and a conservative scan follows it. memcheck never reuses memory so soon.)
   EXPECT_EQ(LostAt(groups, "guest_make_strings"),
-            (std::pair<uint64_t, uint64_t>{32000 + 1001000, 2000}))
+            (Amount{32000 + 1001000, 2000}))
       << run.out;
   EXPECT_GE(groups.at({"DEFINITELY LOST", "guest_make_strings"}).second, 990u) << run.out;
   for (const auto &[key, value] : groups) {
@@ -174,7 +131,7 @@ TEST_F(Guest, CxxInAModuleThatACProgramLoadsIsRecorded) {
   }
   // new[] and the aligned new, kept by the module's globals.
   EXPECT_EQ(groups.at({"STILL REACHABLE", "guest_exercise_new"}),
-            (std::pair<uint64_t, uint64_t>{54321 + 512, 2}))
+            (Amount{54321 + 512, 2}))
       << run.out;
 }
 
@@ -186,11 +143,21 @@ TEST_F(Guest, Python3LoadingACxxModuleThroughCtypesIsRecorded) {
   const std::string script = std::string("import ctypes\nm = ctypes.CDLL('") + HD_GUEST_MODULE +
                              "')\nprint(m.guest_make_strings(1000))\n";
   hdtest::ShellOutput run = Shell("cat > load.py <<'EOF'\n" + script +
-                                  "EOF\nheapdump run --top 0 -- /usr/bin/python3 load.py 2>&1");
+                                  "EOF\nheapdump run --show-reachable --top 0 -- /usr/bin/python3 load.py 2>&1");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_EQ(run.out.rfind("1000\n", 0), 0u) << run.out;
-  const std::pair<uint64_t, uint64_t> lost = LostAt(LeakGroups(run.out), "guest_make_strings");
-  EXPECT_EQ(lost, (std::pair<uint64_t, uint64_t>{32000 + 1001000, 2000})) << run.out;
+  // Python's arenas are roots (memory it mapped itself) and keep stale copies of pointers: a
+  // string may be reached through one into its middle, possibly lost here where memcheck (whose
+  // run lays memory out otherwise) has it lost. None of the 2,000 is still reachable.
+  const Groups groups = LeakGroups(run.out);
+  Amount lost = LostAt(groups, "guest_make_strings");
+  auto possibly = groups.find({"POSSIBLY LOST", "guest_make_strings"});
+  if (possibly != groups.end()) {
+    lost.first += possibly->second.first;
+    lost.second += possibly->second.second;
+  }
+  EXPECT_EQ(lost, (Amount{32000 + 1001000, 2000})) << run.out;
+  EXPECT_EQ(groups.count({"STILL REACHABLE", "guest_make_strings"}), 0u) << run.out;
   if (!Installed("/usr/bin/valgrind")) GTEST_SKIP() << "valgrind is not installed";
   hdtest::ShellOutput memcheck =
       Shell("valgrind --leak-check=full /usr/bin/python3 load.py 2>&1");

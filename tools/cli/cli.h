@@ -11,6 +11,7 @@
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/report.h"
+#include "heapdump/tools/sites.h"
 #include "heapdump_client.pb.h"
 
 /* Exit codes, documented in docs/tools.md. `heapdump run` exits with its command's status. */
@@ -70,7 +71,17 @@ typedef struct cli_options {
   hd_pprof_sample sample;
   const char *debug_dirs[16];
   size_t debug_dir_count;
+  /* --alloc-fn (shell patterns) and --no-builtin-alloc-fns: the allocation wrappers whose callers
+   * are the sites (heapdump/tools/sites.h). */
+  const char *alloc_fn_patterns[64];
+  size_t alloc_fn_count;
+  bool no_builtin_alloc_fns;
 } cli_options;
+
+/* A symbolizer for o's writers (--symbolize, --debug-dir), with o's allocation wrappers, which
+ * *fns holds (it must outlive the symbolizer); NULL without symbolization or if it cannot
+ * start (said on stderr). */
+hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns);
 
 /* Prints "heapdump: " and the message to stderr, unless cli_quiet is set. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

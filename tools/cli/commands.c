@@ -313,16 +313,11 @@ int cmd_diff(cli_options *o, const char *base_path, const char *next_path) {
   hd_reassembler_init(&base);
   hd_reassembler_init(&next);
   hd_symbolizer *sym = NULL;
+  hd_alloc_fns fns;
   hd_diff *d = NULL;
   int rc = cli_read_snapshot(base_path, &base);
   if (rc == 0) rc = cli_read_snapshot(next_path, &next);
-  if (rc == 0 && o->symbolize) {
-    hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
-    if (hd_symbolizer_create(&so, &sym) != 0) {
-      cli_error("cannot start the symbolizer; writing addresses only");
-      sym = NULL;
-    }
-  }
+  if (rc == 0) sym = cli_symbolizer(o, &fns);
   char error[512] = "";
   if (rc == 0 && hd_diff_create(&base, &next, sym, o->by, &d, error, sizeof error) != 0) {
     cli_error("diff: %s", error);

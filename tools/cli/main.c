@@ -51,6 +51,9 @@ static const char kOutputHelp[] =
     "                        are found (the default)\n"
     "      --no-symbolize    write addresses only\n"
     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+    "      --alloc-fn NAME   a function of the program that allocates for its callers\n"
+    "                        (shell pattern; repeatable): its callers are the sites\n"
+    "      --no-builtin-alloc-fns  xmalloc, g_malloc... are sites like other functions\n"
     "      --tags            pprof: one sample per block, labelled address, bytes, timestamp,\n"
     "                        thread\n"
     "      --sample-index T  pprof default sample type: inuse_space (default), inuse_objects,\n"
@@ -174,6 +177,9 @@ static const struct {
      "      --symbolize       function names, files and lines where symbols are found (default)\n"
      "      --no-symbolize    addresses only\n"
      "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+     "      --alloc-fn NAME   a function of the program that allocates for its callers\n"
+     "                        (shell pattern; repeatable): its callers are the sites\n"
+     "      --no-builtin-alloc-fns  xmalloc, g_malloc... are sites like other functions\n"
      "\n"
      "A snapshot taken with --contents also holds the program's roots (its modules' data, its\n"
      "threads' stacks and TLS): its report is a leak check, each block classified as definitely\n"
@@ -207,16 +213,19 @@ static const struct {
      "      --sample-index T  pprof default sample type (default inuse_space)\n"
      "      --symbolize       function names, files and lines where symbols are found (default)\n"
      "      --no-symbolize    addresses only\n"
-     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+     "      --alloc-fn NAME   a function of the program that allocates for its callers\n"
+     "                        (shell pattern; repeatable): its callers are the sites\n"
+     "      --no-builtin-alloc-fns  xmalloc, g_malloc... are sites like other functions\n",
      false},
     {"leaks", "heapdump leaks [--pid PID | --name NAME] [--interval S] [--json] [OPTIONS]",
      "Checks a running instrumented program for leaks without stopping it: takes two snapshots\n"
-     "with contents and roots (its modules' data, its threads' stacks and TLS), S seconds\n"
-     "apart, classifies every block as valgrind does (definitely lost, indirectly lost,\n"
-     "possibly lost, still reachable) and reports as lost only the blocks lost in both scans\n"
-     "(same address, size and allocation time), so that a pointer in flight in a register\n"
-     "between two places makes no false leak. Lists the lost blocks by category and site, with\n"
-     "bytes, blocks, the age of the oldest and the stack.\n"
+     "with contents and roots (its modules' data, its threads' stacks and TLS, the memory it\n"
+     "mapped itself), S seconds apart, classifies every block as valgrind does (definitely\n"
+     "lost, indirectly lost, possibly lost, still reachable) and reports as lost only the\n"
+     "blocks lost in both scans (same address, size and allocation time), so that a pointer in\n"
+     "flight in a register between two places makes no false leak. Lists the lost blocks by\n"
+     "category and site, with bytes, blocks, the age of the oldest and the stack.\n"
      "\n"
      "  -p, --pid PID         the process with this pid\n"
      "  -n, --name NAME       the process with this name\n"
@@ -232,7 +241,10 @@ static const struct {
      "      --by B            group by site (default), stack or thread\n"
      "      --symbolize       function names, files and lines where symbols are found (default)\n"
      "      --no-symbolize    addresses only\n"
-     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n",
+     "      --debug-dir DIR   also look for debug files in DIR (repeatable)\n"
+     "      --alloc-fn NAME   a function of the program that allocates for its callers\n"
+     "                        (shell pattern; repeatable): its callers are the sites\n"
+     "      --no-builtin-alloc-fns  xmalloc, g_malloc... are sites like other functions\n",
      false},
 };
 
@@ -288,6 +300,8 @@ enum {
   OPT_SHOW_REACHABLE,
   OPT_NO_LEAK_CHECK,
   OPT_HTML,
+  OPT_ALLOC_FN,
+  OPT_NO_BUILTIN_ALLOC_FNS,
 };
 
 /* Which command takes which option: anything else is a usage error, never silently ignored. */
@@ -321,6 +335,8 @@ static const struct {
     {OPT_SHOW_REACHABLE, "--show-reachable", CMD_REPORT | CMD_LEAKS | CMD_RUN},
     {OPT_NO_LEAK_CHECK, "--no-leak-check", CMD_RUN},
     {OPT_HTML, "--html", CMD_RUN},
+    {OPT_ALLOC_FN, "--alloc-fn", CMD_OUTPUT},
+    {OPT_NO_BUILTIN_ALLOC_FNS, "--no-builtin-alloc-fns", CMD_OUTPUT},
 };
 
 /* The option's name if `command` (an index in kCommands) does not take it, else NULL. */
@@ -364,6 +380,8 @@ static const struct option kLong[] = {
     {"show-reachable", no_argument, NULL, OPT_SHOW_REACHABLE},
     {"no-leak-check", no_argument, NULL, OPT_NO_LEAK_CHECK},
     {"html", required_argument, NULL, OPT_HTML},
+    {"alloc-fn", required_argument, NULL, OPT_ALLOC_FN},
+    {"no-builtin-alloc-fns", no_argument, NULL, OPT_NO_BUILTIN_ALLOC_FNS},
     {NULL, 0, NULL, 0},
 };
 
@@ -386,6 +404,7 @@ static const struct {
     {OPT_FORCE, offsetof(cli_options, force), true},
     {OPT_SHOW_REACHABLE, offsetof(cli_options, show_reachable), true},
     {OPT_NO_LEAK_CHECK, offsetof(cli_options, no_leak_check), true},
+    {OPT_NO_BUILTIN_ALLOC_FNS, offsetof(cli_options, no_builtin_alloc_fns), true},
 };
 
 /* Sets the switch c; false if c is not one. */
@@ -488,6 +507,13 @@ static int apply_value(int c, const char *arg, cli_options *o) {
         return usage_error("too many --debug-dir options");
       }
       o->debug_dirs[o->debug_dir_count++] = arg;
+      return CONTINUE;
+    case OPT_ALLOC_FN:
+      if (arg[0] == '\0') return usage_error("--alloc-fn wants a function name or pattern");
+      if (o->alloc_fn_count == sizeof o->alloc_fn_patterns / sizeof o->alloc_fn_patterns[0]) {
+        return usage_error("too many --alloc-fn options");
+      }
+      o->alloc_fn_patterns[o->alloc_fn_count++] = arg;
       return CONTINUE;
     case OPT_SAMPLE_INDEX:
       if (!pick_keyword(arg, kSamples, kSampleValues, &keyword)) {

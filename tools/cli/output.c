@@ -131,15 +131,23 @@ void cli_output_abort(cli_output *out) {
   unlink(out->tmp);
 }
 
-int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out) {
+hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns) {
+  if (!o->symbolize) return NULL;
+  hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
   hd_symbolizer *sym = NULL;
-  if (o->symbolize && f != FORMAT_RAW) {
-    hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
-    if (hd_symbolizer_create(&so, &sym) != 0) {
-      cli_error("cannot start the symbolizer; writing addresses only");
-      sym = NULL;
-    }
+  if (hd_symbolizer_create(&so, &sym) != 0) {
+    cli_error("cannot start the symbolizer; writing addresses only");
+    return NULL;
   }
+  *fns = (hd_alloc_fns){.patterns = o->alloc_fn_patterns, .pattern_count = o->alloc_fn_count,
+                        .no_builtin = o->no_builtin_alloc_fns};
+  hd_symbolizer_set_alloc_fns(sym, fns);
+  return sym;
+}
+
+int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out) {
+  hd_alloc_fns fns;
+  hd_symbolizer *sym = f != FORMAT_RAW ? cli_symbolizer(o, &fns) : NULL;
   char error[512] = "";
   int rc = 0;
   switch (f) {

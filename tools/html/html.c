@@ -471,6 +471,17 @@ static int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html
   return rc;
 }
 
+/* The allocation wrappers the sites skipped (--alloc-fn, and the built-in ones met). */
+static void write_alloc_fns(hd_symbolizer *sym, FILE *out) {
+  const hd_alloc_fns *fns = sym != NULL ? hd_symbolizer_alloc_fns(sym) : NULL;
+  fputs(",\"alloc_fns\":[", out);
+  for (size_t i = 0; fns != NULL && i < fns->applied_count; i++) {
+    if (i) fputc(',', out);
+    hd_json_string_in_html(out, fns->applied[i].name);
+  }
+  fputc(']', out);
+}
+
 static int write_leak_section(const hd_reassembler *r, size_t index, const hd_html_options *o,
                               FILE *out) {
   const hd_snapshot *s = r->snapshots[index];
@@ -541,6 +552,7 @@ static int write_process(const hd_reassembler *r, const page_process *pp,
       if (rc == 0) fputs(",\"leaks\":null", out);
     } else {
       rc = write_sites(s, o->symbolizer, o->categories != NULL, out);
+      if (rc == 0) write_alloc_fns(o->symbolizer, out);
       if (rc == 0) rc = write_leak_section(r, pp->parts[0], o, out);
     }
   }

@@ -664,6 +664,9 @@
     if (!sites.length) rows.push('<tr><td colspan="' + SITE_COLS.length + '" class="note">No allocation sites.</td></tr>');
     $('sites-table').tBodies[0].innerHTML = rows.join('');
     $('sites-count').textContent = sites.length ? '(' + count(sites.length) + ')' : '';
+    const wrappers = arr(P.p.alloc_fns), note = $('sites-alloc-fns');
+    note.hidden = !wrappers.length;
+    note.textContent = wrappers.length ? 'Allocation wrappers taken for the allocator (the sites are their callers): ' + wrappers.join(', ') + '.' : '';
     const more = $('sites-more');
     more.hidden = shown.length >= order.length;
     more.textContent = 'Show all ' + count(order.length) + ' sites';

@@ -119,7 +119,8 @@ static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
     heapdump_client_RootRegion region = {
         .has_address = true, .address = g->address, .has_size = true, .size = g->size,
         .has_kind = true, .kind = g->kind, .has_thread_koid = g->thread_koid != 0,
-        .thread_koid = g->thread_koid, .has_name = g->name[0] != '\0'};
+        .thread_koid = g->thread_koid, .has_name = g->name[0] != '\0',
+        .has_not_read = g->not_read, .not_read = g->not_read};
     snprintf(region.name, sizeof region.name, "%s", g->name);
     status = hd_batch_add_root_region(w, &region, g->contents.bytes, g->contents.size);
   }

@@ -296,6 +296,17 @@ static void age_text(const group *g, uint64_t now_ns, char *out, size_t size) {
   }
 }
 
+/* The roots the collector could not read (RootRegion.not_read): their bytes and regions. */
+static void roots_not_read(const hd_snapshot *s, uint64_t *bytes, size_t *regions) {
+  *bytes = 0;
+  *regions = 0;
+  for (size_t i = 0; i < s->root_count; i++) {
+    if (!s->roots[i].not_read) continue;
+    *bytes += s->roots[i].size;
+    (*regions)++;
+  }
+}
+
 static void summarize(const group_list *l, leak_summary *sum) {
   for (size_t i = 0; i < l->count; i++) {
     const group *g = &l->items[i];
@@ -332,6 +343,22 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             "note: %zu blocks had no contents in the snapshot (over its size limit, or freed "
             "while it was read): what only they point to is counted as lost\n",
             sum->blocks_without_contents);
+  }
+  uint64_t unread_bytes;
+  size_t unread_regions;
+  roots_not_read(s, &unread_bytes, &unread_regions);
+  if (unread_regions > 0) {
+    fprintf(out,
+            "warning: %" PRIu64 " bytes of roots in %zu regions were not read (the snapshot's "
+            "contents limit, or more mappings than the collector reads): blocks reachable only "
+            "from them are counted as lost, so the verdict is uncertain\n",
+            unread_bytes, unread_regions);
+  }
+  if (s->has_stats && s->stats.mapping_records_lost > 0) {
+    fprintf(out,
+            "warning: the process could not record %" PRIu64 " of its allocator's or heapdump's "
+            "mappings: some of that memory may have been scanned as the program's, hiding leaks\n",
+            s->stats.mapping_records_lost);
   }
   if (sum->unconfirmed_blocks > 0) {
     fprintf(out,
@@ -371,6 +398,38 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             sum->bytes[HD_POSSIBLY_LOST], sum->blocks[HD_POSSIBLY_LOST],
             sum->bytes[HD_STILL_REACHABLE], sum->blocks[HD_STILL_REACHABLE]);
   }
+}
+
+/* The allocation wrappers the sites skipped (heapdump/tools/sites.h): which functions were not
+ * named as sites, and why. */
+static void write_alloc_fns_text(const hd_report_options *o, FILE *out) {
+  const hd_alloc_fns *fns = o->symbolizer ? hd_symbolizer_alloc_fns(o->symbolizer) : NULL;
+  if (fns == NULL || fns->applied_count == 0) return;
+  fputs("allocation wrappers taken for the allocator (the sites are their callers):", out);
+  const char *separator = " ";
+  for (int builtin = 0; builtin < 2; builtin++) {
+    size_t shown = 0;
+    for (size_t i = 0; i < fns->applied_count; i++) {
+      if (fns->applied[i].builtin != (builtin == 1)) continue;
+      fprintf(out, "%s%s", shown ? ", " : separator, fns->applied[i].name);
+      shown++;
+    }
+    if (shown == 0) continue;
+    fputs(builtin ? " (built in; --no-builtin-alloc-fns makes them sites)" : " (--alloc-fn)", out);
+    separator = "; ";
+  }
+  fputc('\n', out);
+}
+
+static void write_alloc_fns_json(const hd_report_options *o, FILE *out) {
+  const hd_alloc_fns *fns = o->symbolizer ? hd_symbolizer_alloc_fns(o->symbolizer) : NULL;
+  fputs(",\"alloc_fns\":[", out);
+  for (size_t i = 0; fns != NULL && i < fns->applied_count; i++) {
+    fputs(i ? ",{\"name\":" : "{\"name\":", out);
+    hd_json_string(out, fns->applied[i].name);
+    fprintf(out, ",\"builtin\":%s}", fns->applied[i].builtin ? "true" : "false");
+  }
+  fputc(']', out);
 }
 
 static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
@@ -417,6 +476,7 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
             "overflow); run it under AddressSanitizer or valgrind to find where\n",
             s->stats.writes_past_block_end);
   }
+  write_alloc_fns_text(o, out);
   if (s->sample_count > 0) {
     size_t peak = 0;
     for (size_t i = 1; i < s->sample_count; i++) {
@@ -523,10 +583,12 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
             ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
             ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
-            ",\"stacks_beyond_cfi\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64 "}",
+            ",\"stacks_beyond_cfi\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64
+            ",\"mapping_records_lost\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
-            st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end);
+            st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
+            st->mapping_records_lost);
   }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);
@@ -536,8 +598,14 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     }
     fprintf(out, ",\"unconfirmed\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
             leaks->unconfirmed_bytes, leaks->unconfirmed_blocks);
-    fprintf(out, ",\"blocks_without_contents\":%zu}", leaks->blocks_without_contents);
+    uint64_t unread_bytes;
+    size_t unread_regions;
+    roots_not_read(s, &unread_bytes, &unread_regions);
+    fprintf(out, ",\"blocks_without_contents\":%zu", leaks->blocks_without_contents);
+    fprintf(out, ",\"roots_not_read\":{\"bytes\":%" PRIu64 ",\"regions\":%zu}}", unread_bytes,
+            unread_regions);
   }
+  write_alloc_fns_json(o, out);
   fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
                                              : o->by == HD_REPORT_BY_STACK ? "stack"
                                                                            : "thread");

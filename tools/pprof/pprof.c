@@ -25,7 +25,7 @@
 
 #include "profile.pb.h"
 
-enum { kSampleTypeCount = 4, kMaxLabels = 6 };
+enum { kSampleTypeCount = 4, kMaxLabels = 8 };
 
 /* ---- the model kept in memory while writing ---- */
 
@@ -76,6 +76,7 @@ typedef struct trace_total {
   uint64_t blocks, bytes;
   bool referenced; /* by at least one allocation */
   size_t site;     /* the first frame a sample shows (see add_locations) */
+  int64_t wrapper; /* string index of the allocation wrapper the site called, 0: none */
 } trace_total;
 
 typedef struct process {
@@ -93,7 +94,7 @@ typedef struct process {
 typedef struct well_known {
   int64_t sample_types[kSampleTypeCount];
   int64_t count, bytes, space, nanoseconds;
-  int64_t address, timestamp, thread, process_name, pid;
+  int64_t address, timestamp, thread, process_name, pid, alloc_fn;
 } well_known;
 
 typedef struct writer {
@@ -220,6 +221,7 @@ static int intern_well_known(writer *w) {
       {&k->count, "count"},         {&k->bytes, "bytes"},         {&k->space, "space"},
       {&k->nanoseconds, "nanoseconds"}, {&k->address, "address"}, {&k->timestamp, "timestamp"},
       {&k->thread, "thread"},       {&k->process_name, "process_name"}, {&k->pid, "pid"},
+      {&k->alloc_fn, "alloc_fn"},
   };
   for (size_t i = 0; i < sizeof strings / sizeof strings[0]; i++) {
     if ((*strings[i].index = intern(w, strings[i].text)) < 0) return out_of_memory(w);
@@ -411,7 +413,12 @@ static int add_locations(writer *w, process *p) {
      * frames (operator new, the malloc family, checked wrappers) and the standard library's
      * are left out, so that the flat column of `pprof -top` names the code that asked for the
      * memory rather than operator new. */
-    p->totals[t].site = hd_site_frame(w->options.symbolizer, s, trace);
+    const char *wrapper;
+    p->totals[t].site = hd_site_frame_wrapper(w->options.symbolizer, s, trace, &wrapper);
+    /* The wrapper's frames are left out like the allocator's; the sample says which it was. */
+    if (wrapper != NULL && (p->totals[t].wrapper = intern(w, hd_demangle_without_parameters(wrapper))) < 0) {
+      return out_of_memory(w);
+    }
     for (size_t f = p->totals[t].site; f < trace->count; f++) {
       uint64_t address = trace->addresses[f];
       size_t index;
@@ -640,6 +647,8 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
     hd_u64_map_find(&w->truncation_location, trace->count, &index);
     w->stack[trace->count - first] = index + 1;
   }
+  const int64_t wrapper = p->totals[trace - p->snapshot->stack_traces].wrapper;
+  if (wrapper > 0) add_label(labels, w->known.alloc_fn, wrapper, 0, 0);
   if (w->label_processes) {
     add_label(labels, w->known.process_name, p->name, 0, 0);
     add_label(labels, w->known.pid, 0, (int64_t)p->snapshot->pid, 0);

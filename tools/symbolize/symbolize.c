@@ -92,7 +92,12 @@ struct hd_symbolizer {
   cached_location *cache; /* open addressing; capacity is a power of two */
   size_t cache_count, cache_capacity;
   bool found_symbols;
+  struct hd_alloc_fns *alloc_fns; /* the caller's */
 };
+
+void hd_symbolizer_set_alloc_fns(hd_symbolizer *s, struct hd_alloc_fns *fns) { s->alloc_fns = fns; }
+
+struct hd_alloc_fns *hd_symbolizer_alloc_fns(const hd_symbolizer *s) { return s->alloc_fns; }
 
 static bool grow(void **array, size_t *capacity, size_t needed, size_t element_size) {
   if (needed <= *capacity) return true;

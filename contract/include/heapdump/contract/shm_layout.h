@@ -209,7 +209,11 @@ typedef struct hd_res_header {
   uint64_t start_time_ns;  /* CLOCK_MONOTONIC when the table was created */
   hd_stats_block stats;
   uint32_t counters_head;  /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
-  uint32_t reserved1;
+  /* Atomic, relaxed: HD_REC_MAPPING records the writer could not write (its table full, or too
+   * many waiting for the resources lock): the mappings of the allocator and of heapdump are then
+   * not all known, and a reader must take a leak check's roots as uncertain. Zero in a table
+   * whose writer did not know the field (it was reserved, so zero). */
+  uint32_t mapping_records_lost;
   /* Atomic, relaxed: allocations whose stack our unwinder (HEAPDUMP_UNWIND=cfi or compare) could
    * not describe by call-frame information alone: a frame of code without any was stepped by
    * its frame pointer, or the trace ends at a frame it could not describe (with compare, libunwind
@@ -230,6 +234,7 @@ enum {
   HD_REC_REGION = 3,
   HD_REC_COUNTERS = 4,
   HD_REC_THREAD_ROOTS = 5, /* added within layout version 4: older readers skip it */
+  HD_REC_MAPPING = 6,      /* added within layout version 6: older readers skip it */
 };
 typedef struct hd_rec_header {
   uint16_t type;
@@ -269,6 +274,34 @@ typedef struct hd_rec_thread_roots {
   uint64_t thread_pointer;     /* its thread control block, where its static TLS ends (x86-64:
                                   the fs base) */
 } hd_rec_thread_roots;
+
+/* Memory that is not the program's, for a leak check, which takes the program's own mappings
+ * as roots: each record says that [start, start + size) was mapped (mapped = 1) or unmapped
+ * (mapped = 0); a reader applies them in the order of the log. Kinds:
+ * - HD_MAPPING_ALLOCATOR: the allocator's memory (jemalloc's mappings: its extents and its own
+ *   metadata), which holds the blocks, free or not, never a root;
+ * - HD_MAPPING_HEAPDUMP: heapdump's own memory in the process (its private indexes, its module's
+ *   writable data, which holds the jemalloc linked into it);
+ * - HD_MAPPING_HEAPDUMP_TLS: heapdump's static TLS in every thread: start is its offset from the
+ *   thread pointer (two's complement), size its length;
+ * - HD_MAPPING_BRK_HEAP: the program break's heap is the allocator's (glibc's main arena, with
+ *   HEAPDUMP_ALLOCATOR=system); start and size are 0, as the kernel knows the range;
+ * - HD_MAPPING_BLOCKS_MAPPED: the allocator maps blocks and arenas the writer cannot list
+ *   (glibc's), so a mapping that holds a live block is the allocator's (start, size 0). */
+enum {
+  HD_MAPPING_ALLOCATOR = 1,
+  HD_MAPPING_HEAPDUMP = 2,
+  HD_MAPPING_HEAPDUMP_TLS = 3,
+  HD_MAPPING_BRK_HEAP = 4,
+  HD_MAPPING_BLOCKS_MAPPED = 5,
+};
+typedef struct hd_rec_mapping {
+  hd_rec_header h;
+  uint32_t kind;   /* HD_MAPPING_*; readers skip kinds they do not know */
+  uint32_t mapped; /* 1: mapped, 0: unmapped */
+  uint64_t start;
+  uint64_t size;
+} hd_rec_mapping;
 
 typedef struct hd_rec_region {
   hd_rec_header h;
@@ -353,7 +386,7 @@ HD_PIN(hd_res_header, reserved0, 44);
 HD_PIN(hd_res_header, start_time_ns, 48);
 HD_PIN(hd_res_header, stats, 56);
 HD_PIN(hd_res_header, counters_head, 120);
-HD_PIN(hd_res_header, reserved1, 124);
+HD_PIN(hd_res_header, mapping_records_lost, 124);
 HD_PIN(hd_res_header, stacks_beyond_cfi, 128);
 HD_PIN(hd_res_header, overwritten_tags, 136);
 HD_PIN(hd_res_header, reserved, 144);
@@ -385,6 +418,13 @@ HD_PIN(hd_rec_thread_roots, stack_lo, 16);
 HD_PIN(hd_rec_thread_roots, stack_hi, 24);
 HD_PIN(hd_rec_thread_roots, thread_pointer, 32);
 HD_PIN_SIZE(hd_rec_thread_roots, 40);
+
+HD_PIN(hd_rec_mapping, h, 0);
+HD_PIN(hd_rec_mapping, kind, 8);
+HD_PIN(hd_rec_mapping, mapped, 12);
+HD_PIN(hd_rec_mapping, start, 16);
+HD_PIN(hd_rec_mapping, size, 24);
+HD_PIN_SIZE(hd_rec_mapping, 32);
 
 HD_PIN(hd_rec_region, h, 0);
 HD_PIN(hd_rec_region, address, 8);

@@ -71,12 +71,13 @@ typedef struct hd_snapshot_block {
 } hd_snapshot_block;
 
 /* Memory outside the heap the program reaches its blocks from (RootRegion): its bytes are
- * contents.bytes (contents.size == size once finished). */
+ * contents.bytes (contents.size == size once finished), or none for a root not read. */
 typedef struct hd_snapshot_root {
   uint64_t address, size;
   heapdump_client_RootKind kind;
   uint64_t thread_koid; /* STACK, TLS */
   char *name;           /* DATA: the module's path; "" otherwise */
+  bool not_read;        /* a root the collector did not read (RootRegion.not_read) */
   hd_snapshot_block contents;
 } hd_snapshot_root;
 

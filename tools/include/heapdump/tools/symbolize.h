@@ -39,6 +39,11 @@ typedef struct hd_location_info {
 
 /* Returns 0 or a negative errno value. */
 int hd_symbolizer_create(const hd_symbolizer_options *options, hd_symbolizer **out);
+/* The allocation wrappers (heapdump/tools/sites.h) that the sites found through this symbolizer
+ * honour: the caller's, which must outlive it; NULL: the built-in ones. */
+struct hd_alloc_fns;
+void hd_symbolizer_set_alloc_fns(hd_symbolizer *s, struct hd_alloc_fns *fns);
+struct hd_alloc_fns *hd_symbolizer_alloc_fns(const hd_symbolizer *s);
 void hd_symbolizer_destroy(hd_symbolizer *s);
 
 /* Resolves address, a program address of snapshot snap. is_return_address: the address is a

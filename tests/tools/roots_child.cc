@@ -1,0 +1,116 @@
+// Blocks reachable only from memory the program mapped itself, and blocks truly lost beside them:
+// one kind of root per mode, each site a function of its own, the expected leak check known from
+// the program. Run by guest_test.cc under `heapdump run` and valgrind's memcheck.
+//   roots_child mapping   a block kept only in a private anonymous mapping; one lost
+//   roots_child shared    a block kept only in a shared anonymous mapping; one lost
+//   roots_child sparse    a block kept only 40 GiB into a 64 GiB sparse mapping; one lost
+//   roots_child pools     1,000 objects in mmap'd pools (a garbage-collected heap's shape), each
+//                         owning a 100-byte block; 500 objects dropped (their memory cleared), so
+//                         500 blocks definitely lost, 500 still reachable
+//   roots_child list      a C-style list of 250 nodes whose head is lost: 1 definitely lost, 249
+//                         indirectly
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+// Opaque to the compiler, so that stores of pointers stay and registers do not keep them.
+void *volatile g_sink;
+template <typename T>
+T opaque(T p) {
+  g_sink = reinterpret_cast<void *>(p);
+  return reinterpret_cast<T>(g_sink);
+}
+
+void *map(size_t size, int flags) {
+  void *m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | flags, -1, 0);
+  if (m == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(3);
+  }
+  return m;
+}
+
+}  // namespace
+
+// The sites, with C names so that reports name them plainly.
+extern "C" {
+
+__attribute__((noinline)) void keep_in_mapping(void **slot) { *slot = opaque(std::malloc(1000)); }
+
+__attribute__((noinline)) void lose_block() {
+  char *volatile lost = static_cast<char *>(std::malloc(2000));
+  lost[0] = 1;
+  lost = nullptr;
+}
+
+__attribute__((noinline)) void *pool_payload() { return opaque(std::malloc(100)); }
+
+struct Node {
+  Node *next;
+  char data[48];
+};
+
+__attribute__((noinline)) void lose_list() {
+  Node *volatile head = nullptr;
+  for (int i = 0; i < 250; i++) {
+    Node *n = opaque(static_cast<Node *>(std::malloc(sizeof(Node))));  // its stores stay
+    n->next = head;
+    head = n;
+  }
+  head = nullptr;
+}
+
+}  // extern "C"
+
+namespace {
+
+struct PoolObject {
+  void *payload;
+  long id;
+};
+
+// Overwrites the stack the calls used, so that no dead frame keeps a stale pointer.
+__attribute__((noinline)) void scrub() {
+  volatile char junk[16384];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 2) return 2;
+  const char *mode = argv[1];
+  if (std::strcmp(mode, "mapping") == 0 || std::strcmp(mode, "shared") == 0) {
+    const bool shared = mode[0] == 's';
+    void **m = static_cast<void **>(map(4096, shared ? MAP_SHARED : MAP_PRIVATE));
+    keep_in_mapping(&m[17]);
+    lose_block();
+  } else if (std::strcmp(mode, "sparse") == 0) {
+    const size_t size = size_t{64} << 30;
+    char *m = static_cast<char *>(map(size, MAP_PRIVATE | MAP_NORESERVE));
+    keep_in_mapping(reinterpret_cast<void **>(m + (size_t{40} << 30) + 64));
+    lose_block();
+  } else if (std::strcmp(mode, "pools") == 0) {
+    // Ten pools of 100 objects, as a collector's arenas would hold them.
+    PoolObject *pools[10];
+    for (auto &pool : pools) {
+      pool = static_cast<PoolObject *>(map(1 << 20, MAP_PRIVATE));
+      for (int i = 0; i < 100; i++) pool[i] = PoolObject{pool_payload(), i};
+    }
+    // The collector drops every other object: its memory is cleared, its payload leaks.
+    for (auto &pool : pools) {
+      for (int i = 0; i < 100; i += 2) std::memset(&pool[i], 0, sizeof pool[i]);
+    }
+  } else if (std::strcmp(mode, "list") == 0) {
+    lose_list();
+  } else {
+    return 2;
+  }
+  scrub();
+  g_sink = nullptr;
+  return 0;
+}
