@@ -291,6 +291,22 @@ TEST_F(DaemonTest, DocsLeaksRunsAsWritten) {
       << o.out;
 }
 
+// docs/tools.md's `heapdump convert` lines as written, of a snapshot of a running server.
+TEST_F(DaemonTest, DocsConvertRunsAsWritten) {
+  int commands = 0;
+  std::string script = WithReachServer("### `heapdump convert", "\n#", 4, &commands);
+  ASSERT_EQ(commands, 3) << script;
+  script.insert(script.find("heapdump convert"),
+                "heapdump snapshot --name my-server --contents -o now.heapdump\n");
+  Output o = Shell(script + "gzip -t now.pb.gz\nhead -c 8 now.dartheap | od -c\ncat now.folded\n");
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  EXPECT_NE(o.out.find("wrote now.pb.gz"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("wrote now.dartheap"), std::string::npos) << o.out;
+  // Each folded line: a stack, root first, and its live bytes.
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n[^\n ]*;leak_basket[^\n ]* 64\n)")))
+      << o.out;
+}
+
 // docs/tools.md's HTML report lines as written: `run --html` with the detached daemon (the demo
 // program as ./my-program), `snapshot -o now.html` of a running server, and `report` and `diff`
 // of the files the slow-leak workflow writes (made first, with a growing server). Each page

@@ -1,5 +1,5 @@
-/* The heapdump command: shared state of its subcommands (see main.c for the command line and
- * docs/tools.md for the user documentation). */
+/* The heapdump command: shared state of its subcommands (command_line.c and options.c hold the
+ * command line; docs/tools.md is the user documentation). */
 #ifndef HEAPDUMP_CLI_H
 #define HEAPDUMP_CLI_H
 
@@ -76,7 +76,68 @@ typedef struct cli_options {
   const char *alloc_fn_patterns[64];
   size_t alloc_fn_count;
   bool no_builtin_alloc_fns;
+  bool help, version; /* --help, --version: said at once, nothing run */
 } cli_options;
+
+/* ---- the command line (command_line.c: the commands; options.c: the options) ---- */
+
+/* The commands, in the order of their table. */
+typedef enum cli_command_id {
+  CLI_RUN,
+  CLI_SNAPSHOT,
+  CLI_LIST,
+  CLI_DOWNLOAD,
+  CLI_DELETE,
+  CLI_CONVERT,
+  CLI_REPORT,
+  CLI_DIFF,
+  CLI_LEAKS,
+  CLI_COMMAND_COUNT,
+} cli_command_id;
+
+typedef struct cli_command {
+  const char *name;
+  const char *summary; /* a line of `heapdump --help` */
+  const char *usage;
+  const char *description; /* before the options in `heapdump COMMAND --help` */
+  const char *notes;       /* after them, or NULL */
+  /* run: its options end at COMMAND, whose own options are COMMAND's. */
+  bool options_end_at_first_argument;
+  int min_args, max_args; /* how many arguments it takes; max_args -1: any number */
+  const char *wrong_args; /* the usage error when it gets another number */
+  /* What only the whole command line tells (NULL: nothing). Returns CLI_GO_ON or an exit code,
+   * having said why. */
+  int (*check)(const cli_options *o, const struct cli_command *c);
+  int (*run)(cli_options *o, int argc, char **argv);
+} cli_command;
+
+/* What a parser answers when the command line goes on (every other answer is an exit code). */
+#define CLI_GO_ON (-1)
+
+/* A command line parsed: the command and its arguments (pointing into argv). */
+typedef struct cli_invocation {
+  const cli_command *command;
+  int argc;
+  char **argv;
+} cli_invocation;
+
+/* Parses the command line (argv[0] is the program), filling o and *out without running
+ * anything. Returns CLI_GO_ON if the command is to run, else the exit code to end with (help
+ * and version printed, a usage error said on stderr). getopt_long may reorder argv. */
+int cli_parse(int argc, char **argv, cli_options *o, cli_invocation *out);
+const cli_command *cli_command_at(unsigned id);
+/* `heapdump COMMAND --help`, on stdout. */
+void cli_command_help(unsigned id);
+/* Says "heapdump: " and the message with a pointer to --help on stderr; returns EXIT_USAGE. */
+int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Applies the options in argv (argv[0] is the command's name) of command id to o; *first_arg
+ * is where its arguments start. Returns CLI_GO_ON or the exit code to end with. */
+int cli_apply_options(unsigned id, int argc, char **argv, cli_options *o, int *first_arg);
+/* The option help of command id, by section. */
+void cli_print_options(unsigned id);
+/* The long name of option i of the table (without "--"), NULL past its end. */
+const char *cli_option_name(size_t i);
 
 /* A symbolizer for o's writers (--symbolize, --debug-dir), with o's allocation wrappers, which
  * *fns holds (it must outlive the symbolizer); NULL without symbolization or if it cannot
@@ -150,16 +211,16 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
 void cli_progress_attach(hd_reassembler *r);
 void cli_progress_done(hd_reassembler *r);
 
-/* ---- subcommands ---- */
+/* ---- subcommands: each gets the arguments the command table lets through ---- */
 int cmd_run(cli_options *o, int argc, char **argv);
-int cmd_snapshot(cli_options *o);
-int cmd_list(cli_options *o);
-int cmd_download(cli_options *o, const char *id);
+int cmd_snapshot(cli_options *o, int argc, char **argv);
+int cmd_list(cli_options *o, int argc, char **argv);
+int cmd_download(cli_options *o, int argc, char **argv);
 int cmd_delete(cli_options *o, int argc, char **argv);
-int cmd_convert(cli_options *o, const char *input);
-int cmd_report(cli_options *o, const char *input);
-int cmd_diff(cli_options *o, const char *base, const char *next);
-int cmd_leaks(cli_options *o);
+int cmd_convert(cli_options *o, int argc, char **argv);
+int cmd_report(cli_options *o, int argc, char **argv);
+int cmd_diff(cli_options *o, int argc, char **argv);
+int cmd_leaks(cli_options *o, int argc, char **argv);
 
 /* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
  * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an

@@ -53,7 +53,8 @@ static int write_result(const cli_options *o, const hd_reassembler *r, const cha
   return rc;
 }
 
-int cmd_snapshot(cli_options *o) {
+int cmd_snapshot(cli_options *o, int argc, char **argv) {
+  (void)argc, (void)argv; /* it takes none */
   if (o->has_pid && o->name != NULL) {
     cli_error("snapshot: --pid and --name cannot be combined");
     return EXIT_USAGE;
@@ -95,7 +96,8 @@ static void format_time(uint64_t unix_ns, bool rfc3339, char *out, size_t size) 
   }
 }
 
-int cmd_list(cli_options *o) {
+int cmd_list(cli_options *o, int argc, char **argv) {
+  (void)argc, (void)argv; /* it takes none */
   cli_stored *items = NULL;
   size_t count = 0;
   int rc = cli_list(o, &items, &count);
@@ -157,7 +159,9 @@ static bool parse_id(const char *text, uint32_t *id) {
   return true;
 }
 
-int cmd_download(cli_options *o, const char *id_text) {
+int cmd_download(cli_options *o, int argc, char **argv) {
+  (void)argc; /* one: the table says so */
+  const char *id_text = argv[0];
   uint32_t id;
   if (!parse_id(id_text, &id)) {
     cli_error("download: '%s' is not a snapshot id (a positive number; see `heapdump list`)",
@@ -246,7 +250,9 @@ int cmd_delete(cli_options *o, int argc, char **argv) {
   return status;
 }
 
-int cmd_convert(cli_options *o, const char *input) {
+int cmd_convert(cli_options *o, int argc, char **argv) {
+  (void)argc; /* one: the table says so */
+  const char *input = argv[0];
   if (o->format == FORMAT_NONE && o->output == NULL) {
     cli_error("convert: give --format (raw, pprof, dartheap, text, folded, json, html) or an "
               "--output whose extension names one");
@@ -292,7 +298,9 @@ static int write_report(const cli_options *o, const hd_reassembler *r) {
   return cli_output_commit(&out);
 }
 
-int cmd_report(cli_options *o, const char *input) {
+int cmd_report(cli_options *o, int argc, char **argv) {
+  (void)argc; /* one: the table says so */
+  const char *input = argv[0];
   hd_reassembler r;
   hd_reassembler_init(&r);
   int rc = cli_read_snapshot(input, &r);
@@ -302,7 +310,9 @@ int cmd_report(cli_options *o, const char *input) {
   return rc;
 }
 
-int cmd_diff(cli_options *o, const char *base_path, const char *next_path) {
+int cmd_diff(cli_options *o, int argc, char **argv) {
+  (void)argc; /* two: the table says so */
+  const char *base_path = argv[0], *next_path = argv[1];
   if (strcmp(base_path, "-") == 0 && strcmp(next_path, "-") == 0) {
     cli_error("diff: only one of BASE and NEW can be stdin");
     return EXIT_USAGE;
@@ -395,7 +405,8 @@ static uint64_t monotonic_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int cmd_leaks(cli_options *o) {
+int cmd_leaks(cli_options *o, int argc, char **argv) {
+  (void)argc, (void)argv; /* it takes none */
   if (o->has_pid && o->name != NULL) {
     cli_error("leaks: --pid and --name cannot be combined");
     return EXIT_USAGE;

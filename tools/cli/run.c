@@ -714,6 +714,10 @@ static void join_command_line(int argc, char **argv, char *out, size_t size) {
 }
 
 int cmd_run(cli_options *o, int argc, char **argv) {
+  if (argc > 0 && strcmp(argv[0], "--") == 0) { /* heapdump run -- -- COMMAND */
+    argc--;
+    argv++;
+  }
   if (argc == 0) {
     cli_error("run: no command given (usage: heapdump run [OPTIONS] -- COMMAND [ARGS...])");
     return EXIT_USAGE;
