@@ -6,7 +6,7 @@
  * - by default with libunwind's unw_backtrace (per-thread caching, up to the 80 frames
  *   libheapdump.so asks for: 64 plus its own): the floor under any profiler that unwinds every
  *   allocation with libunwind, heaptrack included;
- * - with HD_UNWIND_FLOOR=cfi with heapdump's own unwinder (instrumentation/src/cfi.c, with its
+ * - with HD_UNWIND_FLOOR=cfi with heapdump's own unwinder (instrumentation/src/cfi_*.c, with its
  *   validated trace reuse, up to 65 frames): the floor under heapdump's default recording. */
 #define _GNU_SOURCE
 #define UNW_LOCAL_ONLY

@@ -1,4 +1,4 @@
-/* Stack capture for libheapdump.so: our own DWARF CFI unwinder (cfi.c, the default), libunwind
+/* Stack capture for libheapdump.so: our own DWARF CFI unwinder (cfi_*.c, the default), libunwind
  * (loaded on request), or a bounded frame-pointer walk. */
 #ifndef HEAPDUMP_INSTRUMENTATION_STACK_H
 #define HEAPDUMP_INSTRUMENTATION_STACK_H
