@@ -6,9 +6,10 @@
  * poll loop; the connection table is in connections.c, what each message is answered with in
  * handlers.c, the live set in live_set.c.
  *
- * Locking: `lock` protects the live set, the stored-snapshot list and next_id. Process entries
- * are reference-counted: a stream or a queued exit snapshot keeps the tables of a process mapped
- * after it has exited. */
+ * Locking: what guards each field of struct hd_collector is its "Sync:" note
+ * (collector_internal.h); the order is scan_lock, then lock, then the worker's lock, with
+ * log_lock innermost. Process entries are reference-counted: a stream or a queued exit snapshot
+ * keeps the tables of a process mapped after it has exited. */
 #define _GNU_SOURCE
 #include "heapdump/collector.h"
 
@@ -30,8 +31,7 @@
 
 #include "collector_internal.h"
 #include "connections.h"
-
-#define HD_MAX_CONNECTIONS 1024
+#include "heapdump/contract/must_check.h"
 
 /* Warnings and errors are what a hostile or broken peer provokes at will (refused connections,
  * failed accepts, bad tables): each message format gets at most LOG_BURST lines per
@@ -118,7 +118,7 @@ int hd_default_socket_path(char *out, unsigned long size) {
 
 /* Creates the socket's directory 0700, or checks that an existing one is ours and private, so
  * no other user can plant or replace the socket. */
-static int prepare_socket_dir(hd_collector *c, const char *socket_path) {
+static HD_MUST_CHECK int prepare_socket_dir(hd_collector *c, const char *socket_path) {
   char dir[sizeof c->socket_path];
   snprintf(dir, sizeof dir, "%s", socket_path);
   char *slash = strrchr(dir, '/');

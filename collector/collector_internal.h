@@ -24,6 +24,7 @@
 #include "series.h"
 #include "stored_file.h"
 #include "table_reader.h"
+#include "heapdump/contract/must_check.h"
 
 #define HD_MAX_PROCESSES 1024
 
@@ -93,50 +94,63 @@ typedef struct hd_log_budget {
   unsigned lines, left_out;
 } hd_log_budget;
 
+/* Sync: each field says what guards it. "Fixed" fields are set by hd_collector_create before
+ * any thread starts and only read until hd_collector_destroy, which runs after every thread of
+ * the collector has been joined (the poll thread, in `heapdump run`, by its caller). Lock order:
+ * scan_lock, lock, the worker's lock; log_lock innermost. */
 struct hd_collector {
-  char socket_path[108];
+  char socket_path[108]; /* Sync: fixed */
   /* socket_path made absolute with its directory resolved: what a found process's own socket
-   * path must equal for the process to be ours. */
+   * path must equal for the process to be ours. Sync: fixed */
   char socket_identity[4096];
-  char storage_dir[4096];
+  char storage_dir[4096]; /* Sync: fixed (in log messages only) */
   /* The storage directory, verified ours and private when opened: every file in it is reached
-   * relative to this descriptor, never by a path that a rename could redirect. */
+   * relative to this descriptor, never by a path that a rename could redirect. Sync: fixed */
   int storage_fd;
-  int listen_fd;
-  int wake[2]; /* a byte makes the poll thread look again at the stop flag and the live set */
-  /* Accepting pauses while descriptors run out (poll thread only). */
+  int listen_fd; /* Sync: fixed; accepted on by the poll thread only */
+  /* A byte makes the poll thread look again at the stop flag and the live set. Sync: fixed;
+   * wake[1] written by any thread or signal handler, wake[0] read by the poll thread only. */
+  int wake[2];
+  /* Accepting pauses while descriptors run out. Sync: the poll thread only. */
   uint64_t accept_paused_until_ns, accept_backoff_ns;
-  atomic_bool stop_requested;
-  int log_level;
-  pthread_mutex_t log_lock; /* protects log_budgets */
-  hd_log_budget log_budgets[HD_LOG_FORMATS];
-  uint32_t max_stored;
-  uint64_t max_storage_bytes;
-  uint64_t idle_timeout_ns; /* client connections idle longer are closed */
-  uint64_t read_timeout_ns; /* a process's table not read by then fails its snapshot */
-  uint64_t max_contents_bytes; /* of block contents in one process's snapshot; 0: no limit */
-  pthread_mutex_t lock;
-  hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference */
-  size_t process_count;
-  hd_stored_snapshot_info *stored;         /* oldest first */
-  size_t stored_count, stored_capacity;
-  uint32_t next_id;
-  int active_streams;            /* running and queued */
-  struct hd_stream_job *streams; /* running and queued, so a stop can cut their clients off */
-  int stream_threads;            /* at most HD_MAX_STREAM_THREADS */
-  struct hd_stream_job *stream_queue; /* waiting for a stream thread, oldest first */
-  int queued_streams;                 /* at most HD_MAX_QUEUED_STREAMS */
-  pthread_cond_t streams_done;
-  pthread_mutex_t scan_lock; /* one /proc scan at a time; protects last_scan_ns */
-  uint64_t last_scan_ns;
-  bool scanned;
-  hd_exit_record *exit_records; /* HD_EXIT_RECORDS of them, a ring */
-  uint64_t exit_seq;            /* the last record's seq */
+  atomic_bool stop_requested; /* Sync: atomic */
+  int log_level;              /* Sync: fixed */
+  pthread_mutex_t log_lock;   /* guards log_budgets; taken last */
+  hd_log_budget log_budgets[HD_LOG_FORMATS]; /* Sync: log_lock */
+  uint32_t max_stored;                       /* Sync: fixed */
+  uint64_t max_storage_bytes;                /* Sync: fixed */
+  uint64_t idle_timeout_ns; /* client connections idle longer are closed. Sync: fixed */
+  uint64_t read_timeout_ns; /* a process's table not read by then fails its snapshot. Sync: fixed */
+  uint64_t max_contents_bytes; /* of block contents in one process's snapshot; 0: no limit.
+                                * Sync: fixed */
+  pthread_mutex_t lock; /* guards the live set, the stored list, the streams and the exit records */
+  hd_process *processes[HD_MAX_PROCESSES]; /* the live set; each entry holds one reference.
+                                            * Sync: lock */
+  size_t process_count;                    /* Sync: lock */
+  /* Oldest first. Sync: lock (hd_collector_create and destroy fill and empty it alone). */
+  hd_stored_snapshot_info *stored;
+  size_t stored_count, stored_capacity; /* Sync: as stored */
+  uint32_t next_id;                     /* Sync: as stored */
+  int active_streams;            /* running and queued. Sync: lock */
+  struct hd_stream_job *streams; /* running and queued, so a stop can cut their clients off.
+                                  * Sync: lock */
+  int stream_threads;            /* at most HD_MAX_STREAM_THREADS. Sync: lock */
+  struct hd_stream_job *stream_queue; /* waiting for a stream thread, oldest first. Sync: lock */
+  int queued_streams;                 /* at most HD_MAX_QUEUED_STREAMS. Sync: lock */
+  pthread_cond_t streams_done;        /* waited on with lock */
+  pthread_mutex_t scan_lock; /* one /proc scan at a time; guards last_scan_ns and scanned */
+  uint64_t last_scan_ns;     /* Sync: scan_lock */
+  bool scanned;              /* Sync: scan_lock */
+  /* HD_EXIT_RECORDS of them, a ring. Sync: the pointer fixed, the records lock. */
+  hd_exit_record *exit_records;
+  uint64_t exit_seq; /* the last record's seq. Sync: lock */
+  /* Sync: fixed while the workers run (set before they start, cleared after they are joined). */
   struct hd_worker *worker;
-  struct hd_sampler *sampler; /* NULL when sampling is off */
-  uint64_t sample_interval_ns;
+  struct hd_sampler *sampler; /* NULL when sampling is off. Sync: as worker */
+  uint64_t sample_interval_ns; /* Sync: fixed */
+  /* Sync: the pointer fixed; the table the poll thread's only (connections.h). */
   struct conn_table *conns;
-  hd_message *scratch;
+  hd_message *scratch; /* Sync: the poll thread only */
 };
 
 /* Writes a log line at level. Warnings and errors are limited per format string (HD_LOG_BURST
@@ -147,7 +161,7 @@ uint64_t hd_monotonic_ns(void);
  * every signal blocked: a signal is then always handled by a thread of the program that embeds
  * the collector, never by one of ours, so a handler can never race with the collector's
  * teardown on another thread (e.g. the daemon's handler and hd_collector_destroy). */
-int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
+HD_MUST_CHECK int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
                     void *arg);
 /* Wakes the poll thread (async-signal-safe). */
 void hd_wake_poll_thread(hd_collector *c);
@@ -196,7 +210,7 @@ bool hd_fd_is_memfd(int fd, const char *name);
  * the NSpid line of /proc/PID/status (pid itself where the kernel has none); -1 if unknown. */
 pid_t hd_own_pid(pid_t pid);
 /* pidfd_open(2): a descriptor readable once pid has exited; -1 with errno on failure. */
-int hd_pidfd_open(pid_t pid);
+HD_MUST_CHECK int hd_pidfd_open(pid_t pid);
 
 /* What a process's two tables must be before the collector serves them, checked alike whether
  * the process registered or was rediscovered: read-only memfds (with the library's names when
@@ -218,7 +232,7 @@ hd_tables_verdict hd_open_process_tables(int alloc_fd, int res_fd, bool by_name,
                                          struct stat *table, const char **why);
 /* A socket path made absolute (relative paths against cwd, or ours if cwd is NULL) with its
  * directory resolved, so that two spellings of one socket compare equal. 0 or -errno. */
-int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size);
+HD_MUST_CHECK int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size);
 
 /* Finds instrumented processes this collector serves that are not in the live set: those
  * started before it, or while it was down, or whose registration failed. Scans at most once a
@@ -260,7 +274,7 @@ typedef struct hd_snapshot_totals {
 /* `name` names the snapshot's own moment, the last of the process's series it carries ("live"
  * for a live snapshot); *moment (nullable) gets that moment, which a stored snapshot's caller
  * remembers in the series once it is stored (hd_series_remember). */
-int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+HD_MUST_CHECK int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                         const char *name, bool with_contents, hd_batch_writer *w,
                         hd_snapshot_totals *totals, hd_series_moment *moment);
 
@@ -269,7 +283,7 @@ void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32
 
 /* ---- the storage workers (worker.c) ---- */
 
-int hd_worker_start(hd_collector *c);
+HD_MUST_CHECK int hd_worker_start(hd_collector *c);
 /* Returns once every queued job is done. */
 void hd_worker_stop(hd_collector *c);
 /* Queues p's exit snapshot (p is retained by the queue). */
@@ -283,7 +297,7 @@ unsigned hd_worker_exits_pending(hd_collector *c);
 /* Queues storing a named snapshot from `memfd` (taken) and answering StoreNamedSnapshot with
  * `txid` on `reply_fd` (taken). A process has one store queued or running at a time: -EBUSY
  * while it has; -ENOMEM if it could not be queued. Nothing is taken on error. */
-int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+HD_MUST_CHECK int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
                             bool exit_with_contents, int reply_fd, uint32_t txid);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
@@ -292,25 +306,25 @@ void hd_queue_discovery(hd_collector *c);
 
 /* Starts the thread that samples every live process's statistics each sample interval into its
  * series (nothing when the interval is 0). */
-int hd_sampler_start(hd_collector *c);
+HD_MUST_CHECK int hd_sampler_start(hd_collector *c);
 void hd_sampler_stop(hd_collector *c);
 
 /* ---- storage (storage.c) ---- */
 
-int hd_storage_open(hd_collector *c, const char *dir);
+HD_MUST_CHECK int hd_storage_open(hd_collector *c, const char *dir);
 void hd_storage_close(hd_collector *c);
 /* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
  * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and
  * the roots, read from the process. 0, -EINVAL (bad table) or -EIO. */
-int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+HD_MUST_CHECK int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
                       bool with_contents, uint32_t *id);
-int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
+HD_MUST_CHECK int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
                     hd_stored_list *out);
-hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing);
+HD_MUST_CHECK hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing);
 /* Streams stored snapshot id to w (without the final empty batch). -ENOENT if unknown or not
  * visible to uid. */
-int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *w);
+HD_MUST_CHECK int hd_storage_stream(hd_collector *c, uint32_t id, uid_t uid, hd_batch_writer *w);
 /* Deletes stored snapshot id; -ENOENT if unknown or not visible to uid (0 sees all). */
-int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid);
+HD_MUST_CHECK int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid);
 
 #endif

@@ -1,6 +1,10 @@
 /* The poll thread's table of connections (private to the collector): what each connection is,
- * which process it serves, and the functions that add, close, accept and serve them. Only the
- * poll thread touches the table. */
+ * which process it serves, and the functions that add, close, accept and serve them.
+ *
+ * Sync: every field of the table and of its connections belongs to the poll thread alone; the
+ * table is allocated by hd_collector_create before that thread starts and closed by
+ * hd_collector_destroy after it has been joined. A connection's process reference lets it read
+ * only the process's fixed fields (pid, uid, name); the others take hd_collector.lock. */
 #ifndef HEAPDUMP_COLLECTOR_CONNECTIONS_H
 #define HEAPDUMP_COLLECTOR_CONNECTIONS_H
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include "heapdump/contract/must_check.h"
 
 bool hd_pidfd_alive(int pidfd) {
   if (pidfd < 0) return true;
@@ -117,7 +118,7 @@ static bool read_one(contents_reader *r, const span *s, uint8_t *into) {
   return !r->gone && n >= 0 && (uint64_t)n == s->size;
 }
 
-static hd_status deliver_range(contents_reader *r, size_t range, const uint8_t *bytes) {
+static HD_MUST_CHECK hd_status deliver_range(contents_reader *r, size_t range, const uint8_t *bytes) {
   const uint64_t base = (uintptr_t)r->remote[range].iov_base;
   for (size_t i = r->first[range]; i < r->end[range]; i++) {
     const span *s = &r->spans[i];
@@ -128,7 +129,7 @@ static hd_status deliver_range(contents_reader *r, size_t range, const uint8_t *
 }
 
 /* Reads the pending ranges and passes on their blocks, if the process is still alive. */
-static hd_status flush(contents_reader *r) {
+static HD_MUST_CHECK hd_status flush(contents_reader *r) {
   read_ranges(r);
   if (!r->gone && !hd_pidfd_alive(r->pidfd)) r->gone = true;
   hd_status status = HD_OK;
@@ -152,7 +153,7 @@ static hd_status flush(contents_reader *r) {
 }
 
 /* A block too large for the buffer, read alone into one of its own size. */
-static hd_status read_large(contents_reader *r, const span *s) {
+static HD_MUST_CHECK hd_status read_large(contents_reader *r, const span *s) {
   uint8_t *bytes = malloc(s->size);
   if (bytes == NULL) return HD_OK; /* contents are best effort: this block goes without */
   hd_status status = read_one(r, s, bytes) ? r->fn(r->ctx, s->address, bytes, s->size) : HD_OK;

@@ -12,6 +12,7 @@
 
 #include "heapdump/fidl/status.h"
 #include "table_reader.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,6 +16,7 @@
 #include "connections.h"
 #include "heapdump_client.bindings.h"
 #include "heapdump_process.bindings.h"
+#include "heapdump/contract/must_check.h"
 
 /* ---- Registry and SnapshotSink ---- */
 
@@ -27,7 +28,7 @@ typedef struct handler_ctx {
 
 /* A reply is encoded into the request's buffer, which forgets the request's descriptors: every
  * reply first closes those the handler did not take. */
-static hd_status reply_register(handler_ctx *h, hd_message *msg,
+static HD_MUST_CHECK hd_status reply_register(handler_ctx *h, hd_message *msg,
                                 heapdump_process_RegistryError error) {
   hd_message_close_fds(msg);
   heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
@@ -114,7 +115,7 @@ static void registered_name(const heapdump_process_RegistryRegisterRequest *req,
   }
 }
 
-static hd_status on_register(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
                              heapdump_process_RegistryRegisterRequest *req) {
   handler_ctx *h = ctx;
   hd_collector *c = h->c;
@@ -176,7 +177,7 @@ static hd_status on_register(void *ctx, hd_message *msg,
   return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }
 
-static hd_status reply_store(handler_ctx *h, hd_message *msg,
+static HD_MUST_CHECK hd_status reply_store(handler_ctx *h, hd_message *msg,
                              heapdump_process_StoreError error) {
   hd_message_close_fds(msg);
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
@@ -188,7 +189,7 @@ static hd_status reply_store(handler_ctx *h, hd_message *msg,
 }
 
 /* Checked here, stored and answered by the storage worker. */
-static hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
                                          heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *req) {
   handler_ctx *h = ctx;
   int fd = hd_message_take_fd(msg, &req->allocations_snapshot);
@@ -240,7 +241,7 @@ static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
   return job;
 }
 
-static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
                                        heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
   hd_status status;
   hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
@@ -253,7 +254,7 @@ static hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-static hd_status on_download(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_download(void *ctx, hd_message *msg,
                              heapdump_client_CollectorDownloadStoredSnapshotRequest *req) {
   hd_status status;
   hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
@@ -264,7 +265,7 @@ static hd_status on_download(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-static hd_status on_list(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_list(void *ctx, hd_message *msg,
                          heapdump_client_CollectorListStoredSnapshotsRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
@@ -298,7 +299,7 @@ static hd_status on_list(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-static hd_status on_delete(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_delete(void *ctx, hd_message *msg,
                            heapdump_client_CollectorDeleteStoredSnapshotRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
@@ -315,7 +316,7 @@ static hd_status on_delete(void *ctx, hd_message *msg,
   return hd_fidl_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);
 }
 
-static hd_status on_get_process_state(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_get_process_state(void *ctx, hd_message *msg,
                                       heapdump_client_CollectorGetProcessStateRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
@@ -333,7 +334,7 @@ static hd_status on_get_process_state(void *ctx, hd_message *msg,
   return hd_fidl_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
 }
 
-static hd_status on_get_next(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_get_next(void *ctx, hd_message *msg,
                              heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
   (void)req;
   handler_ctx *h = ctx;

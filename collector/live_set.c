@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "collector_internal.h"
+#include "heapdump/contract/dcheck.h"
 #include "contents.h"
 
 hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name, bool exit_snapshot,
@@ -32,12 +33,16 @@ hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name
 }
 
 hd_process *hd_process_retain(hd_process *p) {
-  atomic_fetch_add(&p->refs, 1);
+  const int before = atomic_fetch_add(&p->refs, 1);
+  HD_DCHECK(before > 0); /* only a holder of a reference hands out another */
   return p;
 }
 
 void hd_process_release(hd_process *p) {
-  if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1) return;
+  if (p == NULL) return;
+  const int before = atomic_fetch_sub(&p->refs, 1);
+  HD_DCHECK(before > 0);
+  if (before != 1) return;
   hd_alloc_reader_close(p->alloc);
   hd_res_reader_close(p->res);
   close(p->pidfd);

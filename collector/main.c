@@ -28,6 +28,7 @@
 
 #include "heapdump/collector.h"
 #include "heapdump/heapdump.h"
+#include "heapdump/contract/must_check.h"
 
 /* Defaults of the storage caps: a daemon left running for weeks must not fill the disk. */
 #define DEFAULT_MAX_STORED 1000
@@ -108,7 +109,7 @@ static bool parse_count(const char *text, unsigned long long max, unsigned long 
   return errno == 0 && *end == '\0' && *out <= max;
 }
 
-static int parse_level(const char *s) {
+static HD_MUST_CHECK int parse_level(const char *s) {
   static const char *names[] = {"error", "warn", "info", "debug"};
   for (int i = 0; i < 4; i++) {
     if (strcmp(s, names[i]) == 0) return i;
@@ -136,7 +137,7 @@ static bool beside_socket(const char *socket_path, const char *ext, char *out, s
 
 /* The daemon holds an exclusive lock on its pid file for as long as it runs, so a pid file
  * nobody holds is stale, whatever pid it names (pids are reused). */
-static int pid_file_create(const char *path) {
+static HD_MUST_CHECK int pid_file_create(const char *path) {
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     fprintf(stderr, "heapdump-collector: cannot create the pid file %s: %s\n", path,
@@ -165,7 +166,7 @@ static void pid_file_remove(const char *path, int fd) {
   close(fd);
 }
 
-static int stop_daemon(const char *socket_path) {
+static HD_MUST_CHECK int stop_daemon(const char *socket_path) {
   char pid_path[PATH_MAX];
   if (!beside_socket(socket_path, ".pid", pid_path, sizeof pid_path)) return 2;
   int fd = open(pid_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -215,7 +216,7 @@ static int stop_daemon(const char *socket_path) {
 /* ---- detaching ---- */
 
 /* Opens the log, moving a big one aside first. */
-static int open_log(const char *path) {
+static HD_MUST_CHECK int open_log(const char *path) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > LOG_ROTATE_BYTES) {
     char old[PATH_MAX + 8];
@@ -331,7 +332,7 @@ typedef struct arguments {
 
 /* Parses the command line into *a; CONTINUE, or the exit code to end with now (a usage error,
  * --help, --version). */
-static int parse_args(int argc, char **argv, arguments *a) {
+static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
   *a = (arguments){.options = {.log_level = HD_LOG_INFO,
                                .max_stored = DEFAULT_MAX_STORED,
                                .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES,

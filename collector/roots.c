@@ -17,6 +17,7 @@
 
 #include "contents.h"
 #include "heapdump/contract/shm_layout.h"
+#include "heapdump/contract/must_check.h"
 
 /* The main thread's TLS shares its mapping with what the loader allocated early; a mapping
  * bigger than this is read only around the thread pointer (static TLS below, the TCB above). */
@@ -727,7 +728,7 @@ typedef struct emit {
   hd_batch_writer *w;
 } emit;
 
-static hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address, const uint8_t *bytes,
+static HD_MUST_CHECK hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address, const uint8_t *bytes,
                            uint64_t size, bool not_read) {
   heapdump_client_RootRegion region = heapdump_client_RootRegion_init_zero;
   region.has_address = region.has_size = region.has_kind = true;
@@ -743,7 +744,7 @@ static hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address, 
   return hd_batch_add_root_region(w, &region, bytes, not_read ? 0 : size);
 }
 
-static hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, uint64_t size) {
+static HD_MUST_CHECK hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, uint64_t size) {
   const emit *e = ctx;
   size_t lo = 0, hi = e->g->root_count;
   while (lo < hi) { /* the root that starts at address */

@@ -8,6 +8,7 @@
 
 #include "collector_internal.h"
 #include "heapdump/fidl/batch.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,7 +33,7 @@ extern "C" {
  * read (0: no limit): what is past it, what cannot be read and what the bounds left out are sent
  * as roots not read (RootRegion.not_read, without contents), and *cut says so. Returns HD_OK
  * or the writer's error. */
-hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
+HD_MUST_CHECK hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
                        uint64_t max_total, bool *cut, hd_batch_writer *w);
 
 #ifdef __cplusplus

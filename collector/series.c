@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "heapdump/contract/must_check.h"
 
 void hd_series_init(hd_series *s) {
   memset(s, 0, sizeof *s);
@@ -77,7 +78,7 @@ void hd_series_remember(hd_series *s, const hd_series_moment *moment) {
   pthread_mutex_unlock(&s->lock);
 }
 
-static hd_status add_sample(hd_batch_writer *w, const hd_series_sample *v, const char *name) {
+static HD_MUST_CHECK hd_status add_sample(hd_batch_writer *w, const hd_series_sample *v, const char *name) {
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_stats_sample_tag;
   heapdump_client_StatsSample *out = &e.element.stats_sample;

@@ -23,9 +23,10 @@
 
 #include "collector_internal.h"
 #include "heapdump_client.bindings.h"
+#include "heapdump/contract/must_check.h"
 
 
-static int mkdirs(const char *path) {
+static HD_MUST_CHECK int mkdirs(const char *path) {
   char buf[4096];
   snprintf(buf, sizeof buf, "%s", path);
   for (char *p = buf + 1; *p; p++) {
@@ -56,14 +57,14 @@ static void snapshot_file_name(uint32_t id, char *out, size_t size) {
 
 /* A new file of the storage directory, for writing. Whatever is at that name (the leftover of a
  * crash) is removed first, and the file is created, never opened through a link. */
-static int create_file(hd_collector *c, const char *name) {
+static HD_MUST_CHECK int create_file(hd_collector *c, const char *name) {
   if (unlinkat(c->storage_fd, name, 0) != 0 && errno != ENOENT) return -errno;
   int fd = openat(c->storage_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   return fd >= 0 ? fd : -errno;
 }
 
 /* Persists next_id + 1 before id next_id is handed out. Called with c->lock held. */
-static int take_id(hd_collector *c, uint32_t *id) {
+static HD_MUST_CHECK int take_id(hd_collector *c, uint32_t *id) {
   if (c->next_id == UINT32_MAX) return -ENOSPC; /* every id has been used once */
   int fd = create_file(c, "next-id.tmp");
   if (fd < 0) return fd;
@@ -78,7 +79,7 @@ static int take_id(hd_collector *c, uint32_t *id) {
 }
 
 /* Reads and checks the header and record structure of a snapshot file of the directory. */
-static int load_info(int dir_fd, const char *name, hd_stored_snapshot_info *info) {
+static HD_MUST_CHECK int load_info(int dir_fd, const char *name, hd_stored_snapshot_info *info) {
   int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return -errno;
   int rc = hd_stored_file_info(fd, info);
@@ -145,7 +146,7 @@ static void enforce_retention(hd_collector *c) {
 }
 
 /* The storage directory: dir, else $XDG_STATE_HOME/heapdump, else ~/.local/state/heapdump. */
-static int choose_storage_dir(hd_collector *c, const char *dir) {
+static HD_MUST_CHECK int choose_storage_dir(hd_collector *c, const char *dir) {
   int n;
   if (dir != NULL) {
     n = snprintf(c->storage_dir, sizeof c->storage_dir, "%s", dir);
@@ -160,7 +161,7 @@ static int choose_storage_dir(hd_collector *c, const char *dir) {
 }
 
 /* Creates the directory if need be and opens it; it must be ours, mode 0700, and not a link. */
-static int open_private_dir(hd_collector *c) {
+static HD_MUST_CHECK int open_private_dir(hd_collector *c) {
   int rc = mkdirs(c->storage_dir);
   if (rc != 0) {
     hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir, strerror(-rc));
@@ -200,7 +201,7 @@ static void read_next_id(hd_collector *c) {
 
 /* Lists the stored snapshots in the directory: removes interrupted stores, keeps every id a file
  * names taken, and skips (with a warning) damaged files. */
-static int scan_stored(hd_collector *c) {
+static HD_MUST_CHECK int scan_stored(hd_collector *c) {
   int list_fd = dup(c->storage_fd); /* closedir closes the descriptor it reads */
   DIR *d = list_fd >= 0 ? fdopendir(list_fd) : NULL;
   if (d == NULL) {
@@ -275,7 +276,7 @@ static bool sink_write(file_sink *sink, const void *data, size_t size) {
   return sink->error == 0;
 }
 
-static hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
+static HD_MUST_CHECK hd_status append_batch(void *ctx, const uint8_t *body, size_t size) {
   file_sink *sink = ctx;
   uint32_t len = (uint32_t)size;
   if (size == 0) return HD_OK; /* the end of the stream is implied by the end of the file */

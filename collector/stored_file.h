@@ -13,6 +13,7 @@
 
 #include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
+#include "heapdump/contract/must_check.h"
 
 #define HD_STORED_MAGIC "HDSNAP01" /* 8 bytes, no NUL */
 #define HD_STORED_META_MAX 512u
@@ -31,10 +32,10 @@ typedef struct hd_stored_snapshot_info {
 /* The summary of the stored file open at fd (read with pread: the offset is left alone), after
  * checking its header, its metadata and that its records tile the file exactly. 0, -EINVAL for
  * a file that is not a whole stored snapshot, or -errno. */
-int hd_stored_file_info(int fd, hd_stored_snapshot_info *info);
+HD_MUST_CHECK int hd_stored_file_info(int fd, hd_stored_snapshot_info *info);
 
 /* Forwards every batch of the stored file open at fd (from its start) to w. 0; -EIO for a
  * damaged file; -EPIPE when w fails (the client went away); -ENOMEM. */
-int hd_stored_file_stream(int fd, hd_batch_writer *w);
+HD_MUST_CHECK int hd_stored_file_stream(int fd, hd_batch_writer *w);
 
 #endif /* HEAPDUMP_COLLECTOR_STORED_FILE_H */

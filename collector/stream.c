@@ -14,6 +14,7 @@
 #include "contents.h"
 #include "heapdump_client.bindings.h"
 #include "roots.h"
+#include "heapdump/contract/must_check.h"
 
 /* A client that does not acknowledge a batch for this long is dropped. */
 #define ACK_TIMEOUT_SECONDS 60
@@ -80,7 +81,7 @@ static void key_set_free(key_set *s) {
 /* The process's statistics, and its series up to now ending with this snapshot's own moment,
  * named `name`, with the same statistics. Unreadable statistics (a corrupt table) leave both
  * out: the snapshot goes on without them. */
-static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_writer *w,
+static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_writer *w,
                                       hd_series_moment *moment) {
   hd_table_stats st;
   if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK;
@@ -107,14 +108,14 @@ static hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
 
-static hd_status add_contents(void *writer, uint64_t address, const uint8_t *bytes,
+static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, const uint8_t *bytes,
                               uint64_t size) {
   return hd_batch_add_block_contents(writer, address, bytes, size);
 }
 
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
  * nothing was allocated from it (nothing to report without live blocks). */
-static hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
+static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
                                  bool only_if_allocated, hd_batch_writer *w) {
   size_t n = 0;
   uint64_t blocks_allocated = 0, bytes_allocated = 0;
@@ -145,7 +146,7 @@ static bool stop_requested(void *collector) {
 
 /* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc) within the read
  * timeout; 0, or -EIO (logged). */
-static int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
                             hd_live_block **blocks, size_t *count) {
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
   /* A sealed copy cannot change, nor can the table of a process that has exited (a process
@@ -168,7 +169,7 @@ static int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *sna
 
 /* One Allocation per block, noting the stack traces and threads they name. *out_of_memory when
  * a key could not be noted. */
-static hd_status add_allocations(const hd_live_block *blocks, size_t count, hd_batch_writer *w,
+static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size_t count, hd_batch_writer *w,
                                  hd_snapshot_totals *totals, key_set *stacks, key_set *threads,
                                  bool *out_of_memory) {
   hd_status status = HD_OK;
@@ -200,7 +201,7 @@ static hd_status add_allocations(const hd_live_block *blocks, size_t count, hd_b
 }
 
 /* A ThreadInfo for every thread key the allocations name. */
-static hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batch_writer *w) {
+static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batch_writer *w) {
   hd_status status = HD_OK;
   for (size_t i = 0; i < threads->count && status == HD_OK; i++) {
     hd_thread_info t;
@@ -225,7 +226,7 @@ static hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batc
 /* The stack traces the allocations name, then from the resources log the traces no live block
  * names any more (they still carry allocation counters: what was allocated since start, pprof's
  * alloc_space) and every executable region. */
-static hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd_batch_writer *w) {
+static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {

@@ -18,6 +18,7 @@
 #include "heapdump/contract/cpu.h"
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/contract/stack_codec.h"
+#include "heapdump/contract/must_check.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 /* A slot whose writer keeps it changing (or holds it, e.g. preempted on a loaded machine) is
@@ -46,7 +47,7 @@ const char *hd_read_status_str(hd_read_status s) {
   return "unknown status";
 }
 
-static hd_read_status map_fd(int fd, const uint8_t **base, uint64_t *size) {
+static HD_MUST_CHECK hd_read_status map_fd(int fd, const uint8_t **base, uint64_t *size) {
   if (fd < 0) return HD_READ_ERR_ARG;
   struct stat st;
   if (fstat(fd, &st) != 0) return HD_READ_ERR_SYSTEM;
@@ -69,7 +70,7 @@ static void copy_words(void *dst, const void *src, size_t bytes) {
 
 /* Maps a table and copies its header, whose magic and layout version come first in both tables
  * (pinned in the layout header); on any error nothing stays mapped. */
-static hd_read_status map_table(int fd, uint64_t magic, void *header, size_t header_size,
+static HD_MUST_CHECK hd_read_status map_table(int fd, uint64_t magic, void *header, size_t header_size,
                                 const uint8_t **base, uint64_t *size) {
   hd_read_status st = map_fd(fd, base, size);
   if (st != HD_READ_OK) return st;
@@ -207,7 +208,7 @@ static void backoff(unsigned attempt) {
 }
 
 /* Checked while waiting for a writer: HD_READ_OK to go on waiting, or why not. */
-static hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_up_at) {
+static HD_MUST_CHECK hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_up_at) {
   const uint64_t now = monotonic_ns();
   if (limits != NULL && limits->stop != NULL && limits->stop(limits->stop_ctx)) return HD_READ_ERR_STOPPED;
   if (limits != NULL && limits->deadline_ns != 0 && now > limits->deadline_ns) return HD_READ_ERR_TIMED_OUT;
@@ -216,7 +217,7 @@ static hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_u
 
 /* Copies the live nodes [first, end) of one slot as a seqlock reader (R1-R3): again while a
  * writer changes the slot, until a copy is stable. */
-static hd_read_status copy_run(const hd_alloc_reader *r, uint32_t first, uint32_t end,
+static HD_MUST_CHECK hd_read_status copy_run(const hd_alloc_reader *r, uint32_t first, uint32_t end,
                                block_vec *bv, hd_read_limits *limits) {
   const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset) + hd_node_slot(first);
   const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
@@ -461,7 +462,7 @@ void hd_res_reader_close(hd_res_reader *r) {
 uint32_t hd_res_reader_pid(const hd_res_reader *r) { return r ? r->pid : 0; }
 
 static uint64_t published_end(const hd_res_reader *r);
-static hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
+static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
                                 hd_rec_header *hdr);
 
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
@@ -515,7 +516,7 @@ static uint64_t published_end(const hd_res_reader *r) {
 }
 
 /* Validates the record header at off and copies `want` bytes of it into dst. */
-static hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
+static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
                                 hd_rec_header *hdr) {
   if (off < r->records_offset || off % 8 || off + sizeof(*hdr) > end) return HD_READ_ERR_NOT_FOUND;
   copy_words(hdr, r->base + off, sizeof(*hdr));

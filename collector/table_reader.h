@@ -91,10 +91,10 @@ typedef struct hd_read_limits {
  * the newest record is kept, even from a table that breaks the protocol).
  * *blocks is malloc'd, in table order (no order a caller can use); free() it. On error *blocks
  * is NULL. limits may be NULL (no bounds beyond the per-slot patience). */
-hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
+HD_MUST_CHECK hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
                                                   hd_live_block **blocks, size_t *count) HD_MUST_CHECK;
 /* The same copy, sorted by address. */
-hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
+HD_MUST_CHECK hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
                                         size_t *count) HD_MUST_CHECK;
 
 /* ---- resources table ---- */
@@ -164,13 +164,13 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUS
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
  * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. truncated (nullable):
  * the library's walk was cut at its frame limit. */
-hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
+HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
                                    size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
                                    bool *truncated) HD_MUST_CHECK;
-hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
+HD_MUST_CHECK hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
                                     hd_thread_info *out) HD_MUST_CHECK;
 /* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */
-hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor,
+HD_MUST_CHECK hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor,
                                   hd_res_entry *out) HD_MUST_CHECK;
 
 #ifdef __cplusplus

@@ -14,8 +14,12 @@
 #include <unistd.h>
 
 #include "collector_internal.h"
+#include "heapdump/contract/dcheck.h"
 #include "heapdump_process.bindings.h"
 
+/* Sync: the thread that queues a job fills it in before enqueue() publishes it under the
+ * worker's lock; from then on it is the worker thread's that pops it, save next, which the lock
+ * guards while the job is queued. */
 typedef struct job {
   struct job *next;
   hd_process *process;
@@ -30,15 +34,18 @@ typedef struct job_queue {
   job *head, *tail;
 } job_queue;
 
+/* Sync: each field says what guards it. The worker is made by hd_worker_start before its threads
+ * start and freed by hd_worker_stop after they are joined. Lock order: hd_collector.lock before
+ * lock (hd_worker_reserve_exit is called under both, so that a census never misses an exit). */
 typedef struct hd_worker {
-  pthread_t named_thread, exit_thread;
-  pthread_mutex_t lock;
-  pthread_cond_t wake;
-  job_queue named, at_exit;
-  bool discovery_queued;
-  unsigned exits_pending; /* exit snapshots queued or being stored */
-  bool stopping;
-  hd_message *scratch;
+  pthread_t named_thread, exit_thread; /* Sync: the thread that starts and stops the worker */
+  pthread_mutex_t lock; /* guards the fields below and hd_process.named_store_pending */
+  pthread_cond_t wake;  /* both threads wait on it, with lock */
+  job_queue named, at_exit;  /* Sync: lock */
+  bool discovery_queued;     /* Sync: lock */
+  unsigned exits_pending; /* exit snapshots queued or being stored. Sync: lock */
+  bool stopping;          /* Sync: lock */
+  hd_message *scratch;    /* Sync: the named-store thread only (made before it starts) */
 } hd_worker;
 
 static void push(job_queue *q, job *j) {
@@ -140,6 +147,7 @@ static void *run_exits(void *arg) {
     hd_process_release(j->process);
     free(j);
     pthread_mutex_lock(&w->lock);
+    HD_DCHECK(w->exits_pending > 0); /* reserved by hd_worker_reserve_exit */
     w->exits_pending--;
     pthread_mutex_unlock(&w->lock);
   }
@@ -211,6 +219,7 @@ void hd_queue_exit_snapshot(hd_collector *c, hd_process *p, const char *name) {
            (unsigned)p->pid);
     hd_exit_record_finish(c, p, false, 0);
     pthread_mutex_lock(&c->worker->lock);
+    HD_DCHECK(c->worker->exits_pending > 0);
     c->worker->exits_pending--;
     pthread_mutex_unlock(&c->worker->lock);
     return;

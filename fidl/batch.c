@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "heapdump_client.bindings.h"
+#include "heapdump/contract/must_check.h"
 
 /* Every length inside a batch is below 2^21, so its varint takes at most 3 bytes. */
 #define MAX_LENGTH_VARINT 3u
@@ -105,7 +106,7 @@ hd_status hd_batch_end(hd_batch_writer *w) {
 
 /* Makes room for an element of `total` bytes (key and length included): flushes if it does not
  * fit behind the elements already in the batch. */
-static hd_status make_room(hd_batch_writer *w, size_t total) {
+static HD_MUST_CHECK hd_status make_room(hd_batch_writer *w, size_t total) {
   if (total > HD_BATCH_CAPACITY) return HD_ERR_ENCODE;
   if (w->used + total > HD_BATCH_CAPACITY) return hd_batch_flush(w);
   return HD_OK;
@@ -124,7 +125,7 @@ static uint8_t *begin_element(hd_batch_writer *w, size_t size) {
 
 /* Encodes e with nanopb into w->element, then copies it into the batch: each element is encoded
  * once, and the batch is filled exactly up to the limit. */
-static hd_status add_encoded(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
+static HD_MUST_CHECK hd_status add_encoded(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
   pb_ostream_t out = pb_ostream_from_buffer(w->element, sizeof w->element);
   if (!pb_encode(&out, heapdump_client_SnapshotElement_fields, e)) return HD_ERR_ENCODE;
   hd_status status = make_room(w, delimited_size(out.bytes_written));
@@ -222,7 +223,7 @@ static size_t payload_room(const hd_batch_writer *w, size_t empty_element_size) 
  * its `total` payload items: fit(ctx, done, room) points e's payload at the items from `done` on
  * that fit in `room` bytes, and says how many. A chunk of nothing is written only when there is
  * nothing to write; otherwise a full batch is sent first. */
-static hd_status add_chunked(hd_batch_writer *w, const heapdump_client_SnapshotElement *e,
+static HD_MUST_CHECK hd_status add_chunked(hd_batch_writer *w, const heapdump_client_SnapshotElement *e,
                              size_t empty_size, size_t total,
                              size_t (*fit)(void *ctx, size_t done, size_t room), void *ctx) {
   size_t done = 0;
@@ -403,7 +404,7 @@ void hd_batch_channel_init(hd_batch_channel *ch, int channel, hd_message *scratc
 }
 
 /* Receives one answer, which must be to one of the unanswered calls. */
-static hd_status receive_answer(hd_batch_channel *ch) {
+static HD_MUST_CHECK hd_status receive_answer(hd_batch_channel *ch) {
   hd_message *msg = ch->scratch;
   hd_status status = hd_message_recv(ch->channel, msg);
   if (status != HD_OK) return status;
@@ -607,7 +608,7 @@ static bool decode_per_block(hd_batch_reader *r, const uint8_t *p, size_t size, 
   return true;
 }
 
-static hd_status deliver(hd_batch_reader *r, const hd_element *e) {
+static HD_MUST_CHECK hd_status deliver(hd_batch_reader *r, const hd_element *e) {
   r->element_count++;
   hd_status status = r->on_element(r->ctx, e);
   if (status != HD_OK) r->status = status;

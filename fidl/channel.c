@@ -10,13 +10,14 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include "heapdump/contract/must_check.h"
 
 hd_status hd_channel_pair(int ends[2]) {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) return HD_ERR_IO;
   return HD_OK;
 }
 
-static hd_status fill_address(const char *path, struct sockaddr_un *addr) {
+static HD_MUST_CHECK hd_status fill_address(const char *path, struct sockaddr_un *addr) {
   size_t len = strlen(path);
   if (len == 0 || len >= sizeof addr->sun_path) {
     errno = ENAMETOOLONG;

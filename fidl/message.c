@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include "heapdump/contract/must_check.h"
 
 static void put_le32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -70,7 +71,7 @@ hd_status hd_message_recv(int channel, hd_message *msg) {
 /* Visits the top-level handle fields of a message body: fields of type heapdump.client.Handle.
  * Returns HD_MISSING_FD for an absent handle or index, HD_ERR_UNEXPECTED_FD/INVALID for a bad
  * index; `used` collects the indexes seen. */
-static hd_status check_handles(const pb_msgdesc_t *desc, void *body, size_t fd_count,
+static HD_MUST_CHECK hd_status check_handles(const pb_msgdesc_t *desc, void *body, size_t fd_count,
                                size_t *handle_count) {
   uint64_t used = 0;
   _Static_assert(HD_MAX_MESSAGE_FDS <= 64, "the used-set is one 64-bit word");

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "heapdump_client.bindings.h"
+#include "heapdump/contract/must_check.h"
 
 _Static_assert(HD_NAME_MAX == heapdump_client_Constants_MAX_NAME_LENGTH, "names as the IDL bounds them");
 
@@ -87,7 +88,7 @@ static bool reserve_one(void **items, size_t count, size_t *capacity, size_t ite
 
 /* ---- reassembler ---- */
 
-static hd_status fail(hd_reassembler *r, hd_status status, const char *fmt, ...) {
+static HD_MUST_CHECK hd_status fail(hd_reassembler *r, hd_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(r->error, sizeof r->error, fmt, ap);
@@ -162,7 +163,7 @@ static bool pwrite_all(int fd, const uint8_t *bytes, size_t size, uint64_t offse
 
 /* Appends a chunk of block b's contents to the spill file. A block's chunks must lie end to end:
  * if another block's came in between, what it has so far is first copied to the end. */
-static hd_status spill_block(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
+static HD_MUST_CHECK hd_status spill_block(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
                              const uint8_t *bytes, size_t size) {
   s->blocks_spilled = true;
   if (b->size > 0 && b->spill_offset + b->size != r->spill_end) {
@@ -190,7 +191,7 @@ static hd_status spill_block(hd_reassembler *r, hd_snapshot *s, hd_snapshot_bloc
 }
 
 /* Maps the spill file and points every spilled block's bytes into it. */
-static hd_status map_spilled(hd_reassembler *r) {
+static HD_MUST_CHECK hd_status map_spilled(hd_reassembler *r) {
   if (!r->spilling || r->spill_end == 0 || r->spill_map != NULL) return HD_OK;
   void *map = mmap(NULL, r->spill_end, PROT_READ, MAP_SHARED, r->spill_fd, 0);
   if (map == MAP_FAILED) {
@@ -235,7 +236,7 @@ static hd_snapshot *current(hd_reassembler *r) {
   return r->snapshot_count ? r->snapshots[r->snapshot_count - 1] : new_snapshot(r);
 }
 
-static hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
+static HD_MUST_CHECK hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
                                 const heapdump_client_Allocation *a) {
   size_t unused;
   if (!a->has_address) return fail(r, HD_ERR_REASSEMBLY, "allocation without an address");
@@ -269,7 +270,7 @@ static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
   return &s->stack_traces[index];
 }
 
-static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
+static HD_MUST_CHECK hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
                                  const uint64_t *addresses, size_t count, bool truncated) {
   hd_snapshot_stack_trace *t = stack_trace_slot(s, key);
   if (t == NULL) return HD_ERR_NO_MEMORY;
@@ -287,7 +288,7 @@ static hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key
 }
 
 /* Appends a chunk to the bytes of b (a block's or a root's). */
-static hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
+static HD_MUST_CHECK hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
                               const uint8_t *bytes, size_t size) {
   if (size == 0) return HD_OK;
   /* Allocations may arrive after contents, so the size is checked at the end; this only stops
@@ -302,7 +303,7 @@ static hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, hd_snapshot_blo
   return HD_OK;
 }
 
-static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
+static HD_MUST_CHECK hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
                            const uint8_t *bytes, size_t size) {
   size_t index;
   if (!hd_u64_map_find(&s->block_index, address, &index)) {
@@ -316,7 +317,7 @@ static hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
 }
 
 /* A root region: its first chunk makes it, each chunk (all carrying the same fields) adds bytes. */
-static hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_client_RootRegion *g,
+static HD_MUST_CHECK hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_client_RootRegion *g,
                           const uint8_t *bytes, size_t size) {
   if (!g->has_address || !g->has_size) {
     return fail(r, HD_ERR_REASSEMBLY, "root region without an address or a size");
@@ -354,7 +355,7 @@ static hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_clie
   return append_bytes(r, s, &root->contents, bytes, size);
 }
 
-static hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ThreadInfo *t) {
+static HD_MUST_CHECK hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ThreadInfo *t) {
   size_t unused;
   if (hd_u64_map_find(&s->thread_index, t->thread_info_key, &unused)) {
     return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
@@ -370,7 +371,7 @@ static hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdu
   return HD_OK;
 }
 
-static hd_status add_region(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ExecutableRegion *g) {
+static HD_MUST_CHECK hd_status add_region(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ExecutableRegion *g) {
   size_t unused;
   if (hd_u64_map_find(&s->region_index, g->address, &unused)) {
     return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
@@ -397,7 +398,7 @@ static hd_status add_region(hd_reassembler *r, hd_snapshot *s, const heapdump_cl
   return HD_OK;
 }
 
-static hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
+static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
                               const heapdump_client_StackTraceCounters *c) {
   hd_snapshot_stack_trace *t = stack_trace_slot(s, c->stack_trace_key);
   if (t == NULL) return HD_ERR_NO_MEMORY;
@@ -545,7 +546,7 @@ static void prepare_batch(void *ctx, heapdump_client_SnapshotReceiverBatchReques
   hd_batch_reader_prepare(st->reader, req);
 }
 
-static hd_status ack(receive_state *st, hd_message *msg, uint64_t ordinal) {
+static HD_MUST_CHECK hd_status ack(receive_state *st, hd_message *msg, uint64_t ordinal) {
   heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
   uint32_t txid = msg->txid;
   return ordinal == HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH
@@ -553,7 +554,7 @@ static hd_status ack(receive_state *st, hd_message *msg, uint64_t ordinal) {
              : hd_fidl_snapshot_receiver_report_error_reply(st->channel, msg, txid, &empty);
 }
 
-static hd_status on_batch(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_batch(void *ctx, hd_message *msg,
                           heapdump_client_SnapshotReceiverBatchRequest *req) {
   (void)req;
   receive_state *st = ctx;
@@ -573,7 +574,7 @@ static hd_status on_batch(void *ctx, hd_message *msg,
   return ack(st, msg, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
 }
 
-static hd_status on_report_error(void *ctx, hd_message *msg,
+static HD_MUST_CHECK hd_status on_report_error(void *ctx, hd_message *msg,
                                  heapdump_client_SnapshotReceiverReportErrorRequest *req) {
   receive_state *st = ctx;
   st->error = req->has_error ? (uint32_t)req->error : (uint32_t)-1;

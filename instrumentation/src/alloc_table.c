@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "heapdump/contract/cpu.h"
+#include "heapdump/contract/dcheck.h"
 #include "heapdump/contract/stack_codec.h"
 #include "table_memory.h"
 
@@ -100,6 +101,7 @@ static void slot_lock(hd_alloc_table *t, uint32_t *seq) {
 
 /* W3: seqlock write end, publishes the data stores. */
 static void slot_unlock(hd_alloc_table *t, uint32_t *seq) {
+  HD_DCHECK(LOAD(seq) & 1); /* odd: locked, by us */
   __atomic_store_n(seq, LOAD(seq) + 1, __ATOMIC_RELEASE);
   if (HD_UNLIKELY_T(LOAD(&t->slot_sleepers) != 0))
     syscall(SYS_futex, seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
@@ -146,6 +148,9 @@ static uint32_t node_alloc(hd_alloc_table *t, hd_writer_thread *w) {
   if (idx != HD_NO_NODE) return idx;
   idx = high_water_take(t, w && !w->retired, &got);
   if (idx == HD_NO_NODE) return idx;
+  /* A batch is taken only for a writer whose cache has room for the rest of it: a batch is at
+   * most a slot's nodes, and the cache was empty. */
+  HD_DCHECK(got == 1 || (w != NULL && w->node_count == 0 && got - 1 <= HD_THREAD_NODE_CACHE));
   for (uint32_t i = got - 1; i > 0; i--) w->nodes[w->node_count++] = idx + i;
   return idx;
 }
@@ -206,6 +211,7 @@ static void node_read(const hd_alloc_table *t, const hd_alloc_node *n, hd_alloc_
 static void node_write_locked(hd_alloc_table *t, uint32_t idx, const hd_alloc_info *info) {
   uint32_t *seq = slot_of(t, idx);
   slot_lock(t, seq);
+  HD_DCHECK(LOAD(&t->nodes[idx].address_word) == 0); /* a node is written once while free */
   node_write(t, &t->nodes[idx], info);
   slot_unlock(t, seq);
 }

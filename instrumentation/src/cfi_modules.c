@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "cfi_internal.h"
+#include "heapdump/contract/dcheck.h"
 
 #define CFI_MAX_MODULES 1024
 
@@ -103,6 +104,7 @@ static void reread_modules(void) {
   }
   g_read_before = true;
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
+  HD_DCHECK((seq & 1) == 0); /* one writer, under g_modules_lock */
   __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
   for (size_t i = 0; i < g_staged; i++) {

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "heapdump/contract/dcheck.h"
 #include "stack.h"
 
 /* Queues op for the interrupted hook; false if the queue is full. The slot is claimed with one
@@ -105,6 +106,7 @@ void hd_drain_pending(void) {
     for (; done < n && done < HD_PENDING_MAX; done++) {
       hd_pending_op op = hd_tls.pending[done];
       __atomic_signal_fence(__ATOMIC_SEQ_CST);
+      HD_DCHECK(op.is_free || op.node != HD_NO_NODE); /* queued only with a node reserved */
       if (op.is_free) {
         hd_free_recorded(op.ptr);
       } else if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) {

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <sys/types.h>
+#include "heapdump/contract/must_check.h"
 
 typedef struct hd_owned_fd {
   int fd; /* -1: none */
@@ -19,7 +20,7 @@ typedef struct hd_owned_fd {
 
 /* Moves a descriptor the library just created to a high number (close-on-exec), closing the
  * original; returns the new number, or fd itself if no high number is free. */
-int hd_fd_move_high(int fd);
+HD_MUST_CHECK int hd_fd_move_high(int fd);
 
 /* Takes over a descriptor the library just created: moves it to a high number (close-on-exec)
  * and records its identity. Returns false, closing fd, if it cannot be identified. */

@@ -25,6 +25,7 @@
 #include "heapdump/fidl/channel.h"
 #include "heapdump_process.bindings.h"
 #include "runtime.h"
+#include "heapdump/contract/must_check.h"
 
 /* How long the program waits for the collector to accept it before going on without it. */
 #define REPLY_TIMEOUT_MS 2000
@@ -199,7 +200,7 @@ void hd_registration_after_fork_child(void) {
 
 /* One try on the registered sink. *sent tells whether the request left: a request the collector
  * received is never sent again, or a slow store would be stored twice. */
-static int store_on_sink(const char *name, int snapshot_fd, bool exit_with_contents, bool *sent) {
+static HD_MUST_CHECK int store_on_sink(const char *name, int snapshot_fd, bool exit_with_contents, bool *sent) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
       heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
   req.has_name = req.has_allocations_snapshot = true;

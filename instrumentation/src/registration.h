@@ -4,6 +4,7 @@
 
 #include "heapdump/heapdump.h"
 #include "runtime.h"
+#include "heapdump/contract/must_check.h"
 
 /* Registers if a collector answers; otherwise does nothing (the program runs on). */
 void hd_register_with_collector(void) HD_HIDDEN;
@@ -13,7 +14,7 @@ void hd_registration_after_fork_child(void) HD_HIDDEN;
  * needed; exit_with_contents: this is the process's exit snapshot, to be stored with contents
  * and roots while it waits. Returns HEAPDUMP_OK, HEAPDUMP_ERROR_NO_COLLECTOR,
  * HEAPDUMP_ERROR_NO_ANSWER or HEAPDUMP_ERROR_COLLECTOR_REFUSED. */
-int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd,
+HD_MUST_CHECK int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd,
                             bool exit_with_contents) HD_HIDDEN;
 /* Whether this process stores its exit snapshot itself, with contents, from its exit path:
  * HEAPDUMP_EXIT_SNAPSHOT=1 and HEAPDUMP_EXIT_CONTENTS 1, or this process's pid (what `heapdump

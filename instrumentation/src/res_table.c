@@ -16,6 +16,7 @@
 #include "heapdump/contract/cpu.h"
 #include "heapdump/contract/stack_codec.h"
 #include "table_memory.h"
+#include "heapdump/contract/must_check.h"
 
 /* Private dedup index of stack records, keyed by the traces' fingerprints (hd_trace_print):
  * a lookup compares a slot's 12 bytes of fingerprint, never the record's frames, so finding a
@@ -61,7 +62,7 @@ static void dedup_free_all(hd_dedup_index *d) {
   }
 }
 
-static int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
+static HD_MUST_CHECK int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
   memset(t, 0, sizeof(*t));
   t->memfd = HD_OWNED_FD_NONE;
   if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;

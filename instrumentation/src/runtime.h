@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "tables.h"
+#include "heapdump/contract/must_check.h"
 
 #define HD_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HD_UNLIKELY(x) __builtin_expect(!!(x), 0)

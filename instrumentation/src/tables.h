@@ -107,7 +107,7 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t);
 /* With src locked: creates dst (a new memfd of max_bytes, or exactly big enough when
  * max_bytes == 0) holding a copy of every live record of src, in the same nodes. Returns 0 or
  * -errno. */
-int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
+HD_MUST_CHECK int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
                                 const char *memfd_name) HD_MUST_CHECK;
 /* With t locked (or private): the number and total requested size of its live records. */
 void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);

@@ -13,6 +13,7 @@
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump_client.pb.h"
+#include "heapdump/contract/must_check.h"
 
 /* Exit codes, documented in docs/tools.md. `heapdump run` exits with its command's status. */
 enum {
@@ -124,16 +125,16 @@ typedef struct cli_invocation {
 /* Parses the command line (argv[0] is the program), filling o and *out without running
  * anything. Returns CLI_GO_ON if the command is to run, else the exit code to end with (help
  * and version printed, a usage error said on stderr). getopt_long may reorder argv. */
-int cli_parse(int argc, char **argv, cli_options *o, cli_invocation *out);
+HD_MUST_CHECK int cli_parse(int argc, char **argv, cli_options *o, cli_invocation *out);
 const cli_command *cli_command_at(unsigned id);
 /* `heapdump COMMAND --help`, on stdout. */
 void cli_command_help(unsigned id);
 /* Says "heapdump: " and the message with a pointer to --help on stderr; returns EXIT_USAGE. */
-int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+HD_MUST_CHECK int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Applies the options in argv (argv[0] is the command's name) of command id to o; *first_arg
  * is where its arguments start. Returns CLI_GO_ON or the exit code to end with. */
-int cli_apply_options(unsigned id, int argc, char **argv, cli_options *o, int *first_arg);
+HD_MUST_CHECK int cli_apply_options(unsigned id, int argc, char **argv, cli_options *o, int *first_arg);
 /* The option help of command id, by section. */
 void cli_print_options(unsigned id);
 /* The long name of option i of the table (without "--"), NULL past its end. */
@@ -152,11 +153,11 @@ extern bool cli_quiet;
 
 /* Connects to the collector with o->timeout on the connection; on failure prints why (and how to
  * start one) and returns the exit code, else 0. */
-int cli_connect(const cli_options *o, int *fd);
+HD_MUST_CHECK int cli_connect(const cli_options *o, int *fd);
 /* Says that the collector did not `what` within o->timeout; returns EXIT_TIMEOUT. */
-int cli_timed_out(const cli_options *o, const char *what);
+HD_MUST_CHECK int cli_timed_out(const cli_options *o, const char *what);
 /* A live snapshot of the process(es) o selects into r (finished). Returns an exit code. */
-int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
+HD_MUST_CHECK int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
 typedef struct cli_stored {
   uint32_t id;
   char name[HD_NAME_SIZE];
@@ -170,16 +171,16 @@ typedef struct cli_stored {
 
 /* Stored snapshot meta->id into r (finished), labelled with meta's process. Returns an exit
  * code. */
-int cli_download(const cli_options *o, const cli_stored *meta, hd_reassembler *r);
+HD_MUST_CHECK int cli_download(const cli_options *o, const cli_stored *meta, hd_reassembler *r);
 /* Every stored snapshot matching the selector in o (if any). *out is malloc'ed. Returns an exit
  * code. */
-int cli_list(const cli_options *o, cli_stored **out, size_t *count);
+HD_MUST_CHECK int cli_list(const cli_options *o, cli_stored **out, size_t *count);
 /* Deletes stored snapshot id. Returns an exit code (EXIT_NOT_FOUND if the collector has no such
  * snapshot of ours). */
-int cli_delete(const cli_options *o, uint32_t id);
+HD_MUST_CHECK int cli_delete(const cli_options *o, uint32_t id);
 /* Where process pid stands with the collector. Returns an exit code, without a message: a
  * collector that cannot tell (an older one) is not an error for the callers. */
-int cli_process_state(const cli_options *o, uint64_t pid,
+HD_MUST_CHECK int cli_process_state(const cli_options *o, uint64_t pid,
                       heapdump_client_CollectorGetProcessStateResponse *out);
 
 /* ---- writing results (output.c) ---- */
@@ -200,36 +201,36 @@ typedef struct cli_output {
   FILE *file;
   bool is_stdout;
 } cli_output;
-int cli_output_open(cli_output *out, const char *path);
-int cli_output_commit(cli_output *out);
+HD_MUST_CHECK int cli_output_open(cli_output *out, const char *path);
+HD_MUST_CHECK int cli_output_commit(cli_output *out);
 void cli_output_abort(cli_output *out);
 
 /* Writes r in format f to out (symbolizing per o). Returns an exit code. */
-int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out);
+HD_MUST_CHECK int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out);
 
 /* A progress line on stderr while a snapshot streams in, when stderr is a terminal. */
 void cli_progress_attach(hd_reassembler *r);
 void cli_progress_done(hd_reassembler *r);
 
 /* ---- subcommands: each gets the arguments the command table lets through ---- */
-int cmd_run(cli_options *o, int argc, char **argv);
-int cmd_snapshot(cli_options *o, int argc, char **argv);
-int cmd_list(cli_options *o, int argc, char **argv);
-int cmd_download(cli_options *o, int argc, char **argv);
-int cmd_delete(cli_options *o, int argc, char **argv);
-int cmd_convert(cli_options *o, int argc, char **argv);
-int cmd_report(cli_options *o, int argc, char **argv);
-int cmd_diff(cli_options *o, int argc, char **argv);
-int cmd_leaks(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_run(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_snapshot(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_list(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_download(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_delete(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_convert(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_report(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_diff(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_leaks(cli_options *o, int argc, char **argv);
 
 /* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
  * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an
  * exit code. */
-int cli_read_snapshot(const char *path, hd_reassembler *r);
+HD_MUST_CHECK int cli_read_snapshot(const char *path, hd_reassembler *r);
 
 /* Fails (with its exit code) on an unwritable --output before anything is asked of a collector
  * or a command is run. */
-int cli_probe_output(const cli_options *o);
+HD_MUST_CHECK int cli_probe_output(const cli_options *o);
 
 /* Block contents received into r go to an unlinked temporary file in $TMPDIR (else /tmp):
  * they can be far larger than the rest of a snapshot. Where no such file can be made, says so

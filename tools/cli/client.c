@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "heapdump/fidl/channel.h"
 #include "heapdump_client.bindings.h"
+#include "heapdump/contract/must_check.h"
 
 int cli_timed_out(const cli_options *o, const char *what) {
   cli_error("the collector at %s did not %s within %g s: it is stopped, stuck, or not a heapdump "
@@ -23,7 +24,7 @@ int cli_timed_out(const cli_options *o, const char *what) {
 }
 
 /* A channel end of ours that waits on the collector at most o->timeout per message. */
-static int new_channel(const cli_options *o, int ends[2]) {
+static HD_MUST_CHECK int new_channel(const cli_options *o, int ends[2]) {
   if (hd_channel_pair(ends) != HD_OK) {
     cli_error("cannot create a channel: %s", strerror(errno));
     return EXIT_FAILURE_;
@@ -78,7 +79,7 @@ static void call_close(collector_call *k) {
 /* Connects and readies a call, with a channel when with_channel; a call whose answer comes on
  * the connection itself waits for it at most o->timeout when timed. Reports its own errors;
  * returns 0 or an exit code. */
-static int call_open(const cli_options *o, bool with_channel, bool timed, collector_call *k) {
+static HD_MUST_CHECK int call_open(const cli_options *o, bool with_channel, bool timed, collector_call *k) {
   *k = (collector_call){.fd = -1, .ends = {-1, -1}};
   int rc = cli_connect(o, &k->fd);
   if (rc != 0) return rc;
@@ -126,7 +127,7 @@ static const char *selector_text(const cli_options *o, uint64_t pid, char *buf, 
 typedef enum request_kind { LIVE, DOWNLOAD } request_kind;
 
 /* Sends the request with a fresh receiver channel and receives the stream into r. */
-static int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
+static HD_MUST_CHECK int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
                             uint32_t id, hd_reassembler *r, uint32_t *error) {
   collector_call k;
   int rc = call_open(o, true, false, &k);

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "heapdump/collector.h"
 #include "heapdump/heapdump.h"
+#include "heapdump/contract/must_check.h"
 
 bool cli_quiet;
 
@@ -35,7 +36,7 @@ int cli_usage_error(const char *fmt, ...) {
  * snapshot's batches in well under a second, so a silent one is stuck, stopped or not one. */
 #define DEFAULT_TIMEOUT_SECONDS 10
 
-static int check_run(const cli_options *o, const cli_command *c) {
+static HD_MUST_CHECK int check_run(const cli_options *o, const cli_command *c) {
   (void)c;
   if (o->output != NULL && strcmp(o->output, "-") == 0) {
     return cli_usage_error("run: --output - would mix the profile into COMMAND's own output; "
@@ -45,7 +46,7 @@ static int check_run(const cli_options *o, const cli_command *c) {
 }
 
 /* report and leaks write about a snapshot, not the snapshot itself. */
-static int check_report(const cli_options *o, const cli_command *c) {
+static HD_MUST_CHECK int check_report(const cli_options *o, const cli_command *c) {
   cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
   if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_HTML) {
     return cli_usage_error("%s writes text, JSON or HTML, not %s%s", c->name,
@@ -57,7 +58,7 @@ static int check_report(const cli_options *o, const cli_command *c) {
   return CLI_GO_ON;
 }
 
-static int check_diff(const cli_options *o, const cli_command *c) {
+static HD_MUST_CHECK int check_diff(const cli_options *o, const cli_command *c) {
   (void)c;
   cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
   if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_PPROF && f != FORMAT_HTML) {
@@ -188,7 +189,7 @@ void cli_command_help(unsigned id) {
 }
 
 /* Checks the number of arguments the command got against its table row. */
-static int check_argument_count(const cli_command *c, int argc, char **argv) {
+static HD_MUST_CHECK int check_argument_count(const cli_command *c, int argc, char **argv) {
   if (argc >= c->min_args && (c->max_args < 0 || argc <= c->max_args)) return CLI_GO_ON;
   if (c->max_args == 0) return cli_usage_error("%s: unexpected argument '%s'", c->name, argv[0]);
   return cli_usage_error("%s: %s", c->name, c->wrong_args);

@@ -11,6 +11,7 @@
 #include "heapdump/tools/diff.h"
 #include "heapdump/tools/html.h"
 #include "heapdump/tools/reach.h"
+#include "heapdump/contract/must_check.h"
 
 void cli_safe_name(char *out, size_t size, const char *name) {
   size_t n = 0;
@@ -36,7 +37,7 @@ static const char *result_path(const cli_options *o, const char *default_stem, c
 }
 
 /* Writes r to result_path(). Prints where it went on stderr. */
-static int write_result(const cli_options *o, const hd_reassembler *r, const char *default_stem) {
+static HD_MUST_CHECK int write_result(const cli_options *o, const hd_reassembler *r, const char *default_stem) {
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
   char path[4200];
   const char *output = result_path(o, default_stem, path, sizeof path);
@@ -285,7 +286,7 @@ int cmd_convert(cli_options *o, int argc, char **argv) {
 /* The report of r to --output (default stdout): JSON with --json, or when the output is named
  * .json; the HTML page with --format html or a .html output; text otherwise. Returns an exit
  * code. */
-static int write_report(const cli_options *o, const hd_reassembler *r) {
+static HD_MUST_CHECK int write_report(const cli_options *o, const hd_reassembler *r) {
   cli_format f = o->json ? FORMAT_JSON : cli_output_format(o, o->output, FORMAT_TEXT);
   cli_output out;
   int rc = cli_output_open(&out, o->output ? o->output : "-");
@@ -379,7 +380,7 @@ static bool is_lost(uint8_t category) {
 /* Categories of the blocks of `now` for the report: a block lost now counts as lost only if it
  * was lost in `before` too (same address, size and allocation time); otherwise it is left out as
  * unconfirmed (HD_REACH_CATEGORIES). categories must hold now->allocation_count. */
-static int confirm_leaks(const hd_snapshot *before, const hd_snapshot *now, uint8_t *categories) {
+static HD_MUST_CHECK int confirm_leaks(const hd_snapshot *before, const hd_snapshot *now, uint8_t *categories) {
   uint8_t *earlier = NULL;
   int rc = hd_reach_classify(now, categories, NULL);
   if (rc == 0 && before != NULL) {

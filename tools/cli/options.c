@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "heapdump/collector.h"
 #include "heapdump/heapdump.h"
+#include "heapdump/contract/must_check.h"
 
 #define ON(command) (1u << (command))
 #define ALL_COMMANDS ((1u << CLI_COMMAND_COUNT) - 1)
@@ -59,13 +60,13 @@ struct cli_option {
   } help_for[3];
 };
 
-static int set_switch(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_switch(const cli_option *opt, const char *value, cli_options *o) {
   (void)value;
   *(bool *)((char *)o + opt->field) = opt->switch_value;
   return CLI_GO_ON;
 }
 
-static int set_text(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_text(const cli_option *opt, const char *value, cli_options *o) {
   *(const char **)((char *)o + opt->field) = value;
   return CLI_GO_ON;
 }
@@ -103,7 +104,7 @@ static bool pick_keyword(const char *arg, const char *const names[], const int v
   return false;
 }
 
-static int set_format(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_format(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   o->format = cli_parse_format(value);
   if (o->format == FORMAT_NONE) {
@@ -113,7 +114,7 @@ static int set_format(const cli_option *opt, const char *value, cli_options *o) 
   return CLI_GO_ON;
 }
 
-static int set_pid(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_pid(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   uint64_t pid;
   if (!parse_u64(value, &pid) || pid == 0) {
@@ -124,7 +125,7 @@ static int set_pid(const cli_option *opt, const char *value, cli_options *o) {
   return CLI_GO_ON;
 }
 
-static int set_name(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_name(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (strlen(value) == 0 || strlen(value) > HD_NAME_MAX) {
     return cli_usage_error("--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX)
@@ -134,7 +135,7 @@ static int set_name(const cli_option *opt, const char *value, cli_options *o) {
   return CLI_GO_ON;
 }
 
-static int set_interval(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_interval(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (!parse_seconds(value, false, INFINITY, &o->interval)) {
     return cli_usage_error("--interval wants a positive number of seconds, not '%s'", value);
@@ -142,7 +143,7 @@ static int set_interval(const cli_option *opt, const char *value, cli_options *o
   return CLI_GO_ON;
 }
 
-static int set_timeout(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_timeout(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (!parse_seconds(value, true, 1e6, &o->timeout)) {
     return cli_usage_error("--timeout wants a number of seconds (0: wait forever), not '%s'",
@@ -151,7 +152,7 @@ static int set_timeout(const cli_option *opt, const char *value, cli_options *o)
   return CLI_GO_ON;
 }
 
-static int set_html(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_html(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (value[0] == '\0' || strcmp(value, "-") == 0) {
     return cli_usage_error("--html wants a file name (the page is written beside the profile)");
@@ -160,7 +161,7 @@ static int set_html(const cli_option *opt, const char *value, cli_options *o) {
   return CLI_GO_ON;
 }
 
-static int add_debug_dir(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int add_debug_dir(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (o->debug_dir_count == sizeof o->debug_dirs / sizeof o->debug_dirs[0]) {
     return cli_usage_error("too many --debug-dir options");
@@ -169,7 +170,7 @@ static int add_debug_dir(const cli_option *opt, const char *value, cli_options *
   return CLI_GO_ON;
 }
 
-static int add_alloc_fn(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int add_alloc_fn(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (value[0] == '\0') return cli_usage_error("--alloc-fn wants a function name or pattern");
   if (o->alloc_fn_count == sizeof o->alloc_fn_patterns / sizeof o->alloc_fn_patterns[0]) {
@@ -179,7 +180,7 @@ static int add_alloc_fn(const cli_option *opt, const char *value, cli_options *o
   return CLI_GO_ON;
 }
 
-static int set_sample(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_sample(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   static const char *const kNames[] = {"inuse_space", "inuse_objects", "alloc_space",
                                        "alloc_objects", NULL};
@@ -193,7 +194,7 @@ static int set_sample(const cli_option *opt, const char *value, cli_options *o) 
   return CLI_GO_ON;
 }
 
-static int set_top(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_top(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   uint64_t top;
   if (!parse_u64(value, &top)) return cli_usage_error("--top wants a number");
@@ -201,7 +202,7 @@ static int set_top(const cli_option *opt, const char *value, cli_options *o) {
   return CLI_GO_ON;
 }
 
-static int set_by(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_by(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   static const char *const kNames[] = {"site", "stack", "thread", NULL};
   static const int kValues[] = {HD_REPORT_BY_SITE, HD_REPORT_BY_STACK, HD_REPORT_BY_THREAD};
@@ -213,7 +214,7 @@ static int set_by(const cli_option *opt, const char *value, cli_options *o) {
   return CLI_GO_ON;
 }
 
-static int set_children(const cli_option *opt, const char *value, cli_options *o) {
+static HD_MUST_CHECK int set_children(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   static const char kProgramNameChars[] =
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,";

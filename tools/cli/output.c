@@ -16,6 +16,7 @@
 #include "heapdump/tools/rawfile.h"
 #include "heapdump/tools/symbolize.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 static const struct {
   const char *name;
@@ -202,7 +203,7 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
 
 /* The whole input, in memory: its first bytes tell its format. */
 /* Reads the rest of in (after `prefix`, already taken from it) into memory. */
-static int read_input(FILE *in, const char *path, const uint8_t *prefix, size_t prefix_size,
+static HD_MUST_CHECK int read_input(FILE *in, const char *path, const uint8_t *prefix, size_t prefix_size,
                       uint8_t **out, size_t *size) {
   size_t capacity = 0, used = 0;
   uint8_t *buf = NULL;
@@ -286,7 +287,7 @@ typedef struct peeked_input {
   size_t size, at;
 } peeked_input;
 
-static ssize_t read_peeked(void *cookie, char *buf, size_t size) {
+static HD_MUST_CHECK ssize_t read_peeked(void *cookie, char *buf, size_t size) {
   peeked_input *p = cookie;
   size_t n = 0;
   while (n < size && p->at < p->size) buf[n++] = (char)p->bytes[p->at++];
@@ -294,7 +295,7 @@ static ssize_t read_peeked(void *cookie, char *buf, size_t size) {
   return n == 0 && ferror(p->in) ? -1 : (ssize_t)n;
 }
 
-static int read_raw(FILE *in, const char *path, hd_reassembler *r) {
+static HD_MUST_CHECK int read_raw(FILE *in, const char *path, hd_reassembler *r) {
   cli_spill_contents(r);
   char error[256] = "";
   int rc = hd_raw_read(in, r, error, sizeof error);

@@ -24,6 +24,7 @@
 #include "heapdump/tools/reach.h"
 #include "heapdump/collector.h"
 #include "heapdump/fidl/channel.h"
+#include "heapdump/contract/must_check.h"
 
 /* How long the exit snapshots may take to be stored after the command exits (a 10^7-block
  * process takes seconds). */
@@ -95,7 +96,7 @@ static void *serve(void *arg) {
   return NULL;
 }
 
-static int embedded_start(embedded *e) {
+static HD_MUST_CHECK int embedded_start(embedded *e) {
   memset(e, 0, sizeof *e);
   const char *tmp = getenv("TMPDIR");
   snprintf(e->dir, sizeof e->dir, "%s/heapdump-run-XXXXXX",
@@ -257,7 +258,7 @@ static void output_path(const cli_options *o, cli_format f, const char *process,
            cli_format_extension(f));
 }
 
-static int write_file(const cli_options *o, const hd_reassembler *r, cli_format f,
+static HD_MUST_CHECK int write_file(const cli_options *o, const hd_reassembler *r, cli_format f,
                       const char *path) {
   cli_output out;
   int rc = cli_output_open(&out, path);
@@ -346,7 +347,7 @@ static void interval_snapshot(const cli_options *o, pid_t pid, const char *comma
 }
 
 /* Waits for the command, taking interval snapshots meanwhile. Returns its wait status. */
-static int wait_for(const cli_options *o, pid_t pid, const char *command, bool embedded,
+static HD_MUST_CHECK int wait_for(const cli_options *o, pid_t pid, const char *command, bool embedded,
                     cli_format f) {
   int status = 0;
   if (o->interval <= 0) {
@@ -389,7 +390,7 @@ typedef struct run_results {
   const cli_stored *exec_from; /* the first image of the command's pid, when it exec'd */
 } run_results;
 
-static int collect_results(const cli_options *o, uint32_t baseline, pid_t pid, run_results *out) {
+static HD_MUST_CHECK int collect_results(const cli_options *o, uint32_t baseline, pid_t pid, run_results *out) {
   cli_options all = *o;
   all.has_pid = false;
   all.name = NULL;
@@ -775,7 +776,8 @@ int cmd_run(cli_options *o, int argc, char **argv) {
                         "LD_PRELOAD removed?)";
   if (e.running) {
     settle_embedded(&e, &census);
-    collect_results(o, baseline, pid, &results);
+    /* A listing that fails has said why; its results stay empty, which is reported below. */
+    if (collect_results(o, baseline, pid, &results) != 0) results.main_exit = NULL;
   } else {
     missing = wait_for_daemon(o, baseline, pid, argv[0], &results);
   }

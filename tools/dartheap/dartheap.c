@@ -14,6 +14,7 @@
 
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 /* JavaScript readers of the format (graphexplorer, DevTools compiled to JavaScript) decode
  * varints with 32-bit bitwise operators, so every count and object id stays below 2^31. */
@@ -29,10 +30,10 @@
 
 /* ---- errors ---- */
 
-static int fail(char *error, size_t error_size, int code, const char *fmt, ...)
+static HD_MUST_CHECK int fail(char *error, size_t error_size, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static int fail(char *error, size_t error_size, int code, const char *fmt, ...) {
+static HD_MUST_CHECK int fail(char *error, size_t error_size, int code, const char *fmt, ...) {
   if (error != NULL && error_size > 0) {
     va_list ap;
     va_start(ap, fmt);
@@ -218,7 +219,7 @@ static int by_address(const void *a, const void *b) {
 
 /* Assigns object ids: the root, then each snapshot's blocks in address order, so the output does
  * not depend on the order the blocks arrived in. */
-static int assign_ids(graph *g, char *error, size_t error_size) {
+static HD_MUST_CHECK int assign_ids(graph *g, char *error, size_t error_size) {
   uint64_t total = 1;
   for (size_t k = 0; k < g->r->snapshot_count; k++) total += g->r->snapshots[k]->allocation_count;
   if (total >= DART_COUNT_LIMIT) {
@@ -286,7 +287,7 @@ static uint32_t site_class(graph *g, const hd_snapshot *s, const hd_snapshot_sta
   return class_id;
 }
 
-static int assign_classes(graph *g, char *error, size_t error_size) {
+static HD_MUST_CHECK int assign_classes(graph *g, char *error, size_t error_size) {
   if (class_intern(&g->classes, "", "", "Root") != ROOT_CLASS_ID) {
     return fail(error, error_size, ENOMEM, "out of memory for classes");
   }
@@ -324,7 +325,7 @@ typedef struct address_range {
   uint64_t start, end; /* [start, end) */
 } address_range;
 
-static int add_edge(graph *g, uint32_t to, char *error, size_t error_size) {
+static HD_MUST_CHECK int add_edge(graph *g, uint32_t to, char *error, size_t error_size) {
   if (g->edge_count + 1 >= DART_COUNT_LIMIT) {
     return fail(error, error_size, EOVERFLOW,
                 "more than %llu references between blocks: the dartheap format holds no more",
@@ -362,7 +363,7 @@ static ptrdiff_t find_block(const address_range *ranges, size_t count, uint64_t 
   return address < ranges[lo].end ? (ptrdiff_t)lo : -1;
 }
 
-static int scan_contents(graph *g, char *error, size_t error_size) {
+static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size) {
   uint32_t first = ROOT_ID + 1; /* the root's references are kept apart, in root_refs */
   for (size_t k = 0; k < g->r->snapshot_count; k++) {
     const hd_snapshot *s = g->r->snapshots[k];
@@ -409,7 +410,7 @@ static int scan_contents(graph *g, char *error, size_t error_size) {
 
 /* Tarjan's strongly connected components, iteratively (a linked list of a million blocks would
  * overflow a recursive walk). component[v] is filled for every block v. */
-static int strongly_connected(const graph *g, uint32_t *component, char *error,
+static HD_MUST_CHECK int strongly_connected(const graph *g, uint32_t *component, char *error,
                               size_t error_size) {
   uint32_t n = g->object_count;
   uint32_t *index = calloc((size_t)n + 1, sizeof *index);
@@ -477,7 +478,7 @@ out:
  * the blocks no other block references, and one block of each cycle unreachable otherwise. Then
  * every block is reachable from the root with the fewest root references possible, so DevTools'
  * retaining paths stay those of the program. */
-static int choose_root_references(graph *g, char *error, size_t error_size) {
+static HD_MUST_CHECK int choose_root_references(graph *g, char *error, size_t error_size) {
   uint32_t n = g->object_count;
   uint32_t *component = calloc((size_t)n + 1, sizeof *component);
   /* Per component: 0 = a source not yet referenced by the root, 1 = referenced from outside
@@ -574,7 +575,7 @@ static void key_set_put(key_set *s, uint64_t key) {
 /* DevTools matches objects of a class across snapshots by identity hash, so within a class they
  * must be unique. With 31 bits, a class of a million blocks has collisions; the object with the
  * higher id of a colliding pair gets the first free rehash of its value, deterministically. */
-static int assign_hashes(graph *g, char *error, size_t error_size) {
+static HD_MUST_CHECK int assign_hashes(graph *g, char *error, size_t error_size) {
   uint32_t n = g->object_count;
   g->hash[ROOT_ID] = fold_nonzero(mix64(ROOT_ID));
   size_t count = n - ROOT_ID;
@@ -645,7 +646,7 @@ static char *graph_name(const graph *g, const hd_dartheap_options *options) {
   return strdup("heapdump");
 }
 
-static int write_graph(const graph *g, const char *name, FILE *out, char *error,
+static HD_MUST_CHECK int write_graph(const graph *g, const char *name, FILE *out, char *error,
                        size_t error_size) {
   uint64_t shallow_size = 0;
   for (uint32_t v = ROOT_ID + 1; v <= g->object_count; v++) shallow_size += g->allocation[v]->size;

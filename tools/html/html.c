@@ -14,6 +14,7 @@
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 extern const char hd_html_style[], hd_html_body[], hd_html_chart_js[], hd_html_d3_hierarchy_js[],
     hd_html_script[];
@@ -243,7 +244,7 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
 
 /* The sites of the text report, each with the stacks it is made of; short_names: named as
  * heapdump leaks names them, without parameter lists. */
-static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names, FILE *out) {
+static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names, FILE *out) {
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
   hd_report_group *groups = NULL;
   size_t count = 0;
@@ -289,7 +290,7 @@ static int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_name
   return rc;
 }
 
-static int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, const uint8_t *categories,
+static HD_MUST_CHECK int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, const uint8_t *categories,
                        bool short_names, FILE *out) {
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
   hd_report_group *groups;
@@ -360,7 +361,7 @@ static int compare_growth(const void *a, const void *b) {
   return x->first < y->first ? -1 : x->first > y->first;
 }
 
-static int write_diff_sites(site_change *changes, size_t count, FILE *out) {
+static HD_MUST_CHECK int write_diff_sites(site_change *changes, size_t count, FILE *out) {
   qsort(changes, count, sizeof *changes, compare_site_names);
   site_total *sites = malloc((count ? count : 1) * sizeof *sites);
   if (sites == NULL) return -ENOMEM;
@@ -415,7 +416,7 @@ typedef struct page_process {
 
 /* The stacks of one part, appended to `stacks` (page index = first + trace index, null where
  * the trace is left out). In a diff, each written stack's site goes to *changes. */
-static int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html_options *o,
+static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html_options *o,
                              function_table *ft, FILE *stacks, size_t first,
                              site_change **changes, size_t *change_count) {
   const hd_snapshot *s = r->snapshots[part];
@@ -482,7 +483,7 @@ static void write_alloc_fns(hd_symbolizer *sym, FILE *out) {
   fputc(']', out);
 }
 
-static int write_leak_section(const hd_reassembler *r, size_t index, const hd_html_options *o,
+static HD_MUST_CHECK int write_leak_section(const hd_reassembler *r, size_t index, const hd_html_options *o,
                               FILE *out) {
   const hd_snapshot *s = r->snapshots[index];
   uint8_t *classified = NULL;
@@ -505,7 +506,7 @@ static int write_leak_section(const hd_reassembler *r, size_t index, const hd_ht
   return rc;
 }
 
-static int write_process(const hd_reassembler *r, const page_process *pp,
+static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_process *pp,
                          const hd_html_options *o, FILE *out) {
   const hd_snapshot *s = r->snapshots[pp->parts[0]];
   fprintf(out, "{\"pid\":%" PRIu64 ",\"name\":", s->pid);

@@ -11,6 +11,7 @@
 
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 enum { BASE = 0, NEXT = 1, SIDES = 2 };
 
@@ -120,7 +121,7 @@ static bool block_on(const hd_snapshot *other, const hd_snapshot_allocation *a) 
   return b != NULL && b->timestamp == a->timestamp && b->size == a->size;
 }
 
-static int add_side_totals(process_pair *p, int side) {
+static HD_MUST_CHECK int add_side_totals(process_pair *p, int side) {
   const hd_snapshot *s = p->side[side];
   const hd_snapshot *other = p->side[side ^ 1];
   side_trace *traces = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *traces);
@@ -153,7 +154,7 @@ static int add_side_totals(process_pair *p, int side) {
 }
 
 /* Pairs each used base stack with the same stack of the newer side. */
-static int match_stacks(process_pair *p) {
+static HD_MUST_CHECK int match_stacks(process_pair *p) {
   const hd_snapshot *next = p->side[NEXT], *base = p->side[BASE];
   hd_u64_map first_by_hash = {0};
   for (size_t t = 0; t < next->stack_trace_count; t++) {
@@ -238,7 +239,7 @@ static void add_to_group(process_pair *p, diff_group *g, int side, size_t t) {
   }
 }
 
-static int build_groups(const hd_diff *d, process_pair *p) {
+static HD_MUST_CHECK int build_groups(const hd_diff *d, process_pair *p) {
   for (int side = NEXT; side >= BASE; side--) {
     const hd_snapshot *s = p->side[side];
     for (size_t t = 0; t < s->stack_trace_count; t++) {

@@ -13,6 +13,7 @@
 
 #include "heapdump/fidl/batch.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -33,7 +34,7 @@ typedef struct file_sink {
   int error; /* errno of the first failed write */
 } file_sink;
 
-static hd_status write_record(void *ctx, const uint8_t *body, size_t size) {
+static HD_MUST_CHECK hd_status write_record(void *ctx, const uint8_t *body, size_t size) {
   file_sink *sink = ctx;
   uint8_t length[4];
   put_u32(length, (uint32_t)size);
@@ -45,7 +46,7 @@ static hd_status write_record(void *ctx, const uint8_t *body, size_t size) {
   return HD_OK;
 }
 
-static hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
+static HD_MUST_CHECK hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
   hd_status status = HD_OK;
   heapdump_client_SnapshotElement e;
   if (s->has_header) {
@@ -170,7 +171,7 @@ int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_s
 enum stream_state { IN_PROCESS, BETWEEN_PROCESSES, ENDED };
 
 /* Reads and checks the file header; *multi from its flags. */
-static int read_raw_header(FILE *in, bool *multi, char *error, size_t error_size) {
+static HD_MUST_CHECK int read_raw_header(FILE *in, bool *multi, char *error, size_t error_size) {
   uint8_t header[16];
   size_t n = fread(header, 1, sizeof header, in);
   if (n != sizeof header || memcmp(header, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) != 0) {
@@ -192,7 +193,7 @@ static int read_raw_header(FILE *in, bool *multi, char *error, size_t error_size
 
 /* Reads record number `record` (a length, then a batch body of that length) into body; *size
  * its length, 0 for the empty batch that ends a process or the stream. */
-static int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size, char *error,
+static HD_MUST_CHECK int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size, char *error,
                        size_t error_size) {
   uint8_t length[4];
   if (fread(length, 1, sizeof length, in) != sizeof length) {
@@ -213,7 +214,7 @@ static int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size,
 }
 
 /* Decodes one batch body into the reassembler through reader. */
-static int decode_record(hd_batch_reader *reader, hd_reassembler *r, uint64_t record,
+static HD_MUST_CHECK int decode_record(hd_batch_reader *reader, hd_reassembler *r, uint64_t record,
                          const uint8_t *body, uint32_t size, char *error, size_t error_size) {
   heapdump_client_SnapshotReceiverBatchRequest request =
       heapdump_client_SnapshotReceiverBatchRequest_init_zero;

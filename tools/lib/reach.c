@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "heapdump/contract/must_check.h"
 
 enum { UNREACHED = 0, POSSIBLE = 1, REACHABLE = 2 };
 enum { UNDECIDED = 0, LEADER = 1, MEMBER = 2 }; /* lost blocks: definitely / indirectly */
@@ -53,7 +54,7 @@ static int compare_u64_pairs(const void *a, const void *b) {
   return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-static int build_index(const hd_snapshot *s, heap_index *h) {
+static HD_MUST_CHECK int build_index(const hd_snapshot *s, heap_index *h) {
   size_t n = s->allocation_count;
   uint64_t *pairs = malloc((n ? n : 1) * 2 * sizeof *pairs);
   h->starts = malloc((n ? n : 1) * sizeof *h->starts);

@@ -13,6 +13,7 @@
 #include "heapdump/tools/reach.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
+#include "heapdump/contract/must_check.h"
 
 typedef hd_trace_totals trace_totals;
 
@@ -102,7 +103,7 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
 }
 
 /* The groups of one category's allocations (categories NULL: of all, category -1). */
-static int add_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
+static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
                       int category, group_list *l, size_t *trace_group) {
   trace_totals *totals = totals_by_trace(s, categories, category);
   if (totals == NULL) return -ENOMEM;
@@ -169,7 +170,7 @@ static int compare_group_pointers(const void *a, const void *b) {
 }
 
 /* Sorts the groups into the report's order; trace_group's entries (group indices) follow them. */
-static int sort_groups(group_list *l, size_t *trace_group, size_t traces) {
+static HD_MUST_CHECK int sort_groups(group_list *l, size_t *trace_group, size_t traces) {
   if (l->count == 0) return 0;
   if (trace_group == NULL) {
     qsort(l->items, l->count, sizeof *l->items, compare_groups);
@@ -202,7 +203,7 @@ static int sort_groups(group_list *l, size_t *trace_group, size_t traces) {
 
 /* Groups by site, stack or thread; by category first where the snapshot has roots
  * (categories: per allocation, or NULL). trace_group (nullable): which group each trace went to. */
-static int build_groups(const hd_snapshot *s, const hd_report_options *o,
+static HD_MUST_CHECK int build_groups(const hd_snapshot *s, const hd_report_options *o,
                         const uint8_t *categories, group_list *out, size_t *trace_group) {
   group_list l = {0};
   int rc = 0;

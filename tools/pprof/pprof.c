@@ -24,6 +24,7 @@
 #include <zlib.h>
 
 #include "profile.pb.h"
+#include "heapdump/contract/must_check.h"
 
 enum { kSampleTypeCount = 4, kMaxLabels = 8 };
 
@@ -132,6 +133,8 @@ typedef struct writer {
   uint8_t compressed[1 << 16];
 } writer;
 
+/* Records the writer's first failure (w->status keeps it: a caller may go on and let the end of
+ * the write report it) and returns it. */
 static int fail(writer *w, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(writer *w, int status, const char *fmt, ...) {
   if (w->status != 0) return w->status;
@@ -205,7 +208,7 @@ static uint64_t function_id(writer *w, function_key key) {
 
 /* ---- building the model ---- */
 
-static int intern_well_known(writer *w) {
+static HD_MUST_CHECK int intern_well_known(writer *w) {
   static const char *const kSampleTypes[kSampleTypeCount] = {"inuse_objects", "inuse_space",
                                                              "alloc_objects", "alloc_space"};
   well_known *k = &w->known;
@@ -252,7 +255,7 @@ static bool trace_used(const writer *w, const process *p, size_t t) {
 }
 
 /* Sums the live blocks of each stack trace, checking every reference the samples will follow. */
-static int add_totals(writer *w, process *p) {
+static HD_MUST_CHECK int add_totals(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   p->totals = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *p->totals);
   if (p->totals == NULL) return out_of_memory(w);
@@ -280,7 +283,7 @@ static int compare_region_refs(const void *a, const void *b) {
   return x->address < y->address ? -1 : x->address > y->address;
 }
 
-static int add_mappings(writer *w, process *p) {
+static HD_MUST_CHECK int add_mappings(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   p->regions = malloc((s->region_count ? s->region_count : 1) * sizeof *p->regions);
   if (p->regions == NULL) return out_of_memory(w);
@@ -321,7 +324,7 @@ static uint64_t mapping_of(const process *p, uint64_t address) {
 }
 
 /* Adds the source frames of a location as Lines (and their Functions). */
-static int symbolize_location(writer *w, const process *p, location *loc) {
+static HD_MUST_CHECK int symbolize_location(writer *w, const process *p, location *loc) {
   hd_location_info info;
   hd_symbolize(w->options.symbolizer, p->snapshot, loc->address, loc->is_return_address, &info);
   loc->first_line = w->line_count;
@@ -378,14 +381,14 @@ static uint64_t add_stand_in_location(writer *w, const char *text) {
 
 /* pprof drops samples without locations, so an empty stack trace (the unwinder found no frame)
  * gets one location standing for "no stack". */
-static int add_no_stack_location(writer *w) {
+static HD_MUST_CHECK int add_no_stack_location(writer *w) {
   w->no_stack_location = add_stand_in_location(w, "(no stack)");
   return w->no_stack_location != 0 ? 0 : out_of_memory(w);
 }
 
 /* A trace cut at the process's frame limit ends (at its root) in a location saying so, shared by
  * every trace cut at the same count: in a flame graph they meet under one root. */
-static int add_truncation_location(writer *w, size_t frames) {
+static HD_MUST_CHECK int add_truncation_location(writer *w, size_t frames) {
   size_t index;
   if (hd_u64_map_find(&w->truncation_location, frames, &index)) return 0;
   char text[64];
@@ -395,7 +398,7 @@ static int add_truncation_location(writer *w, size_t frames) {
   return 0;
 }
 
-static int add_locations(writer *w, process *p) {
+static HD_MUST_CHECK int add_locations(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   size_t first_new = w->location_count;
   for (size_t t = 0; t < s->stack_trace_count; t++) {
@@ -446,7 +449,7 @@ static int add_locations(writer *w, process *p) {
   return 0;
 }
 
-static int add_labels_and_comments(writer *w, process *p) {
+static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   if (w->label_processes && (p->name = intern(w, s->process_name)) < 0) return out_of_memory(w);
   if (w->options.tags) {
@@ -477,7 +480,7 @@ static int add_labels_and_comments(writer *w, process *p) {
   return 0;
 }
 
-static int build_model(writer *w) {
+static HD_MUST_CHECK int build_model(writer *w) {
   const hd_reassembler *r = w->r;
   int status = intern_well_known(w);
   if (status != 0) return status;
@@ -563,7 +566,7 @@ static bool write_compressed(pb_ostream_t *stream, const pb_byte_t *buf, size_t 
   return true;
 }
 
-static int finish_output(writer *w) {
+static HD_MUST_CHECK int finish_output(writer *w) {
   for (;;) {
     int rc = deflate(&w->z, Z_FINISH);
     if (rc == Z_STREAM_ERROR) return fail(w, -EIO, "compressing the profile failed");
@@ -846,7 +849,7 @@ static bool known_sample_type(hd_pprof_sample sample) {
   return false;
 }
 
-static int write_profile(writer *w) {
+static HD_MUST_CHECK int write_profile(writer *w) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   packed_u64 comments = {w->comments, w->comment_count};

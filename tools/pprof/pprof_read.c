@@ -19,6 +19,7 @@
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/util.h"
 #include "profile.pb.h"
+#include "heapdump/contract/must_check.h"
 
 /* A profile bigger than this once decompressed is refused rather than read into memory. */
 #define MAX_PROFILE_BYTES ((size_t)1 << 32)
@@ -219,7 +220,7 @@ static bool decode_function(pb_istream_t *stream, const pb_field_t *field, void 
 }
 
 /* The profile's bytes: gunzipped when gzip-compressed (as pprof writes them), else as they are. */
-static int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *out_size,
+static HD_MUST_CHECK int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *out_size,
                        char *error, size_t error_size) {
   if (size < 2 || data[0] != 0x1f || data[1] != 0x8b) {
     *out = malloc(size ? size : 1);
@@ -308,7 +309,7 @@ typedef struct builder {
   size_t error_size;
 } builder;
 
-static hd_status add(builder *b, const heapdump_client_SnapshotElement *e, const uint64_t *addresses,
+static HD_MUST_CHECK hd_status add(builder *b, const heapdump_client_SnapshotElement *e, const uint64_t *addresses,
                      size_t count) {
   hd_element element = {.element = e, .addresses = addresses, .address_count = count};
   return hd_reassembler_add(b->r, &element);
@@ -377,7 +378,7 @@ static void process_state_free(process_state *ps) {
 }
 
 /* The mapping's ExecutableRegion, once per process. */
-static hd_status add_region(builder *b, process_state *ps, uint64_t mapping_id) {
+static HD_MUST_CHECK hd_status add_region(builder *b, process_state *ps, uint64_t mapping_id) {
   const profile *p = b->p;
   size_t m;
   if (mapping_id == 0 || hd_u64_map_find(&ps->regions_sent, mapping_id, &m) ||
@@ -413,7 +414,7 @@ static hd_status add_region(builder *b, process_state *ps, uint64_t mapping_id) 
 }
 
 /* The names a symbolized Location carries, as a known location of the snapshot. */
-static hd_status add_known_location(builder *b, const location *l) {
+static HD_MUST_CHECK hd_status add_known_location(builder *b, const location *l) {
   const profile *p = b->p;
   hd_snapshot *snap = b->r->snapshots[b->r->snapshot_count - 1];
   if (l->line_count == 0 || hd_snapshot_find_known_location(snap, l->fields.address) != NULL) {
@@ -439,7 +440,7 @@ static hd_status add_known_location(builder *b, const location *l) {
 
 /* The stack trace of sample i (new: its locations have not been seen in this process), with the
  * regions and names its locations bring. Its key is i + 1. */
-static int add_trace(builder *b, process_state *ps, size_t i, hd_status *status) {
+static HD_MUST_CHECK int add_trace(builder *b, process_state *ps, size_t i, hd_status *status) {
   const profile *p = b->p;
   const sample *s = &p->samples[i];
   if (s->location_count > ps->address_capacity) {
@@ -487,7 +488,7 @@ static int add_trace(builder *b, process_state *ps, size_t i, hd_status *status)
 
 /* The key of the ThreadInfo naming a sample's thread: with --tags its "name[tid]" label, without
  * one "(unknown)" thread. */
-static hd_status thread_of(builder *b, process_state *ps, const sample *s, uint64_t *key) {
+static HD_MUST_CHECK hd_status thread_of(builder *b, process_state *ps, const sample *s, uint64_t *key) {
   const profile *p = b->p;
   const perftools_profiles_Label *thread = label(p, s, "thread");
   uint64_t name_index = thread != NULL && thread->str > 0 ? (uint64_t)thread->str : 0;
@@ -520,7 +521,7 @@ static hd_status thread_of(builder *b, process_state *ps, const sample *s, uint6
 }
 
 /* Sample i: its trace (once), its cumulative values, and an allocation for its live blocks. */
-static int add_sample(builder *b, process_state *ps, size_t i, hd_status *status) {
+static HD_MUST_CHECK int add_sample(builder *b, process_state *ps, size_t i, hd_status *status) {
   const profile *p = b->p;
   const sample *s = &p->samples[i];
   uint64_t hash = hash_locations(p, s);
@@ -568,7 +569,7 @@ static int add_sample(builder *b, process_state *ps, size_t i, hd_status *status
 }
 
 /* One process: the samples like samples[first] (done[] marks those handled). */
-static int add_process(builder *b, size_t first, bool *done, bool multi) {
+static HD_MUST_CHECK int add_process(builder *b, size_t first, bool *done, bool multi) {
   const profile *p = b->p;
   const sample *lead = &p->samples[first];
   hd_status status = HD_OK;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "heapdump/contract/names.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,7 +50,7 @@ typedef struct hd_collector_options {
 /* The socket path clients and instrumented processes use: $HEAPDUMP_SOCKET, else
  * $XDG_RUNTIME_DIR/heapdump/collector.sock, else /tmp/heapdump-$UID/collector.sock. Writes at most
  * size bytes; returns 0 or -ENAMETOOLONG. */
-int hd_default_socket_path(char *out, unsigned long size);
+HD_MUST_CHECK int hd_default_socket_path(char *out, unsigned long size);
 
 /* What the collector still owes, for a caller that must not stop it before every exit snapshot
  * is stored: processes it serves that still run (up to 16 of them named in `running_list`),
@@ -64,8 +65,8 @@ typedef struct hd_collector_census {
 } hd_collector_census;
 void hd_collector_take_census(hd_collector *c, hd_collector_census *out);
 
-int hd_collector_create(const hd_collector_options *options, hd_collector **out);
-int hd_collector_run(hd_collector *c);
+HD_MUST_CHECK int hd_collector_create(const hd_collector_options *options, hd_collector **out);
+HD_MUST_CHECK int hd_collector_run(hd_collector *c);
 void hd_collector_stop(hd_collector *c);
 void hd_collector_destroy(hd_collector *c);
 

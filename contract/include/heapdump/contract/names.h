@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include "heapdump/contract/must_check.h"
 
 /* The names of the library's memfds, as /proc/PID/fd shows them ("/memfd:NAME (deleted)"): the
  * collector rediscovers a process's tables by them after a restart. */
@@ -74,7 +75,7 @@ static inline bool hd_comm_listed(const char *list, const char *name) {
  * the collector reads another process's environment) and the real uid, or NULL where it is not
  * known (only the last rule needs it). Returns 0, -1 when the uid is needed and not given, or -2
  * when the path does not fit in size bytes. */
-static inline int hd_socket_path(const char *socket, const char *runtime_dir, const unsigned *uid,
+static HD_MUST_CHECK inline int hd_socket_path(const char *socket, const char *runtime_dir, const unsigned *uid,
                                  char *out, size_t size) {
   int n;
   if (socket != NULL && socket[0] != '\0') {

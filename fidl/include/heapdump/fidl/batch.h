@@ -13,6 +13,7 @@
 #include "heapdump/fidl/message.h"
 #include "heapdump/fidl/status.h"
 #include "heapdump_client.pb.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

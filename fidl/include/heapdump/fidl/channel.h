@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "heapdump/fidl/status.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -21,6 +21,7 @@
 #include "heapdump/fidl/channel.h"
 #include "heapdump/fidl/status.h"
 #include "heapdump_client.pb.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,12 +68,12 @@ HD_MUST_CHECK hd_status hd_message_decode_body(hd_message *msg, const pb_msgdesc
                                                void *body);
 
 /* Takes ownership of the descriptor a decoded handle refers to; -1 if already taken. */
-int hd_message_take_fd(hd_message *msg, const heapdump_client_Handle *handle);
+HD_MUST_CHECK int hd_message_take_fd(hd_message *msg, const heapdump_client_Handle *handle);
 
 /* Like hd_message_take_fd, for a handle that must be a channel end (an AF_UNIX SOCK_SEQPACKET
  * socket): any other descriptor is closed and -1 returned. Only a channel tells its holder that
  * the peer closed (a datagram socket's close goes unnoticed: it would be held forever). */
-int hd_message_take_channel(hd_message *msg, const heapdump_client_Handle *handle);
+HD_MUST_CHECK int hd_message_take_channel(hd_message *msg, const heapdump_client_Handle *handle);
 
 /* Closes every descriptor not taken. */
 void hd_message_close_fds(hd_message *msg);

@@ -13,6 +13,7 @@
 #include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump/fidl/status.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,6 +8,7 @@
 
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/symbolize.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,7 +44,7 @@ typedef struct hd_pprof_options {
  * sample labelled process_name and pid. Flushes out but does not close it. Returns 0, or a
  * negative errno value with a message in error: -EINVAL for bad arguments or a reassembler whose
  * references do not resolve (unfinished), -ENOMEM, or the errno of a failed write (-ENOSPC...). */
-int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FILE *out,
+HD_MUST_CHECK int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FILE *out,
                    char *error, size_t error_size);
 
 /* Reads a heap profile in pprof's format (gzip-compressed or not; heapdump's, or any with
@@ -55,7 +56,7 @@ int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FIL
  * called fallback_name (may be NULL) with fallback_pid. Returns 0, or with a message in error:
  * -EBADMSG (the bytes do not decode as a profile), -EINVAL (a damaged gzip stream, not a heap
  * profile, broken references) or -ENOMEM. */
-int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
+HD_MUST_CHECK int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
                   uint64_t fallback_pid, hd_reassembler *r, char *error, size_t error_size);
 
 #ifdef __cplusplus

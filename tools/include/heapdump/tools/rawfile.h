@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "heapdump/fidl/snapshot.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,12 +29,12 @@ extern "C" {
 bool hd_raw_is_multi_process(const hd_reassembler *r);
 
 /* Writes every snapshot of r. Returns 0, or a negative errno value with a message in error. */
-int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_size);
+HD_MUST_CHECK int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_size);
 
 /* Reads a whole raw file into r (initialized by the caller) and checks it with
  * hd_reassembler_finish. Returns 0, -EINVAL for a file that is not a raw snapshot, is of a newer
  * version, or is truncated or corrupt, or another negative errno value; error says what. */
-int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size);
+HD_MUST_CHECK int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size);
 
 #ifdef __cplusplus
 }

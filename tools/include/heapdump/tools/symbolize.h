@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "heapdump/fidl/snapshot.h"
+#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,7 +39,7 @@ typedef struct hd_location_info {
 } hd_location_info;
 
 /* Returns 0 or a negative errno value. */
-int hd_symbolizer_create(const hd_symbolizer_options *options, hd_symbolizer **out);
+HD_MUST_CHECK int hd_symbolizer_create(const hd_symbolizer_options *options, hd_symbolizer **out);
 /* The allocation wrappers (heapdump/tools/sites.h) that the sites found through this symbolizer
  * honour: the caller's, which must outlive it; NULL: the built-in ones. */
 struct hd_alloc_fns;

@@ -1,5 +1,16 @@
 /* Small helpers the tools' libraries share: error messages into a caller's buffer, growable
- * arrays, and a string hash. */
+ * arrays, and a string hash.
+ *
+ * The tools' error convention, which every library under tools/ follows:
+ * - A function that can fail returns int: 0 on success, else a negative errno value (-ENOMEM,
+ *   -EINVAL for input that is not what it should be, -EIO for a failed read or write); it is
+ *   declared HD_MUST_CHECK. Where the caller shows the failure to a person, the function also
+ *   takes `char *error, size_t error_size` and writes one line there, without "heapdump: " or a
+ *   newline (hd_tool_fail below). It never prints.
+ * - A function that cannot fail but may find nothing returns bool or NULL.
+ * - Only the heapdump command (tools/cli) prints: cli_error() says "heapdump: " and the message
+ *   on stderr, and each command returns an exit code (tools/cli/cli.h, documented in
+ *   docs/tools.md), never a negative errno. */
 #ifndef HEAPDUMP_TOOLS_UTIL_H
 #define HEAPDUMP_TOOLS_UTIL_H
 
@@ -9,12 +20,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "heapdump/contract/must_check.h"
 
 /* Formats a message into error and returns rc (a negative errno value), so a failing function
  * can `return hd_tool_fail(error, error_size, -EINVAL, "...", ...)`. */
-static inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...)
+static HD_MUST_CHECK inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...) {
+static HD_MUST_CHECK inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(error, size, fmt, ap);
