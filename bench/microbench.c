@@ -164,8 +164,7 @@ static void describe_profiler(FILE *out) {
     bool_size = sizeof(bool);
     int has_opt = mallctl("opt.prof", &opt_prof, &bool_size, NULL, 0) == 0;
     int has_sample = mallctl("opt.lg_prof_sample", &lg_sample, &size_size, NULL, 0) == 0;
-    fprintf(out, " jemalloc_config_prof=%d jemalloc_opt_prof=%d", config_prof,
-            has_opt && opt_prof);
+    fprintf(out, " jemalloc_config_prof=%d jemalloc_opt_prof=%d", config_prof, has_opt && opt_prof);
     if (has_sample) fprintf(out, " jemalloc_lg_prof_sample=%zu", lg_sample);
   }
   int (*unwind_floor_active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "hd_unwind_floor_active");
@@ -210,8 +209,8 @@ static int parse_options(int argc, char **argv, options *opt) {
       {"sizes", required_argument, 0, 's'}, {"seconds", required_argument, 0, 'S'},
       {"ring", required_argument, 0, 'r'},  {"result", required_argument, 0, 'o'},
       {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-  *opt = (options){.depth = 8, .threads = 1, .min_size = 16, .max_size = 65536, .seconds = 0.5,
-                   .ring = 1024};
+  *opt = (options){
+      .depth = 8, .threads = 1, .min_size = 16, .max_size = 65536, .seconds = 0.5, .ring = 1024};
   int c;
   char *end;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {

@@ -31,7 +31,7 @@ typedef struct counts {
   uint64_t allocations, stack_traces, thread_infos, regions, block_contents, contents_bytes,
       root_regions, other;
   hd_reassembler *model; /* --leak-check: the snapshot, reassembled */
-  uint32_t error; /* from ReportError, 0 if none */
+  uint32_t error;        /* from ReportError, 0 if none */
   bool ended;
   hd_batch_reader *reader;
   int channel;
@@ -123,12 +123,10 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option longopts[] = {{"socket", required_argument, 0, 's'},
-                                           {"pid", required_argument, 0, 'p'},
-                                           {"contents", no_argument, 0, 'c'},
-                                           {"leak-check", no_argument, 0, 'l'},
-                                           {"help", no_argument, 0, 'h'},
-                                           {0, 0, 0, 0}};
+  static const struct option longopts[] = {
+      {"socket", required_argument, 0, 's'}, {"pid", required_argument, 0, 'p'},
+      {"contents", no_argument, 0, 'c'},     {"leak-check", no_argument, 0, 'l'},
+      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   const char *socket_path = NULL;
   unsigned long pid = 0;
   bool contents = false, leak_check = false;
@@ -216,12 +214,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "hd_snapshot_client: the collector reported error %" PRIu32 "\n", c.error);
     return 1;
   }
-  printf("elapsed_ns=%" PRIu64 " wire_bytes=%" PRIu64 " batches=%" PRIu64
-         " allocations=%" PRIu64 " stack_traces=%" PRIu64 " thread_infos=%" PRIu64
-         " regions=%" PRIu64 " block_contents=%" PRIu64 " contents_bytes=%" PRIu64
-         " root_regions=%" PRIu64 " other=%" PRIu64,
-         elapsed, c.wire_bytes, c.batches, c.allocations, c.stack_traces, c.thread_infos,
-         c.regions, c.block_contents, c.contents_bytes, c.root_regions, c.other);
+  printf("elapsed_ns=%" PRIu64 " wire_bytes=%" PRIu64 " batches=%" PRIu64 " allocations=%" PRIu64
+         " stack_traces=%" PRIu64 " thread_infos=%" PRIu64 " regions=%" PRIu64
+         " block_contents=%" PRIu64 " contents_bytes=%" PRIu64 " root_regions=%" PRIu64
+         " other=%" PRIu64,
+         elapsed, c.wire_bytes, c.batches, c.allocations, c.stack_traces, c.thread_infos, c.regions,
+         c.block_contents, c.contents_bytes, c.root_regions, c.other);
   if (c.model != NULL) {
     int rc = classify_blocks(c.model);
     hd_reassembler_destroy(c.model);

@@ -160,12 +160,10 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option longopts[] = {{"blocks", required_argument, 0, 'b'},
-                                           {"threads", required_argument, 0, 't'},
-                                           {"traces", required_argument, 0, 'k'},
-                                           {"realtime", no_argument, 0, 'r'},
-                                           {"help", no_argument, 0, 'h'},
-                                           {0, 0, 0, 0}};
+  static const struct option longopts[] = {
+      {"blocks", required_argument, 0, 'b'}, {"threads", required_argument, 0, 't'},
+      {"traces", required_argument, 0, 'k'}, {"realtime", no_argument, 0, 'r'},
+      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   unsigned long blocks = 0, threads = 2, traces = 0;
   bool want_realtime = false;
   int c;
@@ -213,7 +211,8 @@ int main(int argc, char **argv) {
   }
   for (unsigned long i = 0; i < blocks; i++) {
     const size_t size = 16 + (i % 4) * 16;
-    held[i] = traces ? walk_a(size, i % traces, TRACE_DEPTH) : allocate_at(size, (unsigned)(i % SITES));
+    held[i] =
+        traces ? walk_a(size, i % traces, TRACE_DEPTH) : allocate_at(size, (unsigned)(i % SITES));
     if (held[i] == NULL) {
       fprintf(stderr, "hd_snapshot_target: out of memory after %lu blocks\n", i);
       return 1;
@@ -253,8 +252,7 @@ int main(int argc, char **argv) {
       ops += atomic_exchange(&workers[t].stats.ops, 0);
     }
     if (strncmp(line, "report", 6) == 0) {
-      printf("max_ns=%" PRIu64 " max_on_cpu_ns=%" PRIu64 " over_1ms=%" PRIu64 " ops=%" PRIu64
-             "\n",
+      printf("max_ns=%" PRIu64 " max_on_cpu_ns=%" PRIu64 " over_1ms=%" PRIu64 " ops=%" PRIu64 "\n",
              max_ns, max_on_cpu_ns, over, ops);
     } else {
       printf("ok\n");

@@ -62,15 +62,15 @@ __attribute__((always_inline)) static inline void walk(void) {
     const uintptr_t *fp = (const uintptr_t *)__builtin_frame_address(0);
     bool reused, joined, by_frame_pointer;
     uint32_t *known_key;
-    (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames,
-                           CFI_FRAMES, &count, &t_memos, &reused, &joined, &by_frame_pointer,
-                           &known_key);
+    (void)hd_cfi_backtrace(&t_bounds, fp[1], (uintptr_t)(fp + 2), fp[0], true, frames, CFI_FRAMES,
+                           &count, &t_memos, &reused, &joined, &by_frame_pointer, &known_key);
   } else {
     count = (unsigned)unw_backtrace((void **)frames, FLOOR_FRAMES);
   }
   /* The walk's result must look used, or it could be dropped. */
   __asm__ volatile("" : : "r"(count), "r"(frames) : "memory");
-  if (!__atomic_load_n(&g_walked, __ATOMIC_RELAXED)) __atomic_store_n(&g_walked, 1, __ATOMIC_RELAXED);
+  if (!__atomic_load_n(&g_walked, __ATOMIC_RELAXED))
+    __atomic_store_n(&g_walked, 1, __ATOMIC_RELAXED);
   t_walking = 0;
 }
 

@@ -80,7 +80,8 @@ void hd_log(hd_collector *c, int level, const char *fmt, ...) {
   struct tm tm;
   localtime_r(&ts.tv_sec, &tm);
   if (left_out > 0) {
-    fprintf(stderr, "heapdump-collector %02d:%02d:%02d %s: (%u more lines like the next were left out)\n",
+    fprintf(stderr,
+            "heapdump-collector %02d:%02d:%02d %s: (%u more lines like the next were left out)\n",
             tm.tm_hour, tm.tm_min, tm.tm_sec, names[level], left_out);
   }
   fprintf(stderr, "heapdump-collector %02d:%02d:%02d %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
@@ -163,15 +164,16 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   c->max_stored = options->max_stored;
   c->max_storage_bytes = options->max_storage_bytes;
   c->idle_timeout_ns = (uint64_t)(options->idle_timeout_seconds ? options->idle_timeout_seconds
-                                                                 : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
+                                                                : HD_DEFAULT_IDLE_TIMEOUT_SECONDS) *
                        1000000000u;
   c->max_contents_bytes = options->max_contents_bytes;
   c->sample_interval_ns = options->no_sampling ? 0
-                          : (uint64_t)(options->sample_interval_ms ? options->sample_interval_ms
-                                                                   : HD_DEFAULT_SAMPLE_INTERVAL_MS) *
-                                1000000u;
+                                               : (uint64_t)(options->sample_interval_ms
+                                                                ? options->sample_interval_ms
+                                                                : HD_DEFAULT_SAMPLE_INTERVAL_MS) *
+                                                     1000000u;
   c->read_timeout_ns = (uint64_t)(options->read_timeout_seconds ? options->read_timeout_seconds
-                                                                 : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
+                                                                : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
                        1000000000u;
   int rc = 0;
   if (options->socket_path != NULL) {
@@ -210,7 +212,8 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
     hd_collector_destroy(c);
     return rc;
   }
-  hd_log(c, HD_LOG_INFO, "listening on %s, storing snapshots in %s", c->socket_path, c->storage_dir);
+  hd_log(c, HD_LOG_INFO, "listening on %s, storing snapshots in %s", c->socket_path,
+         c->storage_dir);
   /* After listen: a process starting now either registers (and is merged) or is found here. */
   hd_discover_processes(c, true);
   *out = c;

@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "heapdump/collector.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/batch.h"
@@ -24,7 +25,6 @@
 #include "series.h"
 #include "stored_file.h"
 #include "table_reader.h"
-#include "heapdump/contract/must_check.h"
 
 #define HD_MAX_PROCESSES 1024
 
@@ -50,8 +50,8 @@ typedef struct hd_process {
   char name[HD_NAME_SIZE];
   /* Protected by hd_collector.lock. */
   bool exit_snapshot;
-  bool live;         /* in the live set */
-  uint64_t exit_record; /* its hd_exit_record's seq once it has left the live set */
+  bool live;                /* in the live set */
+  uint64_t exit_record;     /* its hd_exit_record's seq once it has left the live set */
   bool named_store_pending; /* protected by the storage worker's lock: one store at a time */
   /* Protected by hd_collector.lock: the exit snapshot it stored itself from its exit path, with
    * contents (0: none), which stands for the one the collector would take when it exits. */
@@ -74,7 +74,6 @@ typedef struct hd_exit_record {
   heapdump_client_ProcessState state;
   uint32_t snapshot_id;
 } hd_exit_record;
-
 
 typedef struct hd_stored_list {
   hd_stored_snapshot_info *items;
@@ -113,9 +112,9 @@ struct hd_collector {
   int wake[2];
   /* Accepting pauses while descriptors run out. Sync: the poll thread only. */
   uint64_t accept_paused_until_ns, accept_backoff_ns;
-  atomic_bool stop_requested; /* Sync: atomic */
-  int log_level;              /* Sync: fixed */
-  pthread_mutex_t log_lock;   /* guards log_budgets; taken last */
+  atomic_bool stop_requested;                /* Sync: atomic */
+  int log_level;                             /* Sync: fixed */
+  pthread_mutex_t log_lock;                  /* guards log_budgets; taken last */
   hd_log_budget log_budgets[HD_LOG_FORMATS]; /* Sync: log_lock */
   uint32_t max_stored;                       /* Sync: fixed */
   uint64_t max_storage_bytes;                /* Sync: fixed */
@@ -131,13 +130,13 @@ struct hd_collector {
   hd_stored_snapshot_info *stored;
   size_t stored_count, stored_capacity; /* Sync: as stored */
   uint32_t next_id;                     /* Sync: as stored */
-  int active_streams;            /* running and queued. Sync: lock */
-  struct hd_stream_job *streams; /* running and queued, so a stop can cut their clients off.
-                                  * Sync: lock */
-  int stream_threads;            /* at most HD_MAX_STREAM_THREADS. Sync: lock */
-  struct hd_stream_job *stream_queue; /* waiting for a stream thread, oldest first. Sync: lock */
-  int queued_streams;                 /* at most HD_MAX_QUEUED_STREAMS. Sync: lock */
-  pthread_cond_t streams_done;        /* waited on with lock */
+  int active_streams;                   /* running and queued. Sync: lock */
+  struct hd_stream_job *streams;        /* running and queued, so a stop can cut their clients off.
+                                         * Sync: lock */
+  int stream_threads;                   /* at most HD_MAX_STREAM_THREADS. Sync: lock */
+  struct hd_stream_job *stream_queue;   /* waiting for a stream thread, oldest first. Sync: lock */
+  int queued_streams;                   /* at most HD_MAX_QUEUED_STREAMS. Sync: lock */
+  pthread_cond_t streams_done;          /* waited on with lock */
   pthread_mutex_t scan_lock; /* one /proc scan at a time; guards last_scan_ns and scanned */
   uint64_t last_scan_ns;     /* Sync: scan_lock */
   bool scanned;              /* Sync: scan_lock */
@@ -146,7 +145,7 @@ struct hd_collector {
   uint64_t exit_seq; /* the last record's seq. Sync: lock */
   /* Sync: fixed while the workers run (set before they start, cleared after they are joined). */
   struct hd_worker *worker;
-  struct hd_sampler *sampler; /* NULL when sampling is off. Sync: as worker */
+  struct hd_sampler *sampler;  /* NULL when sampling is off. Sync: as worker */
   uint64_t sample_interval_ns; /* Sync: fixed */
   /* Sync: the pointer fixed; the table the poll thread's only (connections.h). */
   struct conn_table *conns;
@@ -161,8 +160,8 @@ uint64_t hd_monotonic_ns(void);
  * every signal blocked: a signal is then always handled by a thread of the program that embeds
  * the collector, never by one of ours, so a handler can never race with the collector's
  * teardown on another thread (e.g. the daemon's handler and hd_collector_destroy). */
-HD_MUST_CHECK int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr, void *(*run)(void *),
-                    void *arg);
+HD_MUST_CHECK int hd_start_thread(pthread_t *thread, const pthread_attr_t *attr,
+                                  void *(*run)(void *), void *arg);
 /* Wakes the poll thread (async-signal-safe). */
 void hd_wake_poll_thread(hd_collector *c);
 
@@ -170,9 +169,9 @@ void hd_wake_poll_thread(hd_collector *c);
 
 /* A new entry with one reference, owning alloc, res and pidfd. NULL when out of memory: then
  * nothing is taken. */
-hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name, bool exit_snapshot,
-                           dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
-                           hd_res_reader *res);
+hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name,
+                           bool exit_snapshot, dev_t table_dev, ino_t table_ino, int pidfd,
+                           hd_alloc_reader *alloc, hd_res_reader *res);
 hd_process *hd_process_retain(hd_process *p);
 void hd_process_release(hd_process *p);
 /* False once the process has exited. */
@@ -218,11 +217,11 @@ HD_MUST_CHECK int hd_pidfd_open(pid_t pid);
  * process's pid in its own PID namespace). */
 typedef enum hd_tables_verdict {
   HD_TABLES_OK,
-  HD_TABLES_NOT_MEMFDS,     /* not memfds, or not named as the library names its tables */
-  HD_TABLES_WRITABLE,       /* handed over writable */
-  HD_TABLES_UNREADABLE,     /* the readers refused them: *why says how */
-  HD_TABLES_OTHER_PROCESS,  /* another process's tables (inherited across fork, or forged) */
-  HD_TABLES_NO_IDENTITY,    /* fstat failed */
+  HD_TABLES_NOT_MEMFDS,    /* not memfds, or not named as the library names its tables */
+  HD_TABLES_WRITABLE,      /* handed over writable */
+  HD_TABLES_UNREADABLE,    /* the readers refused them: *why says how */
+  HD_TABLES_OTHER_PROCESS, /* another process's tables (inherited across fork, or forged) */
+  HD_TABLES_NO_IDENTITY,   /* fstat failed */
 } hd_tables_verdict;
 /* On HD_TABLES_OK the caller owns *alloc and *res, and *table is the allocations table's
  * identity; otherwise nothing is left open and *why says what failed, for the log. The
@@ -274,9 +273,10 @@ typedef struct hd_snapshot_totals {
 /* `name` names the snapshot's own moment, the last of the process's series it carries ("live"
  * for a live snapshot); *moment (nullable) gets that moment, which a stored snapshot's caller
  * remembers in the series once it is stored (hd_series_remember). */
-HD_MUST_CHECK int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        const char *name, bool with_contents, hd_batch_writer *w,
-                        hd_snapshot_totals *totals, hd_series_moment *moment);
+HD_MUST_CHECK int hd_produce_snapshot(hd_collector *c, hd_process *p,
+                                      hd_alloc_reader *snapshot_alloc, const char *name,
+                                      bool with_contents, hd_batch_writer *w,
+                                      hd_snapshot_totals *totals, hd_series_moment *moment);
 
 /* Records the outcome of p's last snapshot: stored as snapshot_id, or (ok false) not stored. */
 void hd_exit_record_finish(hd_collector *c, const hd_process *p, bool ok, uint32_t snapshot_id);
@@ -297,8 +297,9 @@ unsigned hd_worker_exits_pending(hd_collector *c);
 /* Queues storing a named snapshot from `memfd` (taken) and answering StoreNamedSnapshot with
  * `txid` on `reply_fd` (taken). A process has one store queued or running at a time: -EBUSY
  * while it has; -ENOMEM if it could not be queued. Nothing is taken on error. */
-HD_MUST_CHECK int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            bool exit_with_contents, int reply_fd, uint32_t txid);
+HD_MUST_CHECK int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name,
+                                          int memfd, bool exit_with_contents, int reply_fd,
+                                          uint32_t txid);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
 
@@ -317,9 +318,10 @@ void hd_storage_close(hd_collector *c);
  * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and
  * the roots, read from the process. 0, -EINVAL (bad table) or -EIO. */
 HD_MUST_CHECK int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                      bool with_contents, uint32_t *id);
-HD_MUST_CHECK int hd_storage_list(hd_collector *c, uid_t uid, const heapdump_client_ProcessSelector *selector,
-                    hd_stored_list *out);
+                                    bool with_contents, uint32_t *id);
+HD_MUST_CHECK int hd_storage_list(hd_collector *c, uid_t uid,
+                                  const heapdump_client_ProcessSelector *selector,
+                                  hd_stored_list *out);
 HD_MUST_CHECK hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing);
 /* Streams stored snapshot id to w (without the final empty batch). -ENOENT if unknown or not
  * visible to uid. */

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 bool hd_conn_add(hd_collector *c, int fd, enum conn_kind kind, hd_process *process,
-                     const struct ucred *peer) {
+                 const struct ucred *peer) {
   if (c->conns->count == HD_MAX_CONNECTIONS) {
     hd_log(c, HD_LOG_WARN, "too many connections; refusing one");
     close(fd);
@@ -52,8 +52,8 @@ bool hd_close_idle_connections(hd_collector *c) {
     conn *k = &c->conns->items[i];
     if (!may_idle_out(k)) continue;
     if (now - k->last_active_ns > limit) {
-      hd_log(c, HD_LOG_DEBUG, "closing a connection of pid %u idle for %llu s", (unsigned)k->peer.pid,
-             (unsigned long long)((now - k->last_active_ns) / 1000000000u));
+      hd_log(c, HD_LOG_DEBUG, "closing a connection of pid %u idle for %llu s",
+             (unsigned)k->peer.pid, (unsigned long long)((now - k->last_active_ns) / 1000000000u));
       hd_conn_close(c, i);
     } else {
       any = true;

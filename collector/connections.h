@@ -26,7 +26,7 @@ typedef struct conn {
   hd_process *process;    /* CONN_REGISTRY, CONN_SINK */
   hd_stored_list listing; /* CONN_ITERATOR: a copy of the matching snapshots */
   heapdump_client_CollectorError listing_error; /* CONN_ITERATOR: answered instead */
-  uint64_t last_active_ns; /* when it was accepted or last sent a message */
+  uint64_t last_active_ns;                      /* when it was accepted or last sent a message */
 } conn;
 
 struct conn_table { /* declared in collector_internal.h */

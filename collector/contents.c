@@ -78,7 +78,7 @@ typedef struct contents_reader {
   size_t count, bytes; /* ranges pending, and their bytes */
   struct iovec remote[HD_CONTENTS_MAX_RANGES];
   size_t first[HD_CONTENTS_MAX_RANGES], end[HD_CONTENTS_MAX_RANGES]; /* spans of each range */
-  bool whole[HD_CONTENTS_MAX_RANGES];                                 /* read whole */
+  bool whole[HD_CONTENTS_MAX_RANGES];                                /* read whole */
   uint8_t buffer[HD_CONTENTS_BUFFER_BYTES];
 } contents_reader;
 
@@ -118,7 +118,8 @@ static bool read_one(contents_reader *r, const span *s, uint8_t *into) {
   return !r->gone && n >= 0 && (uint64_t)n == s->size;
 }
 
-static HD_MUST_CHECK hd_status deliver_range(contents_reader *r, size_t range, const uint8_t *bytes) {
+static HD_MUST_CHECK hd_status deliver_range(contents_reader *r, size_t range,
+                                             const uint8_t *bytes) {
   const uint64_t base = (uintptr_t)r->remote[range].iov_base;
   for (size_t i = r->first[range]; i < r->end[range]; i++) {
     const span *s = &r->spans[i];

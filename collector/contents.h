@@ -10,9 +10,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/status.h"
 #include "table_reader.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

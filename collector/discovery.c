@@ -72,7 +72,8 @@ static bool link_names_memfd(const char *target, const char *name) {
   if (name == NULL) return true;
   const char *rest = target + sizeof prefix - 1;
   size_t len = strlen(name);
-  return strncmp(rest, name, len) == 0 && (rest[len] == '\0' || strcmp(rest + len, " (deleted)") == 0);
+  return strncmp(rest, name, len) == 0 &&
+         (rest[len] == '\0' || strcmp(rest + len, " (deleted)") == 0);
 }
 
 bool hd_fd_is_memfd(int fd, const char *name) {
@@ -137,8 +138,8 @@ int hd_socket_identity(const char *path, const char *cwd, char *out, size_t size
   char *slash = strrchr(absolute, '/');
   *slash = '\0';
   char resolved[PATH_MAX];
-  const char *dir = realpath(absolute[0] != '\0' ? absolute : "/", resolved) != NULL ? resolved
-                                                                                     : absolute;
+  const char *dir =
+      realpath(absolute[0] != '\0' ? absolute : "/", resolved) != NULL ? resolved : absolute;
   int n = snprintf(out, size, "%s/%s", strcmp(dir, "/") == 0 ? "" : dir, slash + 1);
   return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
@@ -295,8 +296,8 @@ static void adopt(hd_collector *c, pid_t pid, uid_t uid, int alloc_num, int res_
   if (!hd_read_process_name(pid, name, sizeof name)) {
     snprintf(name, sizeof name, "pid%u", (unsigned)pid);
   }
-  hd_process *p = hd_process_new(pid, own_pid, uid, name, exit_snapshot, table.st_dev, table.st_ino, pidfd,
-                                 alloc, res);
+  hd_process *p = hd_process_new(pid, own_pid, uid, name, exit_snapshot, table.st_dev, table.st_ino,
+                                 pidfd, alloc, res);
   if (p == NULL) {
     hd_alloc_reader_close(alloc);
     hd_res_reader_close(res);
@@ -337,8 +338,7 @@ static void examine(hd_collector *c, pid_t pid) {
   bool exit_snapshot = exit_option != NULL && strcmp(exit_option, "1") == 0;
   free(env);
   if (!ours) {
-    hd_log(c, HD_LOG_DEBUG, "pid %u is instrumented for another collector's socket",
-           (unsigned)pid);
+    hd_log(c, HD_LOG_DEBUG, "pid %u is instrumented for another collector's socket", (unsigned)pid);
     return;
   }
   adopt(c, pid, owner.st_uid, alloc_num, res_num, exit_snapshot);

@@ -14,9 +14,9 @@
 
 #include "collector_internal.h"
 #include "connections.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump_client.bindings.h"
 #include "heapdump_process.bindings.h"
-#include "heapdump/contract/must_check.h"
 
 /* ---- Registry and SnapshotSink ---- */
 
@@ -29,9 +29,10 @@ typedef struct handler_ctx {
 /* A reply is encoded into the request's buffer, which forgets the request's descriptors: every
  * reply first closes those the handler did not take. */
 static HD_MUST_CHECK hd_status reply_register(handler_ctx *h, hd_message *msg,
-                                heapdump_process_RegistryError error) {
+                                              heapdump_process_RegistryError error) {
   hd_message_close_fds(msg);
-  heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
+  heapdump_process_RegistryRegisterResponse resp =
+      heapdump_process_RegistryRegisterResponse_init_zero;
   resp.has_protocol_version = true;
   resp.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
   if (error != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
@@ -68,10 +69,11 @@ static void drop_registration(registration *reg) {
 /* Checks the versions and the pid the process claims; UNSPECIFIED if they hold. A process in a
  * container's PID namespace knows itself by another pid than ours: the kernel tells both
  * (NSpid), so its claim is checked, not trusted. */
-static heapdump_process_RegistryError check_claims(hd_collector *c, pid_t pid,
-                                                   const heapdump_process_RegistryRegisterRequest *req,
-                                                   pid_t *own_pid) {
-  if (!req->has_protocol_version || req->protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
+static heapdump_process_RegistryError check_claims(
+    hd_collector *c, pid_t pid, const heapdump_process_RegistryRegisterRequest *req,
+    pid_t *own_pid) {
+  if (!req->has_protocol_version ||
+      req->protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
       !req->has_layout_version || req->layout_version != HD_LAYOUT_VERSION) {
     hd_log(c, HD_LOG_WARN, "pid %u: unsupported protocol %u / layout %u", (unsigned)pid,
            req->protocol_version, req->layout_version);
@@ -101,7 +103,8 @@ static bool take_tables(hd_collector *c, hd_message *msg,
   }
   close(alloc_fd);
   close(res_fd);
-  if (refused != NULL) hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)reg->pid, refused);
+  if (refused != NULL)
+    hd_log(c, HD_LOG_WARN, "pid %u: refused tables: %s", (unsigned)reg->pid, refused);
   return refused == NULL;
 }
 
@@ -116,7 +119,7 @@ static void registered_name(const heapdump_process_RegistryRegisterRequest *req,
 }
 
 static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
-                             heapdump_process_RegistryRegisterRequest *req) {
+                                           heapdump_process_RegistryRegisterRequest *req) {
   handler_ctx *h = ctx;
   hd_collector *c = h->c;
   registration reg = {.pid = h->k->peer.pid, .sink_fd = -1, .pidfd = -1};
@@ -156,7 +159,8 @@ static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
     return HD_ERR_NO_MEMORY;
   }
   /* Only shown, never parsed: any bytes will do (nanopb ended the string within its bound). */
-  if (req->has_command_line && req->command_line[0] != '\0') p->command_line = strdup(req->command_line);
+  if (req->has_command_line && req->command_line[0] != '\0')
+    p->command_line = strdup(req->command_line);
   bool absorbed;
   hd_process *entry = hd_live_set_add(c, p, true, &absorbed);
   if (entry == NULL) {
@@ -178,7 +182,7 @@ static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
 }
 
 static HD_MUST_CHECK hd_status reply_store(handler_ctx *h, hd_message *msg,
-                             heapdump_process_StoreError error) {
+                                           heapdump_process_StoreError error) {
   hd_message_close_fds(msg);
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
@@ -189,8 +193,8 @@ static HD_MUST_CHECK hd_status reply_store(handler_ctx *h, hd_message *msg,
 }
 
 /* Checked here, stored and answered by the storage worker. */
-static HD_MUST_CHECK hd_status on_store_named_snapshot(void *ctx, hd_message *msg,
-                                         heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *req) {
+static HD_MUST_CHECK hd_status on_store_named_snapshot(
+    void *ctx, hd_message *msg, heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *req) {
   handler_ctx *h = ctx;
   int fd = hd_message_take_fd(msg, &req->allocations_snapshot);
   if (!hd_fd_is_memfd(fd, NULL)) {
@@ -199,9 +203,10 @@ static HD_MUST_CHECK hd_status on_store_named_snapshot(void *ctx, hd_message *ms
   }
   int reply_fd = fcntl(h->k->fd, F_DUPFD_CLOEXEC, 0);
   int queued = reply_fd < 0 ? -EMFILE
-                            : hd_queue_named_snapshot(h->c, h->k->process, req->has_name ? req->name : "",
-                                                      fd, req->has_exit_with_contents && req->exit_with_contents,
-                                                      reply_fd, msg->txid);
+                            : hd_queue_named_snapshot(
+                                  h->c, h->k->process, req->has_name ? req->name : "", fd,
+                                  req->has_exit_with_contents && req->exit_with_contents, reply_fd,
+                                  msg->txid);
   if (queued != 0) {
     if (reply_fd >= 0) close(reply_fd);
     close(fd);
@@ -241,8 +246,8 @@ static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
   return job;
 }
 
-static HD_MUST_CHECK hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
-                                       heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
+static HD_MUST_CHECK hd_status on_take_live_snapshot(
+    void *ctx, hd_message *msg, heapdump_client_CollectorTakeLiveSnapshotRequest *req) {
   hd_status status;
   hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
   if (job == NULL) return status;
@@ -254,8 +259,8 @@ static HD_MUST_CHECK hd_status on_take_live_snapshot(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-static HD_MUST_CHECK hd_status on_download(void *ctx, hd_message *msg,
-                             heapdump_client_CollectorDownloadStoredSnapshotRequest *req) {
+static HD_MUST_CHECK hd_status on_download(
+    void *ctx, hd_message *msg, heapdump_client_CollectorDownloadStoredSnapshotRequest *req) {
   hd_status status;
   hd_stream_job *job = new_stream_job(ctx, msg, &req->receiver, &status);
   if (job == NULL) return status;
@@ -266,7 +271,7 @@ static HD_MUST_CHECK hd_status on_download(void *ctx, hd_message *msg,
 }
 
 static HD_MUST_CHECK hd_status on_list(void *ctx, hd_message *msg,
-                         heapdump_client_CollectorListStoredSnapshotsRequest *req) {
+                                       heapdump_client_CollectorListStoredSnapshotsRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
   int fd = hd_message_take_channel(msg, &req->iterator);
@@ -299,8 +304,8 @@ static HD_MUST_CHECK hd_status on_list(void *ctx, hd_message *msg,
   return HD_OK;
 }
 
-static HD_MUST_CHECK hd_status on_delete(void *ctx, hd_message *msg,
-                           heapdump_client_CollectorDeleteStoredSnapshotRequest *req) {
+static HD_MUST_CHECK hd_status
+on_delete(void *ctx, hd_message *msg, heapdump_client_CollectorDeleteStoredSnapshotRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
   hd_message_close_fds(msg);
@@ -316,8 +321,8 @@ static HD_MUST_CHECK hd_status on_delete(void *ctx, hd_message *msg,
   return hd_fidl_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);
 }
 
-static HD_MUST_CHECK hd_status on_get_process_state(void *ctx, hd_message *msg,
-                                      heapdump_client_CollectorGetProcessStateRequest *req) {
+static HD_MUST_CHECK hd_status on_get_process_state(
+    void *ctx, hd_message *msg, heapdump_client_CollectorGetProcessStateRequest *req) {
   handler_ctx *h = ctx;
   h->k->kind = CONN_CLIENT;
   hd_message_close_fds(msg);
@@ -334,8 +339,8 @@ static HD_MUST_CHECK hd_status on_get_process_state(void *ctx, hd_message *msg,
   return hd_fidl_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
 }
 
-static HD_MUST_CHECK hd_status on_get_next(void *ctx, hd_message *msg,
-                             heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
+static HD_MUST_CHECK hd_status
+on_get_next(void *ctx, hd_message *msg, heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
   (void)req;
   handler_ctx *h = ctx;
   hd_message_close_fds(msg);
@@ -351,7 +356,8 @@ static HD_MUST_CHECK hd_status on_get_next(void *ctx, hd_message *msg,
 }
 
 static const hd_fidl_registry_server registry_server = {.register_ = on_register};
-static const hd_fidl_snapshot_sink_server sink_server = {.store_named_snapshot = on_store_named_snapshot};
+static const hd_fidl_snapshot_sink_server sink_server = {.store_named_snapshot =
+                                                             on_store_named_snapshot};
 static const hd_fidl_collector_server collector_server = {
     .take_live_snapshot = on_take_live_snapshot,
     .list_stored_snapshots = on_list,
@@ -376,12 +382,8 @@ bool hd_serve_connection(hd_collector *c, size_t index) {
           status = hd_fidl_collector_dispatch(&collector_server, &h, msg);
         }
         break;
-      case CONN_CLIENT:
-        status = hd_fidl_collector_dispatch(&collector_server, &h, msg);
-        break;
-      case CONN_SINK:
-        status = hd_fidl_snapshot_sink_dispatch(&sink_server, &h, msg);
-        break;
+      case CONN_CLIENT: status = hd_fidl_collector_dispatch(&collector_server, &h, msg); break;
+      case CONN_SINK: status = hd_fidl_snapshot_sink_dispatch(&sink_server, &h, msg); break;
       case CONN_ITERATOR:
         status = hd_fidl_stored_snapshot_iterator_dispatch(&iterator_server, &h, msg);
         break;

@@ -9,12 +9,12 @@
 #include <unistd.h>
 
 #include "collector_internal.h"
-#include "heapdump/contract/dcheck.h"
 #include "contents.h"
+#include "heapdump/contract/dcheck.h"
 
-hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name, bool exit_snapshot,
-                           dev_t table_dev, ino_t table_ino, int pidfd, hd_alloc_reader *alloc,
-                           hd_res_reader *res) {
+hd_process *hd_process_new(pid_t pid, pid_t own_pid, uid_t uid, const char *name,
+                           bool exit_snapshot, dev_t table_dev, ino_t table_ino, int pidfd,
+                           hd_alloc_reader *alloc, hd_res_reader *res) {
   hd_process *p = calloc(1, sizeof *p);
   if (p == NULL) return NULL;
   atomic_init(&p->refs, 1);
@@ -125,12 +125,11 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
   const hd_process *p = find_locked(c, pid);
   if (p != NULL && (uid == 0 || p->uid == uid)) {
     /* Exited, and the poll thread has not handled it yet: what it will do is known. */
-    out.state = hd_process_alive(p) ? heapdump_client_ProcessState_PROCESS_STATE_RUNNING
-                : p->exit_stored_id != 0
-                    ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED
-                : p->exit_snapshot
-                    ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
-                    : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
+    out.state =
+        hd_process_alive(p)      ? heapdump_client_ProcessState_PROCESS_STATE_RUNNING
+        : p->exit_stored_id != 0 ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED
+        : p->exit_snapshot       ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
+                           : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
     if (out.state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED) {
       out.has_exit_snapshot_id = true;
       out.exit_snapshot_id = p->exit_stored_id;
@@ -164,7 +163,8 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
 static void finish_exit(hd_collector *c, hd_process *p, bool exit_snapshot, bool exec) {
   hd_log(c, HD_LOG_INFO, "process %s[%u] %s", p->name, (unsigned)p->pid,
          exec ? "exec'd another program" : "exited");
-  if (exit_snapshot) hd_queue_exit_snapshot(c, p, exec ? HD_EXEC_SNAPSHOT_NAME : HD_EXIT_SNAPSHOT_NAME);
+  if (exit_snapshot)
+    hd_queue_exit_snapshot(c, p, exec ? HD_EXEC_SNAPSHOT_NAME : HD_EXIT_SNAPSHOT_NAME);
   hd_process_release(p);
 }
 

@@ -27,8 +27,8 @@
 #include <unistd.h>
 
 #include "heapdump/collector.h"
-#include "heapdump/heapdump.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/heapdump.h"
 
 /* Defaults of the storage caps: a daemon left running for weeks must not fill the disk. */
 #define DEFAULT_MAX_STORED 1000
@@ -225,8 +225,7 @@ static HD_MUST_CHECK int open_log(const char *path) {
   }
   int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
-    fprintf(stderr, "heapdump-collector: cannot open the log file %s: %s\n", path,
-            strerror(errno));
+    fprintf(stderr, "heapdump-collector: cannot open the log file %s: %s\n", path, strerror(errno));
   }
   return fd;
 }
@@ -330,6 +329,20 @@ typedef struct arguments {
 /* parse_args's answer when the daemon goes on. */
 #define CONTINUE (-1)
 
+/* --sample-interval's value into o; false (said on stderr) if it is not one. */
+static bool parse_sample_interval(const char *text, hd_collector_options *o) {
+  unsigned long long ms;
+  if (!parse_count(text, MAX_SAMPLE_INTERVAL_MS, &ms) || (ms != 0 && ms < MIN_SAMPLE_INTERVAL_MS)) {
+    fprintf(stderr,
+            "heapdump-collector: bad --sample-interval: %s (milliseconds, %d to %d; 0: never)\n",
+            text, MIN_SAMPLE_INTERVAL_MS, MAX_SAMPLE_INTERVAL_MS);
+    return false;
+  }
+  o->sample_interval_ms = (uint32_t)ms;
+  o->no_sampling = ms == 0;
+  return true;
+}
+
 /* Parses the command line into *a; CONTINUE, or the exit code to end with now (a usage error,
  * --help, --version). */
 static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
@@ -337,16 +350,21 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
                                .max_stored = DEFAULT_MAX_STORED,
                                .max_storage_bytes = DEFAULT_MAX_STORAGE_BYTES,
                                .max_contents_bytes = HD_DEFAULT_MAX_CONTENTS_BYTES}};
-  static const struct option longopts[] = {
-      {"socket", required_argument, 0, 's'},      {"storage", required_argument, 0, 'd'},
-      {"max-stored", required_argument, 0, 'n'},  {"max-storage-bytes", required_argument, 0, 'b'},
-      {"foreground", no_argument, 0, 'f'},        {"log-level", required_argument, 0, 'l'},
-      {"log-file", required_argument, 0, 'L'},    {"stop", no_argument, 0, 'S'},
-      {"version", no_argument, 0, 'V'},           {"help", no_argument, 0, 'h'},
-      {"idle-timeout", required_argument, 0, 'i'}, {"read-timeout", required_argument, 0, 'r'},
-      {"max-contents-bytes", required_argument, 0, 'c'},
-      {"sample-interval", required_argument, 0, 'I'},
-      {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"socket", required_argument, 0, 's'},
+                                           {"storage", required_argument, 0, 'd'},
+                                           {"max-stored", required_argument, 0, 'n'},
+                                           {"max-storage-bytes", required_argument, 0, 'b'},
+                                           {"foreground", no_argument, 0, 'f'},
+                                           {"log-level", required_argument, 0, 'l'},
+                                           {"log-file", required_argument, 0, 'L'},
+                                           {"stop", no_argument, 0, 'S'},
+                                           {"version", no_argument, 0, 'V'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {"idle-timeout", required_argument, 0, 'i'},
+                                           {"read-timeout", required_argument, 0, 'r'},
+                                           {"max-contents-bytes", required_argument, 0, 'c'},
+                                           {"sample-interval", required_argument, 0, 'I'},
+                                           {0, 0, 0, 0}};
   int opt;
   unsigned long long count;
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -365,25 +383,18 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
         if (!parse_bytes("max-storage-bytes", optarg, &a->options.max_storage_bytes)) return 2;
         break;
       case 'i':
-        if (!parse_seconds("idle-timeout", optarg, 86400, &a->options.idle_timeout_seconds)) return 2;
+        if (!parse_seconds("idle-timeout", optarg, 86400, &a->options.idle_timeout_seconds))
+          return 2;
         break;
       case 'r':
-        if (!parse_seconds("read-timeout", optarg, 3600, &a->options.read_timeout_seconds)) return 2;
+        if (!parse_seconds("read-timeout", optarg, 3600, &a->options.read_timeout_seconds))
+          return 2;
         break;
       case 'c':
         if (!parse_bytes("max-contents-bytes", optarg, &a->options.max_contents_bytes)) return 2;
         break;
       case 'I':
-        if (!parse_count(optarg, MAX_SAMPLE_INTERVAL_MS, &count) ||
-            (count != 0 && count < MIN_SAMPLE_INTERVAL_MS)) {
-          fprintf(stderr,
-                  "heapdump-collector: bad --sample-interval: %s (milliseconds, %d to %d; 0: "
-                  "never)\n",
-                  optarg, MIN_SAMPLE_INTERVAL_MS, MAX_SAMPLE_INTERVAL_MS);
-          return 2;
-        }
-        a->options.sample_interval_ms = (uint32_t)count;
-        a->options.no_sampling = count == 0;
+        if (!parse_sample_interval(optarg, &a->options)) return 2;
         break;
       case 'f': a->foreground = true; break;
       case 'L': a->log_file = optarg; break;
@@ -421,10 +432,44 @@ static void prepare_process(void) {
   /* Connections, processes (a pidfd each) and queued streams hold a descriptor apiece, a few
    * thousand at most: the usual soft limit of 1024 is raised towards the hard one. */
   struct rlimit files;
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 && files.rlim_cur < files.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 65536 &&
+      files.rlim_cur < files.rlim_max) {
     files.rlim_cur = files.rlim_max < 65536 ? files.rlim_max : 65536;
     (void)setrlimit(RLIMIT_NOFILE, &files); /* best effort: the old limit still works */
   }
+}
+
+/* The daemon's files, absolute: "" for one not given (storage: the default; log: none). */
+typedef struct daemon_paths {
+  char socket[PATH_MAX], storage[PATH_MAX], log[PATH_MAX], pid[PATH_MAX];
+} daemon_paths;
+
+/* Makes the paths of the command line absolute and derives the others from the socket's.
+ * Returns CONTINUE, or 2 (said on stderr) for a path too long. */
+static HD_MUST_CHECK int resolve_paths(const arguments *a, daemon_paths *p) {
+  memset(p, 0, sizeof *p);
+  if (a->socket != NULL) {
+    if (!make_absolute(a->socket, p->socket, sizeof p->socket)) {
+      fprintf(stderr, "heapdump-collector: --socket path too long\n");
+      return 2;
+    }
+  } else if (hd_default_socket_path(p->socket, sizeof p->socket) != 0) {
+    fprintf(stderr, "heapdump-collector: the default socket path is too long\n");
+    return 2;
+  }
+  if (a->stop) return CONTINUE; /* only the socket matters */
+  if (a->storage != NULL && !make_absolute(a->storage, p->storage, sizeof p->storage)) {
+    fprintf(stderr, "heapdump-collector: --storage path too long\n");
+    return 2;
+  }
+  if (!beside_socket(p->socket, ".pid", p->pid, sizeof p->pid) ||
+      (a->log_file != NULL && !make_absolute(a->log_file, p->log, sizeof p->log)) ||
+      (a->log_file == NULL && !a->foreground &&
+       !beside_socket(p->socket, ".log", p->log, sizeof p->log))) {
+    fprintf(stderr, "heapdump-collector: path too long\n");
+    return 2;
+  }
+  return CONTINUE;
 }
 
 int main(int argc, char **argv) {
@@ -440,33 +485,13 @@ int main(int argc, char **argv) {
   if (parsed != CONTINUE) return parsed;
   hd_collector_options options = args.options;
   const bool foreground = args.foreground;
-  const char *log_file = args.log_file, *socket_arg = args.socket, *storage_arg = args.storage;
-  char socket_path[PATH_MAX], storage[PATH_MAX], log_path[PATH_MAX] = "", pid_path[PATH_MAX];
-  if (socket_arg != NULL) {
-    if (!make_absolute(socket_arg, socket_path, sizeof socket_path)) {
-      fprintf(stderr, "heapdump-collector: --socket path too long\n");
-      return 2;
-    }
-  } else if (hd_default_socket_path(socket_path, sizeof socket_path) != 0) {
-    fprintf(stderr, "heapdump-collector: the default socket path is too long\n");
-    return 2;
-  }
-  if (args.stop) return stop_daemon(socket_path);
-  if (storage_arg != NULL) {
-    if (!make_absolute(storage_arg, storage, sizeof storage)) {
-      fprintf(stderr, "heapdump-collector: --storage path too long\n");
-      return 2;
-    }
-    options.storage_dir = storage;
-  }
+  daemon_paths paths;
+  const int resolved = resolve_paths(&args, &paths);
+  if (resolved != CONTINUE) return resolved;
+  if (args.stop) return stop_daemon(paths.socket);
+  char *const socket_path = paths.socket, *const log_path = paths.log, *const pid_path = paths.pid;
+  if (paths.storage[0] != '\0') options.storage_dir = paths.storage;
   options.socket_path = socket_path;
-  if (!beside_socket(socket_path, ".pid", pid_path, sizeof pid_path) ||
-      (log_file != NULL && !make_absolute(log_file, log_path, sizeof log_path)) ||
-      (log_file == NULL && !foreground &&
-       !beside_socket(socket_path, ".log", log_path, sizeof log_path))) {
-    fprintf(stderr, "heapdump-collector: path too long\n");
-    return 2;
-  }
 
   int ready_fd = -1, terminal_fd = -1, start_log = -1;
   if (!foreground) {

@@ -7,93 +7,20 @@
 #include <dirent.h>
 #include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "contents.h"
-#include "heapdump/contract/shm_layout.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/contract/shm_layout.h"
+#include "roots_internal.h"
 
-/* The main thread's TLS shares its mapping with what the loader allocated early; a mapping
- * bigger than this is read only around the thread pointer (static TLS below, the TCB above). */
-#define TLS_WHOLE_MAPPING_MAX (1u << 20)
-#define TLS_BELOW (256u << 10)
-#define TLS_ABOVE (16u << 10)
-/* glibc's thread control block (struct pthread) starts at the thread pointer; 2304 bytes on
- * x86-64 glibc 2.36, read with room to spare. */
-#define TCB_SPAN 4096u
-
-/* Bounds on what one snapshot's roots may cost the collector, whatever the process looks like
- * (a million mappings, a 64 GiB sparse one): the mappings kept from /proc/PID/maps, the
- * records of memory that is not the program's taken from its table, and the address space
- * whose residency is looked up (/proc/PID/pagemap, 8 bytes per page). Past them, what is left
- * is sent as roots not read, so that a leak check says its verdict is uncertain. */
-#define MAX_MAPPINGS (1u << 18)
-#define MAX_MAPPING_RECORDS 8192u
-#define MAX_PAGEMAP_SPAN ((uint64_t)256 << 30)
-/* A program mapping up to this size is read whole (its pages not looked up first). */
-#define READ_WHOLE_MAX ((uint64_t)1 << 20)
-/* Roots are read and sent in pieces of at most this size. */
-#define ROOT_PIECE ((uint64_t)64 << 20)
-#define PAGE_SIZE_BYTES 4096u
-
-typedef struct mapping {
-  uint64_t start, end, offset;
-  char perms[5];
-  char *path; /* "" for an anonymous mapping */
-} mapping;
-
-typedef struct root {
-  uint64_t start, end;
-  heapdump_client_RootKind kind;
-  uint64_t tid;
-  const char *name; /* a mapping's path, owned by the maps */
-  bool not_read;    /* left out before reading: send as RootRegion.not_read */
-} root;
-
-/* Sorted, disjoint address ranges. */
-typedef struct range {
-  uint64_t start, end;
-} range;
-typedef struct range_set {
-  range *items;
-  size_t count, capacity;
-} range_set;
-
-typedef struct gather {
-  mapping *maps;
-  size_t map_count;
-  root *roots;
-  size_t root_count, root_capacity;
-  hd_thread_roots *threads; /* the records, oldest first */
-  size_t thread_count, thread_capacity;
-  /* The stacks of the live threads, and which records belong to one. */
-  struct stack_span {
-    uint64_t lo, hi;
-  } *live;
-  size_t live_count, live_capacity;
-  bool *record_alive; /* per record */
-  /* Memory that is not the program's, as the process recorded it (hd_rec_mapping). */
-  range_set allocator, heapdump;
-  struct tls_span {
-    uint64_t offset, size; /* from each thread pointer (offset in two's complement) */
-  } heapdump_tls[4];
-  size_t heapdump_tls_count;
-  bool brk_heap, blocks_mapped;
-  bool records_cut;   /* more mapping records than MAX_MAPPING_RECORDS */
-  bool maps_cut;      /* more mappings than MAX_MAPPINGS */
-  uint64_t maps_cut_start, maps_cut_bytes; /* the writable mappings past the cut */
-  uint64_t pagemap_left; /* address space whose residency may still be looked up */
-  int pagemap_fd;
-  bool out_of_memory;
-} gather;
-
-static bool grow(void **items, size_t count, size_t *capacity, size_t size) {
+bool hd_roots_grow(void **items, size_t count, size_t *capacity, size_t size) {
   if (count < *capacity) return true;
   size_t bigger = *capacity ? 2 * *capacity : 64;
   void *p = realloc(*items, bigger * size);
@@ -103,25 +30,25 @@ static bool grow(void **items, size_t count, size_t *capacity, size_t size) {
   return true;
 }
 
-static void add_root_as(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
-                        uint64_t tid, const char *name, bool not_read) {
+void hd_roots_add_root_as(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                          uint64_t tid, const char *name, bool not_read) {
   if (start >= end) return;
-  if (!grow((void **)&g->roots, g->root_count, &g->root_capacity, sizeof *g->roots)) {
+  if (!hd_roots_grow((void **)&g->roots, g->root_count, &g->root_capacity, sizeof *g->roots)) {
     g->out_of_memory = true;
     return;
   }
   g->roots[g->root_count++] = (root){start, end, kind, tid, name, not_read};
 }
 
-static void add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
-                     uint64_t tid, const char *name) {
-  add_root_as(g, start, end, kind, tid, name, false);
+void hd_roots_add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
+                       uint64_t tid, const char *name) {
+  hd_roots_add_root_as(g, start, end, kind, tid, name, false);
 }
 
 /* ---- sets of address ranges ---- */
 
 /* Adds [start, end) to s (kept sorted and disjoint). Linear in the set's size. */
-static bool range_set_add(range_set *s, uint64_t start, uint64_t end) {
+bool hd_range_set_add(range_set *s, uint64_t start, uint64_t end) {
   if (start >= end) return true;
   size_t i = 0;
   while (i < s->count && s->items[i].end < start) i++;
@@ -132,7 +59,7 @@ static bool range_set_add(range_set *s, uint64_t start, uint64_t end) {
     j++;
   }
   if (j == i) { /* overlaps nothing: insert at i */
-    if (!grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items)) return false;
+    if (!hd_roots_grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items)) return false;
     memmove(&s->items[i + 1], &s->items[i], (s->count - i) * sizeof *s->items);
     s->count++;
   } else { /* replaces items [i, j) */
@@ -144,12 +71,13 @@ static bool range_set_add(range_set *s, uint64_t start, uint64_t end) {
 }
 
 /* Removes [start, end) from s. */
-static bool range_set_remove(range_set *s, uint64_t start, uint64_t end) {
+bool hd_range_set_remove(range_set *s, uint64_t start, uint64_t end) {
   for (size_t i = 0; i < s->count && start < end; i++) {
     range r = s->items[i];
     if (r.end <= start || r.start >= end) continue;
     if (r.start < start && r.end > end) { /* splits it in two */
-      if (!grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items)) return false;
+      if (!hd_roots_grow((void **)&s->items, s->count, &s->capacity, sizeof *s->items))
+        return false;
       memmove(&s->items[i + 2], &s->items[i + 1], (s->count - i - 1) * sizeof *s->items);
       s->count++;
       s->items[i] = (range){r.start, start};
@@ -178,7 +106,8 @@ static void add_mapped(gather *g, uint64_t start, uint64_t end, heapdump_client_
   for (size_t i = 0; i < g->map_count; i++) {
     const mapping *m = &g->maps[i];
     if (m->end <= start || m->start >= end || !readable_private(m)) continue;
-    add_root(g, m->start > start ? m->start : start, m->end < end ? m->end : end, kind, tid, name);
+    hd_roots_add_root(g, m->start > start ? m->start : start, m->end < end ? m->end : end, kind,
+                      tid, name);
   }
 }
 
@@ -219,7 +148,8 @@ static bool read_maps(pid_t pid, gather *g) {
       continue;
     }
     m.path = strdup(name);
-    if (m.path == NULL || !grow((void **)&g->maps, g->map_count, &capacity, sizeof *g->maps)) {
+    if (m.path == NULL ||
+        !hd_roots_grow((void **)&g->maps, g->map_count, &capacity, sizeof *g->maps)) {
       free(m.path);
       g->out_of_memory = true;
       break;
@@ -279,7 +209,7 @@ static void add_module_data(pid_t pid, gather *g) {
     for (size_t k = 0; k < g->map_count; k++) {
       const mapping *w = &g->maps[k];
       if (w->perms[1] == 'w' && readable_private(w) && strcmp(w->path, m->path) == 0) {
-        add_root(g, w->start, w->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0, w->path);
+        hd_roots_add_root(g, w->start, w->end, heapdump_client_RootKind_ROOT_KIND_DATA, 0, w->path);
       }
     }
   }
@@ -301,12 +231,12 @@ static void apply_mapping_record(gather *g, const hd_mapping_change *m) {
     }
     return;
   }
-  range_set *set = m->kind == HD_MAPPING_ALLOCATOR ? &g->allocator
+  range_set *set = m->kind == HD_MAPPING_ALLOCATOR  ? &g->allocator
                    : m->kind == HD_MAPPING_HEAPDUMP ? &g->heapdump
                                                     : NULL;
   if (set == NULL || m->size == 0 || m->start + m->size < m->start) return; /* hostile */
-  const bool ok = m->mapped ? range_set_add(set, m->start, m->start + m->size)
-                            : range_set_remove(set, m->start, m->start + m->size);
+  const bool ok = m->mapped ? hd_range_set_add(set, m->start, m->start + m->size)
+                            : hd_range_set_remove(set, m->start, m->start + m->size);
   if (!ok) g->out_of_memory = true;
 }
 
@@ -329,7 +259,8 @@ static void read_records(hd_process *p, gather *g) {
       continue;
     }
     if (entry->type != HD_ENTRY_THREAD_ROOTS) continue;
-    if (!grow((void **)&g->threads, g->thread_count, &g->thread_capacity, sizeof *g->threads)) {
+    if (!hd_roots_grow((void **)&g->threads, g->thread_count, &g->thread_capacity,
+                       sizeof *g->threads)) {
       g->out_of_memory = true;
       break;
     }
@@ -416,7 +347,7 @@ static void add_thread(hd_process *p, gather *g, uint64_t tid) {
      * pointers would keep lost blocks reachable. */
     uint64_t start = blocked && sp >= lo && sp < hi ? sp : lo;
     add_mapped(g, start, hi, heapdump_client_RootKind_ROOT_KIND_STACK, own, "");
-    if (grow((void **)&g->live, g->live_count, &g->live_capacity, sizeof *g->live)) {
+    if (hd_roots_grow((void **)&g->live, g->live_count, &g->live_capacity, sizeof *g->live)) {
       g->live[g->live_count++] = (struct stack_span){lo, hi};
     } else {
       g->out_of_memory = true;
@@ -433,7 +364,7 @@ static void add_thread(hd_process *p, gather *g, uint64_t tid) {
     if (tp - start > TLS_BELOW) start = tp - TLS_BELOW;
     if (end - tp > TLS_ABOVE) end = tp + TLS_ABOVE;
   }
-  add_root(g, start, end, heapdump_client_RootKind_ROOT_KIND_TLS, own, "");
+  hd_roots_add_root(g, start, end, heapdump_client_RootKind_ROOT_KIND_TLS, own, "");
 }
 
 /* An exited thread's control block, where glibc keeps its stack for the next thread: it still
@@ -454,12 +385,12 @@ static void add_exited_thread(hd_process *p, gather *g, const hd_thread_roots *r
   if (m == NULL || !readable_private(m) || m->path[0] != '\0') return;
   uint64_t head[3];
   struct iovec local = {head, sizeof head}, remote = {(void *)(uintptr_t)tp, sizeof head};
-  if (process_vm_readv(p->pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof head ||
-      head[0] != tp || head[2] != tp) {
+  if (process_vm_readv(p->pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof head || head[0] != tp ||
+      head[2] != tp) {
     return;
   }
-  add_root(g, tp, m->end - tp > TCB_SPAN ? tp + TCB_SPAN : m->end,
-           heapdump_client_RootKind_ROOT_KIND_TLS, rec->tid, "");
+  hd_roots_add_root(g, tp, m->end - tp > TCB_SPAN ? tp + TCB_SPAN : m->end,
+                    heapdump_client_RootKind_ROOT_KIND_TLS, rec->tid, "");
 }
 
 static void add_threads(hd_process *p, gather *g) {
@@ -476,193 +407,6 @@ static void add_threads(hd_process *p, gather *g) {
   for (size_t i = 0; g->record_alive != NULL && i < g->thread_count && !g->out_of_memory; i++) {
     if (!g->record_alive[i]) add_exited_thread(p, g, &g->threads[i]);
   }
-}
-
-/* ---- memory the program mapped itself ---- */
-
-/* Where the residency of a mapping is looked up, 8 bytes per page; runs of resident pages
- * closer than this are read as one (a page not resident reads as zeros, the zero page). */
-#define PAGEMAP_BATCH 4096u
-#define RUN_GAP_PAGES 16u
-/* The most roots one snapshot keeps: past it, program mappings are sent as not read. */
-#define MAX_ROOTS (1u << 20)
-
-/* A stack of a thread: of a live one, or one a thread recorded (glibc keeps the stacks of exited
- * threads for the next ones: their dead frames are not roots). */
-static bool thread_stack(const gather *g, const mapping *m) {
-  for (size_t i = 0; i < g->live_count; i++) {
-    if (g->live[i].lo < m->end && g->live[i].hi > m->start) return true;
-  }
-  for (size_t i = 0; i < g->thread_count; i++) {
-    if (g->threads[i].stack_lo < m->end && g->threads[i].stack_hi > m->start) return true;
-  }
-  return false;
-}
-
-/* Whether a live block lies in [start, end) (addresses sorted). */
-static bool holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
-  size_t lo = 0, hi = count;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (addresses[mid] < start) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo < count && addresses[lo] < end;
-}
-
-/* [start, end) of a program mapping, as roots: whole if small, else the runs of its resident
- * pages (/proc/PID/pagemap), within the snapshot's bound on the address space looked up. */
-static void add_resident(gather *g, uint64_t *entries, uint64_t start, uint64_t end,
-                         const char *name) {
-  const heapdump_client_RootKind kind = heapdump_client_RootKind_ROOT_KIND_MAPPING;
-  if (g->root_count >= MAX_ROOTS) {
-    add_root_as(g, start, end, kind, 0, name, true);
-    return;
-  }
-  if (end - start <= READ_WHOLE_MAX) {
-    add_root(g, start, end, kind, 0, name);
-    return;
-  }
-  if (g->pagemap_fd < 0 || entries == NULL || end - start > g->pagemap_left) {
-    add_root_as(g, start, end, kind, 0, name, true);
-    return;
-  }
-  g->pagemap_left -= end - start;
-  uint64_t run_start = 0, run_end = 0; /* run_end == 0: no run open */
-  for (uint64_t page = start / PAGE_SIZE_BYTES; page < end / PAGE_SIZE_BYTES;) {
-    const uint64_t n = end / PAGE_SIZE_BYTES - page < PAGEMAP_BATCH ? end / PAGE_SIZE_BYTES - page
-                                                                     : PAGEMAP_BATCH;
-    if (pread(g->pagemap_fd, entries, n * sizeof *entries, (off_t)(page * sizeof *entries)) !=
-        (ssize_t)(n * sizeof *entries)) {
-      if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
-      add_root_as(g, page * PAGE_SIZE_BYTES, end, kind, 0, name, true);
-      return;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-      const bool resident = (entries[i] >> 62) != 0; /* present, or swapped out */
-      if (!resident) continue;
-      const uint64_t at = (page + i) * PAGE_SIZE_BYTES;
-      if (run_end != 0 && at - run_end <= RUN_GAP_PAGES * PAGE_SIZE_BYTES) {
-        run_end = at + PAGE_SIZE_BYTES;
-        continue;
-      }
-      if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
-      run_start = at;
-      run_end = at + PAGE_SIZE_BYTES;
-    }
-    page += n;
-  }
-  if (run_end != 0) add_root(g, run_start, run_end, kind, 0, name);
-}
-
-/* Every writable mapping that is neither a module's data, a thread's stack, the allocator's nor
- * heapdump's own: memory the program mapped itself, which may hold the only pointers to its
- * blocks (a garbage-collected heap, an interpreter's arenas). `taken` holds the roots found so
- * far; addresses are the live blocks' (for an allocator whose mappings are known only by the
- * blocks they hold). */
-static void add_program_mappings(hd_process *p, gather *g, const range_set *taken,
-                                 const uint64_t *addresses, size_t address_count) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/pagemap", (int)p->pid);
-  g->pagemap_fd = open(path, O_RDONLY | O_CLOEXEC);
-  g->pagemap_left = MAX_PAGEMAP_SPAN;
-  uint64_t *entries = malloc(PAGEMAP_BATCH * sizeof *entries);
-  range_set pieces = {0};
-  for (size_t i = 0; i < g->map_count && !g->out_of_memory; i++) {
-    const mapping *m = &g->maps[i];
-    if (m->perms[0] != 'r' || m->perms[1] != 'w' || m->end <= m->start) continue;
-    /* The kernel's own ([stack], [vvar], [vdso], [vsyscall]); but the break's heap and named
-     * anonymous mappings are the program's. */
-    const bool heap = strcmp(m->path, "[heap]") == 0;
-    if (m->path[0] == '[' && !heap && strncmp(m->path, "[anon:", 6) != 0) continue;
-    if ((heap && g->brk_heap) || thread_stack(g, m)) continue;
-    if (g->blocks_mapped && holds_block(addresses, address_count, m->start, m->end)) continue;
-    pieces.count = 0;
-    if (!range_set_add(&pieces, m->start, m->end)) {
-      g->out_of_memory = true;
-      break;
-    }
-    const range_set *not_program[] = {taken, &g->allocator, &g->heapdump};
-    for (size_t k = 0; k < sizeof not_program / sizeof *not_program; k++) {
-      for (size_t r = 0; r < not_program[k]->count; r++) {
-        const range x = not_program[k]->items[r];
-        if (x.start < m->end && x.end > m->start && !range_set_remove(&pieces, x.start, x.end)) {
-          g->out_of_memory = true;
-        }
-      }
-    }
-    for (size_t k = 0; k < pieces.count; k++) {
-      add_resident(g, entries, pieces.items[k].start, pieces.items[k].end, m->path);
-    }
-  }
-  free(pieces.items);
-  free(entries);
-  if (g->pagemap_fd >= 0) close(g->pagemap_fd);
-  g->pagemap_fd = -1;
-  if (g->maps_cut) {
-    add_root_as(g, g->maps_cut_start, g->maps_cut_start + g->maps_cut_bytes,
-                heapdump_client_RootKind_ROOT_KIND_MAPPING, 0, "", true);
-  }
-}
-
-/* Removes from the roots (sorted, disjoint) what is not the program's: the allocator's memory,
- * heapdump's own, and heapdump's static TLS in each thread (its part of a TLS root, or of a stack
- * root where a thread's TLS lies at the top of its stack). */
-static void remove_not_the_programs(gather *g) {
-  range_set out = {0};
-  for (size_t i = 0; i < g->allocator.count; i++) {
-    if (!range_set_add(&out, g->allocator.items[i].start, g->allocator.items[i].end)) goto fail;
-  }
-  for (size_t i = 0; i < g->heapdump.count; i++) {
-    if (!range_set_add(&out, g->heapdump.items[i].start, g->heapdump.items[i].end)) goto fail;
-  }
-  for (size_t t = 0; t < g->thread_count; t++) {
-    const uint64_t tp = g->threads[t].thread_pointer;
-    for (size_t k = 0; tp != 0 && k < g->heapdump_tls_count; k++) {
-      const uint64_t start = tp + g->heapdump_tls[k].offset, size = g->heapdump_tls[k].size;
-      if (size > 0 && size < (1u << 24) && start + size > start &&
-          !range_set_add(&out, start, start + size)) {
-        goto fail;
-      }
-    }
-  }
-  if (out.count == 0) goto done;
-  root *kept = NULL;
-  size_t kept_count = 0, kept_capacity = 0;
-  for (size_t i = 0; i < g->root_count; i++) {
-    root r = g->roots[i];
-    uint64_t at = r.start;
-    for (size_t k = 0; k < out.count && at < r.end; k++) {
-      const range x = out.items[k];
-      if (x.end <= at || x.start >= r.end) continue;
-      if (x.start > at) {
-        if (!grow((void **)&kept, kept_count, &kept_capacity, sizeof *kept)) goto fail_kept;
-        kept[kept_count] = r;
-        kept[kept_count].start = at;
-        kept[kept_count++].end = x.start;
-      }
-      at = x.end;
-    }
-    if (at < r.end) {
-      if (!grow((void **)&kept, kept_count, &kept_capacity, sizeof *kept)) goto fail_kept;
-      kept[kept_count] = r;
-      kept[kept_count++].start = at;
-    }
-  }
-  free(g->roots);
-  g->roots = kept;
-  g->root_count = kept_count;
-  g->root_capacity = kept_capacity;
-  goto done;
-fail_kept:
-  free(kept);
-fail:
-  g->out_of_memory = true;
-done:
-  free(out.items);
 }
 
 /* Roots in pieces of at most ROOT_PIECE bytes: each is read into one buffer. */
@@ -728,8 +472,8 @@ typedef struct emit {
   hd_batch_writer *w;
 } emit;
 
-static HD_MUST_CHECK hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address, const uint8_t *bytes,
-                           uint64_t size, bool not_read) {
+static HD_MUST_CHECK hd_status send_root(hd_batch_writer *w, const root *r, uint64_t address,
+                                         const uint8_t *bytes, uint64_t size, bool not_read) {
   heapdump_client_RootRegion region = heapdump_client_RootRegion_init_zero;
   region.has_address = region.has_size = region.has_kind = true;
   region.address = address;
@@ -744,7 +488,8 @@ static HD_MUST_CHECK hd_status send_root(hd_batch_writer *w, const root *r, uint
   return hd_batch_add_root_region(w, &region, bytes, not_read ? 0 : size);
 }
 
-static HD_MUST_CHECK hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes, uint64_t size) {
+static HD_MUST_CHECK hd_status emit_root(void *ctx, uint64_t address, const uint8_t *bytes,
+                                         uint64_t size) {
   const emit *e = ctx;
   size_t lo = 0, hi = e->g->root_count;
   while (lo < hi) { /* the root that starts at address */
@@ -791,11 +536,12 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
       qsort(addresses, block_count, sizeof *addresses, compare_u64);
     }
   }
-  if (!g->out_of_memory) add_program_mappings(p, g, &taken, addresses, addresses ? block_count : 0);
+  if (!g->out_of_memory)
+    hd_roots_add_program_mappings(p, g, &taken, addresses, addresses ? block_count : 0);
   free(addresses);
   free(taken.items);
   remove_overlaps(g);
-  remove_not_the_programs(g);
+  hd_roots_remove_not_the_programs(g);
   split_in_pieces(g);
 }
 
@@ -822,8 +568,8 @@ hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_
     for (size_t i = 0; i < g.root_count && status == HD_OK; i++) {
       if (emitted[i]) continue;
       if (!g.roots[i].not_read) *cut = true;
-      status = send_root(w, &g.roots[i], g.roots[i].start, NULL,
-                         g.roots[i].end - g.roots[i].start, true);
+      status = send_root(w, &g.roots[i], g.roots[i].start, NULL, g.roots[i].end - g.roots[i].start,
+                         true);
     }
   }
   free(reads);

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "collector_internal.h"
-#include "heapdump/fidl/batch.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/batch.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,7 +34,7 @@ extern "C" {
  * as roots not read (RootRegion.not_read, without contents), and *cut says so. Returns HD_OK
  * or the writer's error. */
 HD_MUST_CHECK hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
-                       uint64_t max_total, bool *cut, hd_batch_writer *w);
+                                     uint64_t max_total, bool *cut, hd_batch_writer *w);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,8 @@ static void sample_live_processes(hd_collector *c) {
   const int64_t now = (int64_t)hd_monotonic_ns();
   for (size_t i = 0; i < n; i++) {
     hd_table_stats st;
-    if (hd_res_reader_stats(live[i]->res, &st) == HD_READ_OK) hd_series_add(&live[i]->series, &st, now);
+    if (hd_res_reader_stats(live[i]->res, &st) == HD_READ_OK)
+      hd_series_add(&live[i]->series, &st, now);
     hd_process_release(live[i]);
   }
   free(live);
@@ -41,7 +42,8 @@ static void *run_sampler(void *arg) {
      * or starved of CPU) the schedule restarts from now rather than catching up in a burst. */
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t at = (uint64_t)next.tv_sec * 1000000000u + (uint64_t)next.tv_nsec + c->sample_interval_ns;
+    uint64_t at =
+        (uint64_t)next.tv_sec * 1000000000u + (uint64_t)next.tv_nsec + c->sample_interval_ns;
     const uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
     if (at + c->sample_interval_ns < now_ns) at = now_ns + c->sample_interval_ns;
     next.tv_sec = (time_t)(at / 1000000000u);

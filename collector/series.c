@@ -78,18 +78,25 @@ void hd_series_remember(hd_series *s, const hd_series_moment *moment) {
   pthread_mutex_unlock(&s->lock);
 }
 
-static HD_MUST_CHECK hd_status add_sample(hd_batch_writer *w, const hd_series_sample *v, const char *name) {
+static HD_MUST_CHECK hd_status add_sample(hd_batch_writer *w, const hd_series_sample *v,
+                                          const char *name) {
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_stats_sample_tag;
   heapdump_client_StatsSample *out = &e.element.stats_sample;
-  *out = (heapdump_client_StatsSample){
-      .has_timestamp = true, .timestamp = v->timestamp,
-      .has_live_bytes = true, .live_bytes = v->live_bytes,
-      .has_live_blocks = true, .live_blocks = v->live_blocks,
-      .has_bytes_allocated = true, .bytes_allocated = v->bytes_allocated,
-      .has_blocks_allocated = true, .blocks_allocated = v->blocks_allocated,
-      .has_bytes_freed = true, .bytes_freed = v->bytes_freed,
-      .has_blocks_freed = true, .blocks_freed = v->blocks_freed};
+  *out = (heapdump_client_StatsSample){.has_timestamp = true,
+                                       .timestamp = v->timestamp,
+                                       .has_live_bytes = true,
+                                       .live_bytes = v->live_bytes,
+                                       .has_live_blocks = true,
+                                       .live_blocks = v->live_blocks,
+                                       .has_bytes_allocated = true,
+                                       .bytes_allocated = v->bytes_allocated,
+                                       .has_blocks_allocated = true,
+                                       .blocks_allocated = v->blocks_allocated,
+                                       .has_bytes_freed = true,
+                                       .bytes_freed = v->bytes_freed,
+                                       .has_blocks_freed = true,
+                                       .blocks_freed = v->blocks_freed};
   if (name != NULL) {
     out->has_snapshot_name = true;
     snprintf(out->snapshot_name, sizeof out->snapshot_name, "%s", name);

@@ -8,10 +8,10 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
 #include "table_reader.h"
-#include "heapdump/contract/must_check.h"
 
 /* Samples kept per process. Past this the series is thinned to half (the first sample stays, each
  * later pair keeps the one with more live bytes, so the peak survives) and later samples are kept
@@ -52,7 +52,7 @@ void hd_series_add(hd_series *s, const hd_table_stats *stats, int64_t now);
  * under the series' lock, so it is the latest of all, whatever other snapshot of the process
  * runs meanwhile. *moment (nullable) gets that moment, for hd_series_remember. */
 HD_MUST_CHECK hd_status hd_series_write(hd_series *s, const hd_table_stats *stats, const char *name,
-                          hd_batch_writer *w, hd_series_moment *moment);
+                                        hd_batch_writer *w, hd_series_moment *moment);
 /* Remembers a stored snapshot's moment (once it is stored), so that later snapshots of the
  * process show it. Live snapshots are not remembered: they are not kept anywhere. */
 void hd_series_remember(hd_series *s, const hd_series_moment *moment);

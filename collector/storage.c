@@ -1,8 +1,9 @@
 /* Stored snapshots: one file per snapshot under the storage directory, written atomically
  * (temporary file, fsync, rename, fsync of the directory), listed and streamed back on request.
  *
- * The file layout is in stored_file.h, which reads the files back. Snapshot ids come from the `next-id` file, advanced before an id is used, so an id is never
- * reused, across restarts and evictions alike.
+ * The file layout is in stored_file.h, which reads the files back. Snapshot ids come from the
+ * `next-id` file, advanced before an id is used, so an id is never reused, across restarts and
+ * evictions alike.
  *
  * The directory must be the collector's own and private (a root collector given a directory
  * another user made in /tmp would otherwise write wherever that user's symlinks point). Files
@@ -22,9 +23,8 @@
 #include <unistd.h>
 
 #include "collector_internal.h"
-#include "heapdump_client.bindings.h"
 #include "heapdump/contract/must_check.h"
-
+#include "heapdump_client.bindings.h"
 
 static HD_MUST_CHECK int mkdirs(const char *path) {
   char buf[4096];
@@ -88,7 +88,8 @@ static HD_MUST_CHECK int load_info(int dir_fd, const char *name, hd_stored_snaps
 }
 
 static int compare_ids(const void *a, const void *b) {
-  uint32_t x = ((const hd_stored_snapshot_info *)a)->id, y = ((const hd_stored_snapshot_info *)b)->id;
+  uint32_t x = ((const hd_stored_snapshot_info *)a)->id,
+           y = ((const hd_stored_snapshot_info *)b)->id;
   return x < y ? -1 : x > y;
 }
 
@@ -131,9 +132,9 @@ static void enforce_retention_of(hd_collector *c, uid_t uid) {
     total -= oldest.bytes;
     memmove(c->stored + i, c->stored + i + 1, (c->stored_count - i - 1) * sizeof *c->stored);
     c->stored_count--;
-    hd_log(c, HD_LOG_INFO, "evicted stored snapshot %u (%s of %s[%llu], uid %u) to stay within limits",
-           oldest.id, oldest.name, oldest.process_name, (unsigned long long)oldest.pid,
-           (unsigned)uid);
+    hd_log(c, HD_LOG_INFO,
+           "evicted stored snapshot %u (%s of %s[%llu], uid %u) to stay within limits", oldest.id,
+           oldest.name, oldest.process_name, (unsigned long long)oldest.pid, (unsigned)uid);
   }
 }
 
@@ -164,7 +165,8 @@ static HD_MUST_CHECK int choose_storage_dir(hd_collector *c, const char *dir) {
 static HD_MUST_CHECK int open_private_dir(hd_collector *c) {
   int rc = mkdirs(c->storage_dir);
   if (rc != 0) {
-    hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir, strerror(-rc));
+    hd_log(c, HD_LOG_ERROR, "cannot create storage directory %s: %s", c->storage_dir,
+           strerror(-rc));
     return rc;
   }
   c->storage_fd = open(c->storage_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -179,7 +181,8 @@ static HD_MUST_CHECK int open_private_dir(hd_collector *c) {
   if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
     hd_log(c, HD_LOG_ERROR,
            "storage directory %s must be owned by uid %u with mode 0700 (it is uid %u, mode %o)",
-           c->storage_dir, (unsigned)geteuid(), (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+           c->storage_dir, (unsigned)geteuid(), (unsigned)st.st_uid,
+           (unsigned)(st.st_mode & 07777));
     return -EPERM;
   }
   return 0;
@@ -230,9 +233,10 @@ static HD_MUST_CHECK int scan_stored(hd_collector *c) {
     if (load_rc != 0 || info.id != id) {
       hd_log(c, HD_LOG_WARN, "skipping damaged stored snapshot %s/%s: %s", c->storage_dir,
              entry->d_name,
-             load_rc == 0 ? "its id is not the one in its name"
+             load_rc == 0         ? "its id is not the one in its name"
              : load_rc == -EINVAL ? "bad header or truncated record"
-             : load_rc == -ELOOP ? "it is a symbolic link" : strerror(-load_rc));
+             : load_rc == -ELOOP  ? "it is a symbolic link"
+                                  : strerror(-load_rc));
       continue;
     }
     if (!append_info(c, &info)) break;
@@ -301,7 +305,8 @@ static const char *frozen_copy_refusal(int memfd, const hd_process *p, hd_alloc_
   if (rs != HD_READ_OK) return hd_read_status_str(rs);
   hd_alloc_table_info info;
   const char *refused = NULL;
-  if (hd_alloc_reader_info(*frozen, &info) != HD_READ_OK || !(info.flags & HD_ALLOC_FLAG_SNAPSHOT)) {
+  if (hd_alloc_reader_info(*frozen, &info) != HD_READ_OK ||
+      !(info.flags & HD_ALLOC_FLAG_SNAPSHOT)) {
     refused = "a live table, not a snapshot copy";
   } else if (info.pid != (uint32_t)p->own_pid) {
     refused = "another process's table";
@@ -314,7 +319,8 @@ static const char *frozen_copy_refusal(int memfd, const hd_process *p, hd_alloc_
 }
 
 /* The summary at the head of a stored file, taken now; its live totals are filled in later. */
-static heapdump_client_StoredSnapshot stored_meta(uint32_t id, const char *name, const hd_process *p) {
+static heapdump_client_StoredSnapshot stored_meta(uint32_t id, const char *name,
+                                                  const hd_process *p) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   heapdump_client_StoredSnapshot meta = {
@@ -333,6 +339,30 @@ static heapdump_client_StoredSnapshot stored_meta(uint32_t id, const char *name,
   snprintf(meta.snapshot_name, sizeof meta.snapshot_name, "%s", name);
   snprintf(meta.process_name, sizeof meta.process_name, "%s", p->name);
   return meta;
+}
+
+/* Writes a stored file's head (magic, owner, summary) and the snapshot's batches to sink.
+ * Returns hd_produce_snapshot's result (sink->error says whether the writes failed). */
+static HD_MUST_CHECK int write_stored_body(hd_collector *c, hd_process *p, hd_alloc_reader *frozen,
+                                           const char *name, bool with_contents, file_sink *sink,
+                                           const uint8_t *meta_buf, uint32_t meta_len,
+                                           hd_snapshot_totals *totals, hd_series_moment *moment) {
+  uint32_t uid = (uint32_t)p->uid;
+  (void)(sink_write(sink, HD_STORED_MAGIC, 8) && sink_write(sink, &uid, 4) &&
+         sink_write(sink, &meta_len, 4) && sink_write(sink, meta_buf, meta_len));
+  hd_batch_writer *w = malloc(sizeof *w);
+  if (w == NULL) {
+    sink->error = ENOMEM;
+    return 0;
+  }
+  int rc = 0;
+  hd_batch_writer_init(w, append_batch, sink);
+  if (sink->error == 0) {
+    rc = hd_produce_snapshot(c, p, frozen, name, with_contents, w, totals, moment);
+  }
+  if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
+  free(w);
+  return rc;
 }
 
 int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
@@ -369,22 +399,10 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   uint8_t meta_buf[heapdump_client_StoredSnapshot_size];
   uint32_t meta_len = 0;
   file_sink sink = {fd, encode_meta(&meta, meta_buf, &meta_len) ? 0 : EINVAL};
-  uint32_t uid = (uint32_t)p->uid;
-  (void)(sink_write(&sink, HD_STORED_MAGIC, 8) && sink_write(&sink, &uid, 4) &&
-         sink_write(&sink, &meta_len, 4) && sink_write(&sink, meta_buf, meta_len));
-  hd_batch_writer *w = malloc(sizeof *w);
   hd_snapshot_totals totals = {0};
   hd_series_moment moment = {0};
-  if (w == NULL) {
-    sink.error = ENOMEM;
-  } else {
-    hd_batch_writer_init(w, append_batch, &sink);
-    if (sink.error == 0) {
-      rc = hd_produce_snapshot(c, p, frozen, name, with_contents, w, &totals, &moment);
-    }
-    if (rc == 0 && hd_batch_end(w) != HD_OK) rc = -EIO;
-  }
-  free(w);
+  rc = write_stored_body(c, p, frozen, name, with_contents, &sink, meta_buf, meta_len, &totals,
+                         &moment);
   hd_alloc_reader_close(frozen);
   meta.live_bytes = totals.live_bytes;
   meta.live_blocks = totals.live_blocks;
@@ -403,7 +421,8 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   }
   close(fd);
   hd_stored_snapshot_info info;
-  if (why == NULL && load_info(c->storage_fd, file_name, &info) != 0) why = "it could not be read back";
+  if (why == NULL && load_info(c->storage_fd, file_name, &info) != 0)
+    why = "it could not be read back";
   if (why != NULL) {
     unlinkat(c->storage_fd, tmp, 0);
     hd_log(c, HD_LOG_ERROR, "could not store snapshot \"%s\" of %s[%u] in %s: %s", name, p->name,
@@ -416,7 +435,8 @@ int hd_store_snapshot(hd_collector *c, hd_process *p, const char *name, int memf
   append_info(c, &info);
   enforce_retention_of(c, p->uid);
   pthread_mutex_unlock(&c->lock);
-  hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u]", id, name, p->name, (unsigned)p->pid);
+  hd_log(c, HD_LOG_INFO, "stored snapshot %u \"%s\" of %s[%u]", id, name, p->name,
+         (unsigned)p->pid);
   *out_id = id;
   return 0;
 }
@@ -484,7 +504,8 @@ hd_status hd_storage_send_page(int fd, hd_message *msg, hd_stored_list *listing)
   /* As many entries as fit: each costs at most its bounded encoded size plus tag and length. */
   const size_t per_item = heapdump_client_StoredSnapshot_size + 3;
   size_t room = (HD_MAX_BODY_BYTES - 8) / per_item;
-  page pg = {listing, listing->next + room < listing->count ? listing->next + room : listing->count};
+  page pg = {listing,
+             listing->next + room < listing->count ? listing->next + room : listing->count};
   heapdump_client_StoredSnapshotIteratorGetNextResult result =
       heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
   result.which_result = heapdump_client_StoredSnapshotIteratorGetNextResult_response_tag;

@@ -43,11 +43,13 @@ int hd_stored_file_info(int fd, hd_stored_snapshot_info *info) {
     return -EINVAL;
   heapdump_client_StoredSnapshot s = heapdump_client_StoredSnapshot_init_zero;
   pb_istream_t in = pb_istream_from_buffer(meta, meta_len);
-  if (!pb_decode(&in, heapdump_client_StoredSnapshot_fields, &s) || !s.has_snapshot_id) return -EINVAL;
+  if (!pb_decode(&in, heapdump_client_StoredSnapshot_fields, &s) || !s.has_snapshot_id)
+    return -EINVAL;
   /* Each record's length must fit a batch, and the file must end on a record. */
   for (off_t offset = 16 + (off_t)meta_len; offset < st.st_size;) {
     uint32_t len;
-    if (!read_at(fd, &len, 4, offset) || len > HD_BATCH_CAPACITY || offset + 4 + (off_t)len > st.st_size)
+    if (!read_at(fd, &len, 4, offset) || len > HD_BATCH_CAPACITY ||
+        offset + 4 + (off_t)len > st.st_size)
       return -EINVAL;
     offset += 4 + (off_t)len;
   }

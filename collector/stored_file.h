@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
-#include "heapdump/contract/must_check.h"
 
 #define HD_STORED_MAGIC "HDSNAP01" /* 8 bytes, no NUL */
 #define HD_STORED_META_MAX 512u
@@ -24,7 +24,7 @@ typedef struct hd_stored_snapshot_info {
   char process_name[HD_NAME_SIZE];
   uint64_t pid;
   uid_t uid;
-  uint64_t bytes; /* the file's size */
+  uint64_t bytes;            /* the file's size */
   uint64_t taken_at_unix_ns; /* 0: unknown (stored by an older collector) */
   uint64_t live_bytes, live_blocks;
 } hd_stored_snapshot_info;

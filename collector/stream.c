@@ -12,9 +12,9 @@
 
 #include "collector_internal.h"
 #include "contents.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump_client.bindings.h"
 #include "roots.h"
-#include "heapdump/contract/must_check.h"
 
 /* A client that does not acknowledge a batch for this long is dropped. */
 #define ACK_TIMEOUT_SECONDS 60
@@ -81,48 +81,58 @@ static void key_set_free(key_set *s) {
 /* The process's statistics, and its series up to now ending with this snapshot's own moment,
  * named `name`, with the same statistics. Unreadable statistics (a corrupt table) leave both
  * out: the snapshot goes on without them. */
-static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *name, hd_batch_writer *w,
-                                      hd_series_moment *moment) {
+static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *name,
+                                                    hd_batch_writer *w, hd_series_moment *moment) {
   hd_table_stats st;
   if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK;
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
-  e.element.process_stats = (heapdump_client_ProcessStats){
-      .has_blocks_allocated = true, .blocks_allocated = st.blocks_allocated,
-      .has_bytes_allocated = true, .bytes_allocated = st.bytes_allocated,
-      .has_blocks_freed = true, .blocks_freed = st.blocks_freed,
-      .has_bytes_freed = true, .bytes_freed = st.bytes_freed,
-      .has_live_blocks = true, .live_blocks = st.live_blocks,
-      .has_live_bytes = true, .live_bytes = st.live_bytes,
-      .has_peak_live_bytes = true, .peak_live_bytes = st.peak_live_bytes,
-      .has_dropped_allocations = true, .dropped_allocations = st.dropped_allocations,
-      .has_dropped_stack_traces = true, .dropped_stack_traces = st.dropped_stack_traces,
-      .has_dropped_resources = true, .dropped_resources = st.dropped_resources,
-      .has_stacks_beyond_cfi = true,
-      .stacks_beyond_cfi = st.stacks_beyond_cfi,
-      .has_writes_past_block_end = true,
-      .writes_past_block_end = st.writes_past_block_end,
-      .has_mapping_records_lost = true,
-      .mapping_records_lost = st.mapping_records_lost};
+  e.element.process_stats =
+      (heapdump_client_ProcessStats){.has_blocks_allocated = true,
+                                     .blocks_allocated = st.blocks_allocated,
+                                     .has_bytes_allocated = true,
+                                     .bytes_allocated = st.bytes_allocated,
+                                     .has_blocks_freed = true,
+                                     .blocks_freed = st.blocks_freed,
+                                     .has_bytes_freed = true,
+                                     .bytes_freed = st.bytes_freed,
+                                     .has_live_blocks = true,
+                                     .live_blocks = st.live_blocks,
+                                     .has_live_bytes = true,
+                                     .live_bytes = st.live_bytes,
+                                     .has_peak_live_bytes = true,
+                                     .peak_live_bytes = st.peak_live_bytes,
+                                     .has_dropped_allocations = true,
+                                     .dropped_allocations = st.dropped_allocations,
+                                     .has_dropped_stack_traces = true,
+                                     .dropped_stack_traces = st.dropped_stack_traces,
+                                     .has_dropped_resources = true,
+                                     .dropped_resources = st.dropped_resources,
+                                     .has_stacks_beyond_cfi = true,
+                                     .stacks_beyond_cfi = st.stacks_beyond_cfi,
+                                     .has_writes_past_block_end = true,
+                                     .writes_past_block_end = st.writes_past_block_end,
+                                     .has_mapping_records_lost = true,
+                                     .mapping_records_lost = st.mapping_records_lost};
   hd_status status = hd_batch_add(w, &e);
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
 
 static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, const uint8_t *bytes,
-                              uint64_t size) {
+                                            uint64_t size) {
   return hd_batch_add_block_contents(writer, address, bytes, size);
 }
 
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
  * nothing was allocated from it (nothing to report without live blocks). */
 static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
-                                 bool only_if_allocated, hd_batch_writer *w) {
+                                               bool only_if_allocated, hd_batch_writer *w) {
   size_t n = 0;
   uint64_t blocks_allocated = 0, bytes_allocated = 0;
   bool truncated = false;
-  bool known = key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n,
-                                               &blocks_allocated, &bytes_allocated,
-                                               &truncated) == HD_READ_OK;
+  bool known =
+      key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n, &blocks_allocated,
+                                      &bytes_allocated, &truncated) == HD_READ_OK;
   if (only_if_allocated && (!known || blocks_allocated == 0)) return HD_OK;
   hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0, known && truncated);
   if (status == HD_OK && known) {
@@ -146,8 +156,9 @@ static bool stop_requested(void *collector) {
 
 /* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc) within the read
  * timeout; 0, or -EIO (logged). */
-static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                            hd_live_block **blocks, size_t *count) {
+static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p,
+                                          hd_alloc_reader *snapshot_alloc, hd_live_block **blocks,
+                                          size_t *count) {
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
   /* A sealed copy cannot change, nor can the table of a process that has exited (a process
    * killed inside the library leaves a slot locked forever): both are read as they are. */
@@ -169,9 +180,10 @@ static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p, hd_all
 
 /* One Allocation per block, noting the stack traces and threads they name. *out_of_memory when
  * a key could not be noted. */
-static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size_t count, hd_batch_writer *w,
-                                 hd_snapshot_totals *totals, key_set *stacks, key_set *threads,
-                                 bool *out_of_memory) {
+static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size_t count,
+                                               hd_batch_writer *w, hd_snapshot_totals *totals,
+                                               key_set *stacks, key_set *threads,
+                                               bool *out_of_memory) {
   hd_status status = HD_OK;
   for (size_t i = 0; i < count && status == HD_OK; i++) {
     const hd_live_block *b = &blocks[i];
@@ -201,7 +213,8 @@ static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size
 }
 
 /* A ThreadInfo for every thread key the allocations name. */
-static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *threads, hd_batch_writer *w) {
+static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *threads,
+                                                hd_batch_writer *w) {
   hd_status status = HD_OK;
   for (size_t i = 0; i < threads->count && status == HD_OK; i++) {
     hd_thread_info t;
@@ -211,7 +224,8 @@ static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *th
     e.element.thread_info.thread_info_key = threads->order[i];
     e.element.thread_info.has_name = true;
     /* Key 0 (or an unreadable record) still gets an entry, so every reference resolves. */
-    if (threads->order[i] != 0 && hd_res_reader_thread(p->res, threads->order[i], &t) == HD_READ_OK) {
+    if (threads->order[i] != 0 &&
+        hd_res_reader_thread(p->res, threads->order[i], &t) == HD_READ_OK) {
       e.element.thread_info.has_koid = true;
       e.element.thread_info.koid = t.tid;
       snprintf(e.element.thread_info.name, sizeof e.element.thread_info.name, "%s", t.name);
@@ -226,7 +240,8 @@ static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *th
 /* The stack traces the allocations name, then from the resources log the traces no live block
  * names any more (they still carry allocation counters: what was allocated since start, pprof's
  * alloc_space) and every executable region. */
-static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_set *stacks, hd_batch_writer *w) {
+static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_set *stacks,
+                                                      hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
@@ -314,9 +329,8 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
   }
   hd_discover_processes(c, false);
   size_t count = 0;
-  heapdump_client_CollectorError error =
-      hd_select_processes(c, job->peer_uid, job->has_selector, &job->selector, job->multi_process,
-                          processes, &count);
+  heapdump_client_CollectorError error = hd_select_processes(
+      c, job->peer_uid, job->has_selector, &job->selector, job->multi_process, processes, &count);
   int rc = 0;
   if (error != heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
     report_error(ch, error);

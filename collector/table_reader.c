@@ -6,19 +6,19 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
-#include <time.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "heapdump/contract/cpu.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/contract/stack_codec.h"
-#include "heapdump/contract/must_check.h"
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 /* A slot whose writer keeps it changing (or holds it, e.g. preempted on a loaded machine) is
@@ -41,7 +41,8 @@ const char *hd_read_status_str(hd_read_status s) {
     case HD_READ_ERR_NOT_FOUND: return "no such record";
     case HD_READ_ERR_NO_SPACE: return "buffer too small";
     case HD_READ_ERR_NO_MEMORY: return "out of memory";
-    case HD_READ_ERR_TIMED_OUT: return "live snapshot failed: the table stayed locked past the read time limit";
+    case HD_READ_ERR_TIMED_OUT:
+      return "live snapshot failed: the table stayed locked past the read time limit";
     case HD_READ_ERR_STOPPED: return "stopped";
   }
   return "unknown status";
@@ -70,8 +71,9 @@ static void copy_words(void *dst, const void *src, size_t bytes) {
 
 /* Maps a table and copies its header, whose magic and layout version come first in both tables
  * (pinned in the layout header); on any error nothing stays mapped. */
-static HD_MUST_CHECK hd_read_status map_table(int fd, uint64_t magic, void *header, size_t header_size,
-                                const uint8_t **base, uint64_t *size) {
+static HD_MUST_CHECK hd_read_status map_table(int fd, uint64_t magic, void *header,
+                                              size_t header_size, const uint8_t **base,
+                                              uint64_t *size) {
   hd_read_status st = map_fd(fd, base, size);
   if (st != HD_READ_OK) return st;
   copy_words(header, *base, header_size);
@@ -79,8 +81,10 @@ static HD_MUST_CHECK hd_read_status map_table(int fd, uint64_t magic, void *head
   uint32_t found_version;
   memcpy(&found_magic, header, sizeof found_magic);
   memcpy(&found_version, (const uint8_t *)header + 8, sizeof found_version);
-  if (found_magic != magic) st = HD_READ_ERR_BAD_MAGIC;
-  else if (found_version != HD_LAYOUT_VERSION) st = HD_READ_ERR_BAD_VERSION;
+  if (found_magic != magic)
+    st = HD_READ_ERR_BAD_MAGIC;
+  else if (found_version != HD_LAYOUT_VERSION)
+    st = HD_READ_ERR_BAD_VERSION;
   if (st != HD_READ_OK) munmap((void *)*base, *size);
   return st;
 }
@@ -118,12 +122,12 @@ hd_read_status hd_alloc_reader_open(int fd, hd_alloc_reader **out) {
   hd_read_status st = map_table(fd, HD_ALLOC_MAGIC, &h, sizeof h, &base, &size);
   if (st != HD_READ_OK) return st;
   if (h.header_size != sizeof(h) || h.node_size != sizeof(hd_alloc_node) ||
-           h.seq_slots != HD_SEQ_SLOTS || h.nodes_per_slot != HD_NODES_PER_SLOT ||
-           h.total_size != size || h.node_capacity >= UINT32_MAX ||
-           h.seq_offset < sizeof(h) || (h.seq_offset | h.nodes_offset) % 8 ||
-           !range_ok(h.seq_offset, (uint64_t)HD_SEQ_SLOTS * 4, size) ||
-           h.nodes_offset < h.seq_offset + (uint64_t)HD_SEQ_SLOTS * 4 ||
-           !range_ok(h.nodes_offset, (uint64_t)h.node_capacity * sizeof(hd_alloc_node), size))
+      h.seq_slots != HD_SEQ_SLOTS || h.nodes_per_slot != HD_NODES_PER_SLOT ||
+      h.total_size != size || h.node_capacity >= UINT32_MAX || h.seq_offset < sizeof(h) ||
+      (h.seq_offset | h.nodes_offset) % 8 ||
+      !range_ok(h.seq_offset, (uint64_t)HD_SEQ_SLOTS * 4, size) ||
+      h.nodes_offset < h.seq_offset + (uint64_t)HD_SEQ_SLOTS * 4 ||
+      !range_ok(h.nodes_offset, (uint64_t)h.node_capacity * sizeof(hd_alloc_node), size))
     st = HD_READ_ERR_BAD_SIZE;
   hd_alloc_reader *r = reader_or_unmap(&st, base, size, sizeof *r);
   if (r == NULL) return st;
@@ -208,17 +212,20 @@ static void backoff(unsigned attempt) {
 }
 
 /* Checked while waiting for a writer: HD_READ_OK to go on waiting, or why not. */
-static HD_MUST_CHECK hd_read_status keep_waiting(const hd_read_limits *limits, uint64_t give_up_at) {
+static HD_MUST_CHECK hd_read_status keep_waiting(const hd_read_limits *limits,
+                                                 uint64_t give_up_at) {
   const uint64_t now = monotonic_ns();
-  if (limits != NULL && limits->stop != NULL && limits->stop(limits->stop_ctx)) return HD_READ_ERR_STOPPED;
-  if (limits != NULL && limits->deadline_ns != 0 && now > limits->deadline_ns) return HD_READ_ERR_TIMED_OUT;
+  if (limits != NULL && limits->stop != NULL && limits->stop(limits->stop_ctx))
+    return HD_READ_ERR_STOPPED;
+  if (limits != NULL && limits->deadline_ns != 0 && now > limits->deadline_ns)
+    return HD_READ_ERR_TIMED_OUT;
   return now > give_up_at ? HD_READ_ERR_BUSY : HD_READ_OK;
 }
 
 /* Copies the live nodes [first, end) of one slot as a seqlock reader (R1-R3): again while a
  * writer changes the slot, until a copy is stable. */
 static HD_MUST_CHECK hd_read_status copy_run(const hd_alloc_reader *r, uint32_t first, uint32_t end,
-                               block_vec *bv, hd_read_limits *limits) {
+                                             block_vec *bv, hd_read_limits *limits) {
   const uint32_t *seq = (const uint32_t *)(r->base + r->h.seq_offset) + hd_node_slot(first);
   const hd_alloc_node *nodes = (const hd_alloc_node *)(r->base + r->h.nodes_offset);
   const bool final = limits != NULL && limits->final;
@@ -226,7 +233,8 @@ static HD_MUST_CHECK hd_read_status copy_run(const hd_alloc_reader *r, uint32_t 
   hd_read_status waited;
   for (unsigned attempt = 0;; attempt++) {
     if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-    if (attempt > 16 && attempt % 64 == 0 && (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
+    if (attempt > 16 && attempt % 64 == 0 &&
+        (waited = keep_waiting(limits, give_up_at)) != HD_READ_OK) {
       return waited;
     }
     const uint32_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE); /* R1, pairs with W3 */
@@ -416,8 +424,7 @@ hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_li
   return HD_READ_OK;
 }
 
-hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
-                                        size_t *count) {
+hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks, size_t *count) {
   hd_read_status st = hd_alloc_reader_snapshot_unordered(r, NULL, blocks, count);
   if (st == HD_READ_OK && *count > 1) qsort(*blocks, *count, sizeof(**blocks), cmp_block);
   return st;
@@ -441,7 +448,7 @@ hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
   hd_read_status st = map_table(fd, HD_RES_MAGIC, &h, sizeof h, &base, &size);
   if (st != HD_READ_OK) return st;
   if (h.header_size != sizeof(h) || h.total_size != size || size > UINT32_MAX ||
-           h.records_offset < sizeof(h) || h.records_offset % 8 || h.records_offset > size)
+      h.records_offset < sizeof(h) || h.records_offset % 8 || h.records_offset > size)
     st = HD_READ_ERR_BAD_SIZE;
   hd_res_reader *r = reader_or_unmap(&st, base, size, sizeof *r);
   if (r == NULL) return st;
@@ -463,7 +470,7 @@ uint32_t hd_res_reader_pid(const hd_res_reader *r) { return r ? r->pid : 0; }
 
 static uint64_t published_end(const hd_res_reader *r);
 static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
-                                hd_rec_header *hdr);
+                                              hd_rec_header *hdr);
 
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   if (!r || !out) return HD_READ_ERR_ARG;
@@ -500,10 +507,10 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
     if (c.next >= off) return HD_READ_ERR_CORRUPT;
     off = c.next;
   }
-  out->live_blocks = out->blocks_allocated >= out->blocks_freed
-                         ? out->blocks_allocated - out->blocks_freed : 0;
-  out->live_bytes = out->bytes_allocated >= out->bytes_freed
-                        ? out->bytes_allocated - out->bytes_freed : 0;
+  out->live_blocks =
+      out->blocks_allocated >= out->blocks_freed ? out->blocks_allocated - out->blocks_freed : 0;
+  out->live_bytes =
+      out->bytes_allocated >= out->bytes_freed ? out->bytes_allocated - out->bytes_freed : 0;
   /* Threads hold back small shares of the live bytes from the peak (see heapdump.h). */
   if (out->peak_live_bytes < out->live_bytes) out->peak_live_bytes = out->live_bytes;
   return HD_READ_OK;
@@ -517,16 +524,17 @@ static uint64_t published_end(const hd_res_reader *r) {
 
 /* Validates the record header at off and copies `want` bytes of it into dst. */
 static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
-                                hd_rec_header *hdr) {
+                                              hd_rec_header *hdr) {
   if (off < r->records_offset || off % 8 || off + sizeof(*hdr) > end) return HD_READ_ERR_NOT_FOUND;
   copy_words(hdr, r->base + off, sizeof(*hdr));
-  if (hdr->size < sizeof(*hdr) || hdr->size % 8 || hdr->size > end - off) return HD_READ_ERR_CORRUPT;
+  if (hdr->size < sizeof(*hdr) || hdr->size % 8 || hdr->size > end - off)
+    return HD_READ_ERR_CORRUPT;
   return HD_READ_OK;
 }
 
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
-                                   size_t *count, uint64_t *alloc_blocks,
-                                   uint64_t *alloc_bytes, bool *truncated) {
+                                   size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
+                                   bool *truncated) {
   if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
   *count = 0;
   uint64_t end = published_end(r);
@@ -621,7 +629,8 @@ hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor, hd_res_ent
         hd_rec_thread_roots rec = {0};
         copy_words(&rec, r->base + off, sizeof(rec));
         out->type = HD_ENTRY_THREAD_ROOTS;
-        out->u.thread_roots = (hd_thread_roots){.tid = rec.tid, .stack_lo = rec.stack_lo,
+        out->u.thread_roots = (hd_thread_roots){.tid = rec.tid,
+                                                .stack_lo = rec.stack_lo,
                                                 .stack_hi = rec.stack_hi,
                                                 .thread_pointer = rec.thread_pointer};
         return HD_READ_OK;
@@ -631,12 +640,11 @@ hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor, hd_res_ent
         hd_rec_mapping rec = {0};
         copy_words(&rec, r->base + off, sizeof(rec));
         out->type = HD_ENTRY_MAPPING;
-        out->u.mapping = (hd_mapping_change){.kind = rec.kind, .mapped = rec.mapped != 0,
-                                             .start = rec.start, .size = rec.size};
+        out->u.mapping = (hd_mapping_change){
+            .kind = rec.kind, .mapped = rec.mapped != 0, .start = rec.start, .size = rec.size};
         return HD_READ_OK;
       }
-      default:
-        continue; /* unknown record kinds of newer writers are skipped */
+      default: continue; /* unknown record kinds of newer writers are skipped */
     }
   }
 }

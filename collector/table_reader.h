@@ -10,8 +10,8 @@
 #ifndef HEAPDUMP_COLLECTOR_TABLE_READER_H
 #define HEAPDUMP_COLLECTOR_TABLE_READER_H
 
-#include <stddef.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "heapdump/contract/must_check.h"
@@ -20,23 +20,22 @@
 extern "C" {
 #endif
 
-
 typedef enum hd_read_status {
   HD_READ_OK = 0,
-  HD_READ_END = 1,               /* iteration finished */
-  HD_READ_ERR_ARG = -1,          /* NULL pointer or invalid argument */
-  HD_READ_ERR_SYSTEM = -2,       /* fstat/mmap/fcntl failed; errno is set */
-  HD_READ_ERR_BAD_MAGIC = -3,    /* not a heapdump table of the expected kind */
-  HD_READ_ERR_BAD_VERSION = -4,  /* layout version this reader does not know */
-  HD_READ_ERR_BAD_SIZE = -5,     /* header sizes/offsets do not fit the memfd */
-  HD_READ_ERR_NOT_SEALED = -6,   /* memfd lacks F_SEAL_SHRINK: could shrink under us */
-  HD_READ_ERR_CORRUPT = -7,      /* LIVE_SNAPSHOT_FAILED: inconsistent contents */
-  HD_READ_ERR_BUSY = -8,         /* LIVE_SNAPSHOT_FAILED: writers kept a slot changing/locked */
-  HD_READ_ERR_NOT_FOUND = -9,    /* key does not name a record of that kind */
-  HD_READ_ERR_NO_SPACE = -10,    /* caller's buffer too small (partial result returned) */
+  HD_READ_END = 1,              /* iteration finished */
+  HD_READ_ERR_ARG = -1,         /* NULL pointer or invalid argument */
+  HD_READ_ERR_SYSTEM = -2,      /* fstat/mmap/fcntl failed; errno is set */
+  HD_READ_ERR_BAD_MAGIC = -3,   /* not a heapdump table of the expected kind */
+  HD_READ_ERR_BAD_VERSION = -4, /* layout version this reader does not know */
+  HD_READ_ERR_BAD_SIZE = -5,    /* header sizes/offsets do not fit the memfd */
+  HD_READ_ERR_NOT_SEALED = -6,  /* memfd lacks F_SEAL_SHRINK: could shrink under us */
+  HD_READ_ERR_CORRUPT = -7,     /* LIVE_SNAPSHOT_FAILED: inconsistent contents */
+  HD_READ_ERR_BUSY = -8,        /* LIVE_SNAPSHOT_FAILED: writers kept a slot changing/locked */
+  HD_READ_ERR_NOT_FOUND = -9,   /* key does not name a record of that kind */
+  HD_READ_ERR_NO_SPACE = -10,   /* caller's buffer too small (partial result returned) */
   HD_READ_ERR_NO_MEMORY = -11,
-  HD_READ_ERR_TIMED_OUT = -12,   /* LIVE_SNAPSHOT_FAILED: not done by hd_read_limits.deadline_ns */
-  HD_READ_ERR_STOPPED = -13,     /* hd_read_limits.stop said to give up */
+  HD_READ_ERR_TIMED_OUT = -12, /* LIVE_SNAPSHOT_FAILED: not done by hd_read_limits.deadline_ns */
+  HD_READ_ERR_STOPPED = -13,   /* hd_read_limits.stop said to give up */
 } hd_read_status;
 
 /* Static string naming a status. */
@@ -47,17 +46,17 @@ typedef struct hd_alloc_reader hd_alloc_reader;
 
 typedef struct hd_live_block {
   uint64_t address;
-  uint64_t size;        /* requested size */
-  uint64_t timestamp;   /* CLOCK_MONOTONIC ns */
-  uint32_t thread_key;  /* resources key, 0 = unknown */
-  uint32_t stack_key;   /* resources key, 0 = unknown (trace dropped) */
-  uint32_t flags;       /* low 8 bits: log2 of requested alignment */
+  uint64_t size;       /* requested size */
+  uint64_t timestamp;  /* CLOCK_MONOTONIC ns */
+  uint32_t thread_key; /* resources key, 0 = unknown */
+  uint32_t stack_key;  /* resources key, 0 = unknown (trace dropped) */
+  uint32_t flags;      /* low 8 bits: log2 of requested alignment */
   uint32_t reserved;
 } hd_live_block;
 
 typedef struct hd_alloc_table_info {
   uint32_t pid;
-  uint32_t flags;           /* HD_ALLOC_FLAG_SNAPSHOT for a frozen copy */
+  uint32_t flags; /* HD_ALLOC_FLAG_SNAPSHOT for a frozen copy */
   uint32_t node_capacity;
   uint32_t node_high_water;
   uint64_t total_size;
@@ -91,11 +90,13 @@ typedef struct hd_read_limits {
  * the newest record is kept, even from a table that breaks the protocol).
  * *blocks is malloc'd, in table order (no order a caller can use); free() it. On error *blocks
  * is NULL. limits may be NULL (no bounds beyond the per-slot patience). */
-HD_MUST_CHECK hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r, hd_read_limits *limits,
-                                                  hd_live_block **blocks, size_t *count) HD_MUST_CHECK;
+HD_MUST_CHECK hd_read_status hd_alloc_reader_snapshot_unordered(hd_alloc_reader *r,
+                                                                hd_read_limits *limits,
+                                                                hd_live_block **blocks,
+                                                                size_t *count) HD_MUST_CHECK;
 /* The same copy, sorted by address. */
 HD_MUST_CHECK hd_read_status hd_alloc_reader_snapshot(hd_alloc_reader *r, hd_live_block **blocks,
-                                        size_t *count) HD_MUST_CHECK;
+                                                      size_t *count) HD_MUST_CHECK;
 
 /* ---- resources table ---- */
 typedef struct hd_res_reader hd_res_reader;
@@ -113,7 +114,7 @@ typedef struct hd_thread_info {
   uint32_t key;
   uint32_t tid;
   uint64_t timestamp;
-  char name[16];  /* always NUL-terminated */
+  char name[16]; /* always NUL-terminated */
 } hd_thread_info;
 
 typedef struct hd_region {
@@ -121,7 +122,7 @@ typedef struct hd_region {
   uint64_t address, size, file_offset, vaddr;
   uint8_t build_id[32];
   uint32_t build_id_len;
-  char name[4096];  /* always NUL-terminated */
+  char name[4096]; /* always NUL-terminated */
 } hd_region;
 
 /* Where a thread's stack and TLS are (as the process recorded them: to be checked). */
@@ -145,8 +146,8 @@ enum {
   HD_ENTRY_MAPPING = 5,
 };
 typedef struct hd_res_entry {
-  int type;      /* HD_ENTRY_* */
-  uint32_t key;  /* for HD_ENTRY_STACK, pass to hd_res_reader_stack */
+  int type;     /* HD_ENTRY_* */
+  uint32_t key; /* for HD_ENTRY_STACK, pass to hd_res_reader_stack */
   union {
     hd_thread_info thread;
     hd_region region;
@@ -164,14 +165,15 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUS
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
  * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. truncated (nullable):
  * the library's walk was cut at its frame limit. */
-HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
-                                   size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
-                                   bool *truncated) HD_MUST_CHECK;
+HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames,
+                                                 size_t max, size_t *count, uint64_t *alloc_blocks,
+                                                 uint64_t *alloc_bytes,
+                                                 bool *truncated) HD_MUST_CHECK;
 HD_MUST_CHECK hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
-                                    hd_thread_info *out) HD_MUST_CHECK;
+                                                  hd_thread_info *out) HD_MUST_CHECK;
 /* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */
 HD_MUST_CHECK hd_read_status hd_res_reader_next(hd_res_reader *r, uint64_t *cursor,
-                                  hd_res_entry *out) HD_MUST_CHECK;
+                                                hd_res_entry *out) HD_MUST_CHECK;
 
 #ifdef __cplusplus
 }

@@ -24,9 +24,9 @@ typedef struct job {
   struct job *next;
   hd_process *process;
   char name[HD_NAME_SIZE];
-  int memfd;    /* named snapshots: the frozen allocations copy */
+  int memfd;               /* named snapshots: the frozen allocations copy */
   bool exit_with_contents; /* named snapshots: the process's own exit snapshot */
-  int reply_fd; /* named snapshots: where to answer */
+  int reply_fd;            /* named snapshots: where to answer */
   uint32_t txid;
 } job;
 
@@ -39,13 +39,13 @@ typedef struct job_queue {
  * lock (hd_worker_reserve_exit is called under both, so that a census never misses an exit). */
 typedef struct hd_worker {
   pthread_t named_thread, exit_thread; /* Sync: the thread that starts and stops the worker */
-  pthread_mutex_t lock; /* guards the fields below and hd_process.named_store_pending */
-  pthread_cond_t wake;  /* both threads wait on it, with lock */
-  job_queue named, at_exit;  /* Sync: lock */
-  bool discovery_queued;     /* Sync: lock */
-  unsigned exits_pending; /* exit snapshots queued or being stored. Sync: lock */
-  bool stopping;          /* Sync: lock */
-  hd_message *scratch;    /* Sync: the named-store thread only (made before it starts) */
+  pthread_mutex_t lock;     /* guards the fields below and hd_process.named_store_pending */
+  pthread_cond_t wake;      /* both threads wait on it, with lock */
+  job_queue named, at_exit; /* Sync: lock */
+  bool discovery_queued;    /* Sync: lock */
+  unsigned exits_pending;   /* exit snapshots queued or being stored. Sync: lock */
+  bool stopping;            /* Sync: lock */
+  hd_message *scratch;      /* Sync: the named-store thread only (made before it starts) */
 } hd_worker;
 
 static void push(job_queue *q, job *j) {
@@ -91,7 +91,8 @@ static void store_named(hd_collector *c, hd_message *scratch, job *j) {
     resp.error = rc == -EINVAL ? heapdump_process_StoreError_INVALID_SNAPSHOT
                                : heapdump_process_StoreError_STORAGE_FAILED;
   }
-  if (hd_fidl_snapshot_sink_store_named_snapshot_reply(j->reply_fd, scratch, j->txid, &resp) != HD_OK) {
+  if (hd_fidl_snapshot_sink_store_named_snapshot_reply(j->reply_fd, scratch, j->txid, &resp) !=
+      HD_OK) {
     hd_log(c, HD_LOG_INFO, "%s[%u] did not wait for the answer to its snapshot \"%s\"",
            j->process->name, (unsigned)j->process->pid, j->name);
   }

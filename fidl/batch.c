@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "heapdump_client.bindings.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump_client.bindings.h"
 
 /* Every length inside a batch is below 2^21, so its varint takes at most 3 bytes. */
 #define MAX_LENGTH_VARINT 3u
@@ -26,12 +26,12 @@
 #define HD_HAND_STATIC_OPTIONAL_UINT64 1
 #define HD_HAND_STATIC_OPTIONAL_INT64 2
 #define HD_HAND_CALLBACK_OPTIONAL_BYTES 3
-#define HD_HAND_Allocation_1 HD_HAND_STATIC_OPTIONAL_UINT64 /* address */
-#define HD_HAND_Allocation_2 HD_HAND_STATIC_OPTIONAL_UINT64 /* size */
-#define HD_HAND_Allocation_3 HD_HAND_STATIC_OPTIONAL_UINT64 /* stack_trace_key */
-#define HD_HAND_Allocation_4 HD_HAND_STATIC_OPTIONAL_INT64  /* timestamp */
-#define HD_HAND_Allocation_5 HD_HAND_STATIC_OPTIONAL_UINT64 /* thread_info_key */
-#define HD_HAND_Allocation_6 HD_HAND_STATIC_OPTIONAL_UINT64 /* count */
+#define HD_HAND_Allocation_1 HD_HAND_STATIC_OPTIONAL_UINT64     /* address */
+#define HD_HAND_Allocation_2 HD_HAND_STATIC_OPTIONAL_UINT64     /* size */
+#define HD_HAND_Allocation_3 HD_HAND_STATIC_OPTIONAL_UINT64     /* stack_trace_key */
+#define HD_HAND_Allocation_4 HD_HAND_STATIC_OPTIONAL_INT64      /* timestamp */
+#define HD_HAND_Allocation_5 HD_HAND_STATIC_OPTIONAL_UINT64     /* thread_info_key */
+#define HD_HAND_Allocation_6 HD_HAND_STATIC_OPTIONAL_UINT64     /* count */
 #define HD_HAND_BlockContents_1 HD_HAND_STATIC_OPTIONAL_UINT64  /* address */
 #define HD_HAND_BlockContents_2 HD_HAND_CALLBACK_OPTIONAL_BYTES /* contents */
 #define HD_COUNT_FIELD(a, allocation, kind, type, name, tag) +1
@@ -39,10 +39,12 @@
   &&HD_HAND_Allocation_##tag == HD_HAND_##allocation##_##kind##_##type
 #define HD_CONTENTS_FIELD_AS_HANDLED(a, allocation, kind, type, name, tag) \
   &&HD_HAND_BlockContents_##tag == HD_HAND_##allocation##_##kind##_##type
-_Static_assert(0 heapdump_client_Allocation_FIELDLIST(HD_COUNT_FIELD, _) == 6,
-               "Allocation has another field: add it to hd_batch_add_allocation and decode_allocation");
-_Static_assert(1 heapdump_client_Allocation_FIELDLIST(HD_ALLOCATION_FIELD_AS_HANDLED, _),
-               "an Allocation field changed its kind or type: the hand code writes optional varints");
+_Static_assert(
+    0 heapdump_client_Allocation_FIELDLIST(HD_COUNT_FIELD, _) == 6,
+    "Allocation has another field: add it to hd_batch_add_allocation and decode_allocation");
+_Static_assert(
+    1 heapdump_client_Allocation_FIELDLIST(HD_ALLOCATION_FIELD_AS_HANDLED, _),
+    "an Allocation field changed its kind or type: the hand code writes optional varints");
 _Static_assert(0 heapdump_client_BlockContents_FIELDLIST(HD_COUNT_FIELD, _) == 2,
                "BlockContents has another field: add it to the contents encoder and decoder");
 _Static_assert(1 heapdump_client_BlockContents_FIELDLIST(HD_CONTENTS_FIELD_AS_HANDLED, _),
@@ -125,7 +127,8 @@ static uint8_t *begin_element(hd_batch_writer *w, size_t size) {
 
 /* Encodes e with nanopb into w->element, then copies it into the batch: each element is encoded
  * once, and the batch is filled exactly up to the limit. */
-static HD_MUST_CHECK hd_status add_encoded(hd_batch_writer *w, const heapdump_client_SnapshotElement *e) {
+static HD_MUST_CHECK hd_status add_encoded(hd_batch_writer *w,
+                                           const heapdump_client_SnapshotElement *e) {
   pb_ostream_t out = pb_ostream_from_buffer(w->element, sizeof w->element);
   if (!pb_encode(&out, heapdump_client_SnapshotElement_fields, e)) return HD_ERR_ENCODE;
   hd_status status = make_room(w, delimited_size(out.bytes_written));
@@ -223,9 +226,11 @@ static size_t payload_room(const hd_batch_writer *w, size_t empty_element_size) 
  * its `total` payload items: fit(ctx, done, room) points e's payload at the items from `done` on
  * that fit in `room` bytes, and says how many. A chunk of nothing is written only when there is
  * nothing to write; otherwise a full batch is sent first. */
-static HD_MUST_CHECK hd_status add_chunked(hd_batch_writer *w, const heapdump_client_SnapshotElement *e,
-                             size_t empty_size, size_t total,
-                             size_t (*fit)(void *ctx, size_t done, size_t room), void *ctx) {
+static HD_MUST_CHECK hd_status add_chunked(hd_batch_writer *w,
+                                           const heapdump_client_SnapshotElement *e,
+                                           size_t empty_size, size_t total,
+                                           size_t (*fit)(void *ctx, size_t done, size_t room),
+                                           void *ctx) {
   size_t done = 0;
   do {
     size_t n = fit(ctx, done, payload_room(w, empty_size));
@@ -278,7 +283,8 @@ hd_status hd_batch_add_stack_trace(hd_batch_writer *w, uint64_t key, const uint6
   return add_chunked(w, &e, empty_size, count, fit_addresses, &chunk);
 }
 
-/* ---- block contents: one per live block with contents, so written directly; split by bytes ---- */
+/* ---- block contents: one per live block with contents, so written directly; split by bytes ----
+ */
 
 /* BlockContents {address, contents} of n bytes, in its SnapshotElement variant. */
 static size_t block_contents_size(uint64_t address, size_t n) {
@@ -515,8 +521,7 @@ static bool read_varint(const uint8_t *p, size_t end, size_t *pos, uint64_t *val
 static bool only_variant(const uint8_t *p, size_t size, uint8_t key, size_t *begin) {
   uint64_t length;
   *begin = 1;
-  return size > 0 && p[0] == key && read_varint(p, size, begin, &length) &&
-         length == size - *begin;
+  return size > 0 && p[0] == key && read_varint(p, size, begin, &length) && length == size - *begin;
 }
 
 static bool decode_allocation(const uint8_t *p, size_t size, heapdump_client_Allocation *a) {
@@ -555,8 +560,7 @@ static bool decode_allocation(const uint8_t *p, size_t size, heapdump_client_All
         a->has_count = true;
         a->count = v;
         break;
-      default:
-        return false;
+      default: return false;
     }
   }
   return true;

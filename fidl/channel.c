@@ -146,9 +146,10 @@ hd_status hd_channel_recv(int fd, void *bytes, size_t capacity, size_t *size, in
     char buf[CMSG_SPACE(sizeof(int) * HD_MAX_MESSAGE_FDS)];
     struct cmsghdr align;
   } control;
-  struct msghdr msg = {
-      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
-      .msg_controllen = sizeof control.buf};
+  struct msghdr msg = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = control.buf,
+                       .msg_controllen = sizeof control.buf};
   *size = 0;
   *fd_count = 0;
   ssize_t got;

@@ -72,7 +72,7 @@ hd_status hd_message_recv(int channel, hd_message *msg) {
  * Returns HD_MISSING_FD for an absent handle or index, HD_ERR_UNEXPECTED_FD/INVALID for a bad
  * index; `used` collects the indexes seen. */
 static HD_MUST_CHECK hd_status check_handles(const pb_msgdesc_t *desc, void *body, size_t fd_count,
-                               size_t *handle_count) {
+                                             size_t *handle_count) {
   uint64_t used = 0;
   _Static_assert(HD_MAX_MESSAGE_FDS <= 64, "the used-set is one 64-bit word");
   *handle_count = 0;

@@ -10,10 +10,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "heapdump_client.bindings.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump_client.bindings.h"
 
-_Static_assert(HD_NAME_MAX == heapdump_client_Constants_MAX_NAME_LENGTH, "names as the IDL bounds them");
+_Static_assert(HD_NAME_MAX == heapdump_client_Constants_MAX_NAME_LENGTH,
+               "names as the IDL bounds them");
 
 /* ---- a u64 -> index map (open addressing, linear probing) ---- */
 
@@ -164,7 +165,7 @@ static bool pwrite_all(int fd, const uint8_t *bytes, size_t size, uint64_t offse
 /* Appends a chunk of block b's contents to the spill file. A block's chunks must lie end to end:
  * if another block's came in between, what it has so far is first copied to the end. */
 static HD_MUST_CHECK hd_status spill_block(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
-                             const uint8_t *bytes, size_t size) {
+                                           const uint8_t *bytes, size_t size) {
   s->blocks_spilled = true;
   if (b->size > 0 && b->spill_offset + b->size != r->spill_end) {
     uint8_t buffer[1 << 14];
@@ -237,7 +238,7 @@ static hd_snapshot *current(hd_reassembler *r) {
 }
 
 static HD_MUST_CHECK hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
-                                const heapdump_client_Allocation *a) {
+                                              const heapdump_client_Allocation *a) {
   size_t unused;
   if (!a->has_address) return fail(r, HD_ERR_REASSEMBLY, "allocation without an address");
   if (hd_u64_map_find(&s->allocation_index, a->address, &unused)) {
@@ -252,7 +253,8 @@ static HD_MUST_CHECK hd_status add_allocation(hd_reassembler *r, hd_snapshot *s,
   out->thread_info_key = a->thread_info_key;
   out->timestamp = a->timestamp;
   out->count = a->has_count ? a->count : 1;
-  if (!hd_u64_map_put(&s->allocation_index, a->address, s->allocation_count)) return HD_ERR_NO_MEMORY;
+  if (!hd_u64_map_put(&s->allocation_index, a->address, s->allocation_count))
+    return HD_ERR_NO_MEMORY;
   s->allocation_count++;
   return HD_OK;
 }
@@ -271,7 +273,8 @@ static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
 }
 
 static HD_MUST_CHECK hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
-                                 const uint64_t *addresses, size_t count, bool truncated) {
+                                               const uint64_t *addresses, size_t count,
+                                               bool truncated) {
   hd_snapshot_stack_trace *t = stack_trace_slot(s, key);
   if (t == NULL) return HD_ERR_NO_MEMORY;
   t->truncated = t->truncated || truncated;
@@ -289,7 +292,7 @@ static HD_MUST_CHECK hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s
 
 /* Appends a chunk to the bytes of b (a block's or a root's). */
 static HD_MUST_CHECK hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, hd_snapshot_block *b,
-                              const uint8_t *bytes, size_t size) {
+                                            const uint8_t *bytes, size_t size) {
   if (size == 0) return HD_OK;
   /* Allocations may arrive after contents, so the size is checked at the end; this only stops
    * a stream from growing a block without bound. */
@@ -304,7 +307,7 @@ static HD_MUST_CHECK hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, h
 }
 
 static HD_MUST_CHECK hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint64_t address,
-                           const uint8_t *bytes, size_t size) {
+                                         const uint8_t *bytes, size_t size) {
   size_t index;
   if (!hd_u64_map_find(&s->block_index, address, &index)) {
     if (!RESERVE(s, blocks, block_count, block_capacity)) return HD_ERR_NO_MEMORY;
@@ -317,8 +320,9 @@ static HD_MUST_CHECK hd_status add_block(hd_reassembler *r, hd_snapshot *s, uint
 }
 
 /* A root region: its first chunk makes it, each chunk (all carrying the same fields) adds bytes. */
-static HD_MUST_CHECK hd_status add_root(hd_reassembler *r, hd_snapshot *s, const heapdump_client_RootRegion *g,
-                          const uint8_t *bytes, size_t size) {
+static HD_MUST_CHECK hd_status add_root(hd_reassembler *r, hd_snapshot *s,
+                                        const heapdump_client_RootRegion *g, const uint8_t *bytes,
+                                        size_t size) {
   if (!g->has_address || !g->has_size) {
     return fail(r, HD_ERR_REASSEMBLY, "root region without an address or a size");
   }
@@ -327,8 +331,11 @@ static HD_MUST_CHECK hd_status add_root(hd_reassembler *r, hd_snapshot *s, const
     if (!RESERVE(s, roots, root_count, root_capacity)) return HD_ERR_NO_MEMORY;
     index = s->root_count;
     hd_snapshot_root *root = &s->roots[index];
-    *root = (hd_snapshot_root){.address = g->address, .size = g->size, .kind = g->kind,
-                               .thread_koid = g->thread_koid, .not_read = g->not_read,
+    *root = (hd_snapshot_root){.address = g->address,
+                               .size = g->size,
+                               .kind = g->kind,
+                               .thread_koid = g->thread_koid,
+                               .not_read = g->not_read,
                                .contents = {.address = g->address}};
     root->name = strdup(g->has_name ? g->name : "");
     if (root->name == NULL) return HD_ERR_NO_MEMORY;
@@ -355,7 +362,8 @@ static HD_MUST_CHECK hd_status add_root(hd_reassembler *r, hd_snapshot *s, const
   return append_bytes(r, s, &root->contents, bytes, size);
 }
 
-static HD_MUST_CHECK hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ThreadInfo *t) {
+static HD_MUST_CHECK hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s,
+                                               const heapdump_client_ThreadInfo *t) {
   size_t unused;
   if (hd_u64_map_find(&s->thread_index, t->thread_info_key, &unused)) {
     return fail(r, HD_ERR_REASSEMBLY, "duplicate thread info key %llu",
@@ -366,12 +374,14 @@ static HD_MUST_CHECK hd_status add_thread_info(hd_reassembler *r, hd_snapshot *s
   out->key = t->thread_info_key;
   out->koid = t->koid;
   snprintf(out->name, sizeof out->name, "%s", t->name);
-  if (!hd_u64_map_put(&s->thread_index, t->thread_info_key, s->thread_count)) return HD_ERR_NO_MEMORY;
+  if (!hd_u64_map_put(&s->thread_index, t->thread_info_key, s->thread_count))
+    return HD_ERR_NO_MEMORY;
   s->thread_count++;
   return HD_OK;
 }
 
-static HD_MUST_CHECK hd_status add_region(hd_reassembler *r, hd_snapshot *s, const heapdump_client_ExecutableRegion *g) {
+static HD_MUST_CHECK hd_status add_region(hd_reassembler *r, hd_snapshot *s,
+                                          const heapdump_client_ExecutableRegion *g) {
   size_t unused;
   if (hd_u64_map_find(&s->region_index, g->address, &unused)) {
     return fail(r, HD_ERR_REASSEMBLY, "duplicate executable region at 0x%llx",
@@ -399,7 +409,7 @@ static HD_MUST_CHECK hd_status add_region(hd_reassembler *r, hd_snapshot *s, con
 }
 
 static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
-                              const heapdump_client_StackTraceCounters *c) {
+                                            const heapdump_client_StackTraceCounters *c) {
   hd_snapshot_stack_trace *t = stack_trace_slot(s, c->stack_trace_key);
   if (t == NULL) return HD_ERR_NO_MEMORY;
   if (t->has_counters) {
@@ -420,7 +430,8 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
     if (s == NULL) return HD_ERR_NO_MEMORY;
     s->has_header = true;
     s->pid = el->element.snapshot_header.process_koid;
-    snprintf(s->process_name, sizeof s->process_name, "%s", el->element.snapshot_header.process_name);
+    snprintf(s->process_name, sizeof s->process_name, "%s",
+             el->element.snapshot_header.process_name);
     if (el->element.snapshot_header.has_command_line) {
       s->command_line = strdup(el->element.snapshot_header.command_line);
       if (s->command_line == NULL) return HD_ERR_NO_MEMORY;
@@ -436,9 +447,9 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       if (!el->element.stack_trace.has_stack_trace_key) {
         return fail(r, HD_ERR_REASSEMBLY, "stack trace without a key");
       }
-      return add_stack_trace(r, s, el->element.stack_trace.stack_trace_key, e->addresses,
-                             e->address_count,
-                             el->element.stack_trace.has_truncated && el->element.stack_trace.truncated);
+      return add_stack_trace(
+          r, s, el->element.stack_trace.stack_trace_key, e->addresses, e->address_count,
+          el->element.stack_trace.has_truncated && el->element.stack_trace.truncated);
     case heapdump_client_SnapshotElement_block_contents_tag:
       if (!el->element.block_contents.has_address) {
         return fail(r, HD_ERR_REASSEMBLY, "block contents without an address");
@@ -491,8 +502,7 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
       const hd_snapshot_root *g = &s->roots[i];
       if (!g->not_read && g->contents.size != g->size) {
         return fail(r, HD_ERR_REASSEMBLY, "root region 0x%llx: %zu bytes of contents for size %llu",
-                    (unsigned long long)g->address, g->contents.size,
-                    (unsigned long long)g->size);
+                    (unsigned long long)g->address, g->contents.size, (unsigned long long)g->size);
       }
     }
     for (size_t i = 0; i < s->allocation_count; i++) {
@@ -555,7 +565,7 @@ static HD_MUST_CHECK hd_status ack(receive_state *st, hd_message *msg, uint64_t 
 }
 
 static HD_MUST_CHECK hd_status on_batch(void *ctx, hd_message *msg,
-                          heapdump_client_SnapshotReceiverBatchRequest *req) {
+                                        heapdump_client_SnapshotReceiverBatchRequest *req) {
   (void)req;
   receive_state *st = ctx;
   hd_reassembler *r = st->reassembler;
@@ -574,16 +584,15 @@ static HD_MUST_CHECK hd_status on_batch(void *ctx, hd_message *msg,
   return ack(st, msg, HD_ORDINAL_SNAPSHOT_RECEIVER_BATCH);
 }
 
-static HD_MUST_CHECK hd_status on_report_error(void *ctx, hd_message *msg,
-                                 heapdump_client_SnapshotReceiverReportErrorRequest *req) {
+static HD_MUST_CHECK hd_status on_report_error(
+    void *ctx, hd_message *msg, heapdump_client_SnapshotReceiverReportErrorRequest *req) {
   receive_state *st = ctx;
   st->error = req->has_error ? (uint32_t)req->error : (uint32_t)-1;
   st->ended = true;
   return ack(st, msg, HD_ORDINAL_SNAPSHOT_RECEIVER_REPORT_ERROR);
 }
 
-hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r,
-                              uint32_t *error) {
+hd_status hd_snapshot_receive(int channel, bool multi_process, hd_reassembler *r, uint32_t *error) {
   hd_message *msg = malloc(sizeof *msg);
   hd_batch_reader *reader = malloc(sizeof *reader);
   if (msg == NULL || reader == NULL) {

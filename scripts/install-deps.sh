@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  gcc g++ clang make cmake ninja-build pkg-config generate-ninja
+  gcc g++ clang clang-format make cmake ninja-build pkg-config generate-ninja
   nanopb libnanopb-dev protobuf-compiler python3 python3-protobuf
   libunwind-dev libelf-dev libdw-dev libjemalloc-dev zlib1g-dev libgtest-dev libiberty-dev
   perl git file binutils dwz golang-go valgrind redis-server

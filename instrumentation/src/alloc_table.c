@@ -89,13 +89,15 @@ static void slot_sleep(hd_alloc_table *t, uint32_t *seq, uint32_t held) {
 static void slot_lock(hd_alloc_table *t, uint32_t *seq) {
   for (unsigned attempt = 0;; attempt++) {
     uint32_t s = LOAD(seq);
-    if (!(s & 1) && __atomic_compare_exchange_n(seq, &s, s + 1, true, __ATOMIC_ACQUIRE,
-                                                __ATOMIC_RELAXED)) {
+    if (!(s & 1) &&
+        __atomic_compare_exchange_n(seq, &s, s + 1, true, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
       __atomic_thread_fence(__ATOMIC_RELEASE); /* odd value before the data stores */
       return;
     }
-    if (attempt < kSlotSpins) hd_cpu_relax();
-    else if (s & 1) slot_sleep(t, seq, s);
+    if (attempt < kSlotSpins)
+      hd_cpu_relax();
+    else if (s & 1)
+      slot_sleep(t, seq, s);
   }
 }
 
@@ -107,7 +109,9 @@ static void slot_unlock(hd_alloc_table *t, uint32_t *seq) {
     syscall(SYS_futex, seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static uint32_t *slot_of(const hd_alloc_table *t, uint32_t idx) { return &t->seq[hd_node_slot(idx)]; }
+static uint32_t *slot_of(const hd_alloc_table *t, uint32_t idx) {
+  return &t->seq[hd_node_slot(idx)];
+}
 
 /* Nodes taken from the never-used range at once by a thread with a cache: one slot's worth, so
  * that the nodes a thread writes share their slots with no other thread's. */
@@ -218,7 +222,8 @@ static void node_write_locked(hd_alloc_table *t, uint32_t idx, const hd_alloc_in
 
 hd_insert_result hd_alloc_table_insert(hd_alloc_table *t, hd_writer_thread *w,
                                        const hd_alloc_info *info, uint32_t *index) {
-  if (HD_UNLIKELY_T(!hd_node_representable(info->address, info->size))) return HD_INSERT_UNREPRESENTABLE;
+  if (HD_UNLIKELY_T(!hd_node_representable(info->address, info->size)))
+    return HD_INSERT_UNREPRESENTABLE;
   uint32_t idx = node_alloc(t, w);
   if (idx == HD_NO_NODE) return HD_INSERT_FULL;
   node_write_locked(t, idx, info);
@@ -238,8 +243,8 @@ bool hd_alloc_table_fill(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
 
 void hd_alloc_table_release(hd_alloc_table *t, uint32_t index) { free_list_push(t, index, index); }
 
-bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
-                          uint64_t address, hd_alloc_info *out) {
+bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index, uint64_t address,
+                          hd_alloc_info *out) {
   if (index >= LOAD(&t->hdr->node_high_water)) return false;
   hd_alloc_node *n = &t->nodes[index];
   uint32_t *seq = slot_of(t, index);

@@ -10,7 +10,8 @@
 #include "heapdump/heapdump.h"
 #include "registration.h"
 
-_Static_assert(HD_NAME_MAX == HEAPDUMP_SNAPSHOT_NAME_MAX, "a named snapshot's name is a protocol name");
+_Static_assert(HD_NAME_MAX == HEAPDUMP_SNAPSHOT_NAME_MAX,
+               "a named snapshot's name is a protocol name");
 
 /* The size of struct heapdump_stats in heapdump 0.1, whose programs call heapdump_get_stats. */
 #define STATS_V1_SIZE 64
@@ -18,11 +19,12 @@ _Static_assert(offsetof(struct heapdump_stats, dropped_allocations) + 8 == STATS
                "fields are only ever added at the end of struct heapdump_stats");
 
 __attribute__((visibility("default"))) int heapdump_get_stats_sized(struct heapdump_stats *out,
-                                                                     size_t size) {
+                                                                    size_t size) {
   if (!out || size < STATS_V1_SIZE) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
   memset(out, 0, size); /* a newer caller's fields this library does not know are zero */
   hd_ensure_init();
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return HEAPDUMP_ERROR_NOT_RECORDING;
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY)
+    return HEAPDUMP_ERROR_NOT_RECORDING;
   hd_stats_block s;
   hd_res_read_stats(&hd_live_res, &s);
   struct heapdump_stats now = {
@@ -35,8 +37,10 @@ __attribute__((visibility("default"))) int heapdump_get_stats_sized(struct heapd
   };
   /* The counters are read one by one while other threads move them: a free counted after its
    * allocation was read would make the difference wrap below zero. */
-  now.live_blocks = now.blocks_allocated > now.blocks_freed ? now.blocks_allocated - now.blocks_freed : 0;
-  now.live_bytes = now.bytes_allocated > now.bytes_freed ? now.bytes_allocated - now.bytes_freed : 0;
+  now.live_blocks =
+      now.blocks_allocated > now.blocks_freed ? now.blocks_allocated - now.blocks_freed : 0;
+  now.live_bytes =
+      now.bytes_allocated > now.bytes_freed ? now.bytes_allocated - now.bytes_freed : 0;
   if (now.peak_live_bytes < now.live_bytes) now.peak_live_bytes = now.live_bytes;
   memcpy(out, &now, size < sizeof now ? size : sizeof now); /* only what an older caller knows */
   return HEAPDUMP_OK;
@@ -46,10 +50,13 @@ __attribute__((visibility("default"))) int heapdump_get_stats_sized(struct heapd
  * a function (now a macro passing the struct's size). */
 #undef heapdump_get_stats
 __attribute__((visibility("default"))) int heapdump_get_stats(struct heapdump_stats *out);
-int heapdump_get_stats(struct heapdump_stats *out) { return heapdump_get_stats_sized(out, STATS_V1_SIZE); }
+int heapdump_get_stats(struct heapdump_stats *out) {
+  return heapdump_get_stats_sized(out, STATS_V1_SIZE);
+}
 
 __attribute__((visibility("default"))) int heapdump_take_named_snapshot(const char *name) {
-  if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX) return HEAPDUMP_ERROR_INVALID_ARGUMENT;
+  if (!name || !*name || strlen(name) > HEAPDUMP_SNAPSHOT_NAME_MAX)
+    return HEAPDUMP_ERROR_INVALID_ARGUMENT;
   /* Cancelled inside (at a socket call), the thread would leave the registration lock held and
    * every later call of any thread would hang: the call runs to its end, like one system call,
    * and a pending cancellation acts at the caller's next cancellation point. */

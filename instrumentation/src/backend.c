@@ -85,9 +85,9 @@ static struct ring_slot {
   uint64_t start, size;
   bool mapped;
 } g_ring[RING_SLOTS];
-static uint64_t g_ring_enqueue;   /* atomic: the next index a producer takes */
-static uint64_t g_ring_dequeue;   /* the next index to publish, under g_publish_lock */
-static uint64_t g_ring_lost;      /* atomic: changes the full queue could not take */
+static uint64_t g_ring_enqueue;       /* atomic: the next index a producer takes */
+static uint64_t g_ring_dequeue;       /* the next index to publish, under g_publish_lock */
+static uint64_t g_ring_lost;          /* atomic: changes the full queue could not take */
 uint32_t hd_backend_mappings_waiting; /* atomic: a change is queued */
 static pthread_mutex_t g_publish_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -157,8 +157,7 @@ void hd_backend_publish_mappings(void) {
   for (;;) {
     const struct ring_slot *slot = &g_ring[g_ring_dequeue % RING_SLOTS];
     if (slot_seq(g_ring_dequeue) != g_ring_dequeue + 1) break;
-    (void)hd_res_add_mapping_locked(t, HD_MAPPING_ALLOCATOR, slot->mapped, slot->start,
-                                    slot->size);
+    (void)hd_res_add_mapping_locked(t, HD_MAPPING_ALLOCATOR, slot->mapped, slot->start, slot->size);
     set_slot_seq(g_ring_dequeue, g_ring_dequeue + RING_SLOTS);
     g_ring_dequeue++;
   }
@@ -243,9 +242,12 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable
 
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) {
   enter();
-  if (hd_use_system) __libc_free(p);
-  else if (size_hint && lg_align == 0) hd_je_sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
-  else hd_je_dallocx(p, 0);
+  if (hd_use_system)
+    __libc_free(p);
+  else if (size_hint && lg_align == 0)
+    hd_je_sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
+  else
+    hd_je_dallocx(p, 0);
   leave();
 }
 

@@ -9,9 +9,7 @@
  * halves of different writes finds that they do not match its key (the mix spreads any
  * difference of two rules over all 64 bits) and computes the rule itself. */
 #define CACHE_SLOTS 8192
-static struct {
-  uint64_t check, rule;
-} g_cache[CACHE_SLOTS];
+static struct { uint64_t check, rule; } g_cache[CACHE_SLOTS];
 
 static uint64_t cache_key(uintptr_t pc, uint64_t generation) { return pc ^ (generation << 48); }
 
@@ -48,8 +46,9 @@ uint64_t hd_cfi_rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader)
     found = hd_cfi_find_module(pc, &m);
   }
   if (found == HD_CFI_MODULE_CHANGING) return RULE_UNSUPPORTED;
-  const uint64_t computed = found == HD_CFI_MODULE_FOUND ? hd_cfi_rule(&m.tables, pc)
-                                                  : RULE_NO_INFO; /* outside every module (JIT) */
+  const uint64_t computed = found == HD_CFI_MODULE_FOUND
+                                ? hd_cfi_rule(&m.tables, pc)
+                                : RULE_NO_INFO; /* outside every module (JIT) */
   __atomic_store_n(&g_cache[slot].rule, computed, __ATOMIC_RELAXED);
   __atomic_store_n(&g_cache[slot].check, mix(computed) ^ key, __ATOMIC_RELAXED);
   /* A writer that read its generation before the list changed must not leave its entry for a
@@ -60,4 +59,3 @@ uint64_t hd_cfi_rule_at(uintptr_t pc, uint64_t generation, bool may_lock_loader)
   }
   return computed;
 }
-

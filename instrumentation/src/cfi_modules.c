@@ -98,9 +98,9 @@ static void reread_modules(void) {
   dl_iterate_phdr(stage_module, counts);
   for (size_t i = 0; i < g_staged; i++) {
     const hd_cfi_module *before = &g_modules[i]; /* the list as last read, rewritten below */
-    g_staging[i].resident = !g_read_before || (i < g_module_count && before->resident &&
-                                               before->lo == g_staging[i].lo &&
-                                               before->hi == g_staging[i].hi);
+    g_staging[i].resident =
+        !g_read_before || (i < g_module_count && before->resident &&
+                           before->lo == g_staging[i].lo && before->hi == g_staging[i].hi);
   }
   g_read_before = true;
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);

@@ -118,8 +118,7 @@ static bool in_range(const hd_cfi_tables *t, const void *p, uint64_t size) {
   return at >= t->lo && at <= t->hi && size <= t->hi - at;
 }
 
-bool hd_cfi_read_eh_frame_hdr(const uint8_t *hdr, uintptr_t lo, uintptr_t hi,
-                              hd_cfi_tables *out) {
+bool hd_cfi_read_eh_frame_hdr(const uint8_t *hdr, uintptr_t lo, uintptr_t hi, hd_cfi_tables *out) {
   *out = (hd_cfi_tables){.lo = lo, .hi = hi};
   if (!in_range(out, hdr, 4) || hdr[0] != 1 || hdr[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4) ||
       hdr[1] == DW_EH_PE_omit || hdr[2] == DW_EH_PE_omit) {
@@ -263,85 +262,153 @@ static bool plt_cfa(const uint8_t *expr, uint64_t length, const uint8_t *end, ui
 
 #define REMEMBER_DEPTH 8
 
+/* A program of call-frame instructions being run. */
+typedef struct cfa_run {
+  dw_reader r;
+  const cie_info *cie;
+  const frame_state *initial; /* for DW_CFA_restore; NULL while the CIE's own instructions run */
+  uintptr_t location, pc;
+  frame_state remembered[REMEMBER_DEPTH];
+  unsigned depth;
+} cfa_run;
+
+/* What an instruction group made of one instruction. */
+typedef enum { INSN_DONE, INSN_NOT_MINE, INSN_BAD } insn_result;
+
+/* The instructions that move the location, and those with no effect on our rules. */
+static insn_result location_instruction(cfa_run *run, uint8_t op) {
+  dw_reader *r = &run->r;
+  const uint64_t align = run->cie->code_align;
+  switch (op) {
+    case 0x00: return INSN_DONE; /* nop */
+    case 0x01: run->location = read_encoded(r, run->cie->fde_encoding, 0, false); return INSN_DONE;
+    case 0x02: run->location += read_fixed(r, 1) * align; return INSN_DONE;
+    case 0x03: run->location += read_fixed(r, 2) * align; return INSN_DONE;
+    case 0x04: run->location += read_fixed(r, 4) * align; return INSN_DONE;
+    case 0x2e: (void)read_uleb(r); return INSN_DONE; /* GNU_args_size */
+  }
+  return INSN_NOT_MINE;
+}
+
+/* The instructions that define the CFA. */
+static insn_result cfa_instruction(cfa_run *run, uint8_t op, frame_state *s) {
+  dw_reader *r = &run->r;
+  const int64_t align = run->cie->data_align;
+  switch (op) {
+    case 0x0c: /* def_cfa */
+      s->cfa_reg = read_uleb(r);
+      s->cfa_offset = (int64_t)read_uleb(r);
+      s->cfa_by_expression = false;
+      return INSN_DONE;
+    case 0x0d: /* def_cfa_register */
+      s->cfa_reg = read_uleb(r);
+      s->cfa_by_expression = false;
+      return INSN_DONE;
+    case 0x0e: s->cfa_offset = (int64_t)read_uleb(r); return INSN_DONE; /* def_cfa_offset */
+    case 0x0f: {                                                        /* def_cfa_expression */
+      const uint64_t length = read_uleb(r);
+      s->cfa_by_expression = !plt_cfa(r->p, length, r->end, run->pc, s);
+      skip(r, length);
+      return INSN_DONE;
+    }
+    case 0x12: /* def_cfa_sf */
+      s->cfa_reg = read_uleb(r);
+      s->cfa_offset = factored((uint64_t)read_sleb(r), align);
+      s->cfa_by_expression = false;
+      return INSN_DONE;
+    case 0x13: s->cfa_offset = factored((uint64_t)read_sleb(r), align); return INSN_DONE;
+  }
+  return INSN_NOT_MINE;
+}
+
+/* The instructions that say how a register is recovered. */
+static insn_result register_instruction(cfa_run *run, uint8_t op, frame_state *s) {
+  dw_reader *r = &run->r;
+  const int64_t align = run->cie->data_align;
+  if (!((op >= 0x05 && op <= 0x09) || op == 0x10 || op == 0x11 || (op >= 0x14 && op <= 0x16) ||
+        op == 0x2f)) {
+    return INSN_NOT_MINE;
+  }
+  const uint64_t reg = read_uleb(r); /* each of them names its register first */
+  switch (op) {
+    case 0x05: /* offset_extended */
+      set_reg(s, reg, REG_AT_CFA_OFFSET, factored(read_uleb(r), align));
+      return INSN_DONE;
+    case 0x06: /* restore_extended */
+      if (run->initial != NULL) restore_reg(s, run->initial, reg);
+      return INSN_DONE;
+    case 0x07: set_reg(s, reg, REG_UNDEFINED, 0); return INSN_DONE;
+    case 0x08: set_reg(s, reg, REG_SAME, 0); return INSN_DONE;
+    case 0x09: /* register */
+    case 0x14: /* val_offset */
+    case 0x15: /* val_offset_sf */
+      (void)read_uleb(r);
+      set_reg(s, reg, REG_OTHER, 0);
+      return INSN_DONE;
+    case 0x10: /* expression */
+    case 0x16: /* val_expression */
+      set_reg(s, reg, REG_OTHER, 0);
+      skip(r, read_uleb(r));
+      return INSN_DONE;
+    case 0x11: /* offset_extended_sf */
+      set_reg(s, reg, REG_AT_CFA_OFFSET, factored((uint64_t)read_sleb(r), align));
+      return INSN_DONE;
+    case 0x2f: /* GNU_negative_offset_extended */
+      set_reg(s, reg, REG_AT_CFA_OFFSET, factored(0 - read_uleb(r), align));
+      return INSN_DONE;
+  }
+  return INSN_NOT_MINE;
+}
+
+/* remember_state and restore_state. */
+static insn_result state_instruction(cfa_run *run, uint8_t op, frame_state *s) {
+  if (op == 0x0a) {
+    if (run->depth == REMEMBER_DEPTH) return INSN_BAD;
+    run->remembered[run->depth++] = *s;
+    return INSN_DONE;
+  }
+  if (op == 0x0b) {
+    if (run->depth == 0) return INSN_BAD;
+    *s = run->remembered[--run->depth];
+    return INSN_DONE;
+  }
+  return INSN_NOT_MINE;
+}
+
 /* Runs call-frame instructions from `code` to `end` on *s until the location passes pc.
  * `initial`: the state after the CIE's instructions (DW_CFA_restore), NULL while running them. */
 static bool run_cfa_program(const uint8_t *code, const uint8_t *end, const cie_info *cie,
                             uintptr_t location, uintptr_t pc, const frame_state *initial,
                             frame_state *s) {
-  dw_reader r = {code, end, true};
-  frame_state remembered[REMEMBER_DEPTH];
-  unsigned depth = 0;
-  while (r.ok && r.p < r.end && location <= pc) {
-    const uint8_t op = (uint8_t)read_fixed(&r, 1);
+  cfa_run run = {
+      .r = {code, end, true}, .cie = cie, .initial = initial, .location = location, .pc = pc};
+  dw_reader *r = &run.r;
+  while (r->ok && r->p < r->end && run.location <= pc) {
+    const uint8_t op = (uint8_t)read_fixed(r, 1);
     const uint8_t low = op & 0x3f;
-    uint64_t reg;
     if (op >> 6 == 1) { /* advance_loc */
-      location += low * cie->code_align;
-      continue;
-    }
-    if (op >> 6 == 2) { /* offset */
-      set_reg(s, low, REG_AT_CFA_OFFSET, factored(read_uleb(&r), cie->data_align));
-      continue;
-    }
-    if (op >> 6 == 3) { /* restore */
+      run.location += low * cie->code_align;
+    } else if (op >> 6 == 2) { /* offset */
+      set_reg(s, low, REG_AT_CFA_OFFSET, factored(read_uleb(r), cie->data_align));
+    } else if (op >> 6 == 3) { /* restore */
       if (initial != NULL) restore_reg(s, initial, low);
-      continue;
-    }
-    switch (op) {
-      case 0x00: break; /* nop */
-      case 0x01: location = read_encoded(&r, cie->fde_encoding, 0, false); break;
-      case 0x02: location += read_fixed(&r, 1) * cie->code_align; break;
-      case 0x03: location += read_fixed(&r, 2) * cie->code_align; break;
-      case 0x04: location += read_fixed(&r, 4) * cie->code_align; break;
-      case 0x05: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored(read_uleb(&r), cie->data_align)); break;
-      case 0x06: reg = read_uleb(&r); if (initial != NULL) restore_reg(s, initial, reg); break;
-      case 0x07: set_reg(s, read_uleb(&r), REG_UNDEFINED, 0); break;
-      case 0x08: set_reg(s, read_uleb(&r), REG_SAME, 0); break;
-      case 0x09: reg = read_uleb(&r); (void)read_uleb(&r); set_reg(s, reg, REG_OTHER, 0); break;
-      case 0x0a: /* remember_state */
-        if (depth == REMEMBER_DEPTH) return false;
-        remembered[depth++] = *s;
-        break;
-      case 0x0b: /* restore_state */
-        if (depth == 0) return false;
-        *s = remembered[--depth];
-        break;
-      case 0x0c: s->cfa_reg = read_uleb(&r); s->cfa_offset = (int64_t)read_uleb(&r); s->cfa_by_expression = false; break;
-      case 0x0d: s->cfa_reg = read_uleb(&r); s->cfa_by_expression = false; break;
-      case 0x0e: s->cfa_offset = (int64_t)read_uleb(&r); break;
-      case 0x0f: { /* def_cfa_expression */
-        const uint64_t length = read_uleb(&r);
-        s->cfa_by_expression = !plt_cfa(r.p, length, r.end, pc, s);
-        skip(&r, length);
-        break;
-      }
-      case 0x10: /* expression */
-        reg = read_uleb(&r);
-        set_reg(s, reg, REG_OTHER, 0);
-        skip(&r, read_uleb(&r));
-        break;
-      case 0x11: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored((uint64_t)read_sleb(&r), cie->data_align)); break;
-      case 0x12: s->cfa_reg = read_uleb(&r); s->cfa_offset = factored((uint64_t)read_sleb(&r), cie->data_align); s->cfa_by_expression = false; break;
-      case 0x13: s->cfa_offset = factored((uint64_t)read_sleb(&r), cie->data_align); break;
-      case 0x14: case 0x15: reg = read_uleb(&r); (void)read_uleb(&r); set_reg(s, reg, REG_OTHER, 0); break;
-      case 0x16: /* val_expression */
-        reg = read_uleb(&r);
-        set_reg(s, reg, REG_OTHER, 0);
-        skip(&r, read_uleb(&r));
-        break;
-      case 0x2e: (void)read_uleb(&r); break; /* GNU_args_size */
-      case 0x2f: reg = read_uleb(&r); set_reg(s, reg, REG_AT_CFA_OFFSET, factored(0 - read_uleb(&r), cie->data_align)); break;
-      default: return false;
+    } else {
+      insn_result done = location_instruction(&run, op);
+      if (done == INSN_NOT_MINE) done = cfa_instruction(&run, op, s);
+      if (done == INSN_NOT_MINE) done = state_instruction(&run, op, s);
+      if (done == INSN_NOT_MINE) done = register_instruction(&run, op, s);
+      if (done != INSN_DONE) return false; /* a bad one, or one we do not know */
     }
   }
-  return r.ok;
+  return r->ok;
 }
 
 static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
   if (signal_frame) return RULE_SIGNAL;
   if (s->ra.how == REG_UNDEFINED) return RULE_OUTERMOST;
-  if (s->cfa_by_expression || s->rsp_rule || (s->cfa_reg != DW_REG_RSP && s->cfa_reg != DW_REG_RBP) ||
-      s->cfa_offset < INT32_MIN || s->cfa_offset > INT32_MAX) {
+  if (s->cfa_by_expression || s->rsp_rule ||
+      (s->cfa_reg != DW_REG_RSP && s->cfa_reg != DW_REG_RBP) || s->cfa_offset < INT32_MIN ||
+      s->cfa_offset > INT32_MAX) {
     return RULE_UNSUPPORTED;
   }
   if (s->ra.how != REG_AT_CFA_OFFSET || s->ra.offset % 8 != 0 || s->ra.offset / 8 < INT8_MIN ||

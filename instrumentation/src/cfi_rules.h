@@ -1,8 +1,8 @@
 /* The rule compiler of our unwinder: from a module's .eh_frame_hdr and .eh_frame, the rule of one
  * program counter, in 64 bits. Pure functions of those bytes, bounded to the range the module
  * maps them in: a dlopen'ed module's call-frame information is input the program did not
- * write, and no byte of it makes a read outside that range (tests/instrumentation/cfi_rules_test.cc,
- * tests/fuzz/fuzz_cfi.c). */
+ * write, and no byte of it makes a read outside that range
+ * (tests/instrumentation/cfi_rules_test.cc, tests/fuzz/fuzz_cfi.c). */
 #ifndef HEAPDUMP_INSTRUMENTATION_CFI_RULES_H
 #define HEAPDUMP_INSTRUMENTATION_CFI_RULES_H
 

@@ -67,7 +67,7 @@ typedef struct walk_log {
   hd_cfi_trail *last;
   unsigned last_pos, last_checked_to, last_changed;
   bool joined, joined_trail; /* joined_trail: the trail is now this walk's */
-  bool by_frame_pointer;      /* a frame without call-frame information was stepped by rbp */
+  bool by_frame_pointer;     /* a frame without call-frame information was stepped by rbp */
 } walk_log;
 
 static void set_bit(uint64_t *words, unsigned i) { words[i / 64] |= (uint64_t)1 << (i % 64); }
@@ -234,7 +234,8 @@ static hd_cfi_end walk(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t sp, 
       end = HD_CFI_FULL;
       break;
     }
-    if (log->last != NULL && join_last(log, n, pc, sp, bp, after_call, frames, capacity, count, &end)) {
+    if (log->last != NULL &&
+        join_last(log, n, pc, sp, bp, after_call, frames, capacity, count, &end)) {
       return end;
     }
     log_frame(log, n, sp, bp, after_call);
@@ -330,8 +331,8 @@ hd_cfi_end hd_cfi_backtrace(const hd_cfi_bounds *bounds, uintptr_t pc, uintptr_t
   for (unsigned i = 0; memoize && i < HD_CFI_MEMOS; i++) {
     const hd_cfi_memo *m = &memos->entry[i];
     /* A walk cut by its capacity is the walk of another capacity only if they are equal. */
-    const bool fits = m->end == HD_CFI_FULL ? m->frame_count == capacity
-                                           : m->frame_count <= capacity;
+    const bool fits =
+        m->end == HD_CFI_FULL ? m->frame_count == capacity : m->frame_count <= capacity;
     if (fits && memo_holds(m, pc, sp, bp, generation)) {
       memcpy(frames, m->frames, m->frame_count * sizeof *frames);
       *count = m->frame_count;

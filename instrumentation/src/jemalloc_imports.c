@@ -74,7 +74,7 @@ double hd_je_exp(double x) {
 
 double hd_je_round(double x) {
   if (!(__builtin_fabs(x) < 0x1p52)) return x; /* integral already, or NaN or infinite */
-  double t = (double)(int64_t)x; /* truncated towards zero */
+  double t = (double)(int64_t)x;               /* truncated towards zero */
   if (__builtin_fabs(x - t) >= 0.5) t += __builtin_copysign(1.0, x);
   return __builtin_copysign(t, x); /* round(-0.4) is -0.0 */
 }

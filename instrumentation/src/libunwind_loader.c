@@ -157,7 +157,7 @@ static bool redirect_imports(void *handle) {
   const uintptr_t base = lm->l_addr;
   const ElfW(Sym) *symtab = NULL;
   const char *strtab = NULL;
-  const ElfW(Rela) *tables[2] = {NULL, NULL};
+  const ElfW(Rela) * tables[2] = {NULL, NULL};
   size_t table_bytes[2] = {0, 0};
   for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
     switch (d->d_tag) {
@@ -196,9 +196,10 @@ bool hd_libunwind_load(void) {
   void *handle = dlopen("libunwind.so.8", RTLD_NOW | RTLD_LOCAL);
   if (handle == NULL) return false;
   /* Every import redirected before libunwind runs: if that cannot be done, it is not used. */
-  __typeof__(g_backtrace) backtrace = (__typeof__(g_backtrace))dlsym(handle, HD_NAME_OF(unw_backtrace));
-  __typeof__(g_set_caching_policy) caching = (__typeof__(g_set_caching_policy))dlsym(
-      handle, HD_NAME_OF(unw_set_caching_policy));
+  __typeof__(g_backtrace) backtrace =
+      (__typeof__(g_backtrace))dlsym(handle, HD_NAME_OF(unw_backtrace));
+  __typeof__(g_set_caching_policy) caching =
+      (__typeof__(g_set_caching_policy))dlsym(handle, HD_NAME_OF(unw_set_caching_policy));
   unw_addr_space_t *space = (unw_addr_space_t *)dlsym(handle, HD_NAME_OF(unw_local_addr_space));
   if (backtrace == NULL || caching == NULL || space == NULL || !redirect_imports(handle)) {
     dlclose(handle);

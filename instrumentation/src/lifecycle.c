@@ -4,13 +4,13 @@
 #define _GNU_SOURCE
 #include "runtime.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <dlfcn.h>
 #include <link.h>
-#include <stddef.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -90,9 +90,12 @@ static uint64_t parse_size(const char *s, uint64_t dflt) {
   uint64_t v = 0;
   for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (uint64_t)(*s - '0');
   switch (*s) {
-    case 'k': case 'K': v <<= 10; break;
-    case 'm': case 'M': v <<= 20; break;
-    case 'g': case 'G': v <<= 30; break;
+    case 'k':
+    case 'K': v <<= 10; break;
+    case 'm':
+    case 'M': v <<= 20; break;
+    case 'g':
+    case 'G': v <<= 30; break;
     default: break;
   }
   return v ? v : dflt;
@@ -245,8 +248,10 @@ int hd_snapshot_copy_live(hd_owned_fd *out) {
   hd_alloc_table_unlock_all(&hd_live_alloc);
   if (rc == 0) {
     rc = hd_alloc_table_freeze(&snap);
-    if (rc == 0) *out = snap.memfd;
-    else hd_alloc_table_destroy(&snap);
+    if (rc == 0)
+      *out = snap.memfd;
+    else
+      hd_alloc_table_destroy(&snap);
   }
   hd_tls.guard--;
   return rc;
@@ -279,7 +284,8 @@ static void fork_prepare(void) {
   /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
    * is not known yet, but it is not the root: only its program (ours) decides. */
   if (program_selected(0) &&
-      hd_alloc_table_clone_locked(&hd_live_alloc, &g_fork_alloc, hd_live_alloc.size, HD_MEMFD_ALLOCATIONS) == 0) {
+      hd_alloc_table_clone_locked(&hd_live_alloc, &g_fork_alloc, hd_live_alloc.size,
+                                  HD_MEMFD_ALLOCATIONS) == 0) {
     if (hd_res_table_clone_locked(&hd_live_res, &g_fork_res, HD_MEMFD_RESOURCES) == 0) {
       uint64_t live_blocks, live_bytes;
       hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
@@ -362,7 +368,8 @@ static void strip_from_ld_preload(void) {
     const char *base = p;
     for (const char *q = p; q < p + n; q++)
       if (*q == '/') base = q + 1;
-    bool ours = n > 0 && (size_t)(p + n - base) == strlen(self) && strncmp(base, self, strlen(self)) == 0;
+    bool ours =
+        n > 0 && (size_t)(p + n - base) == strlen(self) && strncmp(base, self, strlen(self)) == 0;
     if (n > 0 && !ours && o + n + 2 < sizeof(out)) {
       if (o) out[o++] = ':';
       memcpy(out + o, p, n);
@@ -372,8 +379,10 @@ static void strip_from_ld_preload(void) {
     if (*p) p++;
   }
   out[o] = 0;
-  if (o) setenv("LD_PRELOAD", out, 1);
-  else unsetenv("LD_PRELOAD");
+  if (o)
+    setenv("LD_PRELOAD", out, 1);
+  else
+    unsetenv("LD_PRELOAD");
 }
 
 /* exit() runs its handlers last-registered first, and this one is registered before the C

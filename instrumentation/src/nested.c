@@ -26,8 +26,11 @@ static bool queue_pending(const hd_pending_op *op) {
  * record is written, the program may have freed the block, whose tag must then not be touched. */
 static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
-  hd_pending_op op = {.ptr = p, .size = size, .lg_align = lg_align & HD_NODE_ALIGN_MASK,
-                      .thread_key = hd_tls.thread_key, .timestamp = hd_now_ns(),
+  hd_pending_op op = {.ptr = p,
+                      .size = size,
+                      .lg_align = lg_align & HD_NODE_ALIGN_MASK,
+                      .thread_key = hd_tls.thread_key,
+                      .timestamp = hd_now_ns(),
                       .node = hd_alloc_table_reserve(&hd_live_alloc)};
   if (op.node == HD_NO_NODE) {
     hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
@@ -38,7 +41,8 @@ static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable)
   bool truncated;
   unsigned n = hd_capture_stack(frames, true, &truncated, NULL);
   if (n > 0) {
-    op.stack_key = hd_res_intern_stack_nowait(&hd_live_res, frames, n, truncated ? HD_STACK_TRUNCATED : 0);
+    op.stack_key =
+        hd_res_intern_stack_nowait(&hd_live_res, frames, n, truncated ? HD_STACK_TRUNCATED : 0);
   }
   if (!queue_pending(&op)) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
@@ -84,8 +88,10 @@ void *hd_nested_realloc(void *p, size_t size) {
   }
   if (hd_tls.guard) {
     void *q = hd_backend_realloc(p, size);
-    if (!q) errno = ENOMEM;
-    else hd_tag_set(q, HD_NO_NODE);
+    if (!q)
+      errno = ENOMEM;
+    else
+      hd_tag_set(q, HD_NO_NODE);
     return q;
   }
   /* Always moves: the old block's record can only be dropped later, with its free. */
@@ -111,9 +117,12 @@ void hd_drain_pending(void) {
         hd_free_recorded(op.ptr);
       } else if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY) {
         /* The block's tag already names op.node; the block itself may be gone. */
-        hd_alloc_info info = {.address = (uint64_t)(uintptr_t)op.ptr, .size = op.size,
-                              .timestamp = op.timestamp, .thread_key = op.thread_key,
-                              .stack_key = op.stack_key, .flags = op.lg_align};
+        hd_alloc_info info = {.address = (uint64_t)(uintptr_t)op.ptr,
+                              .size = op.size,
+                              .timestamp = op.timestamp,
+                              .thread_key = op.thread_key,
+                              .stack_key = op.stack_key,
+                              .flags = op.lg_align};
         if (hd_alloc_table_fill(&hd_live_alloc, &hd_tls.writer, op.node, &info)) {
           hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, info.size);
         } else {

@@ -21,8 +21,10 @@ static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
   hd_hook_enter();
   size_t usable;
   void *p = hd_backend_alloc(size, lg_align, zero, &usable);
-  if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align, usable);
-  else errno = ENOMEM;
+  if (HD_LIKELY(p != NULL))
+    hd_record_alloc(p, size, lg_align, usable);
+  else
+    errno = ENOMEM;
   hd_hook_leave(); /* keeps errno */
   return p;
 }

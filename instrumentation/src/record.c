@@ -192,7 +192,8 @@ void *hd_realloc_recorded(void *p, size_t size) {
       /* p is unchanged: recorded again under a new node (its counters never moved), or marked
        * as not recorded (and counted freed) if the table cannot take it again. */
       uint32_t again = HD_NO_NODE;
-      if (had && hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
+      if (had &&
+          hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
         hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
       hd_tag_set(p, again);
       errno = ENOMEM;

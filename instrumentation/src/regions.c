@@ -13,7 +13,10 @@
 static pthread_mutex_t g_scan_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Modules already recorded (under g_scan_lock); a module reloaded elsewhere is recorded again,
  * an unloaded one stays recorded. */
-static struct { uintptr_t base; uint64_t name_hash; } g_seen[MAX_SEEN];
+static struct {
+  uintptr_t base;
+  uint64_t name_hash;
+} g_seen[MAX_SEEN];
 static unsigned g_seen_count;
 static unsigned long long g_adds = ~0ull, g_subs = ~0ull;
 

@@ -20,12 +20,12 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/contract/shm_layout.h"
 #include "heapdump/fidl/channel.h"
 #include "heapdump_process.bindings.h"
 #include "runtime.h"
-#include "heapdump/contract/must_check.h"
 
 /* How long the program waits for the collector to accept it before going on without it. */
 #define REPLY_TIMEOUT_MS 2000
@@ -114,11 +114,13 @@ static bool read_command_line(char *out, size_t size) {
 static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   char path[108]; /* sun_path: a longer path would name another socket */
   const unsigned uid = (unsigned)getuid();
-  if (hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, path, sizeof path) != 0)
+  if (hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, path, sizeof path) !=
+      0)
     return false;
   int connected, sink[2];
   hd_owned_fd registry, sink_end;
-  if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK) return false;
+  if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK)
+    return false;
   if (!hd_owned_fd_take(connected, &registry)) return false;
   if (hd_channel_pair(sink) != HD_OK) {
     hd_owned_fd_close(&registry);
@@ -133,7 +135,8 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   set_timeout(sink_end.fd);
   /* Static, not on the stack: it holds the 4 KiB command line, and g_lock is held. */
   static heapdump_process_RegistryRegisterRequest req;
-  req = (heapdump_process_RegistryRegisterRequest)heapdump_process_RegistryRegisterRequest_init_zero;
+  req =
+      (heapdump_process_RegistryRegisterRequest)heapdump_process_RegistryRegisterRequest_init_zero;
   req.has_command_line = read_command_line(req.command_line, sizeof req.command_line);
   req.has_protocol_version = req.has_layout_version = req.has_pid = req.has_process_name = true;
   req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
@@ -149,7 +152,8 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   req.has_exit_snapshot = true;
   req.exit_snapshot = env_is_one(HD_ENV_EXIT_SNAPSHOT);
   int fds[3] = {alloc->fd, res->fd, sink[1]};
-  heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
+  heapdump_process_RegistryRegisterResponse resp =
+      heapdump_process_RegistryRegisterResponse_init_zero;
   hd_status status = hd_fidl_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
   close(sink[1]);
   if (status != HD_OK || resp.has_error) {
@@ -200,7 +204,8 @@ void hd_registration_after_fork_child(void) {
 
 /* One try on the registered sink. *sent tells whether the request left: a request the collector
  * received is never sent again, or a slow store would be stored twice. */
-static HD_MUST_CHECK int store_on_sink(const char *name, int snapshot_fd, bool exit_with_contents, bool *sent) {
+static HD_MUST_CHECK int store_on_sink(const char *name, int snapshot_fd, bool exit_with_contents,
+                                       bool *sent) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotRequest req =
       heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_init_zero;
   req.has_name = req.has_allocations_snapshot = true;
@@ -211,10 +216,12 @@ static HD_MUST_CHECK int store_on_sink(const char *name, int snapshot_fd, bool e
   const uint32_t txid = hd_next_txid();
   *sent = false;
   if (hd_message_encode(&g_msg, txid, 0, HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,
-                        &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req, 1) != HD_OK) {
+                        &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req,
+                        1) != HD_OK) {
     return HEAPDUMP_ERROR_INVALID_ARGUMENT;
   }
-  if (hd_message_send(g_sink.fd, &g_msg, &snapshot_fd, 1) != HD_OK) return HEAPDUMP_ERROR_NO_COLLECTOR;
+  if (hd_message_send(g_sink.fd, &g_msg, &snapshot_fd, 1) != HD_OK)
+    return HEAPDUMP_ERROR_NO_COLLECTOR;
   *sent = true;
   set_timeouts(g_sink.fd, store_timeout_ms(), REPLY_TIMEOUT_MS);
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
@@ -222,8 +229,8 @@ static HD_MUST_CHECK int store_on_sink(const char *name, int snapshot_fd, bool e
   hd_status status = hd_message_await_reply(g_sink.fd, &g_msg, txid,
                                             HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT);
   if (status == HD_OK) {
-    status = hd_message_decode_body(&g_msg, &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg,
-                                    &resp);
+    status = hd_message_decode_body(
+        &g_msg, &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg, &resp);
   }
   set_timeout(g_sink.fd);
   if (status == HD_ERR_TIMED_OUT) return HEAPDUMP_ERROR_NO_ANSWER;

@@ -2,9 +2,9 @@
 #ifndef HEAPDUMP_INSTRUMENTATION_REGISTRATION_H
 #define HEAPDUMP_INSTRUMENTATION_REGISTRATION_H
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/heapdump.h"
 #include "runtime.h"
-#include "heapdump/contract/must_check.h"
 
 /* Registers if a collector answers; otherwise does nothing (the program runs on). */
 void hd_register_with_collector(void) HD_HIDDEN;
@@ -15,7 +15,7 @@ void hd_registration_after_fork_child(void) HD_HIDDEN;
  * and roots while it waits. Returns HEAPDUMP_OK, HEAPDUMP_ERROR_NO_COLLECTOR,
  * HEAPDUMP_ERROR_NO_ANSWER or HEAPDUMP_ERROR_COLLECTOR_REFUSED. */
 HD_MUST_CHECK int hd_store_named_snapshot(const char *name, const hd_owned_fd *memfd,
-                            bool exit_with_contents) HD_HIDDEN;
+                                          bool exit_with_contents) HD_HIDDEN;
 /* Whether this process stores its exit snapshot itself, with contents, from its exit path:
  * HEAPDUMP_EXIT_SNAPSHOT=1 and HEAPDUMP_EXIT_CONTENTS 1, or this process's pid (what `heapdump
  * run` sets for its command). */

@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include "heapdump/contract/cpu.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/stack_codec.h"
 #include "table_memory.h"
-#include "heapdump/contract/must_check.h"
 
 /* Private dedup index of stack records, keyed by the traces' fingerprints (hd_trace_print):
  * a lookup compares a slot's 12 bytes of fingerprint, never the record's frames, so finding a
@@ -45,8 +45,8 @@ typedef struct hd_dedup_index {
 
 static hd_dedup_index *dedup_new(uint64_t slots) {
   uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(hd_dedup_slot), PAGE);
-  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void *m =
+      mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return NULL;
   hd_dedup_index *d = m;
   d->mask = slots - 1;
@@ -62,7 +62,8 @@ static void dedup_free_all(hd_dedup_index *d) {
   }
 }
 
-static HD_MUST_CHECK int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name, bool index) {
+static HD_MUST_CHECK int res_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name,
+                                    bool index) {
   memset(t, 0, sizeof(*t));
   t->memfd = HD_OWNED_FD_NONE;
   if (max_bytes < 64 * 1024) max_bytes = 64 * 1024;
@@ -390,9 +391,9 @@ static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta) {
   int64_t live = __atomic_add_fetch(&t->live_bytes, d, __ATOMIC_RELAXED);
   if (d <= 0 || live <= 0) return;
   uint64_t peak = LOAD(&s->peak_live_bytes);
-  while ((uint64_t)live > peak && !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak,
-                                                               (uint64_t)live, true,
-                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  while ((uint64_t)live > peak &&
+         !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak, (uint64_t)live, true,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 

@@ -11,8 +11,8 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "tables.h"
 #include "heapdump/contract/must_check.h"
+#include "tables.h"
 
 #define HD_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HD_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -56,19 +56,19 @@ typedef struct hd_trace_cache_entry {
  * stays valid through thread teardown. Fields read by signal handlers on the same thread are
  * ordered with signal fences. */
 typedef struct hd_thread_state {
-  int guard;            /* >0 while the library's own code runs: nested calls only forward */
-  int in_hook;          /* >0 while a hook records: nested calls queue their table operation */
-  int in_backend;       /* >0 inside the real allocator, which is not reentrant */
-  int in_unwind;        /* >0 while capturing a stack: a nested call records no trace */
-  uint32_t thread_key;  /* resources key of this thread's current name, 0 = not recorded */
-  uint32_t name_gen;    /* value of hd_name_generation when the name was last read */
+  int guard;               /* >0 while the library's own code runs: nested calls only forward */
+  int in_hook;             /* >0 while a hook records: nested calls queue their table operation */
+  int in_backend;          /* >0 inside the real allocator, which is not reentrant */
+  int in_unwind;           /* >0 while capturing a stack: a nested call records no trace */
+  uint32_t thread_key;     /* resources key of this thread's current name, 0 = not recorded */
+  uint32_t name_gen;       /* value of hd_name_generation when the name was last read */
   uint32_t name_countdown; /* allocations left before the name is read again; 0 = read now */
   uint32_t tid;
-  uintptr_t stack_lo, stack_hi; /* frame-pointer walk bounds, 0 = unknown */
+  uintptr_t stack_lo, stack_hi;  /* frame-pointer walk bounds, 0 = unknown */
   char name[HD_THREAD_NAME_MAX]; /* name recorded under thread_key */
   hd_writer_thread writer;       /* this thread's share of the tables' writer state */
   hd_trace_cache_entry traces[HD_TRACE_CACHE_ENTRIES]; /* used by hooks only, not by handlers */
-  uint32_t pending_count;        /* entries of `pending` in use; may exceed HD_PENDING_MAX */
+  uint32_t pending_count; /* entries of `pending` in use; may exceed HD_PENDING_MAX */
   hd_pending_op pending[HD_PENDING_MAX];
 } hd_thread_state;
 

@@ -240,9 +240,8 @@ __attribute__((noinline)) static cfi_capture capture_cfi(uint64_t *frames, unsig
   bool reused, joined, by_frame_pointer;
   uint32_t *memo_key;
   const hd_cfi_end end = hd_cfi_backtrace(&bounds, pc, caller_sp, caller_bp, !in_signal_handler,
-                                          walked, g_max + 1, &got,
-                                          remembered ? &t_memos : NULL, &reused, &joined,
-                                          &by_frame_pointer, &memo_key);
+                                          walked, g_max + 1, &got, remembered ? &t_memos : NULL,
+                                          &reused, &joined, &by_frame_pointer, &memo_key);
   if (key_cache != NULL) *key_cache = memo_key;
   if (g_method == HD_UNWIND_COMPARE) {
     if (reused) __atomic_fetch_add(&g_reused, 1, __ATOMIC_RELAXED);
@@ -295,15 +294,14 @@ static unsigned capture_compared(uint64_t *frames, bool *truncated, bool in_sign
 __attribute__((destructor)) static void report_comparison(void) {
   if (g_method != HD_UNWIND_COMPARE) return;
   char line[200];
-  const int n = snprintf(line, sizeof line,
-                         "heapdump: unwinders compared on %" PRIu64 " stacks: %" PRIu64
-                         " differ; %" PRIu64 " left to libunwind; %" PRIu64 " reused; %" PRIu64
-                         " joined an earlier walk\n",
-                         __atomic_load_n(&g_compared, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_differed, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_reused, __ATOMIC_RELAXED),
-                         __atomic_load_n(&g_joined, __ATOMIC_RELAXED));
+  const int n = snprintf(
+      line, sizeof line,
+      "heapdump: unwinders compared on %" PRIu64 " stacks: %" PRIu64 " differ; %" PRIu64
+      " left to libunwind; %" PRIu64 " reused; %" PRIu64 " joined an earlier walk\n",
+      __atomic_load_n(&g_compared, __ATOMIC_RELAXED),
+      __atomic_load_n(&g_differed, __ATOMIC_RELAXED),
+      __atomic_load_n(&g_cfi_fallbacks, __ATOMIC_RELAXED),
+      __atomic_load_n(&g_reused, __ATOMIC_RELAXED), __atomic_load_n(&g_joined, __ATOMIC_RELAXED));
   (void)!write(STDERR_FILENO, line, (size_t)n);
 }
 
@@ -311,17 +309,14 @@ static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handle
                         uint32_t **key_cache) {
   unsigned n;
   switch (g_method) {
-    case HD_UNWIND_FP:
-      return capture_fp(frames, truncated);
+    case HD_UNWIND_FP: return capture_fp(frames, truncated);
     case HD_UNWIND_CFI: {
       const cfi_capture got = capture_cfi(frames, &n, truncated, in_signal_handler, key_cache);
       if (got != CFI_WHOLE) hd_count_beyond_cfi();
       return got == CFI_NONE ? 0 : n;
     }
-    case HD_UNWIND_COMPARE:
-      return capture_compared(frames, truncated, in_signal_handler);
-    default:
-      return capture_unwind(frames, truncated);
+    case HD_UNWIND_COMPARE: return capture_compared(frames, truncated, in_signal_handler);
+    default: return capture_unwind(frames, truncated);
   }
 }
 

@@ -12,7 +12,8 @@
  * its summary is printed at exit). */
 enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1, HD_UNWIND_CFI = 2, HD_UNWIND_COMPARE = 3 };
 /* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
-void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo, uintptr_t skip_hi) HD_HIDDEN;
+void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo,
+                        uintptr_t skip_hi) HD_HIDDEN;
 /* Fills frames[0..HD_MAX_FRAMES) with return addresses, innermost first; returns the count.
  * *truncated: the frame limit cut the walk short. in_signal_handler: called from a nested call,
  * so 0 when capturing now could not be safe. key_cache (may be NULL): set to where the

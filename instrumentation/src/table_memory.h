@@ -9,20 +9,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tables.h"
 #include "heapdump/contract/must_check.h"
+#include "tables.h"
 
 #define PAGE 4096u
-#define ALIGN_UP(x, a) (((x) + (a) - 1) & ~((uint64_t)(a) - 1))
+#define ALIGN_UP(x, a) (((x) + (a)-1) & ~((uint64_t)(a)-1))
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define HD_UNLIKELY_T(x) __builtin_expect(!!(x), 0)
 
-static HD_MUST_CHECK inline int hd_table_memfd(const char *name, uint64_t size, void **map, hd_owned_fd *out) {
+static HD_MUST_CHECK inline int hd_table_memfd(const char *name, uint64_t size, void **map,
+                                               hd_owned_fd *out) {
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -errno;
-  if (ftruncate(fd, (off_t)size) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+  if (ftruncate(fd, (off_t)size) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     int e = -errno;
     close(fd);
     return e;

@@ -14,7 +14,6 @@
 #include "heapdump/contract/shm_layout.h"
 #include "owned_fd.h"
 
-
 /* One live block as the writer sees it (what a node holds, unpacked). */
 typedef struct hd_alloc_info {
   uint64_t address;
@@ -35,10 +34,10 @@ typedef struct hd_alloc_info {
 /* The writer state one thread keeps for itself (in its TLS). Only that thread touches it, so
  * nothing in it needs an atomic instruction; functions take NULL where there is no thread. */
 typedef struct hd_writer_thread {
-  uint32_t counters_key;  /* this thread's HD_REC_COUNTERS record, 0 = none (header base used) */
-  uint32_t node_count;    /* entries of `nodes` in use */
-  int64_t live_delta;     /* bytes allocated minus freed not yet added to the process total */
-  bool retired;           /* the thread is exiting: shared paths only from now on */
+  uint32_t counters_key; /* this thread's HD_REC_COUNTERS record, 0 = none (header base used) */
+  uint32_t node_count;   /* entries of `nodes` in use */
+  int64_t live_delta;    /* bytes allocated minus freed not yet added to the process total */
+  bool retired;          /* the thread is exiting: shared paths only from now on */
   uint32_t nodes[HD_THREAD_NODE_CACHE]; /* free node indices owned by this thread */
 } hd_writer_thread;
 
@@ -46,12 +45,12 @@ typedef struct hd_writer_thread {
 #define HD_NO_NODE_LINK 0u    /* end of the free list; its links are index + 1 */
 
 typedef struct hd_alloc_table {
-  hd_alloc_header *hdr;     /* shared, read-write mapping of memfd */
-  uint32_t *seq;            /* slot sequence counters / writer spinlocks */
+  hd_alloc_header *hdr; /* shared, read-write mapping of memfd */
+  uint32_t *seq;        /* slot sequence counters / writer spinlocks */
   hd_alloc_node *nodes;
-  uint64_t size;            /* mapping size == memfd size */
+  uint64_t size; /* mapping size == memfd size */
   hd_owned_fd memfd;
-  uint32_t slot_sleepers;   /* threads asleep on a slot lock (alloc_table.c, slot_lock) */
+  uint32_t slot_sleepers; /* threads asleep on a slot lock (alloc_table.c, slot_lock) */
   /* Private to the writer. free_top: Treiber stack of free nodes, (tag << 32) | link; the link
    * of a free node is kept in its shared `next` field, which readers ignore. */
   uint64_t free_top;
@@ -61,14 +60,15 @@ typedef struct hd_alloc_table {
 } hd_alloc_table;
 
 typedef enum hd_insert_result {
-  HD_INSERT_NEW = 0,      /* a new record was written */
-  HD_INSERT_FULL = 2,     /* no node left: nothing recorded */
+  HD_INSERT_NEW = 0,             /* a new record was written */
+  HD_INSERT_FULL = 2,            /* no node left: nothing recorded */
   HD_INSERT_UNREPRESENTABLE = 3, /* an address or size a node cannot hold: nothing recorded */
 } hd_insert_result;
 
 /* Creates a sealed, sparse memfd of about max_bytes (clamped to a minimum) and maps it, with a
  * time_base of 0 (set it before the first insert). Returns 0 or -errno. */
-int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
+int hd_alloc_table_create(hd_alloc_table *t, uint64_t max_bytes,
+                          const char *memfd_name) HD_MUST_CHECK;
 /* Unmaps and closes. */
 void hd_alloc_table_destroy(hd_alloc_table *t);
 /* Bytes a table needs to hold `nodes` nodes (for exact-size snapshot copies). */
@@ -90,8 +90,8 @@ bool hd_alloc_table_fill(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
 void hd_alloc_table_release(hd_alloc_table *t, uint32_t index);
 /* Erases the record of address from node index; true and *out filled (if non-NULL) if that node
  * held it. */
-bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index,
-                          uint64_t address, hd_alloc_info *out) HD_MUST_CHECK;
+bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index, uint64_t address,
+                          hd_alloc_info *out) HD_MUST_CHECK;
 /* The node holding address, by a scan of every node handed out (for a block whose index was
  * lost); HD_NO_NODE if none. */
 uint32_t hd_alloc_table_find(const hd_alloc_table *t, uint64_t address);
@@ -107,8 +107,9 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t);
 /* With src locked: creates dst (a new memfd of max_bytes, or exactly big enough when
  * max_bytes == 0) holding a copy of every live record of src, in the same nodes. Returns 0 or
  * -errno. */
-HD_MUST_CHECK int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, uint64_t max_bytes,
-                                const char *memfd_name) HD_MUST_CHECK;
+HD_MUST_CHECK int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst,
+                                              uint64_t max_bytes,
+                                              const char *memfd_name) HD_MUST_CHECK;
 /* With t locked (or private): the number and total requested size of its live records. */
 void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
 /* Hands n of the thread's cached free nodes back to the table's shared free list. */
@@ -123,7 +124,7 @@ typedef struct hd_res_table {
   uint8_t *base;
   uint64_t size;
   hd_owned_fd memfd;
-  pthread_mutex_t lock;  /* serialises appends; see lock order above */
+  pthread_mutex_t lock; /* serialises appends; see lock order above */
   /* Private dedup index of stack records (atomic pointer, see hd_dedup_index). */
   struct hd_dedup_index *dedup;
   uint64_t dedup_count;     /* under lock */
@@ -138,7 +139,8 @@ void hd_res_table_destroy(hd_res_table *t);
 /* With src->lock held: a new table (new memfd, same size) with the same records and counters
  * but no dedup index; after fork the child moves its copy of src's index over with
  * hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */
-int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const char *memfd_name) HD_MUST_CHECK;
+int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst,
+                              const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
 
 /* What identifies a trace besides its frames, as one number to seed its hashes with: its frame
@@ -196,8 +198,7 @@ uint32_t hd_res_add_thread(hd_res_table *t, uint32_t tid, const char *name, uint
 /* Records that [start, start + size) was mapped or unmapped (hd_rec_mapping, kind HD_MAPPING_*);
  * false if the table is full (counted in the header's mapping_records_lost). The _locked form
  * is for a caller that holds t->lock. */
-bool hd_res_add_mapping(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
-                        uint64_t size);
+bool hd_res_add_mapping(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start, uint64_t size);
 bool hd_res_add_mapping_locked(hd_res_table *t, uint32_t kind, bool mapped, uint64_t start,
                                uint64_t size);
 /* The thread's stack bounds and thread pointer (hd_rec_thread_roots); 0 if the table is full. */
@@ -222,7 +223,8 @@ void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone
  * (hd_res_header.stacks_beyond_cfi). */
 void hd_res_count_beyond_cfi(hd_res_table *t);
-/* One more free of a block whose tag the program had overwritten (hd_res_header.overwritten_tags). */
+/* One more free of a block whose tag the program had overwritten (hd_res_header.overwritten_tags).
+ */
 void hd_res_count_overwritten_tag(hd_res_table *t);
 /* The process statistics: header base plus every thread's counters (see shm_layout.h). */
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out);

@@ -170,7 +170,8 @@ TEST_F(CollectorTest, DeepStacksAndHugeBlocksArriveWhole) {
   ASSERT_NE(trace, nullptr);
   EXPECT_EQ(trace->count, static_cast<size_t>(HD_MAX_FRAMES));
   for (size_t f = 0; f < trace->count; f++) {
-    EXPECT_EQ(FunctionAt(s, trace->addresses[f] - (f > 0), HD_WORKLOAD), "recurse") << "frame " << f;
+    EXPECT_EQ(FunctionAt(s, trace->addresses[f] - (f > 0), HD_WORKLOAD), "recurse")
+        << "frame " << f;
   }
   // The big block came in many chunks and was put together byte for byte.
   const hd_snapshot_block *contents = hd_snapshot_find_block(s, big->address);
@@ -273,7 +274,8 @@ TEST_F(CollectorTest, AHighWaterMarkPastWhatWasWrittenCostsTheCollectorNothing) 
   Child victim(collector.socket, nullptr);
   MappedTable table(victim.pid);
   ASSERT_TRUE(table.ok());
-  ASSERT_GT(table.header->node_capacity, 1000000u) << "the default tables, whose capacity dwarfs the live set";
+  ASSERT_GT(table.header->node_capacity, 1000000u)
+      << "the default tables, whose capacity dwarfs the live set";
   __atomic_store_n(&table.header->node_high_water, table.header->node_capacity, __ATOMIC_RELAXED);
 
   collector.ResetPeakRss();
@@ -452,7 +454,8 @@ TEST_F(CollectorTest, AProcessInAChildPidNamespaceIsServed) {
   ASSERT_EQ(live->status, HD_OK) << live->ra.error;
   ASSERT_EQ(live->error, 0u) << collector.Log();
   EXPECT_EQ(Blocks(live->only(), 200, "worker_leaks").in_function, 5u);
-  EXPECT_NE(collector.Log().find("(pid 1 in its PID namespace)"), std::string::npos) << collector.Log();
+  EXPECT_NE(collector.Log().find("(pid 1 in its PID namespace)"), std::string::npos)
+      << collector.Log();
   int status = program.Finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }

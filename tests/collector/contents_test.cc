@@ -170,7 +170,8 @@ TEST_F(ContentsTest, NothingFromAProcessThatHasExited) {
   StartChild({});
   ASSERT_EQ(kill(child, SIGKILL), 0);
   siginfo_t info;
-  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);  // stays a zombie
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT),
+            0);  // stays a zombie
   Collected got;
   EXPECT_EQ(Read(blocks, &got), HD_OK);
   EXPECT_TRUE(got.blocks.empty());
@@ -193,7 +194,8 @@ TEST_F(ContentsTest, AConsumerErrorStopsTheReading) {
 TEST_F(ContentsTest, TheTotalPassedOnIsBounded) {
   Mapping m = Map(4 * kPage);
   std::vector<hd_live_block> blocks;
-  for (size_t i = 0; i < 100; i++) blocks.push_back(Block(m.base + i * 16, 2 * kPage));  // overlapping
+  for (size_t i = 0; i < 100; i++)
+    blocks.push_back(Block(m.base + i * 16, 2 * kPage));  // overlapping
   StartChild({});
   Collected got;
   bool cut = false;

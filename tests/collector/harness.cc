@@ -72,7 +72,6 @@ Workload::Workload(const std::string &socket, const std::vector<std::string> &ar
   pid = program->pid;
 }
 
-
 namespace {
 
 using Symbols = std::map<std::string, std::pair<uint64_t, uint64_t>>;
@@ -162,7 +161,8 @@ MappedTable::MappedTable(pid_t pid) {
     if (fd >= 0) close(fd);
     return;
   }
-  void *map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *map =
+      mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (map == MAP_FAILED) {
     ADD_FAILURE() << "cannot map the allocations table of process " << pid;
@@ -181,7 +181,8 @@ uint32_t *MappedTable::Seq(uint64_t slot) const {
 }
 
 hd_alloc_node *MappedTable::Node(uint32_t link) const {
-  return reinterpret_cast<hd_alloc_node *>(reinterpret_cast<char *>(header) + header->nodes_offset) +
+  return reinterpret_cast<hd_alloc_node *>(reinterpret_cast<char *>(header) +
+                                           header->nodes_offset) +
          (link - 1);
 }
 

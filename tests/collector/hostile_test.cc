@@ -49,7 +49,8 @@ size_t CountStored(const std::string &socket, const std::string &name) {
 
 // Whether the process is blocked receiving on a socket: waiting for the collector's answer.
 bool WaitingForAnswer(pid_t pid) {
-  return ReadFile("/proc/" + std::to_string(pid) + "/syscall").rfind(std::to_string(SYS_recvmsg) + " ", 0) == 0;
+  return ReadFile("/proc/" + std::to_string(pid) + "/syscall")
+             .rfind(std::to_string(SYS_recvmsg) + " ", 0) == 0;
 }
 
 ProcessStatus FinalState(const std::string &socket, pid_t pid) {
@@ -71,7 +72,8 @@ ProcessStatus FinalState(const std::string &socket, pid_t pid) {
 class LockWalker {
  public:
   explicit LockWalker(const MappedTable &table) : table_(table) {
-    const uint64_t used = (table.header->node_high_water + HD_NODES_PER_SLOT - 1) / HD_NODES_PER_SLOT;
+    const uint64_t used =
+        (table.header->node_high_water + HD_NODES_PER_SLOT - 1) / HD_NODES_PER_SLOT;
     slots_ = std::min<uint64_t>(std::max<uint64_t>(used, 2), HD_SEQ_SLOTS);
     table_.SetSlotLocked(0, true);  // before any reader starts, which is far quicker than a thread
     thread_ = std::thread([this] {
@@ -110,7 +112,8 @@ TEST_F(HostileTest, ASlowStoreIsStoredOnceAndTheProgramToldTheTruth) {
   ASSERT_EQ(kill(collector.pid, SIGSTOP), 0);
   child.program->Send("snapshot slow");
   hasty.program->Send("snapshot hasty");
-  EXPECT_TRUE(WaitUntil([&] { return WaitingForAnswer(child.pid) && WaitingForAnswer(hasty.pid); }));
+  EXPECT_TRUE(
+      WaitUntil([&] { return WaitingForAnswer(child.pid) && WaitingForAnswer(hasty.pid); }));
   EXPECT_EQ(hasty.program->ReadLine(), "stored " + std::to_string(HEAPDUMP_ERROR_NO_ANSWER));
   sleep(3);
   ASSERT_EQ(kill(collector.pid, SIGCONT), 0);
@@ -138,7 +141,8 @@ TEST_F(HostileTest, AProcessGoneBeforeItsRegistrationIsReadIsNotTakenIn) {
   const std::string refused = "pid " + std::to_string(pid) + ": refused: cannot watch its exit";
   EXPECT_TRUE(WaitUntil([&] { return collector.Log().find(refused) != std::string::npos; }))
       << collector.Log();
-  EXPECT_EQ(collector.Log().find("[" + std::to_string(pid) + "]"), std::string::npos) << collector.Log();
+  EXPECT_EQ(collector.Log().find("[" + std::to_string(pid) + "]"), std::string::npos)
+      << collector.Log();
   EXPECT_EQ(GetProcessState(collector.socket, pid).state,
             heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN);
 }
@@ -152,12 +156,15 @@ int TakeSink(pid_t pid) {
   for (int fd = 3; fd < 1024 && sink < 0; fd++) {
     char target[64] = "";
     std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-    if (readlink(link.c_str(), target, sizeof target - 1) <= 0 || strncmp(target, "socket:", 7) != 0) continue;
+    if (readlink(link.c_str(), target, sizeof target - 1) <= 0 ||
+        strncmp(target, "socket:", 7) != 0)
+      continue;
     int taken = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
     if (taken < 0) continue;
     struct sockaddr_un peer = {};
     socklen_t len = sizeof peer;
-    if (getpeername(taken, reinterpret_cast<sockaddr *>(&peer), &len) == 0 && len <= sizeof(sa_family_t)) {
+    if (getpeername(taken, reinterpret_cast<sockaddr *>(&peer), &len) == 0 &&
+        len <= sizeof(sa_family_t)) {
       sink = taken;
     } else {
       close(taken);
@@ -169,13 +176,15 @@ int TakeSink(pid_t pid) {
 
 // A copy of a process's table (the memfd called `name`) in a memfd of our own, as a forger would
 // make it: edit changes its bytes, then it is sealed with seals.
-int CopyTable(pid_t pid, const std::string &name, int seals, const std::function<void(char *)> &edit) {
+int CopyTable(pid_t pid, const std::string &name, int seals,
+              const std::function<void(char *)> &edit) {
   int live = OpenTable(pid, name);
   struct stat st;
   if (live < 0 || fstat(live, &st) != 0) return -1;
   int copy = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   std::vector<char> bytes(static_cast<size_t>(st.st_size));
-  bool ok = copy >= 0 && pread(live, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
+  bool ok =
+      copy >= 0 && pread(live, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
   close(live);
   edit(bytes.data());
   ok = ok && pwrite(copy, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()) &&
@@ -203,7 +212,8 @@ int64_t Store(int sink, const char *name, int table) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   auto msg = std::make_unique<hd_message>();
-  hd_status status = hd_fidl_snapshot_sink_store_named_snapshot(sink, msg.get(), &req, &table, 1, &resp);
+  hd_status status =
+      hd_fidl_snapshot_sink_store_named_snapshot(sink, msg.get(), &req, &table, 1, &resp);
   close(table);
   EXPECT_EQ(status, HD_OK) << hd_status_str(status);
   if (status != HD_OK) return -1000;
@@ -231,7 +241,8 @@ TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
     EXPECT_EQ(hd_channel_pair(sink), HD_OK);
     int fd = -1;
     EXPECT_EQ(hd_channel_connect(collector.socket.c_str(), &fd), HD_OK);
-    heapdump_process_RegistryRegisterRequest req = heapdump_process_RegistryRegisterRequest_init_zero;
+    heapdump_process_RegistryRegisterRequest req =
+        heapdump_process_RegistryRegisterRequest_init_zero;
     req.has_protocol_version = req.has_layout_version = req.has_pid = true;
     req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
     req.layout_version = HD_LAYOUT_VERSION;
@@ -241,11 +252,13 @@ TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
     req.resources_table = {true, 1};
     req.snapshot_sink = {true, 2};
     const int fds[3] = {alloc, res, sink[1]};
-    heapdump_process_RegistryRegisterResponse resp = heapdump_process_RegistryRegisterResponse_init_zero;
+    heapdump_process_RegistryRegisterResponse resp =
+        heapdump_process_RegistryRegisterResponse_init_zero;
     auto msg = std::make_unique<hd_message>();
     EXPECT_EQ(hd_fidl_registry_register(fd, msg.get(), &req, fds, 3, &resp), HD_OK);
     for (int f : {alloc, res, sink[1]}) close(f);
-    return std::make_pair(resp.has_error ? static_cast<int>(resp.error) : 0, std::array<int, 2>{fd, sink[0]});
+    return std::make_pair(resp.has_error ? static_cast<int>(resp.error) : 0,
+                          std::array<int, 2>{fd, sink[0]});
   };
   auto alloc_copy = [&] { return CopyTable(child.pid, 0, self, seals); };
   auto res_copy = [&] {
@@ -280,16 +293,19 @@ TEST_F(HostileTest, NamedSnapshotTablesMustBeSealedCopiesOfTheirSender) {
   const int frozen = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
   const uint32_t pid = static_cast<uint32_t>(child.pid);
   const int64_t invalid = -static_cast<int64_t>(heapdump_process_StoreError_INVALID_SNAPSHOT);
-  EXPECT_EQ(Store(sink, "unsealed", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid,
-                                              F_SEAL_SHRINK | F_SEAL_GROW)), invalid);
+  EXPECT_EQ(Store(sink, "unsealed",
+                  CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid, F_SEAL_SHRINK | F_SEAL_GROW)),
+            invalid);
   EXPECT_EQ(Store(sink, "live", CopyTable(child.pid, 0, pid, frozen)), invalid);
-  EXPECT_EQ(Store(sink, "others", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid + 1, frozen)), invalid);
+  EXPECT_EQ(Store(sink, "others", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid + 1, frozen)),
+            invalid);
   const std::string log = collector.Log();
   EXPECT_NE(log.find("not sealed against writing"), std::string::npos) << log;
   EXPECT_NE(log.find("a live table, not a snapshot copy"), std::string::npos) << log;
   EXPECT_NE(log.find("another process's table"), std::string::npos) << log;
   // Made as the library makes it, the same copy is stored, with the process's blocks.
-  const int64_t id = Store(sink, "proper", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid, frozen));
+  const int64_t id =
+      Store(sink, "proper", CopyTable(child.pid, HD_ALLOC_FLAG_SNAPSHOT, pid, frozen));
   ASSERT_GT(id, 0);
   auto proper = Download(collector.socket, static_cast<uint32_t>(id));
   ASSERT_EQ(proper->status, HD_OK) << proper->ra.error;
@@ -312,8 +328,9 @@ TEST_F(HostileTest, AProcessStoresOneNamedSnapshotAtATime) {
   ASSERT_GE(sink, 0);
   struct timeval patience = {30, 0};
   setsockopt(sink, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
-  const int copy = CopyTable(flooder.pid, HD_ALLOC_FLAG_SNAPSHOT, static_cast<uint32_t>(flooder.pid),
-                             F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW);
+  const int copy =
+      CopyTable(flooder.pid, HD_ALLOC_FLAG_SNAPSHOT, static_cast<uint32_t>(flooder.pid),
+                F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW);
   ASSERT_GE(copy, 0);
   enum { kRequests = 10 };
   auto msg = std::make_unique<hd_message>();
@@ -323,10 +340,11 @@ TEST_F(HostileTest, AProcessStoresOneNamedSnapshotAtATime) {
     req.has_name = req.has_allocations_snapshot = true;
     snprintf(req.name, sizeof req.name, "flood-%d", i);
     req.allocations_snapshot = {true, 0};
-    ASSERT_EQ(hd_message_encode(msg.get(), static_cast<uint32_t>(i + 1), 0,
-                                HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,
-                                &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req, 1),
-              HD_OK);
+    ASSERT_EQ(
+        hd_message_encode(msg.get(), static_cast<uint32_t>(i + 1), 0,
+                          HD_ORDINAL_SNAPSHOT_SINK_STORE_NAMED_SNAPSHOT,
+                          &heapdump_process_SnapshotSinkStoreNamedSnapshotRequest_msg, &req, 1),
+        HD_OK);
     ASSERT_EQ(hd_message_send(sink, msg.get(), &copy, 1), HD_OK);
   }
   close(copy);
@@ -336,7 +354,8 @@ TEST_F(HostileTest, AProcessStoresOneNamedSnapshotAtATime) {
     ASSERT_EQ(hd_message_recv(sink, msg.get()), HD_OK) << "answer " << i;
     heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
         heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
-    ASSERT_EQ(hd_message_decode_body(msg.get(), &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg, &resp),
+    ASSERT_EQ(hd_message_decode_body(
+                  msg.get(), &heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_msg, &resp),
               HD_OK);
     stored += !resp.has_error;
     busy += resp.has_error && resp.error == heapdump_process_StoreError_BUSY;
@@ -382,7 +401,8 @@ TEST_F(HostileTest, ProgramsKilledWhileAllocatingAllGetTheirExitSnapshots) {
     workload.program->Kill();
     ProcessStatus exited = FinalState(collector.socket, workload.pid);
     EXPECT_EQ(exited.state, heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED)
-        << "round " << round << ":\n" << collector.Log();
+        << "round " << round << ":\n"
+        << collector.Log();
   }
 }
 
@@ -433,7 +453,8 @@ TEST_F(HostileTest, StoppingDoesNotWaitForAProcessThatHoldsItsLocks) {
   sleep(1);
   ASSERT_EQ(kill(collector.pid, SIGTERM), 0);
   int status = 0;
-  bool stopped = WaitUntil([&] { return waitpid(collector.pid, &status, WNOHANG) == collector.pid; }, 30);
+  bool stopped =
+      WaitUntil([&] { return waitpid(collector.pid, &status, WNOHANG) == collector.pid; }, 30);
   if (!stopped) {
     kill(collector.pid, SIGKILL);
     waitpid(collector.pid, &status, 0);
@@ -507,14 +528,17 @@ TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
     receivers.push_back(dup(call.ends[0]));
   }
   size_t most = 0;
-  (void)WaitUntil([&] {
-    most = std::max(most, StatusField(collector.pid, "Threads"));
-    return false;
-  }, 3);
+  (void)WaitUntil(
+      [&] {
+        most = std::max(most, StatusField(collector.pid, "Threads"));
+        return false;
+      },
+      3);
   EXPECT_GE(most, threads_before + 32) << "the flood did not take every stream thread";
   EXPECT_LE(most, threads_before + 32);
   for (int fd : receivers) close(fd);
-  EXPECT_TRUE(WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
   EXPECT_EQ(collector.SettledFdCount(), fds_before);
   auto served = TakeLiveSnapshot(collector.socket, &selector);
   ASSERT_EQ(served->status, HD_OK) << served->ra.error;
@@ -542,7 +566,8 @@ TEST_F(HostileTest, RunningOutOfDescriptorsNeitherSpinsNorFloodsTheLog) {
   sleep(3);
   EXPECT_LT(CpuSeconds(collector.pid) - cpu_before, 0.5) << "the collector spun on accept";
   EXPECT_LT(collector.Log().size() - log_before, 4096u) << collector.Log().substr(log_before, 4096);
-  EXPECT_NE(collector.Log().find(std::string("accept failed: ") + strerror(EMFILE)), std::string::npos)
+  EXPECT_NE(collector.Log().find(std::string("accept failed: ") + strerror(EMFILE)),
+            std::string::npos)
       << collector.Log();
   ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, &normal, nullptr), 0);
   Listing listing = List(collector.socket);
@@ -574,7 +599,8 @@ TEST_F(HostileTest, ContentsAreBoundedWhateverTheTableClaims) {
   ASSERT_EQ(result->status, HD_OK) << result->ra.error;
   ASSERT_NE(result->only(), nullptr);
   uint64_t carried = 0;
-  for (size_t i = 0; i < result->only()->block_count; i++) carried += result->only()->blocks[i].size;
+  for (size_t i = 0; i < result->only()->block_count; i++)
+    carried += result->only()->blocks[i].size;
   EXPECT_LE(carried, 200000u);
   EXPECT_GT(carried, 0u) << "no claimed block could be read: the bound went untested";
   EXPECT_NE(collector.Log().find("cut at 200000 bytes"), std::string::npos) << collector.Log();
@@ -637,7 +663,8 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
     Loop normal_snapshots(stop, [&] {
       auto r = TakeLiveSnapshot(socket, &healthy_selector);
       normal_requests++;
-      if (r->status != HD_OK || r->error != 0 || Blocks(r->only(), 100, "alpha_leaks").in_function != 10) {
+      if (r->status != HD_OK || r->error != 0 ||
+          Blocks(r->only(), 100, "alpha_leaks").in_function != 10) {
         normal_failures++;
       }
     });
@@ -685,7 +712,8 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
           }
           case 2: {  // a request whose client never reads, held a while
             Call call(socket);
-            if (RequestLiveSnapshot(call, &healthy_selector) == HD_OK) held.push_back(dup(call.ends[0]));
+            if (RequestLiveSnapshot(call, &healthy_selector) == HD_OK)
+              held.push_back(dup(call.ends[0]));
             break;
           }
           default:  // says nothing
@@ -705,7 +733,8 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
   cyclic_table.reset();
   locker.Kill();
   cyclic.Kill();
-  EXPECT_TRUE(WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60))
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60))
       << StatusField(collector.pid, "Threads") << " threads, " << threads_before << " before";
   EXPECT_EQ(collector.SettledFdCount(), fds_before);
   const size_t rss_after_kb = StatusField(collector.pid, "VmRSS");

@@ -43,7 +43,8 @@ class PermissionTest : public ::testing::Test {
   User nobody;
 
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "permission tests need root, to run a client as another user";
+    if (geteuid() != 0)
+      GTEST_SKIP() << "permission tests need root, to run a client as another user";
     struct passwd *pw = getpwnam("nobody");
     if (pw == nullptr) GTEST_SKIP() << "no user 'nobody' to switch to";
     nobody = {pw->pw_uid, pw->pw_gid};
@@ -99,19 +100,22 @@ TEST_F(PermissionTest, ClientOfAnotherUidIsRefused) {
 // A root collector given a storage directory that another user made (in /tmp, say) refuses it:
 // that user could otherwise plant links there and have root overwrite any file through them.
 TEST_F(PermissionTest, AStorageDirectoryOfAnotherUserIsRefused) {
-  const std::string shared = dir + "/tmp", planted = shared + "/planted", victim = dir + "/root-only";
+  const std::string shared = dir + "/tmp", planted = shared + "/planted",
+                    victim = dir + "/root-only";
   ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
   ASSERT_EQ(chmod(shared.c_str(), 01777), 0);  // as /tmp is
   WriteFile(victim, "root's");
   ASSERT_EQ(chmod(victim.c_str(), 0600), 0);
   const std::string link_target = victim;
-  ASSERT_EQ(RunAs(nobody, [&] {
+  ASSERT_EQ(
+      RunAs(nobody,
+            [&] {
               if (mkdir(planted.c_str(), 0700) != 0) return 1;
               return symlink(link_target.c_str(), (planted + "/next-id.tmp").c_str()) == 0 ? 0 : 2;
             }),
-            0);
-  ShellOutput refused = RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" + dir +
-                                     "/run/c.sock' --storage '" + planted + "'",
+      0);
+  ShellOutput refused = RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" +
+                                     dir + "/run/c.sock' --storage '" + planted + "'",
                                  dir, {"PATH=/usr/bin:/bin"});
   EXPECT_NE(refused.status, 0) << refused.out;
   EXPECT_NE(refused.out.find("storage directory " + planted + " must be owned by uid 0"),
@@ -201,8 +205,9 @@ TEST_F(PermissionTest, RetentionLimitsHoldForEachUserOnItsOwn) {
     // A live snapshot rescans /proc (at most once a second), and the collector adopts it.
     const pid_t pid = theirs.pid;
     auto selector = ByPid(pid);
-    ASSERT_TRUE(WaitUntil([&] { return TakeLiveSnapshot(collector.socket, &selector)->error == 0; }))
-        << collector.Log();
+    ASSERT_TRUE(WaitUntil([&] {
+      return TakeLiveSnapshot(collector.socket, &selector)->error == 0;
+    })) << collector.Log();
     theirs.Finish();
     ASSERT_TRUE(WaitUntil([&] {
       return GetProcessState(collector.socket, pid).state ==

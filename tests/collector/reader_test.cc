@@ -2,16 +2,16 @@
 // the library's writer), so that each test can put exactly the nodes it needs: freed nodes,
 // duplicate addresses, hostile header fields, slots left locked.
 #include <fcntl.h>
-#include <time.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <cstdlib>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -29,8 +29,8 @@ class HandTable {
   explicit HandTable(size_t min_size = 0) {
     const uint64_t seq_offset = sizeof(hd_alloc_header);
     const uint64_t nodes_offset = seq_offset + 4ull * HD_SEQ_SLOTS;
-    size_ = std::max<size_t>((nodes_offset + kCapacity * sizeof(hd_alloc_node) + 4095) & ~size_t{4095},
-                             min_size);
+    size_ = std::max<size_t>(
+        (nodes_offset + kCapacity * sizeof(hd_alloc_node) + 4095) & ~size_t{4095}, min_size);
     fd_ = memfd_create("hand-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_GE(fd_, 0);
     EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(size_)), 0);
@@ -139,10 +139,9 @@ TEST(TableReader, EveryLiveNodeOnceInTableOrderOrSorted) {
   ASSERT_EQ(table.Snapshot(&sorted, true), HD_READ_OK);
   EXPECT_EQ(AddressesOf(unordered), expected);
   EXPECT_EQ(AddressesOf(sorted), expected);
-  EXPECT_TRUE(std::is_sorted(sorted.begin(), sorted.end(),
-                             [](const hd_live_block &a, const hd_live_block &b) {
-                               return a.address < b.address;
-                             }));
+  EXPECT_TRUE(std::is_sorted(
+      sorted.begin(), sorted.end(),
+      [](const hd_live_block &a, const hd_live_block &b) { return a.address < b.address; }));
 }
 
 // The high-water mark bounds the nodes read: one past the capacity reads the capacity, one
@@ -225,7 +224,7 @@ TEST(TableReader, TheDeadlineAndAStopEndAReadThatAWriterKeepsWaiting) {
   table.SetSlotLocked(0, true);  // before the reader starts, which is far quicker than a thread
   std::thread hostile([&] {
     for (uint64_t slot = 0; !done; slot = (slot + 1) % HD_SEQ_SLOTS) {
-      for (int i = 0; i < 80 && !done; i++) usleep(10000);  // 0.8 s
+      for (int i = 0; i < 80 && !done; i++) usleep(10000);   // 0.8 s
       table.SetSlotLocked((slot + 1) % HD_SEQ_SLOTS, true);  // the next first: no gap to slip in
       table.SetSlotLocked(slot, false);
     }

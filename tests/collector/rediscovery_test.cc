@@ -27,7 +27,8 @@ class RediscoveryTest : public ::testing::Test {
   }
   size_t CountIn(const std::string &text, const std::string &what) {
     size_t count = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) count++;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+      count++;
     return count;
   }
   size_t ExitSnapshots(pid_t pid) {
@@ -57,7 +58,8 @@ TEST_F(RediscoveryTest, ProgramStartedBeforeTheCollectorIsFound) {
   ExpectKnownHeap(*ByPidSnapshot(child.pid));
   auto by_name = ByName("snapshot_child");
   ExpectKnownHeap(*TakeLiveSnapshot(collector.socket, &by_name));
-  EXPECT_EQ(CountIn(collector.Log(), "found snapshot_child[" + std::to_string(child.pid) + "]"), 1u);
+  EXPECT_EQ(CountIn(collector.Log(), "found snapshot_child[" + std::to_string(child.pid) + "]"),
+            1u);
 
   // Storing a snapshot registers the program: the same process, so still one entry.
   EXPECT_EQ(child.Snapshot("later"), 0);

@@ -176,16 +176,20 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
       case 0: msg = Random(rng, rng() % 64); break;
       case 1: msg = Random(rng, 16 + rng() % 4000); break;
       case 2: msg = Random(rng, 1 + rng() % 15); break;  // shorter than a header
-      case 3:  // no method has this ordinal
+      case 3:                                            // no method has this ordinal
         msg = Concat(Header(0, 0, 0, 1, 0x10000 + rng() % 0xffffff), Random(rng, rng() % 100));
         break;
-      case 4: msg = Concat(Header(0, 0, 0, static_cast<uint8_t>(2 + rng() % 250), 0x101), {}); break;
+      case 4:
+        msg = Concat(Header(0, 0, 0, static_cast<uint8_t>(2 + rng() % 250), 0x101), {});
+        break;
       case 5: msg = Header(0, 0, static_cast<uint8_t>(1 + rng() % 255), 1, 0x101); break;
       case 6: msg = Header(0, 1, 0, 1, 0x101); break;  // a response where a request is due
       case 7:  // a known method with a body that does not decode
         msg = Concat(Header(0, 0, 0, 1, 0x101 + rng() % 3), Random(rng, 1 + rng() % 300));
         break;
-      case 8: msg = Concat(Header(hd_next_txid(), 0, 0, 1, 0x401), Random(rng, 1 + rng() % 300)); break;
+      case 8:
+        msg = Concat(Header(hd_next_txid(), 0, 0, 1, 0x401), Random(rng, 1 + rng() % 300));
+        break;
       case 9: msg = Random(rng, HD_MAX_MESSAGE_BYTES + 1 + rng() % 100000); break;
       case 10: msg = TakeLiveSnapshotRequest(child.pid); break;  // its receiver is missing
       case 11:  // one descriptor more than the handles name
@@ -314,7 +318,8 @@ TEST_F(RobustnessTest, HostilePeersLeaveTheCollectorServingAndLeakFree) {
     req.receiver = {true, 0};
     req.with_contents = true;
     auto msg = std::make_unique<hd_message>();
-    ASSERT_EQ(hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+    ASSERT_EQ(hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1),
+              HD_OK);
     call.SentTheirEnd();
     pid_t target = big.pid;
     result->ra.progress_ctx = &target;
@@ -386,14 +391,16 @@ TEST_F(RobustnessTest, ChannelEndsThatAreNotChannelsAreRefused) {
     int fd = Connect(collector.socket);
     ASSERT_GE(fd, 0);
     int ends[2];
-    ASSERT_EQ(socketpair(AF_UNIX, (i % 3 == 2 ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0, ends), 0);
+    ASSERT_EQ(socketpair(AF_UNIX, (i % 3 == 2 ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0, ends),
+              0);
     if (i % 3 == 0) {
       heapdump_client_CollectorListStoredSnapshotsRequest req =
           heapdump_client_CollectorListStoredSnapshotsRequest_init_zero;
       req.has_iterator = true;
       req.iterator = {true, 0};
-      SendRaw(fd, Encoded(HD_ORDINAL_COLLECTOR_LIST_STORED_SNAPSHOTS,
-                          heapdump_client_CollectorListStoredSnapshotsRequest_fields, req, 1),
+      SendRaw(fd,
+              Encoded(HD_ORDINAL_COLLECTOR_LIST_STORED_SNAPSHOTS,
+                      heapdump_client_CollectorListStoredSnapshotsRequest_fields, req, 1),
               {ends[1]});
     } else {
       SendRaw(fd, TakeLiveSnapshotRequest(0), {ends[1]});

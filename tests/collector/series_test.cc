@@ -22,7 +22,8 @@ std::string NameOf(const heapdump_client_StatsSample &s) {
 }
 
 void Sleep(double seconds) {
-  timespec t{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<time_t>(seconds)) * 1e9)};
+  timespec t{static_cast<time_t>(seconds),
+             static_cast<long>((seconds - static_cast<time_t>(seconds)) * 1e9)};
   nanosleep(&t, nullptr);
 }
 

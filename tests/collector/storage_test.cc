@@ -122,8 +122,8 @@ TEST_F(StorageTest, RetentionByBytesEvictsTheOldestFirst) {
 
 // Runs the collector in the foreground with `storage` until it exits (it must refuse to start).
 ShellOutput StartWithStorage(const std::string &dir, const std::string &storage) {
-  return RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" + dir + "/run/c.sock' --storage '" +
-                      storage + "'",
+  return RunShell("exec timeout 20 '" HD_COLLECTOR "' --foreground --socket '" + dir +
+                      "/run/c.sock' --storage '" + storage + "'",
                   dir, {"PATH=/usr/bin:/bin"});
 }
 
@@ -163,8 +163,8 @@ TEST_F(StorageTest, LinksInTheStorageDirectoryAreNeverFollowed) {
   ASSERT_EQ(symlink(victim.c_str(), (collector.storage + "/next-id.tmp").c_str()), 0);
   ASSERT_EQ(symlink(victim.c_str(), SnapshotFile(500).c_str()), 0);
   collector.Start();
-  EXPECT_TRUE(Logged("skipping damaged stored snapshot " + SnapshotFile(500) +
-                     ": it is a symbolic link"))
+  EXPECT_TRUE(
+      Logged("skipping damaged stored snapshot " + SnapshotFile(500) + ": it is a symbolic link"))
       << collector.Log();
   Child child(collector.socket, "after-links");
   EXPECT_GT(StoredId(List(collector.socket), "after-links"), 500u);
@@ -377,8 +377,8 @@ TEST_F(StorageTest, AStoreThatCannotBeWrittenSaysWhyAndTheCollectorServesOn) {
   ASSERT_EQ(prlimit(collector.pid, RLIMIT_FSIZE, &tiny, nullptr), 0);
   EXPECT_EQ(child.Snapshot("too-big"), HEAPDUMP_ERROR_COLLECTOR_REFUSED);
   EXPECT_NE(collector.Log().find("could not store snapshot \"too-big\" of snapshot_child[" +
-                                 std::to_string(child.pid) + "] in " + collector.storage +
-                                 ": " + strerror(EFBIG)),
+                                 std::to_string(child.pid) + "] in " + collector.storage + ": " +
+                                 strerror(EFBIG)),
             std::string::npos)
       << collector.Log();
   struct rlimit room = {RLIM_INFINITY, RLIM_INFINITY};

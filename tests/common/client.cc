@@ -40,7 +40,8 @@ hd_status RequestLiveSnapshot(Call &call, const heapdump_client_ProcessSelector 
   req.with_contents = with_contents;
   req.multi_process = multi;
   auto msg = std::make_unique<hd_message>();
-  hd_status status = hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1);
+  hd_status status =
+      hd_fidl_collector_take_live_snapshot(call.fd, msg.get(), &req, &call.ends[1], 1);
   call.SentTheirEnd();
   return status;
 }
@@ -120,7 +121,8 @@ Listing List(const std::string &socket, const heapdump_client_ProcessSelector *s
     req.has_process_selector = true;
     req.process_selector = *selector;
   }
-  EXPECT_EQ(hd_fidl_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1), HD_OK);
+  EXPECT_EQ(hd_fidl_collector_list_stored_snapshots(call.fd, msg.get(), &req, &call.ends[1], 1),
+            HD_OK);
   call.SentTheirEnd();
   for (;;) {
     heapdump_client_StoredSnapshotIteratorGetNextRequest next =
@@ -130,8 +132,8 @@ Listing List(const std::string &socket, const heapdump_client_ProcessSelector *s
     size_t before = listing.items.size();
     result.cb_result.arg = &listing.items;
     result.cb_result.funcs.decode = PrepareResponse;
-    listing.status = hd_fidl_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next, nullptr,
-                                                          0, &result);
+    listing.status = hd_fidl_stored_snapshot_iterator_get_next(call.ends[0], msg.get(), &next,
+                                                               nullptr, 0, &result);
     if (listing.status != HD_OK) break;
     if (result.which_result == heapdump_client_StoredSnapshotIteratorGetNextResult_err_tag) {
       listing.error = static_cast<uint32_t>(result.result.err);
@@ -152,7 +154,8 @@ CallResult Delete(const std::string &socket, uint32_t id) {
   req.snapshot_id = id;
   heapdump_client_CollectorDeleteStoredSnapshotResult result =
       heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
-  out.status = hd_fidl_collector_delete_stored_snapshot(call.fd, msg.get(), &req, nullptr, 0, &result);
+  out.status =
+      hd_fidl_collector_delete_stored_snapshot(call.fd, msg.get(), &req, nullptr, 0, &result);
   if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag) {
     out.error = static_cast<uint32_t>(result.result.err);
   }

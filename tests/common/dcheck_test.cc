@@ -29,8 +29,9 @@ TEST(DcheckTest, ABrokenCheckStopsTheProcessWhereChecksAreOn) {
   int evaluated = 0;
   auto check = [&evaluated] { HD_DCHECK(++evaluated < 0); };
   if (HD_DEBUG) {
-    EXPECT_DEATH(check(), "heapdump: debug check failed at .*dcheck_test.cc:[0-9]+: "
-                          "\\+\\+evaluated < 0");
+    EXPECT_DEATH(check(),
+                 "heapdump: debug check failed at .*dcheck_test.cc:[0-9]+: "
+                 "\\+\\+evaluated < 0");
   } else {
     check();
     EXPECT_EQ(evaluated, 0) << "the condition of a dropped check ran";

@@ -41,7 +41,8 @@ Amount LostAt(const LeakGroups &groups, const std::string &site) {
 std::map<std::string, Amount> ParseMemcheckSummary(const std::string &out) {
   std::map<std::string, Amount> summary;
   static const std::regex kLine(
-      R"(==[0-9]+== +(definitely lost|indirectly lost|possibly lost|still reachable): ([0-9,]+) bytes in ([0-9,]+) blocks)");
+      R"(==[0-9]+== +(definitely lost|indirectly lost|possibly lost|still reachable): )"
+      R"(([0-9,]+) bytes in ([0-9,]+) blocks)");
   auto number = [](std::string s) {
     s.erase(std::remove(s.begin(), s.end(), ','), s.end());
     return std::stoull(s);

@@ -114,8 +114,8 @@ bool DetachedCollectors() {
 
 void Collector::Start() {
   bool detached = DetachedCollectors();
-  std::vector<std::string> argv = {HD_COLLECTOR, "--socket", socket, "--storage", storage,
-                                   "--log-level", "debug"};
+  std::vector<std::string> argv = {HD_COLLECTOR, "--socket",    socket, "--storage",
+                                   storage,      "--log-level", "debug"};
   if (detached) {
     // As a user starts it: it forks, the daemon outlives the starter. As the daemon's subreaper
     // this test still reaps it, and sees its exit status.
@@ -144,7 +144,8 @@ void Collector::Start() {
     waitpid(starter, &status, 0);
     pid = -1;
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "detaching collector status " << status << ":\n" << Log();
+        << "detaching collector status " << status << ":\n"
+        << Log();
     std::string pid_file = socket.substr(0, socket.size() - 5) + ".pid";
     pid = atoi(ReadFile(pid_file).c_str());
     ASSERT_GT(pid, 0) << "no pid in " << pid_file << ":\n" << Log();
@@ -168,7 +169,8 @@ void Collector::Stop(int sig) {
   waitpid(pid, &status, 0);
   if (sig == SIGTERM) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "collector status " << status << ":\n" << Log();
+        << "collector status " << status << ":\n"
+        << Log();
   }
   pid = -1;
 }

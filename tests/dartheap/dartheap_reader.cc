@@ -115,8 +115,7 @@ bool ParseData(Cursor &c, Data *d) {
   d->tag = static_cast<DataTag>(tag);
   switch (d->tag) {
     case DataTag::kNone:
-    case DataTag::kNull:
-      return true;
+    case DataTag::kNull: return true;
     case DataTag::kBool: {
       uint8_t b = 0;
       if (!c.Byte(&b, "bool data")) return false;
@@ -125,8 +124,7 @@ bool ParseData(Cursor &c, Data *d) {
       return true;
     }
     case DataTag::kInt:
-    case DataTag::kLength:
-      return c.Uleb(&d->value, "int or length data");
+    case DataTag::kLength: return c.Uleb(&d->value, "int or length data");
     case DataTag::kDouble: {
       std::string bytes;
       if (!c.Bytes(8, &bytes, "double data")) return false;
@@ -155,8 +153,7 @@ bool ParseData(Cursor &c, Data *d) {
       }
       return true;
     }
-    case DataTag::kName:
-      return c.Utf8(&d->text, "name data");
+    case DataTag::kName: return c.Utf8(&d->text, "name data");
   }
   return false;
 }
@@ -352,9 +349,7 @@ std::vector<std::string> Check(const Graph &g) {
     }
     switch (o.data.tag) {
       case DataTag::kInt:
-      case DataTag::kLength:
-        js_value(name + " data value", o.data.value);
-        break;
+      case DataTag::kLength: js_value(name + " data value", o.data.value); break;
       case DataTag::kLatin1:
       case DataTag::kUtf16: {
         uint64_t truncated =
@@ -366,8 +361,7 @@ std::vector<std::string> Check(const Graph &g) {
         }
         break;
       }
-      default:
-        break;
+      default: break;
     }
     for (uint64_t r : o.references) {
       if (r > n) {

@@ -200,8 +200,9 @@ TEST(DartheapWriter, ReferencesAreExactlyThePointersIntoLiveBlocks) {
   uint64_t tree[7];
   for (int i = 0; i < 7; i++) tree[i] = kHeap + 0x1000 + 0x100 * i;
   for (int i = 0; i < 7; i++) {
-    s.BlockOfWords(tree[i], {2 * i + 1 < 7 ? tree[2 * i + 1] : 0,
-                             2 * i + 2 < 7 ? tree[2 * i + 2] : 0, uint64_t(i)}, 1);
+    s.BlockOfWords(
+        tree[i],
+        {2 * i + 1 < 7 ? tree[2 * i + 1] : 0, 2 * i + 2 < 7 ? tree[2 * i + 2] : 0, uint64_t(i)}, 1);
   }
   // A cycle R0 -> R1 -> R2 -> R0 (value, next) that nothing else references.
   uint64_t ring[3] = {kHeap + 0x2200, kHeap + 0x2000, kHeap + 0x2100};
@@ -257,7 +258,7 @@ TEST(DartheapWriter, ReferencesAreExactlyThePointersIntoLiveBlocks) {
   // The root references what no other block references, plus the cycle's lowest id (its lowest
   // address), and nothing else.
   std::vector<uint64_t> root = RefsOf(g, 1);
-  std::vector<uint64_t> expected = {id[list[0]], id[tree[0]], id[ring[1]], id[holder],
+  std::vector<uint64_t> expected = {id[list[0]], id[tree[0]],     id[ring[1]],   id[holder],
                                     id[odd],     id[short_block], id[unaligned], id[to_empty]};
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(root, expected);
@@ -604,7 +605,7 @@ TEST(DartheapReader, RejectsMalformedFiles) {
 void ExpectProblem(const RawGraph &raw, const std::string &what) {
   std::string problems = ProblemsOf(raw);
   EXPECT_NE(problems.find(what), std::string::npos) << "expected \"" << what << "\" in:\n"
-                                                     << problems;
+                                                    << problems;
 }
 
 TEST(DartheapReader, ChecksEveryInvariant) {
@@ -755,7 +756,9 @@ TEST(DartheapRealProcess, PointerStructuresOfALiveProcess) {
 
   // Classes are the allocating functions, in the executable's library.
   const std::pair<const std::vector<uint64_t> *, const char *> sites[] = {
-      {&list, "build_list"}, {&tree, "build_tree"}, {&ring, "build_ring"},
+      {&list, "build_list"},
+      {&tree, "build_tree"},
+      {&ring, "build_ring"},
       {&interior, "build_interior_pointer"}};
   for (const auto &[blocks, function] : sites) {
     for (uint64_t a : *blocks) {

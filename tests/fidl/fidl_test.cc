@@ -206,7 +206,8 @@ TEST(Channel, MemfdTravelsWithItsContents) {
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   int fds[] = {memfd};
-  ASSERT_EQ(hd_fidl_snapshot_sink_store_named_snapshot(pair.a, msg.get(), &req, fds, 1, &resp), HD_OK);
+  ASSERT_EQ(hd_fidl_snapshot_sink_store_named_snapshot(pair.a, msg.get(), &req, fds, 1, &resp),
+            HD_OK);
   server.join();
   EXPECT_TRUE(resp.has_snapshot_id);
   EXPECT_EQ(resp.snapshot_id, 42u);
@@ -418,8 +419,9 @@ TEST_F(Malformed, ReplyWithWrongTxidIsRefused) {
     auto msg = NewMessage();
     ASSERT_EQ(hd_message_recv(pair.b, msg.get()), HD_OK);
     heapdump_client_Empty empty = heapdump_client_Empty_init_zero;
-    ASSERT_EQ(hd_fidl_snapshot_receiver_report_error_reply(pair.b, msg.get(), msg->txid + 1, &empty),
-              HD_OK);
+    ASSERT_EQ(
+        hd_fidl_snapshot_receiver_report_error_reply(pair.b, msg.get(), msg->txid + 1, &empty),
+        HD_OK);
   });
   auto msg = NewMessage();
   heapdump_client_SnapshotReceiverReportErrorRequest req =
@@ -518,14 +520,13 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
-  stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1, true, 2,
-                                 true, 30, true, 4, true, 5, true, 6, true, 11, true, 12,
-                                 true, 13};
+  stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1,  true, 2, true, 30,
+                                 true, 4,  true, 5,  true, 6, true, 11, true, 12, true, 13};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
-    sample.element.stats_sample = {true, 1000 + i, true, 64u + i, true, 2, true, 640, true, 20,
-                                   true, 576, true, 18, i == 1, "at-peak"};
+    sample.element.stats_sample = {true, 1000 + i, true, 64u + i, true, 2,  true,   640,
+                                   true, 20,       true, 576,     true, 18, i == 1, "at-peak"};
     ASSERT_EQ(hd_batch_add(w.get(), &sample), HD_OK);
   }
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
@@ -643,16 +644,18 @@ TEST(Batch, RandomMixesNeverExceedTheMessageLimit) {
       switch (rng() % 5) {
         case 0: {
           auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
-          e.element.allocation = {true, rng(), true, rng(), true, rng() % 100, true,
-                                  static_cast<int64_t>(rng()), true, rng() % 7, rng() % 2 == 0, 1};
+          e.element.allocation = {true, rng(),       true,           rng(),
+                                  true, rng() % 100, true,           static_cast<int64_t>(rng()),
+                                  true, rng() % 7,   rng() % 2 == 0, 1};
           ASSERT_EQ(hd_batch_add(w.get(), &e), HD_OK);
           break;
         }
         case 1: {
           addrs.resize(rng() % 9000);
           for (auto &a : addrs) a = rng() >> (rng() % 64);
-          ASSERT_EQ(hd_batch_add_stack_trace(w.get(), rng() % 100, addrs.data(), addrs.size(), false),
-                    HD_OK);
+          ASSERT_EQ(
+              hd_batch_add_stack_trace(w.get(), rng() % 100, addrs.data(), addrs.size(), false),
+              HD_OK);
           break;
         }
         case 2: {
@@ -723,8 +726,8 @@ TEST(Batch, SixHundredKilobyteBlockIsChunkedAndReassembled) {
   std::mt19937 rng(7);
   for (auto &b : block) b = static_cast<uint8_t>(rng());
   auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
-  alloc.element.allocation = {true, 0xabc0, true, block.size(), true, 1, false, 0, true, 1,
-                              false, 0};
+  alloc.element.allocation = {true, 0xabc0, true, block.size(), true, 1, false,
+                              0,    true,   1,    false,        0};
   auto thread = Element(heapdump_client_SnapshotElement_thread_info_tag);
   thread.element.thread_info = {true, 1, true, 1, true, "main"};
   ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
@@ -777,9 +780,12 @@ TEST(Batch, DirectlyWrittenElementsAreWhatNanopbWrites) {
   for (int i = 0; i < 2000; i++) {
     auto e = Element(heapdump_client_SnapshotElement_allocation_tag);
     auto &a = e.element.allocation;
-    a = {rng() % 2 == 0, value(), rng() % 2 == 0, value(), rng() % 2 == 0, value(),
+    a = {rng() % 2 == 0, value(),
+         rng() % 2 == 0, value(),
+         rng() % 2 == 0, value(),
          rng() % 2 == 0, static_cast<int64_t>(value()) * (rng() % 2 ? 1 : -1),
-         rng() % 2 == 0, value(), rng() % 2 == 0, value()};
+         rng() % 2 == 0, value(),
+         rng() % 2 == 0, value()};
     Capture capture;
     auto w = NewWriter(&capture);
     ASSERT_EQ(hd_batch_add_allocation(w.get(), &a), HD_OK);
@@ -876,9 +882,9 @@ TEST(Batch, ReaderDecodesUnusualPerBlockElementsAsProtobufSays) {
   EXPECT_EQ(got[0].which, heapdump_client_SnapshotElement_thread_info_tag);
   // BlockContents with its payload in two fields: they are concatenated.
   got.clear();
-  ASSERT_EQ(DecodeBody({0x0a, 0x0b, 0x22, 0x09, 0x08, 0x10, 0x12, 0x02, 'a', 'b', 0x12, 0x01, 'c'},
-                       &got),
-            HD_OK);
+  ASSERT_EQ(
+      DecodeBody({0x0a, 0x0b, 0x22, 0x09, 0x08, 0x10, 0x12, 0x02, 'a', 'b', 0x12, 0x01, 'c'}, &got),
+      HD_OK);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].which, heapdump_client_SnapshotElement_block_contents_tag);
   EXPECT_EQ(got[0].address, 0x10u);
@@ -947,8 +953,8 @@ TEST(Batch, ChannelSenderKeepsAWindowOfUnansweredBatches) {
 
 TEST(Reassembler, SkipsUnknownVariantsOfTheFlexibleUnion) {
   // One element of a variant from a newer sender (field 15, an empty message), then a thread.
-  std::vector<uint8_t> body = {0x0a, 0x02, 0x7a, 0x00,
-                               0x0a, 0x06, 0x2a, 0x04, 0x08, 0x01, 0x10, 0x02};
+  std::vector<uint8_t> body = {0x0a, 0x02, 0x7a, 0x00, 0x0a, 0x06,
+                               0x2a, 0x04, 0x08, 0x01, 0x10, 0x02};
   auto msg = NewMessage();
   msg->size = HD_HEADER_BYTES + body.size();
   memcpy(msg->bytes + HD_HEADER_BYTES, body.data(), body.size());
@@ -979,9 +985,15 @@ TEST(Reassembler, SpilledContentsAreTheSameAsInMemory) {
   ASSERT_EQ(hd_batch_add(w.get(), &t), HD_OK);
   ASSERT_EQ(hd_batch_add_stack_trace(w.get(), 1, nullptr, 0, false), HD_OK);
   const std::string a1 = "abcd", b = "uvwxyz", a2 = "efghijkl";
-  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a1.data()), a1.size()), HD_OK);
-  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x20, reinterpret_cast<const uint8_t *>(b.data()), b.size()), HD_OK);
-  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a2.data()), a2.size()), HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a1.data()),
+                                        a1.size()),
+            HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x20, reinterpret_cast<const uint8_t *>(b.data()),
+                                        b.size()),
+            HD_OK);
+  ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, reinterpret_cast<const uint8_t *>(a2.data()),
+                                        a2.size()),
+            HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   for (bool spill : {false, true}) {
     hd_reassembler ra;
@@ -994,7 +1006,8 @@ TEST(Reassembler, SpilledContentsAreTheSameAsInMemory) {
     const hd_snapshot_block *first = hd_snapshot_find_block(ra.snapshots[0], 0x10);
     const hd_snapshot_block *second = hd_snapshot_find_block(ra.snapshots[0], 0x20);
     ASSERT_TRUE(first != nullptr && second != nullptr);
-    EXPECT_EQ(std::string(reinterpret_cast<const char *>(first->bytes), first->size), a1 + a2) << spill;
+    EXPECT_EQ(std::string(reinterpret_cast<const char *>(first->bytes), first->size), a1 + a2)
+        << spill;
     EXPECT_EQ(std::string(reinterpret_cast<const char *>(second->bytes), second->size), b) << spill;
     hd_reassembler_destroy(&ra);
   }
@@ -1039,8 +1052,7 @@ TEST(Reassembler, RootRegionsAreChunkedAndReassembled) {
   ASSERT_EQ(hd_batch_add_root_region(w.get(), &data_root, data.data(), 70000), HD_OK);
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x10, block, 4), HD_OK);
   ASSERT_EQ(hd_batch_add_root_region(w.get(), &stack_root, stack.data(), stack.size()), HD_OK);
-  ASSERT_EQ(hd_batch_add_root_region(w.get(), &data_root, data.data() + 70000,
-                                     data.size() - 70000),
+  ASSERT_EQ(hd_batch_add_root_region(w.get(), &data_root, data.data() + 70000, data.size() - 70000),
             HD_OK);
   ASSERT_EQ(hd_batch_end(w.get()), HD_OK);
   for (bool spill : {false, true}) {
@@ -1112,12 +1124,14 @@ TEST(Reassembler, RejectsInconsistentStreams) {
       {"dangling stack trace", [&](hd_batch_writer *w) { alloc(w, 0x10, 16); }},
       {"root contents shorter than the root",
        [&](hd_batch_writer *w) {
-         heapdump_client_RootRegion root = Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
+         heapdump_client_RootRegion root =
+             Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
          ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);
        }},
       {"root chunks that disagree",
        [&](hd_batch_writer *w) {
-         heapdump_client_RootRegion root = Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
+         heapdump_client_RootRegion root =
+             Root(0x1000, 16, heapdump_client_RootKind_ROOT_KIND_DATA);
          ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);
          root.kind = heapdump_client_RootKind_ROOT_KIND_STACK;
          ASSERT_EQ(hd_batch_add_root_region(w, &root, bytes, 8), HD_OK);

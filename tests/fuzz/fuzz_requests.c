@@ -83,16 +83,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (hd_message_parse_header(&msg) != HD_OK) return 0;
   hd_batch_reader_init(&reader, ignore_element, NULL);
   const hd_fidl_collector_server collector = {.take_live_snapshot = take_receiver,
-                                         .list_stored_snapshots = list,
-                                         .download_stored_snapshot = download};
+                                              .list_stored_snapshots = list,
+                                              .download_stored_snapshot = download};
   const hd_fidl_snapshot_receiver_server receiver = {
       .batch_prepare = prepare_batch, .batch = batch, .report_error = report_error};
   const hd_fidl_stored_snapshot_iterator_server iterator = {.get_next = get_next};
   const hd_fidl_registry_server registry = {.register_ = register_process};
   const hd_fidl_snapshot_sink_server sink = {.store_named_snapshot = store};
   hd_status status = hd_fidl_collector_dispatch(&collector, NULL, &msg);
-  if (status == HD_ERR_UNKNOWN_ORDINAL) status = hd_fidl_snapshot_receiver_dispatch(&receiver, NULL, &msg);
-  if (status == HD_ERR_UNKNOWN_ORDINAL) status = hd_fidl_stored_snapshot_iterator_dispatch(&iterator, NULL, &msg);
+  if (status == HD_ERR_UNKNOWN_ORDINAL)
+    status = hd_fidl_snapshot_receiver_dispatch(&receiver, NULL, &msg);
+  if (status == HD_ERR_UNKNOWN_ORDINAL)
+    status = hd_fidl_stored_snapshot_iterator_dispatch(&iterator, NULL, &msg);
   if (status == HD_ERR_UNKNOWN_ORDINAL) status = hd_fidl_registry_dispatch(&registry, NULL, &msg);
   if (status == HD_ERR_UNKNOWN_ORDINAL) status = hd_fidl_snapshot_sink_dispatch(&sink, NULL, &msg);
   (void)status;

@@ -44,20 +44,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           heapdump_client_StoredSnapshotIteratorGetNextResult_init_zero;
       result.cb_result.funcs.decode = prepare_listing;
       result.cb_result.arg = &count;
-      status = hd_message_decode_body(&msg, heapdump_client_StoredSnapshotIteratorGetNextResult_fields,
-                                      &result);
+      status = hd_message_decode_body(
+          &msg, heapdump_client_StoredSnapshotIteratorGetNextResult_fields, &result);
       break;
     }
     case 1: {
-      heapdump_process_RegistryRegisterResponse r = heapdump_process_RegistryRegisterResponse_init_zero;
+      heapdump_process_RegistryRegisterResponse r =
+          heapdump_process_RegistryRegisterResponse_init_zero;
       status = hd_message_decode_body(&msg, heapdump_process_RegistryRegisterResponse_fields, &r);
       break;
     }
     case 2: {
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse r =
           heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
-      status = hd_message_decode_body(&msg, heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_fields,
-                                      &r);
+      status = hd_message_decode_body(
+          &msg, heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_fields, &r);
       break;
     }
     default: {

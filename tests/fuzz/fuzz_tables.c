@@ -99,8 +99,8 @@ static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
         n > HD_MAX_FRAMES)
       abort();
     if (e.type == HD_ENTRY_THREAD && e.u.thread.name[sizeof(e.u.thread.name) - 1] != 0) abort();
-    if (e.type == HD_ENTRY_REGION && strnlen(e.u.region.name, sizeof(e.u.region.name)) ==
-                                         sizeof(e.u.region.name))
+    if (e.type == HD_ENTRY_REGION &&
+        strnlen(e.u.region.name, sizeof(e.u.region.name)) == sizeof(e.u.region.name))
       abort();
   }
   for (size_t i = 0; i < count && i < kMaxBlocksResolved; i++) {

@@ -45,35 +45,143 @@ void Fixed(Bytes *out, uint64_t v, size_t size) {
 struct Cfa {
   Bytes b;
   Cfa &AdvanceLoc(uint8_t delta) { return Op(0x40 | delta); }
-  Cfa &Offset(uint8_t reg, uint64_t factored) { Op(0x80 | reg); Uleb(&b, factored); return *this; }
+  Cfa &Offset(uint8_t reg, uint64_t factored) {
+    Op(0x80 | reg);
+    Uleb(&b, factored);
+    return *this;
+  }
   Cfa &Restore(uint8_t reg) { return Op(0xc0 | reg); }
   Cfa &Nop() { return Op(0x00); }
-  Cfa &SetLoc(uint64_t address) { Op(0x01); Fixed(&b, address, 8); return *this; }
-  Cfa &AdvanceLoc1(uint8_t d) { Op(0x02); Fixed(&b, d, 1); return *this; }
-  Cfa &AdvanceLoc2(uint16_t d) { Op(0x03); Fixed(&b, d, 2); return *this; }
-  Cfa &AdvanceLoc4(uint32_t d) { Op(0x04); Fixed(&b, d, 4); return *this; }
-  Cfa &OffsetExtended(uint64_t reg, uint64_t f) { Op(0x05); Uleb(&b, reg); Uleb(&b, f); return *this; }
-  Cfa &RestoreExtended(uint64_t reg) { Op(0x06); Uleb(&b, reg); return *this; }
-  Cfa &Undefined(uint64_t reg) { Op(0x07); Uleb(&b, reg); return *this; }
-  Cfa &SameValue(uint64_t reg) { Op(0x08); Uleb(&b, reg); return *this; }
-  Cfa &Register(uint64_t reg, uint64_t other) { Op(0x09); Uleb(&b, reg); Uleb(&b, other); return *this; }
+  Cfa &SetLoc(uint64_t address) {
+    Op(0x01);
+    Fixed(&b, address, 8);
+    return *this;
+  }
+  Cfa &AdvanceLoc1(uint8_t d) {
+    Op(0x02);
+    Fixed(&b, d, 1);
+    return *this;
+  }
+  Cfa &AdvanceLoc2(uint16_t d) {
+    Op(0x03);
+    Fixed(&b, d, 2);
+    return *this;
+  }
+  Cfa &AdvanceLoc4(uint32_t d) {
+    Op(0x04);
+    Fixed(&b, d, 4);
+    return *this;
+  }
+  Cfa &OffsetExtended(uint64_t reg, uint64_t f) {
+    Op(0x05);
+    Uleb(&b, reg);
+    Uleb(&b, f);
+    return *this;
+  }
+  Cfa &RestoreExtended(uint64_t reg) {
+    Op(0x06);
+    Uleb(&b, reg);
+    return *this;
+  }
+  Cfa &Undefined(uint64_t reg) {
+    Op(0x07);
+    Uleb(&b, reg);
+    return *this;
+  }
+  Cfa &SameValue(uint64_t reg) {
+    Op(0x08);
+    Uleb(&b, reg);
+    return *this;
+  }
+  Cfa &Register(uint64_t reg, uint64_t other) {
+    Op(0x09);
+    Uleb(&b, reg);
+    Uleb(&b, other);
+    return *this;
+  }
   Cfa &RememberState() { return Op(0x0a); }
   Cfa &RestoreState() { return Op(0x0b); }
-  Cfa &DefCfa(uint64_t reg, uint64_t off) { Op(0x0c); Uleb(&b, reg); Uleb(&b, off); return *this; }
-  Cfa &DefCfaRegister(uint64_t reg) { Op(0x0d); Uleb(&b, reg); return *this; }
-  Cfa &DefCfaOffset(uint64_t off) { Op(0x0e); Uleb(&b, off); return *this; }
-  Cfa &DefCfaExpression(const Bytes &e) { Op(0x0f); Uleb(&b, e.size()); return Raw(e); }
-  Cfa &Expression(uint64_t reg, const Bytes &e) { Op(0x10); Uleb(&b, reg); Uleb(&b, e.size()); return Raw(e); }
-  Cfa &OffsetExtendedSf(uint64_t reg, int64_t f) { Op(0x11); Uleb(&b, reg); Sleb(&b, f); return *this; }
-  Cfa &DefCfaSf(uint64_t reg, int64_t f) { Op(0x12); Uleb(&b, reg); Sleb(&b, f); return *this; }
-  Cfa &DefCfaOffsetSf(int64_t f) { Op(0x13); Sleb(&b, f); return *this; }
-  Cfa &ValOffset(uint64_t reg, uint64_t f) { Op(0x14); Uleb(&b, reg); Uleb(&b, f); return *this; }
-  Cfa &ValOffsetSf(uint64_t reg, int64_t f) { Op(0x15); Uleb(&b, reg); Sleb(&b, f); return *this; }
-  Cfa &ValExpression(uint64_t reg, const Bytes &e) { Op(0x16); Uleb(&b, reg); Uleb(&b, e.size()); return Raw(e); }
-  Cfa &ArgsSize(uint64_t size) { Op(0x2e); Uleb(&b, size); return *this; }
-  Cfa &NegativeOffsetExtended(uint64_t reg, uint64_t f) { Op(0x2f); Uleb(&b, reg); Uleb(&b, f); return *this; }
-  Cfa &Op(uint8_t op) { b.push_back(op); return *this; }
-  Cfa &Raw(const Bytes &more) { b.insert(b.end(), more.begin(), more.end()); return *this; }
+  Cfa &DefCfa(uint64_t reg, uint64_t off) {
+    Op(0x0c);
+    Uleb(&b, reg);
+    Uleb(&b, off);
+    return *this;
+  }
+  Cfa &DefCfaRegister(uint64_t reg) {
+    Op(0x0d);
+    Uleb(&b, reg);
+    return *this;
+  }
+  Cfa &DefCfaOffset(uint64_t off) {
+    Op(0x0e);
+    Uleb(&b, off);
+    return *this;
+  }
+  Cfa &DefCfaExpression(const Bytes &e) {
+    Op(0x0f);
+    Uleb(&b, e.size());
+    return Raw(e);
+  }
+  Cfa &Expression(uint64_t reg, const Bytes &e) {
+    Op(0x10);
+    Uleb(&b, reg);
+    Uleb(&b, e.size());
+    return Raw(e);
+  }
+  Cfa &OffsetExtendedSf(uint64_t reg, int64_t f) {
+    Op(0x11);
+    Uleb(&b, reg);
+    Sleb(&b, f);
+    return *this;
+  }
+  Cfa &DefCfaSf(uint64_t reg, int64_t f) {
+    Op(0x12);
+    Uleb(&b, reg);
+    Sleb(&b, f);
+    return *this;
+  }
+  Cfa &DefCfaOffsetSf(int64_t f) {
+    Op(0x13);
+    Sleb(&b, f);
+    return *this;
+  }
+  Cfa &ValOffset(uint64_t reg, uint64_t f) {
+    Op(0x14);
+    Uleb(&b, reg);
+    Uleb(&b, f);
+    return *this;
+  }
+  Cfa &ValOffsetSf(uint64_t reg, int64_t f) {
+    Op(0x15);
+    Uleb(&b, reg);
+    Sleb(&b, f);
+    return *this;
+  }
+  Cfa &ValExpression(uint64_t reg, const Bytes &e) {
+    Op(0x16);
+    Uleb(&b, reg);
+    Uleb(&b, e.size());
+    return Raw(e);
+  }
+  Cfa &ArgsSize(uint64_t size) {
+    Op(0x2e);
+    Uleb(&b, size);
+    return *this;
+  }
+  Cfa &NegativeOffsetExtended(uint64_t reg, uint64_t f) {
+    Op(0x2f);
+    Uleb(&b, reg);
+    Uleb(&b, f);
+    return *this;
+  }
+  Cfa &Op(uint8_t op) {
+    b.push_back(op);
+    return *this;
+  }
+  Cfa &Raw(const Bytes &more) {
+    b.insert(b.end(), more.begin(), more.end());
+    return *this;
+  }
 };
 
 enum { RBP = 6, RSP = 7, RA = 16 };
@@ -92,7 +200,7 @@ struct Cie {
 struct Fde {
   uint64_t start = 0, range = 64;  // code offsets
   Bytes instructions;
-  bool augmentation_data = true;   // the CIE's 'z': a length (0) before the instructions
+  bool augmentation_data = true;  // the CIE's 'z': a length (0) before the instructions
   int64_t length_adjust = 0;
   uint32_t length = 0;  // malformed: this length field instead
   int64_t cie_pointer_adjust = 0;
@@ -114,8 +222,10 @@ class Image {
     c.push_back(0);
     Uleb(&c, cie.code_align);
     Sleb(&c, cie.data_align);
-    if (cie.version == 1) c.push_back(static_cast<uint8_t>(cie.ra_register));
-    else Uleb(&c, cie.ra_register);
+    if (cie.version == 1)
+      c.push_back(static_cast<uint8_t>(cie.ra_register));
+    else
+      Uleb(&c, cie.ra_register);
     if (!cie.augmentation.empty() && cie.augmentation[0] == 'z') {
       Uleb(&c, cie.augmentation_data.size());
       c.insert(c.end(), cie.augmentation_data.begin(), cie.augmentation_data.end());
@@ -231,25 +341,47 @@ TEST(CfiRulesTest, EachShapeCompilesToItsRule) {
        Code(Cfa().AdvanceLoc(1).DefCfaOffset(16).Offset(RBP, 2).AdvanceLoc(3).DefCfaRegister(RBP)),
        10, "rbp+16 ra@-1 rbp@-2"},
       {"epilogue, remembered", Cie(),
-       Code(Cfa().AdvanceLoc(1).DefCfaOffset(16).Offset(RBP, 2).AdvanceLoc(1).RememberState()
-                .DefCfa(RSP, 8).Restore(RBP).AdvanceLoc(1).RestoreState()),
+       Code(Cfa()
+                .AdvanceLoc(1)
+                .DefCfaOffset(16)
+                .Offset(RBP, 2)
+                .AdvanceLoc(1)
+                .RememberState()
+                .DefCfa(RSP, 8)
+                .Restore(RBP)
+                .AdvanceLoc(1)
+                .RestoreState()),
        2, "rsp+8 ra@-1"},
       {"after the epilogue, restored", Cie(),
-       Code(Cfa().AdvanceLoc(1).DefCfaOffset(16).Offset(RBP, 2).AdvanceLoc(1).RememberState()
-                .DefCfa(RSP, 8).Restore(RBP).AdvanceLoc(1).RestoreState()),
+       Code(Cfa()
+                .AdvanceLoc(1)
+                .DefCfaOffset(16)
+                .Offset(RBP, 2)
+                .AdvanceLoc(1)
+                .RememberState()
+                .DefCfa(RSP, 8)
+                .Restore(RBP)
+                .AdvanceLoc(1)
+                .RestoreState()),
        3, "rsp+16 ra@-1 rbp@-2"},
-      {"restore_extended", Cie(),
-       Code(Cfa().Offset(RBP, 2).AdvanceLoc(1).RestoreExtended(RBP)), 1, "rsp+8 ra@-1"},
+      {"restore_extended", Cie(), Code(Cfa().Offset(RBP, 2).AdvanceLoc(1).RestoreExtended(RBP)), 1,
+       "rsp+8 ra@-1"},
       {"restore_state with nothing remembered", Cie(), Code(Cfa().RestoreState()), 0,
        "unsupported"},
       {"nine states remembered", Cie(),
-       Code(Cfa().RememberState().RememberState().RememberState().RememberState()
-                .RememberState().RememberState().RememberState().RememberState()
+       Code(Cfa()
+                .RememberState()
+                .RememberState()
+                .RememberState()
+                .RememberState()
+                .RememberState()
+                .RememberState()
+                .RememberState()
+                .RememberState()
                 .RememberState()),
        0, "unsupported"},
       {"outermost frame", Cie(), Code(Cfa().Undefined(RA)), 0, "outermost"},
-      {"signal frame", WithCie([](Cie *c) { c->augmentation = "zRS"; }), Code(Cfa()), 0,
-       "signal"},
+      {"signal frame", WithCie([](Cie *c) { c->augmentation = "zRS"; }), Code(Cfa()), 0, "signal"},
       {"PLT entry before the push", Cie(), Code(Cfa().DefCfaExpression(kPltExpression)), 3,
        "rsp+8 ra@-1"},
       {"PLT entry after the push", Cie(), Code(Cfa().DefCfaExpression(kPltExpression)), 12,
@@ -273,8 +405,7 @@ TEST(CfiRulesTest, EachShapeCompilesToItsRule) {
       {"CFA from r10", Cie(), Code(Cfa().DefCfa(10, 0)), 0, "unsupported"},
       {"CFA offset past 32 bits", Cie(), Code(Cfa().DefCfaOffset(uint64_t{1} << 33)), 0,
        "unsupported"},
-      {"ra not 8-byte aligned",
-       WithCie([](Cie *c) {
+      {"ra not 8-byte aligned", WithCie([](Cie *c) {
          c->data_align = 1;
          c->instructions = Cfa().DefCfa(RSP, 8).OffsetExtendedSf(RA, -4).b;
        }),
@@ -283,8 +414,7 @@ TEST(CfiRulesTest, EachShapeCompilesToItsRule) {
       {"def_cfa_sf", Cie(), Code(Cfa().DefCfaSf(RSP, -2)), 0, "rsp+16 ra@-1"},
       {"def_cfa_offset_sf", Cie(), Code(Cfa().DefCfaOffsetSf(-3)), 0, "rsp+24 ra@-1"},
       {"offset_extended", Cie(), Code(Cfa().OffsetExtended(RBP, 3)), 0, "rsp+8 ra@-1 rbp@-3"},
-      {"offset_extended_sf", Cie(), Code(Cfa().OffsetExtendedSf(RBP, 2)), 0,
-       "rsp+8 ra@-1 rbp@-2"},
+      {"offset_extended_sf", Cie(), Code(Cfa().OffsetExtendedSf(RBP, 2)), 0, "rsp+8 ra@-1 rbp@-2"},
       {"GNU_negative_offset_extended", Cie(), Code(Cfa().NegativeOffsetExtended(RBP, 2)), 0,
        "rsp+8 ra@-1 rbp@2"},
       {"same_value after a save", Cie(), Code(Cfa().Offset(RBP, 2).SameValue(RBP)), 0,
@@ -298,38 +428,35 @@ TEST(CfiRulesTest, EachShapeCompilesToItsRule) {
        "rsp+8 ra@-1"},
       {"advance_loc4", Cie(), Code(Cfa().AdvanceLoc4(300).DefCfaOffset(16), 400), 300,
        "rsp+16 ra@-1"},
-      {"code alignment 4",
-       WithCie([](Cie *c) { c->code_align = 4; }),
+      {"code alignment 4", WithCie([](Cie *c) { c->code_align = 4; }),
        Code(Cfa().AdvanceLoc(2).DefCfaOffset(16)), 7, "rsp+8 ra@-1"},
       {"code alignment 4, at", WithCie([](Cie *c) { c->code_align = 4; }),
        Code(Cfa().AdvanceLoc(2).DefCfaOffset(16)), 8, "rsp+16 ra@-1"},
       {"nop and GNU_args_size", Cie(), Code(Cfa().Nop().ArgsSize(16).Nop()), 0, "rsp+8 ra@-1"},
-      {"version 3, ra register in LEB128",
-       WithCie([](Cie *c) { c->version = 3; }), Code(Cfa()), 0, "rsp+8 ra@-1"},
+      {"version 3, ra register in LEB128", WithCie([](Cie *c) { c->version = 3; }), Code(Cfa()), 0,
+       "rsp+8 ra@-1"},
       {"version 2", WithCie([](Cie *c) { c->version = 2; }), Code(Cfa()), 0, "unsupported"},
       {"return address in r15", WithCie([](Cie *c) { c->ra_register = 15; }), Code(Cfa()), 0,
        "unsupported"},
-      {"personality and LSDA (zPLR)",
-       WithCie([](Cie *c) {
+      {"personality and LSDA (zPLR)", WithCie([](Cie *c) {
          c->augmentation = "zPLR";
          c->augmentation_data = {0x9b, 0, 0, 0, 0, 0x1b, 0x1b};
        }),
        Code(Cfa().AdvanceLoc(1).DefCfaOffset(16)), 1, "rsp+16 ra@-1"},
-      {"an augmentation letter unknown after z",
-       WithCie([](Cie *c) {
+      {"an augmentation letter unknown after z", WithCie([](Cie *c) {
          c->augmentation = "zRX";
          c->augmentation_data = {0x1b, 0xee, 0xee};
        }),
        Code(Cfa()), 0, "rsp+8 ra@-1"},
-      {"the old 'eh' augmentation", WithCie([](Cie *c) { c->augmentation = "eh"; }),
-       Code(Cfa()), 0, "unsupported"},
-      {"an augmentation without z", WithCie([](Cie *c) { c->augmentation = "R"; }),
-       Code(Cfa()), 0, "unsupported"},
+      {"the old 'eh' augmentation", WithCie([](Cie *c) { c->augmentation = "eh"; }), Code(Cfa()), 0,
+       "unsupported"},
+      {"an augmentation without z", WithCie([](Cie *c) { c->augmentation = "R"; }), Code(Cfa()), 0,
+       "unsupported"},
       {"an unknown instruction", Cie(), Code(Cfa().Op(0x2d)), 0, "unsupported"},
-      {"a LEB128 longer than 64 bits", Cie(),
-       Code(Cfa().Op(0x0e).Raw(Bytes(11, 0x80)).Op(0x01)), 0, "unsupported"},
-      {"an expression longer than the FDE", Cie(),
-       Code(Cfa().Op(0x0f).Op(0x7f).Op(0x77)), 0, "unsupported"},
+      {"a LEB128 longer than 64 bits", Cie(), Code(Cfa().Op(0x0e).Raw(Bytes(11, 0x80)).Op(0x01)), 0,
+       "unsupported"},
+      {"an expression longer than the FDE", Cie(), Code(Cfa().Op(0x0f).Op(0x7f).Op(0x77)), 0,
+       "unsupported"},
       {"instructions past pc are not run", Cie(), Code(Cfa().AdvanceLoc(4).Op(0x2d)), 3,
        "rsp+8 ra@-1"},
       {"pc past the FDE's range", Cie(), Code(Cfa(), 16), 16, "no-info"},
@@ -367,7 +494,11 @@ TEST(CfiRulesTest, TheSearchTableFindsEachFunction) {
     EXPECT_EQ(image.RuleAt(64 * i + 31), "rsp+" + std::to_string(8 * (i + 1)) + " ra@-1") << i;
     EXPECT_EQ(image.RuleAt(64 * i + 40), "no-info") << "a gap between FDEs: " << i;
   }
-  Image one(Cie(), {[] { Fde f = Code(Cfa()); f.start = 100; return f; }()});
+  Image one(Cie(), {[] {
+              Fde f = Code(Cfa());
+              f.start = 100;
+              return f;
+            }()});
   EXPECT_EQ(one.RuleAt(99), "no-info") << "before the first FDE";
   Image none(Cie(), {});
   EXPECT_EQ(none.RuleAt(0), "no-info");
@@ -442,7 +573,8 @@ int FindTables(struct dl_phdr_info *info, size_t, void *data) {
   if (want->found || strstr(info->dlpi_name, want->name) == nullptr) return 0;
   uintptr_t hdr = 0;
   for (int i = 0; i < info->dlpi_phnum; i++) {
-    if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+    if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME)
+      hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
   }
   for (int i = 0; hdr != 0 && i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) &ph = info->dlpi_phdr[i];

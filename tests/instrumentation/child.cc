@@ -6,18 +6,18 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -40,21 +40,21 @@
 
 // heapdump 0.1's entry point, a function then (a macro now): what programs built against that
 // header call.
-extern "C" __attribute__((weak)) int heapdump_get_stats_v0_1(struct heapdump_stats *out)
-    __asm__("heapdump_get_stats");
-#include "table_reader.h"
+extern "C" __attribute__((weak)) int heapdump_get_stats_v0_1(struct heapdump_stats *out) __asm__(
+    "heapdump_get_stats");
 #include "heapdump/contract/names.h"
+#include "table_reader.h"
 
-#define CHECK(c)                                                   \
-  do {                                                             \
-    if (!(c)) {                                                    \
+#define CHECK(c)                                                           \
+  do {                                                                     \
+    if (!(c)) {                                                            \
       fprintf(stderr, "child check failed: %s (line %d)\n", #c, __LINE__); \
-      _exit(1);                                                    \
-    }                                                              \
+      _exit(1);                                                            \
+    }                                                                      \
   } while (0)
 
 static volatile size_t g_huge = SIZE_MAX;  // opaque to compile-time size checks
-static std::vector<void *> g_keep;  // reserved up front in main
+static std::vector<void *> g_keep;         // reserved up front in main
 static pthread_mutex_t g_keep_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void keep(void *p) {
@@ -95,7 +95,8 @@ __attribute__((noinline)) static void *worker(void *arg) {
 
 static void scenario_threads() {
   pthread_t th[kThreads];
-  for (long t = 0; t < kThreads; t++) CHECK(pthread_create(&th[t], nullptr, worker, (void *)t) == 0);
+  for (long t = 0; t < kThreads; t++)
+    CHECK(pthread_create(&th[t], nullptr, worker, (void *)t) == 0);
   for (auto &t : th) pthread_join(t, nullptr);
 }
 
@@ -349,7 +350,8 @@ static std::vector<int> library_fds() {
     if (len <= 0) continue;
     link[len] = 0;
     const int fd = atoi(e->d_name);
-    if (fd != dirfd(d) && (strstr(link, "memfd:heapdump") || strstr(link, "socket:"))) fds.push_back(fd);
+    if (fd != dirfd(d) && (strstr(link, "memfd:heapdump") || strstr(link, "socket:")))
+      fds.push_back(fd);
   }
   closedir(d);
   return fds;
@@ -363,7 +365,7 @@ static std::vector<int> library_fds() {
 static void scenario_foreign_fds(const char *dir) {
   keep(opaque(malloc(7711)));
   const std::vector<int> ours = library_fds();
-  CHECK(ours.size() >= 4);  // two tables, the registry connection, the snapshot sink
+  CHECK(ours.size() >= 4);              // two tables, the registry connection, the snapshot sink
   for (int fd : ours) CHECK(fd >= 64);  // clear of the numbers a program gets first
   CHECK(syscall(SYS_close_range, 3, ~0U, 0) == 0);
   enum { kLogs = 8 };
@@ -546,7 +548,8 @@ static void scenario_impossible() {
   auto check = [](const char *what, void *p, bool glibc_would) {
     const int error = errno;
     if ((p != nullptr) != glibc_would || (!p && error != ENOMEM)) {
-      fprintf(stderr, "%s: %p (errno %d), glibc %s\n", what, p, error, glibc_would ? "grants" : "refuses");
+      fprintf(stderr, "%s: %p (errno %d), glibc %s\n", what, p, error,
+              glibc_would ? "grants" : "refuses");
       exit(1);
     }
     free(p);
@@ -730,7 +733,8 @@ static void scenario_signals(bool on_alt_stack) {
     int unrecorded = 0, stale = 0;
     for (void *p : g_ring) {
       bool found = false;
-      for (size_t i = 0; i < n && p; i++) found |= b[i].address == (uintptr_t)p && b[i].size == 3001;
+      for (size_t i = 0; i < n && p; i++)
+        found |= b[i].address == (uintptr_t)p && b[i].size == 3001;
       unrecorded += p && !found;
     }
     for (size_t i = 0; i < n; i++) {
@@ -740,7 +744,8 @@ static void scenario_signals(bool on_alt_stack) {
     }
     struct heapdump_stats stats = {};
     CHECK(heapdump_get_stats(&stats) == HEAPDUMP_OK);
-    fprintf(stderr, "ring: %d live, %d of them unrecorded, %d records of 3001 outside it; %llu dropped\n",
+    fprintf(stderr,
+            "ring: %d live, %d of them unrecorded, %d records of 3001 outside it; %llu dropped\n",
             ring_live, unrecorded, stale, (unsigned long long)stats.dropped_allocations);
     free(b);
     CHECK(false);
@@ -909,7 +914,8 @@ static void *renamed_through_proc(void *) {
   snprintf(path, sizeof(path), "/proc/self/task/%ld/comm", (long)syscall(SYS_gettid));
   write_file(path, "after-rename");
   char now[16];
-  CHECK(pthread_getname_np(pthread_self(), now, sizeof(now)) == 0 && strcmp(now, "after-rename") == 0);
+  CHECK(pthread_getname_np(pthread_self(), now, sizeof(now)) == 0 &&
+        strcmp(now, "after-rename") == 0);
   for (int i = 0; i < 2 * 4096 + 2; i++) free(opaque(malloc(5552)));
   keep(opaque(malloc(5553)));
   return nullptr;
@@ -980,13 +986,15 @@ static void scenario_one_thread() {
     } else {
       keep_counting_threads(100000);
       CHECK(setresgid(65534, 65534, 65534) == 0 && setresuid(65534, 65534, 65534) == 0);
-      printf("creds=%s\n", threads_where("status", runs_as_root) == 0 ? "dropped" : "a-thread-kept-root");
+      printf("creds=%s\n",
+             threads_where("status", runs_as_root) == 0 ? "dropped" : "a-thread-kept-root");
     }
     fflush(stdout);
     _exit(0);
   }
   int dropped;
-  CHECK(waitpid(dropper, &dropped, 0) == dropper && WIFEXITED(dropped) && WEXITSTATUS(dropped) == 0);
+  CHECK(waitpid(dropper, &dropped, 0) == dropper && WIFEXITED(dropped) &&
+        WEXITSTATUS(dropped) == 0);
   int ready[2], hold[2];
   CHECK(pipe(ready) == 0 && pipe(hold) == 0);
   const unsigned uid = getuid(), gid = getgid();
@@ -1124,7 +1132,8 @@ __attribute__((noinline)) static void *allocate_in_child_only(size_t size) {
 static void scenario_fork_unwinder_locked() {
 #if UNW_VERSION_MAJOR == 1 && UNW_VERSION_MINOR == 6
   keep(opaque(malloc(100)));  // libunwind has initialised itself
-  auto *lock = reinterpret_cast<pthread_mutex_t *>(reinterpret_cast<char *>(unw_local_addr_space) + 0x58);
+  auto *lock =
+      reinterpret_cast<pthread_mutex_t *>(reinterpret_cast<char *>(unw_local_addr_space) + 0x58);
   CHECK(pthread_mutex_trylock(lock) == 0);  // a mutex, free while no thread unwinds
   pid_t pid = fork();
   CHECK(pid >= 0);
@@ -1160,7 +1169,8 @@ static void scenario_unwinder_opens(const char *built_lib) {
   const std::string copy = std::string(dir) + "/libhd_testlib_nohdr.so";
   const char *lib = copy.c_str();
   {
-    int in = open(built_lib, O_RDONLY | O_CLOEXEC), out = open(lib, O_WRONLY | O_CREAT | O_CLOEXEC, 0700);
+    int in = open(built_lib, O_RDONLY | O_CLOEXEC),
+        out = open(lib, O_WRONLY | O_CREAT | O_CLOEXEC, 0700);
     CHECK(in >= 0 && out >= 0);
     char buf[65536];
     ssize_t n;
@@ -1207,41 +1217,71 @@ static void scenario_unwinder_opens(const char *built_lib) {
 int main(int argc, char **argv) {
   g_keep.reserve(100000);
   std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "threads") scenario_threads();
-  else if (mode == "cxx") scenario_cxx();
-  else if (mode == "realloc") scenario_realloc();
-  else if (mode == "edge") scenario_edge();
-  else if (mode == "fork") scenario_fork();
-  else if (mode == "dlopen") scenario_dlopen(argv[2]);
-  else if (mode == "fork-register") scenario_fork_register();
-  else if (mode == "foreign-fds") scenario_foreign_fds(argv[2]);
-  else if (mode == "unwinder-fds") scenario_unwinder_fds(argv[2]);
-  else if (mode == "unwinder-opens") scenario_unwinder_opens(argv[2]);
-  else if (mode == "fork-unwinder-locked") scenario_fork_unwinder_locked();
-  else if (mode == "realtime") scenario_realtime();
-  else if (mode == "impossible") scenario_impossible();
-  else if (mode == "cancel") scenario_cancel();
-  else if (mode == "probe") return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
-  else if (mode == "spawn") scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
-  else if (mode == "signals") scenario_signals(false);
-  else if (mode == "signals-altstack") scenario_signals(true);
-  else if (mode == "thread-churn") scenario_thread_churn();
-  else if (mode == "cap") scenario_cap();
-  else if (mode == "overflow") scenario_overflow();
-  else if (mode == "jemalloc-api") scenario_jemalloc_api();
-  else if (mode == "comm-rename") scenario_comm_rename();
-  else if (mode == "clock") scenario_clock();
-  else if (mode == "one-thread") scenario_one_thread();
-  else if (mode == "seccomp-no-clone") scenario_seccomp_no_clone();
-  else if (mode == "paths") scenario_paths();
-  else if (mode == "callers") scenario_callers();
-  else if (mode == "roots") scenario_roots();
+  if (mode == "threads")
+    scenario_threads();
+  else if (mode == "cxx")
+    scenario_cxx();
+  else if (mode == "realloc")
+    scenario_realloc();
+  else if (mode == "edge")
+    scenario_edge();
+  else if (mode == "fork")
+    scenario_fork();
+  else if (mode == "dlopen")
+    scenario_dlopen(argv[2]);
+  else if (mode == "fork-register")
+    scenario_fork_register();
+  else if (mode == "foreign-fds")
+    scenario_foreign_fds(argv[2]);
+  else if (mode == "unwinder-fds")
+    scenario_unwinder_fds(argv[2]);
+  else if (mode == "unwinder-opens")
+    scenario_unwinder_opens(argv[2]);
+  else if (mode == "fork-unwinder-locked")
+    scenario_fork_unwinder_locked();
+  else if (mode == "realtime")
+    scenario_realtime();
+  else if (mode == "impossible")
+    scenario_impossible();
+  else if (mode == "cancel")
+    scenario_cancel();
+  else if (mode == "probe")
+    return scenario_probe(argc > 2 && strcmp(argv[2], "1") == 0);
+  else if (mode == "spawn")
+    scenario_spawn(argv[0], strcmp(argv[2], "1") == 0, argv[3]);
+  else if (mode == "signals")
+    scenario_signals(false);
+  else if (mode == "signals-altstack")
+    scenario_signals(true);
+  else if (mode == "thread-churn")
+    scenario_thread_churn();
+  else if (mode == "cap")
+    scenario_cap();
+  else if (mode == "overflow")
+    scenario_overflow();
+  else if (mode == "jemalloc-api")
+    scenario_jemalloc_api();
+  else if (mode == "comm-rename")
+    scenario_comm_rename();
+  else if (mode == "clock")
+    scenario_clock();
+  else if (mode == "one-thread")
+    scenario_one_thread();
+  else if (mode == "seccomp-no-clone")
+    scenario_seccomp_no_clone();
+  else if (mode == "paths")
+    scenario_paths();
+  else if (mode == "callers")
+    scenario_callers();
+  else if (mode == "roots")
+    scenario_roots();
   else if (mode == "api") {
     struct heapdump_stats st;
     if (heapdump_available()) {
       keep(opaque(malloc(3333)));
       CHECK(heapdump_get_stats(&st) == HEAPDUMP_OK);
-      CHECK(st.live_blocks >= 1 && st.blocks_allocated >= st.live_blocks && st.peak_live_bytes >= 3333);
+      CHECK(st.live_blocks >= 1 && st.blocks_allocated >= st.live_blocks &&
+            st.peak_live_bytes >= 3333);
       CHECK(heapdump_get_stats(nullptr) == HEAPDUMP_ERROR_INVALID_ARGUMENT);
       // Callers of other versions: one built with a larger struct gets zeros past the fields
       // this library knows; one built against 0.1 (the heapdump_get_stats function, 64 bytes)
@@ -1256,7 +1296,8 @@ int main(int argc, char **argv) {
       alignas(8) unsigned char old[80];
       memset(old, 0xab, sizeof old);
       CHECK((heapdump_get_stats_v0_1)(reinterpret_cast<heapdump_stats *>(old)) == HEAPDUMP_OK);
-      CHECK(reinterpret_cast<heapdump_stats *>(old)->live_blocks >= 1 && old[64] == 0xab && old[79] == 0xab);
+      CHECK(reinterpret_cast<heapdump_stats *>(old)->live_blocks >= 1 && old[64] == 0xab &&
+            old[79] == 0xab);
       CHECK(heapdump_get_stats_sized(&st, 63) == HEAPDUMP_ERROR_INVALID_ARGUMENT);
       CHECK(heapdump_take_named_snapshot("") == HEAPDUMP_ERROR_INVALID_ARGUMENT);
       CHECK(heapdump_take_named_snapshot("x") == HEAPDUMP_ERROR_NO_COLLECTOR);

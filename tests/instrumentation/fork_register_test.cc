@@ -54,7 +54,6 @@ class ForkRegister : public ::testing::TestWithParam<Config> {
 };
 
 TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
-
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
   ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);

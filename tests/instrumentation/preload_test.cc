@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "process.h"
-#include "table_reader.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/contract/shm_layout.h"
+#include "process.h"
+#include "table_reader.h"
 
 extern char **environ;
 
@@ -94,7 +94,8 @@ struct Tables {
   // Name of the region containing pc ("" if none).
   std::string RegionOf(uint64_t pc) const {
     for (auto &e : Entries(HD_ENTRY_REGION))
-      if (pc >= e.u.region.address && pc < e.u.region.address + e.u.region.size) return e.u.region.name;
+      if (pc >= e.u.region.address && pc < e.u.region.address + e.u.region.size)
+        return e.u.region.name;
     return "";
   }
 };
@@ -156,7 +157,8 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
     EXPECT_EQ(names[b->thread_key], "worker-" + std::to_string(th));
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr, nullptr),
+              HD_READ_OK);
     ASSERT_GE(n, 1u);
     // The innermost frame is the caller of malloc, in the child's own executable.
     EXPECT_NE(t.RegionOf(frames[0]).find("hd_child"), std::string::npos)
@@ -170,7 +172,8 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   const hd_live_block *b = t.FindSize(7700);
   uint64_t frames[64], blocks = 0, bytes = 0;
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes, nullptr),
+            HD_READ_OK);
   EXPECT_EQ(blocks, 8u * 20000);
   EXPECT_EQ(bytes, 20000u * (8 * 7700 + 28));
 }
@@ -182,7 +185,8 @@ TEST_P(Preload, ThreadsRecordTheirStacksAndThreadPointers) {
   Tables t;
   RunChild({"roots"}, &t);
   std::map<uint32_t, hd_thread_roots> recorded;
-  for (auto &e : t.Entries(HD_ENTRY_THREAD_ROOTS)) recorded[e.u.thread_roots.tid] = e.u.thread_roots;
+  for (auto &e : t.Entries(HD_ENTRY_THREAD_ROOTS))
+    recorded[e.u.thread_roots.tid] = e.u.thread_roots;
   int threads = 0;
   std::istringstream out(last_output);
   for (std::string line; std::getline(out, line);) {
@@ -238,7 +242,7 @@ TEST_P(Preload, EdgeCasesAndAlignedEntryPoints) {
   EXPECT_EQ(t.CountSize(6004), 1);
   EXPECT_EQ(t.CountSize(8192), 1);  // pvalloc(6005) rounded to pages
   EXPECT_EQ(t.CountSize(6006), 1);
-  EXPECT_EQ(t.CountSize(6000), 0);  // all freed
+  EXPECT_EQ(t.CountSize(6000), 0);                                // all freed
   for (auto &b : t.blocks) EXPECT_LT(b.size, (uint64_t)1 << 40);  // failed requests unrecorded
 }
 
@@ -350,7 +354,8 @@ TEST_P(Preload, SignalHandlerAllocatingDuringAllocations) {
   RunChild({"signals"}, &t);
   unsigned handled = 0, failed = 0;
   int ring = -1;
-  ASSERT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &handled, &failed, &ring), 3)
+  ASSERT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &handled, &failed, &ring),
+            3)
       << last_output;
   EXPECT_GE(handled, 2000u);
   EXPECT_EQ(t.CountSize(3001), ring);
@@ -395,10 +400,12 @@ TEST_P(Preload, EachCallPathHasItsOwnTrace) {
     EXPECT_EQ(keys[0], keys[1]) << "path " << size - 11000;
     EXPECT_NE(keys[0], 0u);
     auto [it, fresh] = size_by_key.emplace(keys[0], size);
-    EXPECT_TRUE(fresh) << "paths " << it->second - 11000 << " and " << size - 11000 << " share a trace";
+    EXPECT_TRUE(fresh) << "paths " << it->second - 11000 << " and " << size - 11000
+                       << " share a trace";
     uint64_t frames[64], blocks = 0, bytes = 0;
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes, nullptr),
+              HD_READ_OK);
     EXPECT_GE(n, 12u);  // malloc's caller and 11 levels of the path
     EXPECT_EQ(blocks, 2u);
     EXPECT_EQ(bytes, 2 * size);
@@ -418,7 +425,8 @@ TEST_P(Preload, EachCallerOfOneSiteCountsItsOwnAllocations) {
     if (e.type != HD_ENTRY_STACK) continue;
     uint64_t frames[64], blocks = 0, bytes = 0;
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &blocks, &bytes, nullptr),
+              HD_READ_OK);
     if (bytes % kSize != 0 || blocks == 0 || bytes / blocks != kSize) continue;
     traces++;
     EXPECT_EQ(blocks, kRounds) << "trace " << e.key;
@@ -450,7 +458,8 @@ TEST_P(Preload, MemoryCapDropsRecordsAndTheProgramGoesOn) {
     if (b.stack_key == 0) continue;
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr, nullptr),
+              HD_READ_OK);
   }
 }
 
@@ -555,8 +564,10 @@ TEST(PreloadEnv, FollowChildrenZeroStripsLdPreload) {
                      Env(true, {std::string("HEAPDUMP_FOLLOW_CHILDREN=") + follow}));
     int st = r.status;
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    if (follow[0] == '0') EXPECT_EQ(r.out, "[]\n");
-    else EXPECT_EQ(r.out, std::string("[") + HD_PRELOAD_LIB + "]\n");
+    if (follow[0] == '0')
+      EXPECT_EQ(r.out, "[]\n");
+    else
+      EXPECT_EQ(r.out, std::string("[") + HD_PRELOAD_LIB + "]\n");
   }
 }
 
@@ -572,9 +583,10 @@ TEST_P(RealPrograms, SameOutputAndStatus) {
   const auto &argv = GetParam().argv;
   if (access(argv[0].c_str(), X_OK) != 0) GTEST_SKIP() << argv[0] << " not installed";
   Ran plain = RunToEnd(argv, Env(false, {}));
-  for (std::vector<std::string> extra :
-       {std::vector<std::string>{}, {"HEAPDUMP_ALLOCATOR=system"}, {"HEAPDUMP_UNWIND=fp"},
-        {"HEAPDUMP_UNWIND=libunwind"}}) {
+  for (std::vector<std::string> extra : {std::vector<std::string>{},
+                                         {"HEAPDUMP_ALLOCATOR=system"},
+                                         {"HEAPDUMP_UNWIND=fp"},
+                                         {"HEAPDUMP_UNWIND=libunwind"}}) {
     Ran r = RunToEnd(argv, Env(true, extra));
     EXPECT_EQ(r.status, plain.status) << (extra.empty() ? "" : extra[0]);
     EXPECT_EQ(r.out, plain.out) << (extra.empty() ? "" : extra[0]);
@@ -585,17 +597,22 @@ TEST_P(RealPrograms, SameOutputAndStatus) {
 INSTANTIATE_TEST_SUITE_P(
     Debian, RealPrograms,
     ::testing::Values(
-        RealProgram{"perl_hash", {"/usr/bin/perl", "-e",
-                              "my %h; $h{$_} = $_ x 3 for 1..200000; delete $h{$_} for 1..100000;"
-                              " print scalar(keys %h), \"\\n\"; exit 3"}},
-        RealProgram{"python3", {"/usr/bin/python3", "-c",
-                            "import json,threading\n"
-                            "d=[{'k':i,'v':str(i)*5} for i in range(100000)]\n"
-                            "ts=[threading.Thread(target=lambda: sorted(map(str,range(50000)))) for _ in range(4)]\n"
-                            "[t.start() for t in ts]; [t.join() for t in ts]\n"
-                            "print(len(json.dumps(d)))"}},
+        RealProgram{"perl_hash",
+                    {"/usr/bin/perl", "-e",
+                     "my %h; $h{$_} = $_ x 3 for 1..200000; delete $h{$_} for 1..100000;"
+                     " print scalar(keys %h), \"\\n\"; exit 3"}},
+        RealProgram{"python3",
+                    {"/usr/bin/python3", "-c",
+                     "import json,threading\n"
+                     "d=[{'k':i,'v':str(i)*5} for i in range(100000)]\n"
+                     "ts=[threading.Thread(target=lambda: sorted(map(str,range(50000)))) for _ in "
+                     "range(4)]\n"
+                     "[t.start() for t in ts]; [t.join() for t in ts]\n"
+                     "print(len(json.dumps(d)))"}},
         RealProgram{"git_version", {"/usr/bin/git", "--version"}},
-        RealProgram{"sh_pipeline", {"/bin/sh", "-c", "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
+        RealProgram{"sh_pipeline",
+                    {"/bin/sh", "-c",
+                     "seq 1 20000 | sort -r | head -3; ls /nonexistent 2>/dev/null; exit 7"}}),
     [](const ::testing::TestParamInfo<RealProgram> &i) { return std::string(i.param.name); });
 
 // Our unwinder against libunwind, the oracle: with HEAPDUMP_UNWIND=compare every allocation of a
@@ -632,8 +649,7 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
                     "int main() { std::map<std::string, std::vector<int>> m; "
                     "m[\"a\"].push_back(F<300>::v()); std::sort(m[\"a\"].begin(), m[\"a\"].end()); "
                     "return (int)m.size(); }\n");
-  hdtest::ShellOutput run =
-      hdtest::RunShell(w.script, dir, Env(true, {"HEAPDUMP_UNWIND=compare"}));
+  hdtest::ShellOutput run = hdtest::RunShell(w.script, dir, Env(true, {"HEAPDUMP_UNWIND=compare"}));
   ASSERT_EQ(run.status, 0) << run.out;
   size_t processes = 0, compared = 0, differed = 0, left = 0, reused = 0, joined = 0;
   for (const std::string &line : hdtest::Lines(run.out)) {
@@ -666,40 +682,50 @@ TEST_P(Unwinders, OursGivesLibunwindsTraceForEveryAllocation) {
 INSTANTIATE_TEST_SUITE_P(
     RealPrograms, Unwinders,
     ::testing::Values(
-        UnwindWorkload{"perl", "exec /usr/bin/perl -e 'my %h; $h{$_} = $_ x 3 for 1..200000;'", 100000,
-                       10000},
-        UnwindWorkload{"python3_threads",
-                       "exec /usr/bin/python3 -c 'import json,threading\n"
-                       "d=[{\"k\":i} for i in range(50000)]\n"
-                       "ts=[threading.Thread(target=lambda: sorted(map(str,range(20000)))) for _ in range(4)]\n"
-                       "[t.start() for t in ts]; [t.join() for t in ts]; print(len(json.dumps(d)))'",
-                       1000, 50},  // (most of Python's allocations come from its own arenas)
+        UnwindWorkload{"perl", "exec /usr/bin/perl -e 'my %h; $h{$_} = $_ x 3 for 1..200000;'",
+                       100000, 10000},
+        UnwindWorkload{
+            "python3_threads",
+            "exec /usr/bin/python3 -c 'import json,threading\n"
+            "d=[{\"k\":i} for i in range(50000)]\n"
+            "ts=[threading.Thread(target=lambda: sorted(map(str,range(20000)))) for _ in "
+            "range(4)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]; print(len(json.dumps(d)))'",
+            1000, 50},  // (most of Python's allocations come from its own arenas)
         UnwindWorkload{"gxx", "exec g++ -O2 -c t.cc -o t.o", 100000, 1000, "/usr/bin/g++", false,
                        10000},
         UnwindWorkload{"cppcheck", "exec cppcheck -q t.cc", 1000, 100, "/usr/bin/cppcheck", false,
                        100},
         // (Not coreutils: they close stderr before the summary is written.)
-        UnwindWorkload{"bash_loop", "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000, 100},
-        UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null", 10000, 1000},
+        UnwindWorkload{"bash_loop",
+                       "exec bash -c 'for i in $(seq 1 2000); do x=$x$i; done; echo ${#x}'", 1000,
+                       100},
+        UnwindWorkload{"signal_handlers", std::string("exec ") + HD_CHILD + " signals </dev/null",
+                       10000, 1000},
         UnwindWorkload{"alternate_signal_stack",
-                       std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000, 1000},
+                       std::string("exec ") + HD_CHILD + " signals-altstack </dev/null", 10000,
+                       1000},
         UnwindWorkload{"threads_exiting_while_others_allocate",
                        std::string("exec ") + HD_CHILD + " thread-churn </dev/null", 100000, 10000},
-        UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000, 1000},
-        UnwindWorkload{"dlopen", std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null", 5, 0},
+        UnwindWorkload{"threads", std::string("exec ") + HD_CHILD + " threads </dev/null", 10000,
+                       1000},
+        UnwindWorkload{"dlopen",
+                       std::string("exec ") + HD_CHILD + " dlopen " + HD_TEST_LIB + " </dev/null",
+                       5, 0},
         UnwindWorkload{"cxx", std::string("exec ") + HD_CHILD + " cxx </dev/null", 5, 0},
         UnwindWorkload{"git", "exec git init -q repo", 100, 0, "/usr/bin/git"},
         // Built -O2 -fomit-frame-pointer (unwind_child.cc):
-        UnwindWorkload{"same_site_other_callers", std::string("exec ") + HD_UNWIND_CHILD + " callers",
-                       300000, 100000},
+        UnwindWorkload{"same_site_other_callers",
+                       std::string("exec ") + HD_UNWIND_CHILD + " callers", 300000, 100000},
         UnwindWorkload{"deep_branching_paths", std::string("exec ") + HD_UNWIND_CHILD + " branches",
                        150000, 1000, nullptr, false, 100000},
         UnwindWorkload{"same_frames_other_rbp",
                        std::string("exec ") + HD_UNWIND_CHILD + " carried_rbp", 100000, 0, nullptr,
                        false, 90000},
-        UnwindWorkload{"exceptions", std::string("exec ") + HD_UNWIND_CHILD + " exceptions",
-                       10000, 100},
-        UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000, 1000},
+        UnwindWorkload{"exceptions", std::string("exec ") + HD_UNWIND_CHILD + " exceptions", 10000,
+                       100},
+        UnwindWorkload{"longjmp", std::string("exec ") + HD_UNWIND_CHILD + " longjmp", 100000,
+                       1000},
         UnwindWorkload{"realigned_stack", std::string("exec ") + HD_UNWIND_CHILD + " realigned",
                        20000, 1000},
         UnwindWorkload{"signals_in_plt_entries", std::string("exec ") + HD_UNWIND_CHILD + " plt",

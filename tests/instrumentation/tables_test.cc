@@ -1,14 +1,14 @@
-// Unit tests of the table writer (instrumentation/src/alloc_table.c, res_table.c) read back through the
-// collector's reader (collector/table_reader.c), both linked directly.
+// Unit tests of the table writer (instrumentation/src/alloc_table.c, res_table.c) read back through
+// the collector's reader (collector/table_reader.c), both linked directly.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dirent.h>
@@ -71,9 +71,10 @@ bool Replace(hd_alloc_table *t, const hd_alloc_info &info, hd_alloc_info *old) {
 
 // Whether a copy sorted by address holds an address twice.
 bool HasDouble(const std::vector<hd_live_block> &sorted) {
-  return std::adjacent_find(sorted.begin(), sorted.end(), [](const hd_live_block &x, const hd_live_block &y) {
-           return x.address == y.address;
-         }) != sorted.end();
+  return std::adjacent_find(sorted.begin(), sorted.end(),
+                            [](const hd_live_block &x, const hd_live_block &y) {
+                              return x.address == y.address;
+                            }) != sorted.end();
 }
 
 std::vector<hd_live_block> Snapshot(int fd, hd_read_status *status = nullptr) {
@@ -88,8 +89,10 @@ std::vector<hd_live_block> Snapshot(int fd, hd_read_status *status = nullptr) {
     free(b);
     hd_alloc_reader_close(r);
   }
-  if (status) *status = st;
-  else EXPECT_EQ(st, HD_READ_OK) << hd_read_status_str(st);
+  if (status)
+    *status = st;
+  else
+    EXPECT_EQ(st, HD_READ_OK) << hd_read_status_str(st);
   return out;
 }
 
@@ -132,19 +135,25 @@ TEST_F(AllocTable, AWaiterSleepsSoThatAPreemptedHolderRuns) {
       return rc;
     };
     pthread_t high, low;
-    int rc = start(20, [](void *) -> void * {
-      sem_wait(&go);  // wakes while the holder has every slot locked, and preempts it
-      hd_alloc_info info = Info(0x5000, 8);
-      return reinterpret_cast<void *>(Insert(table, nullptr, info));
-    }, &high);
+    int rc = start(
+        20,
+        [](void *) -> void * {
+          sem_wait(&go);  // wakes while the holder has every slot locked, and preempts it
+          hd_alloc_info info = Info(0x5000, 8);
+          return reinterpret_cast<void *>(Insert(table, nullptr, info));
+        },
+        &high);
     if (rc == EPERM) _exit(77);
     if (rc != 0) _exit(4);
-    rc = start(10, [](void *) -> void * {
-      hd_alloc_table_lock_all(table);
-      sem_post(&go);
-      hd_alloc_table_unlock_all(table);  // runs only once the waiter sleeps
-      return nullptr;
-    }, &low);
+    rc = start(
+        10,
+        [](void *) -> void * {
+          hd_alloc_table_lock_all(table);
+          sem_post(&go);
+          hd_alloc_table_unlock_all(table);  // runs only once the waiter sleeps
+          return nullptr;
+        },
+        &low);
     if (rc != 0) _exit(5);
     void *inserted = nullptr;
     pthread_join(low, nullptr);
@@ -157,7 +166,8 @@ TEST_F(AllocTable, AWaiterSleepsSoThatAPreemptedHolderRuns) {
     GTEST_SKIP() << "SCHED_FIFO is not permitted here (needs root or RLIMIT_RTPRIO)";
   }
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "status " << status << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? ": hung" : "");
+      << "status " << status
+      << (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? ": hung" : "");
 }
 
 TEST_F(AllocTable, InsertEraseTwice) {
@@ -187,8 +197,10 @@ TEST_F(AllocTable, InsertEraseTwice) {
 // for a lost index finds the right node.
 TEST_F(AllocTable, OnlyTheNodeHoldingAnAddressChangesIt) {
   uint32_t first = HD_NO_NODE, second = HD_NO_NODE;
-  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 1), &first), HD_INSERT_NEW);
-  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(128, 2), &second), HD_INSERT_NEW);
+  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(64, 1), &first),
+            HD_INSERT_NEW);
+  ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(128, 2), &second),
+            HD_INSERT_NEW);
   ASSERT_NE(first, second);
   hd_alloc_info out;
   EXPECT_FALSE(hd_alloc_table_erase(&t, nullptr, second, 64, &out));
@@ -213,7 +225,10 @@ TEST_F(AllocTable, OnlyTheNodeHoldingAnAddressChangesIt) {
 TEST_F(AllocTable, NodeFieldsRoundTripToTheirLimits) {
   t.hdr->time_base = 5000000000u;
   const uint64_t top = (uint64_t{1} << 48) - 16;
-  struct Case { uint64_t address, size, timestamp, want_timestamp; uint32_t align; };
+  struct Case {
+    uint64_t address, size, timestamp, want_timestamp;
+    uint32_t align;
+  };
   const Case cases[] = {
       {0x10000, 1, 5000000001u, 5000000001u, 0},
       {0x20000, (uint64_t{5} << 32) + 7, 7000000000u, 7000000000u, 12},
@@ -245,7 +260,8 @@ TEST_F(AllocTable, NodeFieldsRoundTripToTheirLimits) {
     EXPECT_EQ(out.flags, c.align);
     EXPECT_EQ(out.timestamp, c.want_timestamp);
   }
-  const hd_alloc_info too_high = Info(uint64_t{1} << 48, 1), too_big = Info(0x50000, uint64_t{1} << 48);
+  const hd_alloc_info too_high = Info(uint64_t{1} << 48, 1),
+                      too_big = Info(0x50000, uint64_t{1} << 48);
   EXPECT_EQ(Insert(&t, nullptr, too_high), HD_INSERT_UNREPRESENTABLE);
   EXPECT_EQ(Insert(&t, nullptr, too_big), HD_INSERT_UNREPRESENTABLE);
   ASSERT_EQ(Insert(&t, nullptr, Info(0x50000, 1)), HD_INSERT_NEW);
@@ -358,7 +374,8 @@ TEST_F(AllocTable, AnAddressMovingBetweenNodesIsCopiedAtMostOnce) {
     auto b = Snapshot(t.memfd.fd);
     std::map<uint64_t, int> seen;
     for (auto &x : b) seen[x.address]++;
-    for (auto &[address, times] : seen) ASSERT_EQ(times, 1) << std::hex << address << std::dec << " round " << round;
+    for (auto &[address, times] : seen)
+      ASSERT_EQ(times, 1) << std::hex << address << std::dec << " round " << round;
     uint64_t stable = 0;
     for (auto &x : b) stable += x.address >= 0x100000 && x.address < 0x100000 + kStable * 32;
     ASSERT_EQ(stable, kStable) << "round " << round;
@@ -495,7 +512,8 @@ TEST_F(AllocTable, ReaderReleasesItsPagesAndReadsTheSameAfterwards) {
     EXPECT_EQ(n, 100000u);
     for (size_t i = 0; i < n; i++) ASSERT_EQ(b[i].size, i);
     free(b);
-    EXPECT_GT(ReaderResidentKb("test-alloc"), 3000u) << "pass " << pass;  // 100,000 nodes: 3,125 KiB
+    EXPECT_GT(ReaderResidentKb("test-alloc"), 3000u)
+        << "pass " << pass;  // 100,000 nodes: 3,125 KiB
     hd_alloc_reader_release_pages(r);
     EXPECT_EQ(ReaderResidentKb("test-alloc"), 0u) << "pass " << pass;
   }
@@ -525,7 +543,9 @@ TEST_F(AllocTable, SnapshotCopyIsFrozenAndSealed) {
 TEST_F(AllocTable, ReaderRejectsCorruption) {
   uint32_t index = HD_NO_NODE;
   for (uint64_t i = 0; i < 4; i++)
-    ASSERT_EQ(hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (i + 1), i), &index), HD_INSERT_NEW);
+    ASSERT_EQ(
+        hd_alloc_table_insert(&t, nullptr, &(const hd_alloc_info &)Info(16 * (i + 1), i), &index),
+        HD_INSERT_NEW);
   hd_read_status st;
   // A high-water mark past the capacity reads no node beyond it.
   const uint32_t high_water = t.hdr->node_high_water;
@@ -627,17 +647,23 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   ASSERT_EQ(hd_res_reader_stack(r, cut, frames, 64, &n, nullptr, nullptr, &truncated), HD_READ_OK);
   EXPECT_TRUE(truncated);
   EXPECT_EQ(n, 4u);
-  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NO_SPACE);
-  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_NO_SPACE);
+  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_NOT_FOUND);
   // Damage the varint stream: the reader must notice.
   auto *rec = (hd_rec_stack *)(t.base + kb);
   rec->frame_count = 3;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_CORRUPT);
   rec->frame_count = 1;
   rec->encoded_len = 100000;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr), HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr),
+            HD_READ_ERR_CORRUPT);
 }
 
 TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
@@ -685,7 +711,8 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   // A zero-size record would make iteration loop: must be reported instead.
   ((hd_rec_header *)(t.base + th))->size = 0;
   cursor = 0;
-  while ((st = hd_res_reader_next(r, &cursor, &e)) == HD_READ_OK) EXPECT_NE(e.type, HD_ENTRY_THREAD);
+  while ((st = hd_res_reader_next(r, &cursor, &e)) == HD_READ_OK)
+    EXPECT_NE(e.type, HD_ENTRY_THREAD);
   EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
 }
 
@@ -731,8 +758,7 @@ TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
 TEST_F(AllocTable, ThreadNodeCacheReusesNodesAndHandsThemBack) {
   hd_writer_thread w{};
   for (int round = 0; round < 1000; round++) {
-    for (uint64_t a = 1; a <= 10; a++)
-      ASSERT_EQ(Insert(&t, &w, Info(a * 16, a)), HD_INSERT_NEW);
+    for (uint64_t a = 1; a <= 10; a++) ASSERT_EQ(Insert(&t, &w, Info(a * 16, a)), HD_INSERT_NEW);
     for (uint64_t a = 1; a <= 10; a++) ASSERT_TRUE(Erase(&t, &w, a * 16, nullptr));
   }
   uint32_t high_water = t.hdr->node_high_water;
@@ -740,8 +766,7 @@ TEST_F(AllocTable, ThreadNodeCacheReusesNodesAndHandsThemBack) {
   EXPECT_EQ(t.free_top & 0xffffffffu, HD_NO_NODE_LINK);  // nothing went through the shared list
   EXPECT_GT(w.node_count, 0u);
   // More frees than the cache holds spill half of it to the shared list.
-  for (uint64_t a = 1; a <= 100; a++)
-    ASSERT_EQ(Insert(&t, &w, Info(a * 16, a)), HD_INSERT_NEW);
+  for (uint64_t a = 1; a <= 100; a++) ASSERT_EQ(Insert(&t, &w, Info(a * 16, a)), HD_INSERT_NEW);
   for (uint64_t a = 1; a <= 100; a++) ASSERT_TRUE(Erase(&t, &w, a * 16, nullptr));
   EXPECT_LE(w.node_count, HD_THREAD_NODE_CACHE);
   EXPECT_NE(t.free_top & 0xffffffffu, HD_NO_NODE_LINK);

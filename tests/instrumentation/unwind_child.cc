@@ -34,12 +34,12 @@
 
 namespace {
 
-#define CHECK(x)                                                     \
-  do {                                                               \
-    if (!(x)) {                                                      \
+#define CHECK(x)                                                            \
+  do {                                                                      \
+    if (!(x)) {                                                             \
       fprintf(stderr, "unwind_child: %s:%d: %s\n", __FILE__, __LINE__, #x); \
-      exit(2);                                                       \
-    }                                                                \
+      exit(2);                                                              \
+    }                                                                       \
   } while (0)
 
 // Keeps a pointer alive in the compiler's eyes, so no allocation is optimised away.
@@ -282,8 +282,8 @@ void mode_dlclose(const char *lib) {
 // glibc loads a converter module for iconv_open and may unload it at iconv_close, through its
 // own loader calls, which the library's dlopen and dlclose hooks never see.
 void mode_iconv() {
-  static const char *const kCharsets[] = {"EBCDIC-US", "IBM1047", "ISO-8859-2", "KOI8-R",
-                                          "EBCDIC-FR", "CP1251"};
+  static const char *const kCharsets[] = {"EBCDIC-US", "IBM1047",   "ISO-8859-2",
+                                          "KOI8-R",    "EBCDIC-FR", "CP1251"};
   int converted = 0;
   for (int round = 0; round < 300; round++) {
     const char *charset = kCharsets[round % (sizeof kCharsets / sizeof kCharsets[0])];
@@ -389,8 +389,8 @@ void mode_plt() {
     g_steps = 0;
     // Below the red zone, where the compiler may keep values; the first trap comes after the
     // instruction that follows popfq, once rsp is back.
-    asm volatile("sub $128, %%rsp\n\tpushfq\n\torq $0x100, (%%rsp)\n\tpopfq\n\tadd $128, %%rsp"
-                 ::: "memory", "cc");
+    asm volatile("sub $128, %%rsp\n\tpushfq\n\torq $0x100, (%%rsp)\n\tpopfq\n\tadd $128, %%rsp" ::
+                     : "memory", "cc");
     total += strlen(g_text);
   }
   g_length_sink = total;
@@ -429,20 +429,32 @@ void mode_loader() {
 
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "callers") mode_callers();
-  else if (mode == "branches") mode_branches();
-  else if (mode == "carried_rbp") mode_carried_rbp();
-  else if (mode == "exceptions") mode_exceptions();
-  else if (mode == "longjmp") mode_longjmp();
-  else if (mode == "coroutines") mode_coroutines();
-  else if (mode == "dlclose" && argc > 2) mode_dlclose(argv[2]);
-  else if (mode == "iconv") mode_iconv();
-  else if (mode == "realigned") mode_realigned();
-  else if (mode == "plt") mode_plt();
-  else if (mode == "loader") mode_loader();
+  if (mode == "callers")
+    mode_callers();
+  else if (mode == "branches")
+    mode_branches();
+  else if (mode == "carried_rbp")
+    mode_carried_rbp();
+  else if (mode == "exceptions")
+    mode_exceptions();
+  else if (mode == "longjmp")
+    mode_longjmp();
+  else if (mode == "coroutines")
+    mode_coroutines();
+  else if (mode == "dlclose" && argc > 2)
+    mode_dlclose(argv[2]);
+  else if (mode == "iconv")
+    mode_iconv();
+  else if (mode == "realigned")
+    mode_realigned();
+  else if (mode == "plt")
+    mode_plt();
+  else if (mode == "loader")
+    mode_loader();
   else {
     fprintf(stderr,
-            "usage: unwind_child callers|branches|carried_rbp|exceptions|longjmp|coroutines|iconv|realigned|plt|loader"
+            "usage: unwind_child "
+            "callers|branches|carried_rbp|exceptions|longjmp|coroutines|iconv|realigned|plt|loader"
             "|dlclose LIB\n");
     return 2;
   }

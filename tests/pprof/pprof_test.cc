@@ -437,8 +437,8 @@ std::map<std::vector<uint64_t>, Values> ValuesByStack(const Profile &p) {
 // ---- go tool pprof ----
 
 struct Go {
-  std::string go;   // the go command, "" if not installed
-  std::string home; // HOME and GOCACHE for it
+  std::string go;    // the go command, "" if not installed
+  std::string home;  // HOME and GOCACHE for it
   Go() {
     for (const char *candidate : {"go", "/usr/lib/go/bin/go"}) {
       std::string probe = std::string("command -v ") + candidate + " >/dev/null 2>&1";
@@ -610,8 +610,7 @@ RawProfile ParseRaw(const std::string &text) {
       case kMappings:
         if (!line.empty()) raw.mapping_lines.push_back(line);
         break;
-      case kNone:
-        break;
+      case kNone: break;
     }
   }
   return raw;
@@ -746,8 +745,7 @@ TEST_F(PprofTest, OneSamplePerStackTraceWithLiveAndCumulativeValues) {
   auto raw_out = go.Pprof("-raw -symbolize=none", path);
   ASSERT_EQ(raw_out.status, 0) << raw_out.err;
   RawProfile raw = ParseRaw(raw_out.out);
-  EXPECT_EQ(raw.sample_types, kSampleTypes)
-      << raw_out.out;
+  EXPECT_EQ(raw.sample_types, kSampleTypes) << raw_out.out;
   EXPECT_EQ(raw.Total(), kExpectedTotal) << raw_out.out;
   std::map<std::vector<uint64_t>, Values> by_stack;
   for (const auto &[values, ids] : raw.samples) by_stack[raw.Addresses(ids)] = values;
@@ -759,10 +757,11 @@ TEST_F(PprofTest, OneSamplePerStackTraceWithLiveAndCumulativeValues) {
   EXPECT_TRUE(build_id_shown) << raw_out.out;
 
   // Each sample index gives its own total; the default is inuse_space.
-  const std::map<std::string, std::string> totals = {
-      {"", "357B"},          {"-sample_index=inuse_space", "357B"},
-      {"-sample_index=inuse_objects", "6"}, {"-sample_index=alloc_space", "1208B"},
-      {"-sample_index=alloc_objects", "16"}};
+  const std::map<std::string, std::string> totals = {{"", "357B"},
+                                                     {"-sample_index=inuse_space", "357B"},
+                                                     {"-sample_index=inuse_objects", "6"},
+                                                     {"-sample_index=alloc_space", "1208B"},
+                                                     {"-sample_index=alloc_objects", "16"}};
   for (const auto &[flag, total] : totals) {
     auto top = go.Pprof("-top -symbolize=none " + flag, path);
     ASSERT_EQ(top.status, 0) << flag << ": " << top.err;
@@ -893,8 +892,8 @@ TEST_F(PprofTest, TagsGiveOneSamplePerBlockWithItsLabels) {
   if (go.go.empty()) GTEST_SKIP() << "go not found: install golang-go to check with go tool pprof";
   auto tags = go.Pprof("-tags -symbolize=none -sample_index=inuse_objects", path);
   ASSERT_EQ(tags.status, 0) << tags.err;
-  for (const char *expected : {"thread:", "main[100]", "worker[101]", "address:", "timestamp:",
-                               "bytes:", "100B", "50B", "7B"}) {
+  for (const char *expected : {"thread:", "main[100]", "worker[101]",
+                               "address:", "timestamp:", "bytes:", "100B", "50B", "7B"}) {
     EXPECT_NE(tags.out.find(expected), std::string::npos) << expected << " in\n" << tags.out;
   }
   auto raw_out = go.Pprof("-raw -symbolize=none", path);
@@ -902,8 +901,8 @@ TEST_F(PprofTest, TagsGiveOneSamplePerBlockWithItsLabels) {
   RawProfile raw = ParseRaw(raw_out.out);
   EXPECT_EQ(raw.Total(), kExpectedTotal) << raw_out.out;
   // Focusing on one thread keeps its blocks only.
-  auto worker = go.Pprof("-top -symbolize=none -sample_index=inuse_space -tagfocus=thread=worker",
-                         path);
+  auto worker =
+      go.Pprof("-top -symbolize=none -sample_index=inuse_space -tagfocus=thread=worker", path);
   ASSERT_EQ(worker.status, 0) << worker.err;
   EXPECT_EQ(TopShown(worker.out), "150B") << worker.out;
 }
@@ -1137,10 +1136,8 @@ class LivePprofTest : public PprofTest {
 
 // What pprof_child.c allocates, per function: inuse objects/bytes, alloc objects/bytes.
 const std::map<std::string, Values> kChildSites = {
-    {"alpha_leaks", {10, 1000, 10, 1000}},
-    {"worker_leaks", {5, 1000, 5, 1000}},
-    {"inlined_block", {4, 1200, 4, 1200}},
-    {"inline_caller", {4, 1200, 4, 1200}},
+    {"alpha_leaks", {10, 1000, 10, 1000}}, {"worker_leaks", {5, 1000, 5, 1000}},
+    {"inlined_block", {4, 1200, 4, 1200}}, {"inline_caller", {4, 1200, 4, 1200}},
     {"churn", {1, 700, 6, 4200}},
 };
 
@@ -1231,8 +1228,8 @@ TEST_F(LivePprofTest, SymbolizedProfileOfARealProcess) {
   EXPECT_NE(top.out.find("churn"), std::string::npos) << top.out;
   auto traces = go.Pprof("-traces -sample_index=inuse_space", path);
   ASSERT_EQ(traces.status, 0) << traces.err;
-  for (const char *function : {"alpha_leaks", "worker_leaks", "inlined_block", "inline_caller",
-                               "main"}) {
+  for (const char *function :
+       {"alpha_leaks", "worker_leaks", "inlined_block", "inline_caller", "main"}) {
     EXPECT_NE(traces.out.find(function), std::string::npos) << function << " in\n" << traces.out;
   }
 }

@@ -13,6 +13,8 @@ void *volatile child_blocks[CHILD_BLOCKS];
 /* Each __LINE__ shares its source line with the call it stands for. */
 static int malloc_line, inlined_call_line;
 
+// Each line number is taken on the line of the call it names.
+// clang-format off
 static inline __attribute__((always_inline)) void *child_inlined_alloc(size_t size) {
   malloc_line = __LINE__; void *block = malloc(size);
   return block;
@@ -23,6 +25,7 @@ __attribute__((noinline)) void child_allocates(void) {
     inlined_call_line = __LINE__; child_blocks[i] = child_inlined_alloc(CHILD_SIZE);
   }
 }
+// clang-format on
 
 int main(void) {
   child_allocates();

@@ -28,9 +28,7 @@ FIXTURE_OPAQUE int hd_fixture_record(int line, int caller_line) {
   return line;
 }
 
-FIXTURE_OPAQUE void hd_fixture_noinline(void) {
-  fixture_sink += hd_fixture_record(__LINE__, 0);
-}
+FIXTURE_OPAQUE void hd_fixture_noinline(void) { fixture_sink += hd_fixture_record(__LINE__, 0); }
 
 static inline __attribute__((always_inline)) void fixture_inlined(int caller_line) {
   fixture_sink += hd_fixture_record(__LINE__, caller_line);

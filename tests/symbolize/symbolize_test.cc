@@ -706,12 +706,13 @@ TEST(Demangle, CxxAndRustNamesReadAsInTheSource) {
 }
 
 TEST(Demangle, TheStandardLibraryIsKnownByItsMangledNames) {
-  for (const char *name : {
-           "_ZNSt6vectorIiSaIiEE17_M_realloc_insertIJRKiEEEvN9__gnu_cxx17__normal_iteratorIPiS1_EEDpOT_",
-           "_ZNKSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE4sizeEv",
-           "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE12_M_constructIPKcEEvT_S8_St20forward_iterator_tag",
-           "_ZSt4sortIPiEvT_S1_", "_ZN9__gnu_cxx13new_allocatorIiE8allocateEmPKv",
-           "_ZNSs4_Rep9_S_createEmmRKSaIcE"}) {
+  for (const char *name : {"_ZNSt6vectorIiSaIiEE17_M_realloc_insertIJRKiEEEvN9__gnu_cxx17__normal_"
+                           "iteratorIPiS1_EEDpOT_",
+                           "_ZNKSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE4sizeEv",
+                           "_ZNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEE12_M_"
+                           "constructIPKcEEvT_S8_St20forward_iterator_tag",
+                           "_ZSt4sortIPiEvT_S1_", "_ZN9__gnu_cxx13new_allocatorIiE8allocateEmPKv",
+                           "_ZNSs4_Rep9_S_createEmmRKSaIcE"}) {
     EXPECT_TRUE(hd_is_std_library_name(name)) << name;
   }
   for (const char *name : {"_ZN4shop11make_basketEi", "_Z3fooSt6vectorIiSaIiEE", "main",

@@ -39,8 +39,7 @@ std::vector<std::string> ShellWords(const std::string &line) {
       if (in_word) words.push_back(word);
       word.clear();
       in_word = false;
-    } else if (!in_word && (c == '#' || c == '>' || c == '<' || c == '|' || c == ';' ||
-                            c == '&')) {
+    } else if (!in_word && (c == '#' || c == '>' || c == '<' || c == '|' || c == ';' || c == '&')) {
       break;  // a comment, or what the shell does with the command's output
     } else if (c == '\'') {
       size_t end = line.find('\'', i + 1);
@@ -210,7 +209,8 @@ TEST(CliParseTest, EachCommandsHelpListsTheOptionsItTakes) {
     for (size_t i = 0; cli_option_name(i) != nullptr; i++) {
       const std::string option = std::string("--") + cli_option_name(i);
       if (option == "--help" || option == "--version") continue;  // they print and end
-      const bool in_help = std::regex_search(help, std::regex("\n {2,6}(-., )?" + option + "(?![-a-z])"));
+      const bool in_help =
+          std::regex_search(help, std::regex("\n {2,6}(-., )?" + option + "(?![-a-z])"));
       // A value the option may refuse, but not as an option the command does not take.
       Parsed p = Parse({"heapdump", command, option + "=1"});
       Parsed s = Parse({"heapdump", command, option});

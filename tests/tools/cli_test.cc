@@ -13,9 +13,9 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -48,7 +48,7 @@ struct Output {
 
 // Runs argv in cwd with extra environment entries; stdin is /dev/null.
 Output RunProgram(const std::vector<std::string> &argv, const std::string &cwd,
-           const std::vector<std::string> &env = {}, uid_t as_uid = 0) {
+                  const std::vector<std::string> &env = {}, uid_t as_uid = 0) {
   std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
   pid_t pid = fork();
   if (pid == 0) {
@@ -253,8 +253,8 @@ std::vector<std::string> GroupLines(const std::string &table) {
 TEST_F(CliTest, ReportAndConvertReadPprofProfiles) {
   ASSERT_EQ(RunProgram({"/bin/cp", HD_LEAK_CHILD, dir + "/gone_soon"}, dir).status, 0);
   // Profiles hold no roots: the raw file is compared without its leak check.
-  Output o = Heapdump({"run", "--no-leak-check", "-o", "leaks.heapdump", "--", dir + "/gone_soon",
-                       "deep"});
+  Output o = Heapdump(
+      {"run", "--no-leak-check", "-o", "leaks.heapdump", "--", dir + "/gone_soon", "deep"});
   ASSERT_EQ(o.status, 3) << o.err;
   ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "leaks.pb.gz"}).status, 0);
   ASSERT_EQ(Heapdump({"convert", "leaks.heapdump", "-o", "tagged.pb.gz", "--tags"}).status, 0);
@@ -295,7 +295,11 @@ TEST_F(CliTest, ReportAndConvertReadPprofProfiles) {
   // Bad profiles: a clear message, status 1, nothing written.
   std::ofstream(dir + "/garbage.pb.gz") << "\x1f\x8b not really gzip";
   // A CPU profile: sample type {cpu, nanoseconds}, strings "", "cpu", "nanoseconds".
-  const char cpu[] = "\x0a\x04\x08\x01\x10\x02\x32\x00\x32\x03" "cpu" "\x32\x0b" "nanoseconds";
+  const char cpu[] =
+      "\x0a\x04\x08\x01\x10\x02\x32\x00\x32\x03"
+      "cpu"
+      "\x32\x0b"
+      "nanoseconds";
   std::ofstream(dir + "/cpu.pb") << std::string(cpu, sizeof cpu - 1);
   for (const auto &[file, says] : std::vector<std::pair<std::string, std::string>>{
            {"garbage.pb.gz", "damaged"},
@@ -329,11 +333,12 @@ TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
       << lines[0];
   ASSERT_TRUE(std::regex_search(
       lines[1], m,
-      std::regex(R"(\] +(20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}) +([0-9]+) +([0-9]+) +([0-9]+)$)")))
+      std::regex(R"(\] +(20[0-9]{2}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}) )"
+                 R"(+([0-9]+) +([0-9]+) +([0-9]+)$)")))
       << lines[1];
   std::smatch live;
-  ASSERT_TRUE(std::regex_search(o.err, live,
-                                std::regex(R"(([0-9]+) live blocks, ([0-9]+) live bytes)")))
+  ASSERT_TRUE(
+      std::regex_search(o.err, live, std::regex(R"(([0-9]+) live blocks, ([0-9]+) live bytes)")))
       << o.err;
   EXPECT_EQ(m[2].str(), live[2].str()) << l.out << o.err;
   EXPECT_EQ(m[3].str(), live[1].str()) << l.out << o.err;
@@ -350,9 +355,11 @@ TEST_F(CliTest, RunUsesARunningCollectorWhichKeepsTheExitSnapshot) {
             std::string::npos)
       << j.out;
   EXPECT_TRUE(std::regex_search(
-      j.out, std::regex(R"("taken_at":"20[0-9-]{8}T[0-9:]{8}\.[0-9]{3}Z","taken_at_unix_ns":[0-9]+,)"
-                        R"("live_bytes":)" + live[2].str() + R"(,"live_blocks":)" +
-                        live[1].str() + R"(,"stored_bytes":[0-9]+\})")))
+      j.out,
+      std::regex(R"("taken_at":"20[0-9-]{8}T[0-9:]{8}\.[0-9]{3}Z","taken_at_unix_ns":[0-9]+,)"
+                 R"("live_bytes":)" +
+                 live[2].str() + R"(,"live_blocks":)" + live[1].str() +
+                 R"(,"stored_bytes":[0-9]+\})")))
       << j.out;
   Output none = Heapdump({"list", "--pid", "999999999"});
   EXPECT_EQ(none.status, 0);
@@ -399,9 +406,9 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
   for (auto [unwind, limit] : {std::pair<const char *, int>{"libunwind", 16}, {"fp", 6}}) {
     SCOPED_TRACE(unwind);
     const std::string cut = "truncated at " + std::to_string(limit) + " frames";
-    Output o = Heapdump({"run", "--no-leak-check", "-o", "deep.heapdump", "--", HD_LEAK_CHILD, "deep"},
-                        {"HEAPDUMP_MAX_FRAMES=" + std::to_string(limit),
-                         std::string("HEAPDUMP_UNWIND=") + unwind});
+    Output o = Heapdump(
+        {"run", "--no-leak-check", "-o", "deep.heapdump", "--", HD_LEAK_CHILD, "deep"},
+        {"HEAPDUMP_MAX_FRAMES=" + std::to_string(limit), std::string("HEAPDUMP_UNWIND=") + unwind});
     ASSERT_EQ(o.status, 3) << o.err;
     Output r = Heapdump({"report", "deep.heapdump", "--top", "0"});
     ASSERT_EQ(r.status, 0) << r.err;
@@ -414,9 +421,9 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
               std::string::npos)
         << r.out;
     Output j = Heapdump({"report", "deep.heapdump", "--top", "0", "--json"});
-    EXPECT_TRUE(std::regex_search(
-        j.out, std::regex(R"("live_bytes":2222,.*?"trace_frames":)" + std::to_string(limit) +
-                          R"(,"truncated":true)")))
+    EXPECT_TRUE(
+        std::regex_search(j.out, std::regex(R"("live_bytes":2222,.*?"trace_frames":)" +
+                                            std::to_string(limit) + R"(,"truncated":true)")))
         << j.out;
     EXPECT_TRUE(std::regex_search(j.out, std::regex(R"("name":"leak_small".*?"truncated":false)")))
         << j.out;
@@ -443,8 +450,8 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
     Output whole_run = Heapdump({"run", "-o", "whole.heapdump", "--", HD_LEAK_CHILD},
                                 {std::string("HEAPDUMP_UNWIND=") + unwind});
     EXPECT_EQ(whole_run.status, 3) << whole_run.err;  // leak_child's own status, passed on
-    Output whole = Heapdump({"report", "whole.heapdump", "--top", "0", "--by", "stack",
-                             "--show-reachable"});
+    Output whole =
+        Heapdump({"report", "whole.heapdump", "--top", "0", "--by", "stack", "--show-reachable"});
     EXPECT_NE(whole.out.find("leak_small"), std::string::npos) << whole.out;
     EXPECT_EQ(whole.out.find("truncated"), std::string::npos) << whole.out;
     unlink((dir + "/deep.heapdump").c_str());
@@ -453,7 +460,8 @@ TEST_F(CliTest, TruncatedTracesAreMarked) {
 }
 
 TEST_F(CliTest, RunWithIntervalWritesLiveSnapshots) {
-  Output o = Heapdump({"run", "--interval", "0.3", "-o", "s.heapdump", "--", HD_LEAK_CHILD, "sleep"});
+  Output o =
+      Heapdump({"run", "--interval", "0.3", "-o", "s.heapdump", "--", HD_LEAK_CHILD, "sleep"});
   ASSERT_EQ(o.status, 3) << o.err;
   ASSERT_TRUE(Exists(dir + "/s.1.heapdump")) << o.err;
   Output r = Heapdump({"report", "s.1.heapdump"});
@@ -565,7 +573,8 @@ TEST_F(CliTest, NamesAreDemangledAndSitesAreTheProgramsOwnFunctions) {
 std::vector<std::string> DiffLine(const std::string &diff, const std::string &name) {
   for (const auto &line : Lines(diff)) {
     size_t text = line.find_first_not_of(' ');
-    if (text == std::string::npos || line.compare(text, 3, "at ") == 0 || line.size() < name.size() ||
+    if (text == std::string::npos || line.compare(text, 3, "at ") == 0 ||
+        line.size() < name.size() ||
         line.compare(line.size() - name.size(), name.size(), name) != 0) {
       continue;
     }
@@ -653,8 +662,8 @@ TEST_F(CliTest, DiffTellsWhatGrewAndWhatOnlyChurned) {
       << back.out;
   EXPECT_GT(back.out.find("remember_request"), back.out.find("churn_buffers")) << back.out;
 
-  Output p = Heapdump({"diff", "before.heapdump", "after.heapdump", "--format", "pprof", "-o",
-                       "growth.pb.gz"});
+  Output p = Heapdump(
+      {"diff", "before.heapdump", "after.heapdump", "--format", "pprof", "-o", "growth.pb.gz"});
   ASSERT_EQ(p.status, 0) << p.err;
   if (system("command -v go >/dev/null 2>&1") != 0) GTEST_SKIP() << "go (golang-go) not installed";
   std::string cmd = "cd " + dir + " && HOME=" + dir + " GOCACHE=" + dir +
@@ -679,9 +688,8 @@ TEST_F(CliTest, RunIntervalThenDiffFindsASlowLeak) {
   for (int round = 0; round < 3; round++) {
     std::string out = dir + "/round" + std::to_string(round);
     ASSERT_EQ(mkdir(out.c_str(), 0755), 0);
-    Output o = RunProgram({HD_CLI, "run", "--interval", "0.4", "--", HD_GROWTH_CHILD, "serve",
-                           "30", "50"},
-                          out);
+    Output o = RunProgram(
+        {HD_CLI, "run", "--interval", "0.4", "--", HD_GROWTH_CHILD, "serve", "30", "50"}, out);
     ASSERT_EQ(o.status, 0) << o.err;
     std::vector<std::string> snapshots;
     for (const auto &f : Glob(out, "heapdump.growth_child.")) {
@@ -706,7 +714,8 @@ TEST_F(CliTest, RunIntervalThenDiffFindsASlowLeak) {
     EXPECT_EQ(bytes % 1000, 0) << d.out;
     EXPECT_NE(d.out.find("SITE\n"), std::string::npos) << d.out;
     EXPECT_EQ(DiffLine(d.out.substr(d.out.find("SITE\n")), "remember_request"), grow)
-        << "the growing site is the first listed:\n" << d.out;
+        << "the growing site is the first listed:\n"
+        << d.out;
     Fields churn = DiffLine(d.out, "churn_buffers");
     if (!churn.empty()) {
       EXPECT_LE(std::abs(std::stol(churn[0])), 64) << d.out;
@@ -788,8 +797,8 @@ TEST_F(CliTest, LeakCheckOfASnapshotWithContentsHasValgrindsCategories) {
   using Key = std::pair<std::string, std::string>;
   const std::map<Key, std::string> lost = ReachChildLost(true);
   for (int round = 0; round < 3; round++) {
-    Output s = Heapdump({"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o",
-                         "reach.heapdump"});
+    Output s = Heapdump(
+        {"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o", "reach.heapdump"});
     ASSERT_EQ(s.status, 0) << s.err;
     Output r = Heapdump({"report", "reach.heapdump", "--top", "0"});
     ASSERT_EQ(r.status, 0) << r.err;
@@ -846,8 +855,8 @@ TEST_F(CliTest, LeakCheckOfASnapshotWithContentsHasValgrindsCategories) {
 TEST_F(CliTest, LeakCheckOfACProgramWhoseHeapHangsFromGlobalsFindsNothingLost) {
   StartCollector();
   Live child(HD_GRAPH_CHILD, {}, socket);
-  Output s = Heapdump({"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o",
-                       "graph.heapdump"});
+  Output s = Heapdump(
+      {"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o", "graph.heapdump"});
   ASSERT_EQ(s.status, 0) << s.err;
   Output r = Heapdump({"report", "graph.heapdump", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
@@ -856,9 +865,10 @@ TEST_F(CliTest, LeakCheckOfACProgramWhoseHeapHangsFromGlobalsFindsNothingLost) {
                        "\"bytes\":0,\"blocks\":0},"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("{\"name\":\"make\",\"category\":\"still_reachable\",\"module\":\"graph_child\","
-                       "\"live_bytes\":"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("{\"name\":\"make\",\"category\":\"still_reachable\",\"module\":\"graph_child\","
+                 "\"live_bytes\":"),
+      std::string::npos)
       << r.out;
 }
 
@@ -871,16 +881,16 @@ TEST_F(CliTest, LeaksChecksARunningProgramWithTwoScans) {
   StartCollector();
   {
     Live child(HD_REACH_CHILD, {}, socket);
-    Output t = Heapdump({"leaks", "--pid", std::to_string(child.pid), "--interval", "0.2",
-                         "--top", "0"});
+    Output t =
+        Heapdump({"leaks", "--pid", std::to_string(child.pid), "--interval", "0.2", "--top", "0"});
     ASSERT_EQ(t.status, 0) << t.err;
     const auto lost = ReachChildLost(false);
     EXPECT_EQ(LeakGroups(t.out), lost) << t.out;
     EXPECT_TRUE(std::regex_search(t.out, std::regex(R"(\n +64 +1 +[0-9]+\.[0-9]s  leak_basket\n)")))
         << t.out;
     EXPECT_NE(t.out.find("at leak_basket() ("), std::string::npos) << t.out;
-    Output j = Heapdump({"leaks", "--pid", std::to_string(child.pid), "--interval", "0.2",
-                         "--json", "--show-reachable"});
+    Output j = Heapdump({"leaks", "--pid", std::to_string(child.pid), "--interval", "0.2", "--json",
+                         "--show-reachable"});
     ASSERT_EQ(j.status, 0) << j.err;
     EXPECT_NE(j.out.find("{\"name\":\"leak_basket\",\"category\":\"definitely_lost\",\"module\":"
                          "\"reach_child\",\"live_bytes\":64,\"live_blocks\":1,\"oldest_age_s\":"),
@@ -949,8 +959,8 @@ TEST_F(CliTest, RunChecksLeaksAtExitLikeValgrind) {
       << j.out;
   EXPECT_NE(j.out.find("\"definitely_lost\":{\"bytes\":3064,\"blocks\":2}"), std::string::npos)
       << j.out;
-  Output all = Heapdump({"run", "--show-reachable", "-o", "all.heapdump", "--top", "0", "--",
-                         HD_REACH_CHILD});
+  Output all = Heapdump(
+      {"run", "--show-reachable", "-o", "all.heapdump", "--top", "0", "--", HD_REACH_CHILD});
   auto groups = LeakGroups(all.err);
   EXPECT_EQ(groups[Key("POSSIBLY LOST", "keep_interior()")], "4000 1") << all.err;
   EXPECT_EQ(groups[Key("STILL REACHABLE", "keep_global()")], "4100 1") << all.err;
@@ -963,10 +973,9 @@ TEST_F(CliTest, RunChecksLeaksAtExitLikeValgrind) {
                                   }))
       << demo.err;
 
-  for (const auto &[args, env] :
-       {std::pair<std::vector<std::string>, std::vector<std::string>>{
-            {"run", "--no-leak-check", "--", HD_REACH_CHILD}, {}},
-        {{"run", "--", HD_REACH_CHILD}, {"HEAPDUMP_EXIT_CONTENTS=0"}}}) {
+  for (const auto &[args, env] : {std::pair<std::vector<std::string>, std::vector<std::string>>{
+                                      {"run", "--no-leak-check", "--", HD_REACH_CHILD}, {}},
+                                  {{"run", "--", HD_REACH_CHILD}, {"HEAPDUMP_EXIT_CONTENTS=0"}}}) {
     Output plain = Heapdump(args, env);
     ASSERT_EQ(plain.status, 0) << plain.err;
     EXPECT_EQ(plain.err.find("leak check"), std::string::npos) << plain.err;  // asked for none
@@ -998,8 +1007,8 @@ TEST_F(CliTest, SnapshotWithContentsGivesDartheapReferencesOfThePointers) {
   }
   ASSERT_EQ(nodes.size(), 15u);
   ASSERT_EQ(edges.size(), 13u);
-  Output s = Heapdump({"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o",
-                       "graph.dartheap"});
+  Output s = Heapdump(
+      {"snapshot", "--pid", std::to_string(child.pid), "--contents", "-o", "graph.dartheap"});
   ASSERT_EQ(s.status, 0) << s.err;
 
   dartheap::Graph graph;
@@ -1041,10 +1050,10 @@ TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
   StartCollector();
   Live child(HD_LEAK_CHILD, {"hog", "200"}, socket);
   for (const std::string output : {"hog.heapdump", "hog.dartheap"}) {
-    Output s = RunProgram({"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot",
-                           "--socket=" + socket, "--pid", std::to_string(child.pid), "--contents",
-                           "-o", output},
-                          dir);
+    Output s = RunProgram(
+        {"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot", "--socket=" + socket, "--pid",
+         std::to_string(child.pid), "--contents", "-o", output},
+        dir);
     ASSERT_EQ(s.status, 0) << output << ": " << s.err;
   }
   struct stat st;
@@ -1054,15 +1063,17 @@ TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
   std::string error;
   ASSERT_TRUE(dartheap::ReadFile(dir + "/hog.dartheap", &graph, &error)) << error;
   bool hog_found = false;
-  for (uint64_t id = 1; id <= graph.objects.size(); id++) hog_found |= graph.object(id).shallow_size == 200 << 20;
+  for (uint64_t id = 1; id <= graph.objects.size(); id++)
+    hog_found |= graph.object(id).shallow_size == 200 << 20;
   EXPECT_TRUE(hog_found);
   // Without the temporary file, they would not fit.
-  Output in_memory = RunProgram({"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot",
-                                 "--socket=" + socket, "--pid", std::to_string(child.pid),
-                                 "--contents", "-o", "x.heapdump"},
-                                dir, {"TMPDIR=/nonexistent"});
+  Output in_memory =
+      RunProgram({"/usr/bin/prlimit", "--data=134217728", HD_CLI, "snapshot", "--socket=" + socket,
+                  "--pid", std::to_string(child.pid), "--contents", "-o", "x.heapdump"},
+                 dir, {"TMPDIR=/nonexistent"});
   EXPECT_NE(in_memory.status, 0);
-  EXPECT_NE(in_memory.err.find("cannot create a temporary file for block contents"), std::string::npos)
+  EXPECT_NE(in_memory.err.find("cannot create a temporary file for block contents"),
+            std::string::npos)
       << in_memory.err;
 
   const std::string limited = "/usr/bin/prlimit --data=134217728 " + std::string(HD_CLI);
@@ -1076,10 +1087,11 @@ TEST_F(CliTest, SnapshotContentsNeedNotFitInMemory) {
   EXPECT_TRUE(ReadFile(dir + "/copy.heapdump") == ReadFile(dir + "/hog.heapdump"));  // lossless
   ASSERT_TRUE(dartheap::ReadFile(dir + "/from-pipe.dartheap", &graph, &error)) << error;
   hog_found = false;
-  for (uint64_t id = 1; id <= graph.objects.size(); id++) hog_found |= graph.object(id).shallow_size == 200 << 20;
+  for (uint64_t id = 1; id <= graph.objects.size(); id++)
+    hog_found |= graph.object(id).shallow_size == 200 << 20;
   EXPECT_TRUE(hog_found);
-  Output report_in_memory = RunProgram({"/bin/sh", "-c", limited + " report hog.heapdump"}, dir,
-                                       {"TMPDIR=/nonexistent"});
+  Output report_in_memory =
+      RunProgram({"/bin/sh", "-c", limited + " report hog.heapdump"}, dir, {"TMPDIR=/nonexistent"});
   EXPECT_NE(report_in_memory.status, 0);
 }
 
@@ -1242,7 +1254,6 @@ TEST_F(CliTest, EveryCommandHasHelp) {
   EXPECT_EQ(RunProgram({HD_CLI}, dir).status, 2);
 }
 
-
 // ---- the HTML report, in a real browser ----
 
 // The page at dir/name in headless Chromium, its first view drawn. Chromium is a test dependency
@@ -1281,14 +1292,17 @@ void Screenshot(hdtest::Browser &b, const std::string &selector, const std::stri
 
 // The value of flame graph node `name` (the first drawn), or -1 if none is drawn.
 double FlameValue(hdtest::Browser &b, const std::string &name) {
-  return Number(b, "(n => n ? +n.dataset.value : -1)(document.querySelector("
-                   "'#flame .flame-node[data-name=\"" + name + "\"]'))");
+  return Number(b,
+                "(n => n ? +n.dataset.value : -1)(document.querySelector("
+                "'#flame .flame-node[data-name=\"" +
+                    name + "\"]'))");
 }
 
 // The process-level live bytes of a snapshot file, from its JSON report.
 uint64_t LiveBytes(const std::string &json) {
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(json, m, std::regex(R"("pid":[0-9]+,"live_blocks":[0-9]+,"live_bytes":([0-9]+))")))
+  EXPECT_TRUE(std::regex_search(
+      json, m, std::regex(R"("pid":[0-9]+,"live_blocks":[0-9]+,"live_bytes":([0-9]+))")))
       << json;
   return m.empty() ? 0 : std::stoull(m[1]);
 }
@@ -1339,9 +1353,11 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   EXPECT_GE(peak, 16 << 20);
   EXPECT_LT(peak, (16 << 20) + (256 << 10));
   // The peak is in the 600 ms the program held it, after its at-peak snapshot.
-  const double peak_t = Number(b, "(d => d.t_ms[+document.getElementById('timeline').dataset.peakIndex])"
-                                  "(JSON.parse(document.getElementById('heapdump-data').textContent)"
-                                  ".processes[0].timeline)");
+  const double peak_t =
+      Number(b,
+             "(d => d.t_ms[+document.getElementById('timeline').dataset.peakIndex])"
+             "(JSON.parse(document.getElementById('heapdump-data').textContent)"
+             ".processes[0].timeline)");
   const double marker_t = Number(b, "+document.querySelector('#timeline-markers li').dataset.tMs");
   EXPECT_NE(Text(b, "document.querySelector('#timeline-markers li').textContent").find("at-peak"),
             std::string::npos);
@@ -1359,10 +1375,12 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.zoom === 'open_session'"))
       << b.error();
   EXPECT_EQ(FlameValue(b, "grow_cache"), -1);
-  EXPECT_EQ(Number(b, "document.querySelector('#flame .flame-node[data-name=\"open_session\"]')"
-                      ".getBoundingClientRect().width"),
-            Number(b, "document.querySelector('#flame .flame-node[data-name=\"all\"]')"
-                      ".getBoundingClientRect().width"));
+  EXPECT_EQ(Number(b,
+                   "document.querySelector('#flame .flame-node[data-name=\"open_session\"]')"
+                   ".getBoundingClientRect().width"),
+            Number(b,
+                   "document.querySelector('#flame .flame-node[data-name=\"all\"]')"
+                   ".getBoundingClientRect().width"));
   Screenshot(b, "#flame", "run-flame-zoomed.png");
   ASSERT_TRUE(b.ClickOn("#flame-reset")) << b.error();
   ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.zoom === ''")) << b.error();
@@ -1372,33 +1390,39 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   ASSERT_TRUE(b.Type("session")) << b.error();
   ASSERT_TRUE(b.WaitFor("document.querySelectorAll('#flame .flame-node.match').length > 0"))
       << b.error();
-  EXPECT_EQ(Number(b, "[...document.querySelectorAll('#flame .flame-node.match')]"
-                      ".filter(n => !n.dataset.name.includes('session')).length"),
+  EXPECT_EQ(Number(b,
+                   "[...document.querySelectorAll('#flame .flame-node.match')]"
+                   ".filter(n => !n.dataset.name.includes('session')).length"),
             0);
   EXPECT_EQ(Number(b, "+document.getElementById('flame-search-status').dataset.value"), 4096);
   Screenshot(b, "#flame", "run-flame-search.png");
   // Another metric: allocated bytes since start (16 steps of 1 MiB from grow_cache).
-  ASSERT_TRUE(b.Eval("(s => { s.value = 'alloc_bytes'; s.dispatchEvent(new Event('change')); "
-                     "return true; })(document.getElementById('flame-metric'))"))
+  ASSERT_TRUE(
+      b.Eval("(s => { s.value = 'alloc_bytes'; s.dispatchEvent(new Event('change')); "
+             "return true; })(document.getElementById('flame-metric'))"))
       << b.error();
   ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.metric === 'alloc_bytes'"));
   EXPECT_EQ(FlameValue(b, "grow_cache"), 16 << 20);
 
   // The sites table: the text report's sites, sorted by a click on a column.
   EXPECT_EQ(Number(b, "document.querySelectorAll('#sites-table tr.site-row').length"),
-            Number(b, "JSON.parse(document.getElementById('heapdump-data').textContent)"
-                      ".processes[0].sites.length"));
+            Number(b,
+                   "JSON.parse(document.getElementById('heapdump-data').textContent)"
+                   ".processes[0].sites.length"));
   const std::string order =
       "[...document.querySelectorAll('#sites-table tr.site-row')].map(r => +r.dataset.allocBlocks)";
   ASSERT_TRUE(b.ClickOn("#sites-table th[data-key=\"alloc_blocks\"]")) << b.error();
-  ASSERT_TRUE(b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
-                        ".getAttribute('aria-sort') === 'descending'"));
+  ASSERT_TRUE(
+      b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
+                ".getAttribute('aria-sort') === 'descending'"));
   EXPECT_EQ(Text(b, "JSON.stringify(" + order + ")"),
             Text(b, "JSON.stringify(" + order + ".slice().sort((x, y) => y - x))"));
-  EXPECT_EQ(Text(b, "document.querySelector('#sites-table tr.site-row').dataset.name"), "grow_cache");
+  EXPECT_EQ(Text(b, "document.querySelector('#sites-table tr.site-row').dataset.name"),
+            "grow_cache");
   ASSERT_TRUE(b.ClickOn("#sites-table th[data-key=\"alloc_blocks\"]")) << b.error();
-  ASSERT_TRUE(b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
-                        ".getAttribute('aria-sort') === 'ascending'"));
+  ASSERT_TRUE(
+      b.WaitFor("document.querySelector('#sites-table th[data-key=\"alloc_blocks\"]')"
+                ".getAttribute('aria-sort') === 'ascending'"));
   EXPECT_EQ(Text(b, "JSON.stringify(" + order + ")"),
             Text(b, "JSON.stringify(" + order + ".slice().sort((x, y) => x - y))"));
   Screenshot(b, "#sites-table", "run-sites.png");
@@ -1407,7 +1431,8 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   Output text = Heapdump({"report", "run.heapdump", "--show-reachable", "--top", "0"});
   auto main_line = [&](const std::string &site) {
     std::smatch m;
-    EXPECT_TRUE(std::regex_search(text.out, m, std::regex("  " + site + R"(\n(?:.*\n)*?        at main \(([^)]*)\))")))
+    EXPECT_TRUE(std::regex_search(
+        text.out, m, std::regex("  " + site + R"(\n(?:.*\n)*?        at main \(([^)]*)\))")))
         << text.out;
     return m.empty() ? std::string() : std::string(m[1]);
   };
@@ -1424,8 +1449,9 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   ASSERT_TRUE(std::regex_search(text.out, site_at,
                                 std::regex(R"(  grow_cache\n        at grow_cache \(([^)]*)\))")))
       << text.out;
-  EXPECT_EQ(Text(b, "document.querySelector('#sites-table tr.site-row[data-name=\"grow_cache\"] .loc')"
-                    ".textContent"),
+  EXPECT_EQ(Text(b,
+                 "document.querySelector('#sites-table tr.site-row[data-name=\"grow_cache\"] .loc')"
+                 ".textContent"),
             std::string(site_at[1]));
   const std::string grow_at = main_line("grow_cache"), session_at = main_line("open_session");
   EXPECT_NE(grow_at, session_at);
@@ -1433,9 +1459,10 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   EXPECT_EQ(page_line("open_session"), session_at);
 
   // The leak check: the session it dropped, definitely lost, and nothing else lost.
-  EXPECT_EQ(Text(b, "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
-                    ".filter(r => r.dataset.category !== 'still_reachable')"
-                    ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes]))"),
+  EXPECT_EQ(Text(b,
+                 "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
+                 ".filter(r => r.dataset.category !== 'still_reachable')"
+                 ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes]))"),
             "[[\"definitely_lost\",\"open_session\",\"4096\"]]");
   Screenshot(b, "#leaks", "run-leaks.png");
   EXPECT_EQ(b.Console().find("Uncaught"), std::string::npos) << b.Console();
@@ -1460,8 +1487,8 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
   EXPECT_TRUE(Exists(dir + "/before.html")) << c.err;
   Output r = Heapdump({"report", "after.heapdump", "-o", "report.html"});
   ASSERT_EQ(r.status, 0) << r.err;
-  Output g = Heapdump({"diff", "before.heapdump", "after.heapdump", "--format", "html",
-                       "-o", "growth.html"});
+  Output g = Heapdump(
+      {"diff", "before.heapdump", "after.heapdump", "--format", "html", "-o", "growth.html"});
   ASSERT_EQ(g.status, 0) << g.err;
   // From profiles of totals (no blocks to match), a site's added and removed on the page are its
   // net change's, as the text diff tells them: churn_buffers grew on one stack and shrank on
@@ -1472,29 +1499,33 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
   Output totals = Heapdump({"diff", "before.pb.gz", "after.pb.gz"});
   ASSERT_EQ(totals.status, 0) << totals.err;
   EXPECT_EQ(DiffLine(totals.out, "churn_buffers"),
-            (Fields{"+0", "+0", "0", "0", "0", "0", "churn_buffers"})) << totals.out;
+            (Fields{"+0", "+0", "0", "0", "0", "0", "churn_buffers"}))
+      << totals.out;
   ASSERT_EQ(Heapdump({"diff", "before.pb.gz", "after.pb.gz", "-o", "totals.html"}).status, 0);
-  EXPECT_NE(ReadFile(dir + "/totals.html").find("{\"name\":\"churn_buffers\",\"delta_bytes\":0,"
-                                                "\"delta_blocks\":0,\"added_bytes\":0,"
-                                                "\"added_blocks\":0,\"removed_bytes\":0,"),
+  EXPECT_NE(ReadFile(dir + "/totals.html")
+                .find("{\"name\":\"churn_buffers\",\"delta_bytes\":0,"
+                      "\"delta_blocks\":0,\"added_bytes\":0,"
+                      "\"added_blocks\":0,\"removed_bytes\":0,"),
             std::string::npos);
   const uint64_t before_live = LiveBytes(Heapdump({"report", "before.heapdump", "--json"}).out);
   const uint64_t after_live = LiveBytes(Heapdump({"report", "after.heapdump", "--json"}).out);
 
   for (const auto &[page, live, remembered] :
        std::vector<std::tuple<std::string, uint64_t, double>>{
-           {"download.html", after_live, 210000}, {"report.html", after_live, 210000},
+           {"download.html", after_live, 210000},
+           {"report.html", after_live, 210000},
            {"before.html", before_live, 10000}}) {
     SCOPED_TRACE(page);
     auto browser = OpenPage(dir, page);
     ASSERT_NE(browser, nullptr);
-    EXPECT_NE(Text(*browser, "document.getElementById('process-info').textContent")
-                  .find("growth_child["),
-              std::string::npos);
+    EXPECT_NE(
+        Text(*browser, "document.getElementById('process-info').textContent").find("growth_child["),
+        std::string::npos);
     EXPECT_EQ(FlameValue(*browser, "all"), static_cast<double>(live));
     EXPECT_EQ(FlameValue(*browser, "remember_request"), remembered);
     EXPECT_EQ(Number(*browser, "+document.getElementById('timeline').dataset.markers"),
-              page == "before.html" ? 1 : 2) << "the stored snapshots' moments";
+              page == "before.html" ? 1 : 2)
+        << "the stored snapshots' moments";
   }
   {
     auto browser = OpenPage(dir, "growth.html");
@@ -1504,8 +1535,8 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
     EXPECT_EQ(FlameValue(*browser, "remember_request"), 200000);
     // The root is the growth of every stack that grew, as the diff by stack counts it: churn's
     // new buffers come from another call path than the ones they replaced.
-    Output by_stack = Heapdump({"diff", "before.heapdump", "after.heapdump", "--by", "stack",
-                                "--json", "--top", "0"});
+    Output by_stack = Heapdump(
+        {"diff", "before.heapdump", "after.heapdump", "--by", "stack", "--json", "--top", "0"});
     double grown = 0;
     std::smatch m;
     for (std::string rest = by_stack.out;
@@ -1525,12 +1556,14 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
   Output all = Heapdump({"snapshot", "--all", "-o", "all.html"});
   ASSERT_EQ(all.status, 0) << all.err;
   // A live snapshot knows each process's command line, and a raw file keeps it.
-  ASSERT_EQ(Heapdump({"snapshot", "--pid", std::to_string(first.pid), "-o", "first.heapdump"}).status, 0);
+  ASSERT_EQ(
+      Heapdump({"snapshot", "--pid", std::to_string(first.pid), "-o", "first.heapdump"}).status, 0);
   ASSERT_EQ(Heapdump({"convert", "first.heapdump", "-o", "first.html"}).status, 0);
-  EXPECT_NE(ReadFile(dir + "/first.html").find(std::string("\"command_line\":\"") + HD_REACH_CHILD + "\""),
+  EXPECT_NE(ReadFile(dir + "/first.html")
+                .find(std::string("\"command_line\":\"") + HD_REACH_CHILD + "\""),
             std::string::npos);
-  Output leaks = Heapdump({"leaks", "--pid", std::to_string(first.pid), "--interval", "0.2",
-                           "-o", "leaks.html"});
+  Output leaks = Heapdump(
+      {"leaks", "--pid", std::to_string(first.pid), "--interval", "0.2", "-o", "leaks.html"});
   ASSERT_EQ(leaks.status, 0) << leaks.err;
   {
     auto browser = OpenPage(dir, "all.html");
@@ -1539,8 +1572,9 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
     EXPECT_EQ(Number(b, "document.querySelectorAll('#process-select option').length"), 2);
     const std::string info = "document.getElementById('process-info').textContent";
     const std::string shown = Text(b, info);
-    ASSERT_TRUE(b.Eval("(s => { s.selectedIndex = 1; s.dispatchEvent(new Event('change')); "
-                       "return true; })(document.getElementById('process-select'))"));
+    ASSERT_TRUE(
+        b.Eval("(s => { s.selectedIndex = 1; s.dispatchEvent(new Event('change')); "
+               "return true; })(document.getElementById('process-select'))"));
     const std::string other = Text(b, info);
     EXPECT_NE(shown, other);
     for (const char *name : {"reach_child[", "graph_child["}) {
@@ -1553,12 +1587,16 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
     auto browser = OpenPage(dir, "leaks.html");
     ASSERT_NE(browser, nullptr);
     std::map<std::pair<std::string, std::string>, std::string> shown;
-    const std::string rows = Text(*browser,
-        "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
-        ".filter(r => r.dataset.category.endsWith('_lost') && r.dataset.category !== 'possibly_lost')"
-        ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes + ' ' + r.dataset.blocks]))");
+    const std::string rows =
+        Text(*browser,
+             "JSON.stringify([...document.querySelectorAll('#leaks-table tr.leak-row')]"
+             ".filter(r => r.dataset.category.endsWith('_lost') && r.dataset.category !== "
+             "'possibly_lost')"
+             ".map(r => [r.dataset.category, r.dataset.site, r.dataset.bytes + ' ' + "
+             "r.dataset.blocks]))");
     std::smatch m;
-    for (std::string rest = rows; std::regex_search(rest, m, std::regex(R"re(\["(\w+)","([^"]+)","([^"]+)"\])re"));
+    for (std::string rest = rows;
+         std::regex_search(rest, m, std::regex(R"re(\["(\w+)","([^"]+)","([^"]+)"\])re"));
          rest = m.suffix()) {
       std::string category = m[1] == "definitely_lost" ? "DEFINITELY LOST" : "INDIRECTLY LOST";
       shown[{category, m[2]}] = m[3];

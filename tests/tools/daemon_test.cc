@@ -73,12 +73,11 @@ class DaemonTest : public ::testing::Test {
   pid_t DaemonPid() const { return atoi(ReadFile(pid_file).c_str()); }
 
   Output Shell(const std::string &script) const {
-    return hdtest::RunShell(script, dir,
-                            {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime,
-                             "PATH=" + bin + ":/usr/bin:/bin", std::string("LIB=") + HD_PRELOAD_LIB,
-                             std::string("LEAKY=") + HD_LEAKY,
-                             std::string("LEAK_CHILD=") + HD_LEAK_CHILD,
-                             std::string("REACH=") + HD_REACH_CHILD});
+    return hdtest::RunShell(
+        script, dir,
+        {"HOME=" + home, "XDG_RUNTIME_DIR=" + runtime, "PATH=" + bin + ":/usr/bin:/bin",
+         std::string("LIB=") + HD_PRELOAD_LIB, std::string("LEAKY=") + HD_LEAKY,
+         std::string("LEAK_CHILD=") + HD_LEAK_CHILD, std::string("REACH=") + HD_REACH_CHILD});
   }
 };
 
@@ -126,8 +125,9 @@ TEST_F(DaemonTest, ReadmeQuickStartWorksWithTheDetachedDaemon) {
 
 // The README's "Using it" blocks, line by line as written, with a program and a server in the
 // places of ./your-program and ./your-server (the server starts the demo program, which stores
-// a named snapshot, then stays; its sleep must not hold the test's output pipe open). Only the snapshot line is retried until the server registered,
-// as a person would; `go tool pprof` is not run (Go is not a dependency).
+// a named snapshot, then stays; its sleep must not hold the test's output pipe open). Only the
+// snapshot line is retried until the server registered, as a person would; `go tool pprof` is not
+// run (Go is not a dependency).
 TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   std::string readme = ReadFile(std::string(HD_SOURCE_DIR) + "/README.md");
   size_t start = readme.find("## Using it\n");
@@ -151,13 +151,15 @@ TEST_F(DaemonTest, ReadmeUsingItRunsAsWritten) {
   ASSERT_EQ(Shell("mkdir -p build-release/instrumentation\n"
                   "ln -s \"$LIB\" build-release/instrumentation/libheapdump.so\n"
                   "cp \"$LEAK_CHILD\" your-program\n"
-                  "printf '#!/bin/sh\\nexec 2>/dev/null\\n\"$LEAKY\"\\nsleep 30 >/dev/null\\n' > your-server\n"
+                  "printf '#!/bin/sh\\nexec 2>/dev/null\\n\"$LEAKY\"\\nsleep 30 >/dev/null\\n' > "
+                  "your-server\n"
                   "chmod +x your-server\n")
                 .status,
             0);
   Output o = Shell(script);
   EXPECT_EQ(o.status, 0) << script << o.out;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(your-program\[[0-9]+\] exited with status 3)")))
+  EXPECT_TRUE(
+      std::regex_search(o.out, std::regex(R"(your-program\[[0-9]+\] exited with status 3)")))
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +after-build +leaky\[)"))) << o.out;
   EXPECT_NE(o.out.find("deleted 1 snapshot\n"), std::string::npos) << o.out;
@@ -192,21 +194,23 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
     if (line.rfind("go tool pprof", 0) == 0) {
       script += "if command -v go >/dev/null; then " + line + "; fi\n";
     } else if (line.rfind("heapdump leaks", 0) == 0) {
-      script += "heapdump-collector\nLD_PRELOAD=$LIB ./my-server > /dev/null 2>&1 &\n"
-                "for i in $(seq 100); do "
-                "heapdump snapshot --name my-server -o probe.pb.gz 2>/dev/null && break; "
-                "sleep 0.1; done\n" +
-                line + "\nwait\nheapdump-collector --stop\n";
+      script +=
+          "heapdump-collector\nLD_PRELOAD=$LIB ./my-server > /dev/null 2>&1 &\n"
+          "for i in $(seq 100); do "
+          "heapdump snapshot --name my-server -o probe.pb.gz 2>/dev/null && break; "
+          "sleep 0.1; done\n" +
+          line + "\nwait\nheapdump-collector --stop\n";
     } else {
       script += line + "\n";
     }
   }
   ASSERT_EQ(commands, 5) << section;
-  ASSERT_EQ(Shell(std::string("mkdir srv && cp ") + HD_GROWTH_CHILD +
-                  " srv/my-server\nprintf '#!/bin/sh\\nexec \"$PWD/srv/my-server\" serve 45 150\\n' "
-                  "> my-server\nchmod +x my-server\n")
-                .status,
-            0);
+  ASSERT_EQ(
+      Shell(std::string("mkdir srv && cp ") + HD_GROWTH_CHILD +
+            " srv/my-server\nprintf '#!/bin/sh\\nexec \"$PWD/srv/my-server\" serve 45 150\\n' "
+            "> my-server\nchmod +x my-server\n")
+          .status,
+      0);
   Output o = Shell(script);
   ASSERT_EQ(o.status, 0) << script << o.out;
   // The growing site leads, by whole requests (10 blocks of 1000 bytes); the churning one
@@ -214,22 +218,27 @@ TEST_F(DaemonTest, DocsSlowLeakWorkflowRunsAsWritten) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
       o.out, m,
-      std::regex(R"(SITE\n +\+([0-9]+) +\+([0-9]+) +([0-9]+) +([0-9]+) +0 +0  remember_request\n)")))
+      std::regex(
+          R"(SITE\n +\+([0-9]+) +\+([0-9]+) +([0-9]+) +([0-9]+) +0 +0  remember_request\n)")))
       << o.out;
   EXPECT_GT(std::stol(m[1]), 0) << o.out;
   EXPECT_EQ(std::stol(m[1]), std::stol(m[3])) << o.out;
   EXPECT_EQ(std::stol(m[1]), 1000 * std::stol(m[2])) << o.out;
   EXPECT_TRUE(std::regex_search(
-      o.out, std::regex(R"(\n +[-+][0-9]+ +[-+][0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  churn_buffers\n)")))
+      o.out,
+      std::regex(R"(\n +[-+][0-9]+ +[-+][0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  churn_buffers\n)")))
       << o.out;
   // The server keeps what it grows in a cache: still reachable, nothing lost.
   EXPECT_TRUE(std::regex_search(
-      o.out, std::regex(R"(my-server\[[0-9]+\]: .*\n(timeline: .*\n)?leak check: 0 bytes in 0 blocks definitely_lost, 0 bytes in 0 blocks indirectly_lost)")))
+      o.out,
+      std::regex(R"(my-server\[[0-9]+\]: .*\n(timeline: .*\n)?leak check: 0 bytes in 0 blocks )"
+                 R"(definitely_lost, 0 bytes in 0 blocks indirectly_lost)")))
       << o.out;
   struct stat st;
   EXPECT_EQ(stat((dir + "/growth.pb.gz").c_str(), &st), 0) << o.out;
   if (system("command -v go >/dev/null 2>&1") == 0) {
-    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n +[0-9.]+[kK]?B +[0-9.]+% .*remember_request\n)")))
+    EXPECT_TRUE(
+        std::regex_search(o.out, std::regex(R"(\n +[0-9.]+[kK]?B +[0-9.]+% .*remember_request\n)")))
         << o.out;
   }
 }
@@ -271,9 +280,11 @@ TEST_F(DaemonTest, DocsLeakCheckRunsAsWritten) {
                        "indirectly_lost"),
             std::string::npos)
       << o.out;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1  leak_basket\(\))")))
+  EXPECT_TRUE(
+      std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1  leak_basket\(\))")))
       << o.out;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(STILL REACHABLE\n(.*\n)* +4100 +1  keep_global\(\))")))
+  EXPECT_TRUE(
+      std::regex_search(o.out, std::regex(R"(STILL REACHABLE\n(.*\n)* +4100 +1  keep_global\(\))")))
       << o.out;
 }
 
@@ -284,7 +295,8 @@ TEST_F(DaemonTest, DocsLeaksRunsAsWritten) {
   ASSERT_EQ(commands, 2) << script;
   Output o = Shell(script);
   ASSERT_EQ(o.status, 0) << script << o.out;
-  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1 +[0-9.]+s  leak_basket\n)")))
+  EXPECT_TRUE(std::regex_search(
+      o.out, std::regex(R"(DEFINITELY LOST\n(.*\n)* +64 +1 +[0-9.]+s  leak_basket\n)")))
       << o.out;
   EXPECT_NE(o.out.find("{\"name\":\"leak_basket\",\"category\":\"definitely_lost\","),
             std::string::npos)
@@ -374,7 +386,8 @@ TEST_F(DaemonTest, StopDoesNotWaitForAStalledClient) {
   req.has_receiver = true;
   req.receiver = {true, 0};
   hd_message msg;
-  ASSERT_EQ(hd_fidl_collector_take_live_snapshot(stalled.fd, &msg, &req, &stalled.ends[1], 1), HD_OK);
+  ASSERT_EQ(hd_fidl_collector_take_live_snapshot(stalled.fd, &msg, &req, &stalled.ends[1], 1),
+            HD_OK);
   stalled.SentTheirEnd();
   usleep(300 * 1000);  // the first batch is sent and waits for an acknowledgement never given
   double start = Now();
@@ -431,16 +444,19 @@ TEST_F(DaemonTest, NothingHangsOnACollectorThatDoesNotAnswer) {
 // The systemd user unit shipped in the tree, run as systemd would: its ExecStart with %t
 // expanded, in the foreground; SIGTERM (systemd's stop) ends it cleanly.
 TEST_F(DaemonTest, SystemdUnitServesTheDefaultSocket) {
-  std::string unit = ReadFile(std::string(HD_SOURCE_DIR) + "/collector/systemd/heapdump-collector.service");
+  std::string unit =
+      ReadFile(std::string(HD_SOURCE_DIR) + "/collector/systemd/heapdump-collector.service");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(unit, m, std::regex("\nExecStart=(\\S+)( [^\n]*)\n"))) << unit;
   EXPECT_EQ(m[1].str(), "/usr/local/bin/heapdump-collector");
   std::string args = std::regex_replace(m[2].str(), std::regex("%t"), runtime);
-  Output o = Shell("heapdump-collector" + args + " &\n"
-                   "for i in $(seq 100); do heapdump list >/dev/null 2>&1 && break; sleep 0.1; done\n"
-                   "heapdump run -- \"$LEAK_CHILD\" || true\n"
-                   "heapdump list\n"
-                   "kill -TERM %1; wait %1\n");
+  Output o =
+      Shell("heapdump-collector" + args +
+            " &\n"
+            "for i in $(seq 100); do heapdump list >/dev/null 2>&1 && break; sleep 0.1; done\n"
+            "heapdump run -- \"$LEAK_CHILD\" || true\n"
+            "heapdump list\n"
+            "kill -TERM %1; wait %1\n");
   EXPECT_EQ(o.status, 0) << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(\n1 +exit +leak_child\[)"))) << o.out;
   EXPECT_NE(access(socket.c_str(), F_OK), 0);
@@ -452,9 +468,11 @@ TEST_F(DaemonTest, InstalledTreeRunsAndShipsTheUnit) {
   std::string prefix = dir + "/prefix";
   std::string install = std::string(HD_CMAKE_COMMAND) + " --install " + HD_BUILD_DIR +
                         " --prefix " + prefix + " >/dev/null\n";
-  Output o = Shell(install + "PATH=" + prefix + "/bin:/usr/bin:/bin\n"
+  Output o = Shell(install + "PATH=" + prefix +
+                   "/bin:/usr/bin:/bin\n"
                    "heapdump run --show-reachable -- \"$LEAK_CHILD\" || test $? = 3\n"
-                   "grep ExecStart " + prefix + "/share/systemd/user/heapdump-collector.service\n");
+                   "grep ExecStart " +
+                   prefix + "/share/systemd/user/heapdump-collector.service\n");
   EXPECT_EQ(o.status, 0) << o.out;
   EXPECT_NE(o.out.find("leak_small"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("\nleak check: "), std::string::npos) << o.out;

@@ -31,8 +31,8 @@ static size_t size_of(const node *n, node *const *all, const size_t *sizes, size
 int main(void) {
   node *all[32];
   size_t sizes[32], count = 0;
-#define MAKE(var)              \
-  node *var = make();          \
+#define MAKE(var)               \
+  node *var = make();           \
   sizes[count] = next_size - 8; \
   all[count++] = var
   /* list: l0 -> l1 -> l2 -> l3 -> l4 */

@@ -27,10 +27,10 @@ class Guest : public ::testing::Test {
   hdtest::RemoveWhenPassed cleanup{dir};
 
   hdtest::ShellOutput Shell(const std::string &script) {
-    return hdtest::RunShell(script, dir,
-                            {"PATH=" + std::string(HD_BIN_DIRS) + ":/usr/bin:/bin",
-                             "HEAPDUMP_SOCKET=" + dir + "/none.sock", "TMPDIR=" + dir,
-                             "HOME=" + dir});
+    return hdtest::RunShell(
+        script, dir,
+        {"PATH=" + std::string(HD_BIN_DIRS) + ":/usr/bin:/bin",
+         "HEAPDUMP_SOCKET=" + dir + "/none.sock", "TMPDIR=" + dir, "HOME=" + dir});
   }
 };
 
@@ -60,8 +60,8 @@ TEST_F(Guest, TheLibraryNeedsTheCLibraryAndTheLoaderOnly) {
   // What the loader brings with it, recursively.
   hdtest::ShellOutput ldd = Shell(std::string("ldd ") + HD_PRELOAD_LIB + " | awk '{print $1}'");
   ASSERT_EQ(ldd.status, 0) << ldd.out;
-  EXPECT_EQ(Words(ldd.out), (std::set<std::string>{"linux-vdso.so.1", "libc.so.6",
-                                                   "/lib64/ld-linux-x86-64.so.2"}))
+  EXPECT_EQ(Words(ldd.out),
+            (std::set<std::string>{"linux-vdso.so.1", "libc.so.6", "/lib64/ld-linux-x86-64.so.2"}))
       << ldd.out;
 }
 
@@ -69,18 +69,18 @@ TEST_F(Guest, TheLibraryExportsTheAllocationApiAndItsHooksOnly) {
   hdtest::ShellOutput exports =
       Shell(std::string("nm -D --defined-only ") + HD_PRELOAD_LIB + " | awk '{print $3}'");
   ASSERT_EQ(exports.status, 0) << exports.out;
-  EXPECT_EQ(Words(exports.out),
-            (std::set<std::string>{
-                // the malloc family
-                "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign",
-                "aligned_alloc", "memalign", "valloc", "pvalloc", "malloc_usable_size",
-                "free_sized", "free_aligned_sized",
-                // jemalloc's API, for programs that call it
-                "mallocx", "rallocx", "xallocx", "sallocx", "nallocx", "dallocx", "sdallocx",
-                // modules and thread names
-                "dlopen", "dlclose", "prctl", "pthread_setname_np",
-                // the public API
-                "heapdump_get_stats", "heapdump_get_stats_sized", "heapdump_take_named_snapshot"}))
+  EXPECT_EQ(
+      Words(exports.out),
+      (std::set<std::string>{
+          // the malloc family
+          "malloc", "free", "calloc", "realloc", "reallocarray", "posix_memalign", "aligned_alloc",
+          "memalign", "valloc", "pvalloc", "malloc_usable_size", "free_sized", "free_aligned_sized",
+          // jemalloc's API, for programs that call it
+          "mallocx", "rallocx", "xallocx", "sallocx", "nallocx", "dallocx", "sdallocx",
+          // modules and thread names
+          "dlopen", "dlclose", "prctl", "pthread_setname_np",
+          // the public API
+          "heapdump_get_stats", "heapdump_get_stats_sized", "heapdump_take_named_snapshot"}))
       << exports.out;
 }
 
@@ -90,15 +90,14 @@ TEST_F(Guest, ACProgramsLeakCheckHoldsItsOwnBlocksOnly) {
   hdtest::ShellOutput run = Shell(std::string("heapdump run --show-reachable --top 0 -- ") +
                                   HD_GUEST_TWO_BLOCKS + " 2>&1");
   ASSERT_EQ(run.status, 0) << run.out;
-  EXPECT_EQ(LeakGroups(run.out),
-            (Groups{{{"DEFINITELY LOST", "lose"}, {200, 1}},
-                    {{"STILL REACHABLE", "keep"}, {100, 1}}}))
+  EXPECT_EQ(LeakGroups(run.out), (Groups{{{"DEFINITELY LOST", "lose"}, {200, 1}},
+                                         {{"STILL REACHABLE", "keep"}, {100, 1}}}))
       << run.out;
   EXPECT_NE(run.out.find(": 2 live blocks, 300 live bytes;"), std::string::npos) << run.out;
   if (!Installed("/usr/bin/valgrind")) GTEST_SKIP() << "valgrind is not installed";
   hdtest::ShellOutput memcheck =
-      Shell(std::string("valgrind --leak-check=full --show-leak-kinds=all ") +
-            HD_GUEST_TWO_BLOCKS + " 2>&1");
+      Shell(std::string("valgrind --leak-check=full --show-leak-kinds=all ") + HD_GUEST_TWO_BLOCKS +
+            " 2>&1");
   auto summary = MemcheckSummary(memcheck.out);
   EXPECT_EQ(summary["definitely lost"], (Amount{200, 1})) << memcheck.out;
   EXPECT_EQ(summary["still reachable"], (Amount{100, 1})) << memcheck.out;
@@ -120,9 +119,7 @@ TEST_F(Guest, CxxInAModuleThatACProgramLoadsIsRecorded) {
   // lost; here one may be indirectly lost: the allocator gave a string object the memory of a
   // vector buffer it had freed, whose stale pointer to another string lies in the object's
   // unused bytes, and a conservative scan follows it. memcheck never reuses memory so soon.)
-  EXPECT_EQ(LostAt(groups, "guest_make_strings"),
-            (Amount{32000 + 1001000, 2000}))
-      << run.out;
+  EXPECT_EQ(LostAt(groups, "guest_make_strings"), (Amount{32000 + 1001000, 2000})) << run.out;
   EXPECT_GE(groups.at({"DEFINITELY LOST", "guest_make_strings"}).second, 990u) << run.out;
   for (const auto &[key, value] : groups) {
     if (key.first != "STILL REACHABLE") {
@@ -130,8 +127,7 @@ TEST_F(Guest, CxxInAModuleThatACProgramLoadsIsRecorded) {
     }
   }
   // new[] and the aligned new, kept by the module's globals.
-  EXPECT_EQ(groups.at({"STILL REACHABLE", "guest_exercise_new"}),
-            (Amount{54321 + 512, 2}))
+  EXPECT_EQ(groups.at({"STILL REACHABLE", "guest_exercise_new"}), (Amount{54321 + 512, 2}))
       << run.out;
 }
 
@@ -142,8 +138,9 @@ TEST_F(Guest, Python3LoadingACxxModuleThroughCtypesIsRecorded) {
   if (!Installed("/usr/bin/python3")) GTEST_SKIP() << "python3 is not installed";
   const std::string script = std::string("import ctypes\nm = ctypes.CDLL('") + HD_GUEST_MODULE +
                              "')\nprint(m.guest_make_strings(1000))\n";
-  hdtest::ShellOutput run = Shell("cat > load.py <<'EOF'\n" + script +
-                                  "EOF\nheapdump run --show-reachable --top 0 -- /usr/bin/python3 load.py 2>&1");
+  hdtest::ShellOutput run =
+      Shell("cat > load.py <<'EOF'\n" + script +
+            "EOF\nheapdump run --show-reachable --top 0 -- /usr/bin/python3 load.py 2>&1");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_EQ(run.out.rfind("1000\n", 0), 0u) << run.out;
   // Python's arenas are roots (memory it mapped itself) and keep stale copies of pointers: a
@@ -159,8 +156,7 @@ TEST_F(Guest, Python3LoadingACxxModuleThroughCtypesIsRecorded) {
   EXPECT_EQ(lost, (Amount{32000 + 1001000, 2000})) << run.out;
   EXPECT_EQ(groups.count({"STILL REACHABLE", "guest_make_strings"}), 0u) << run.out;
   if (!Installed("/usr/bin/valgrind")) GTEST_SKIP() << "valgrind is not installed";
-  hdtest::ShellOutput memcheck =
-      Shell("valgrind --leak-check=full /usr/bin/python3 load.py 2>&1");
+  hdtest::ShellOutput memcheck = Shell("valgrind --leak-check=full /usr/bin/python3 load.py 2>&1");
   auto summary = MemcheckSummary(memcheck.out);
   EXPECT_EQ(summary["definitely lost"].first + summary["indirectly lost"].first, lost.first)
       << memcheck.out;

@@ -22,13 +22,13 @@ __attribute__((noinline)) void leak_for_real(void) {
 
 /* read(0, c, 1) with kept in r12 while the thread is blocked in the kernel: a raw system call
  * pushes nothing on the stack. */
-#define READ_KEEPING(c, kept)                                                       \
-  do {                                                                              \
-    long ret_;                                                                      \
-    __asm__ volatile("syscall"                                                      \
-                     : "=a"(ret_)                                                   \
-                     : "0"((long)SYS_read), "D"(0), "S"(c), "d"(1L), "r"(kept)      \
-                     : "rcx", "r11", "memory");                                     \
+#define READ_KEEPING(c, kept)                                                  \
+  do {                                                                         \
+    long ret_;                                                                 \
+    __asm__ volatile("syscall"                                                 \
+                     : "=a"(ret_)                                              \
+                     : "0"((long)SYS_read), "D"(0), "S"(c), "d"(1L), "r"(kept) \
+                     : "rcx", "r11", "memory");                                \
   } while (0)
 
 static void *holder(void *arg) {

@@ -60,7 +60,9 @@ __attribute__((noinline)) void leak_cycle() {
   opaque(a);
 }
 
-__attribute__((noinline)) void keep_interior() { g_interior = static_cast<char *>(malloc(4000)) + 16; }
+__attribute__((noinline)) void keep_interior() {
+  g_interior = static_cast<char *>(malloc(4000)) + 16;
+}
 
 __attribute__((noinline)) void keep_global() { g_global = malloc(4100); }
 

@@ -41,7 +41,8 @@ class Heap {
     Add(e);
     if (!with_contents) return;
     std::vector<uint8_t> bytes(size);
-    if (!words.empty()) memcpy(bytes.data(), words.data(), std::min<size_t>(size, words.size() * 8));
+    if (!words.empty())
+      memcpy(bytes.data(), words.data(), std::min<size_t>(size, words.size() * 8));
     e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_block_contents_tag;
     e.element.block_contents.has_address = true;
@@ -91,16 +92,16 @@ class Heap {
 
 TEST(Reach, EachCategoryAsValgrindDefinesIt) {
   Heap h;
-  h.Root(0x1000, {0, 0xa000, 42});  // a start pointer to A, and a number
+  h.Root(0x1000, {0, 0xa000, 42});        // a start pointer to A, and a number
   h.Block(0xa000, 32, {0xb000, 0xc010});  // A -> B (start), -> C (interior)
   h.Block(0xb000, 16);                    // reachable through start pointers only
   h.Block(0xc000, 64, {0xd000});          // possibly lost; its D too
   h.Block(0xd000, 16);
-  h.Block(0xe000, 16, {0xf000});          // E <-> F: a lost cycle
+  h.Block(0xe000, 16, {0xf000});  // E <-> F: a lost cycle
   h.Block(0xf000, 16, {0xe000});
-  h.Block(0x10000, 24, {0x11008});        // G lost, points into H
+  h.Block(0x10000, 24, {0x11008});  // G lost, points into H
   h.Block(0x11000, 16);
-  h.Block(0x12000, 8, {0x12000});         // points to itself only: definitely lost
+  h.Block(0x12000, 8, {0x12000});  // points to itself only: definitely lost
   auto c = h.Classify();
   EXPECT_EQ(c[0xa000], "still_reachable");
   EXPECT_EQ(c[0xb000], "still_reachable");
@@ -143,7 +144,7 @@ TEST(Reach, RootsAreScannedByAlignedWords) {
   Heap h;
   std::vector<uint8_t> bytes(4 + 16, 0);
   uint64_t a = 0x7000, b = 0x8000;
-  memcpy(&bytes[4], &a, 8);  // at 0x1008: aligned
+  memcpy(&bytes[4], &a, 8);   // at 0x1008: aligned
   memcpy(&bytes[13], &b, 7);  // at 0x1011: not aligned (and cut)
   h.RootBytes(0x1004, bytes);
   h.Block(0x7000, 16);

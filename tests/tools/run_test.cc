@@ -116,7 +116,9 @@ TEST_P(RunTest, FollowsTheCommandAcrossExec) {
     EXPECT_NE(o.out.find("\nleak check: "), std::string::npos) << o.out;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(
-        o.out, m, std::regex(R"(heapdump: leak_child\[([0-9]+)\] \(exec'd from ([^)]+)\) exited with status 3)")))
+        o.out, m,
+        std::regex(
+            R"(heapdump: leak_child\[([0-9]+)\] \(exec'd from ([^)]+)\) exited with status 3)")))
         << o.out;
     EXPECT_EQ(m[2].str(), first) << o.out;
     EXPECT_NE(o.out.find("leak_small"), std::string::npos) << o.out;
@@ -163,16 +165,18 @@ TEST_P(RunTest, ACommandThatNeverRegistersIsReportedAtOnce) {
 
 // --children chooses the descendants profiled; --interval snapshots cover exactly those.
 TEST_P(RunTest, ChildrenChoosesWhichDescendantsAreProfiled) {
-  ShellOutput none = Shell("heapdump run --children=none -o none.pb.gz -- "
-                           "bash -c '\"$LEAK_CHILD\" | cat' || true\n"
-                           "ls none.d 2>/dev/null | wc -l\n");
+  ShellOutput none = Shell(
+      "heapdump run --children=none -o none.pb.gz -- "
+      "bash -c '\"$LEAK_CHILD\" | cat' || true\n"
+      "ls none.d 2>/dev/null | wc -l\n");
   EXPECT_NE(none.out.find("heapdump: bash["), std::string::npos) << none.out;
   EXPECT_EQ(none.out.find("child process"), std::string::npos) << none.out;
   EXPECT_EQ(none.out.substr(none.out.size() - 2), "0\n") << none.out;
 
-  ShellOutput o = Shell("heapdump run --children=cat --interval 0.3 -o out.heapdump -- "
-                        "bash -c 'sleep 1.5 | cat'\n"
-                        "ls out.d 2>/dev/null || true\n");
+  ShellOutput o = Shell(
+      "heapdump run --children=cat --interval 0.3 -o out.heapdump -- "
+      "bash -c 'sleep 1.5 | cat'\n"
+      "ls out.d 2>/dev/null || true\n");
   ASSERT_EQ(o.status, 0) << o.out;
   // The interval snapshot holds the chosen program alone: not the shell, not sleep.
   std::string report = Shell("heapdump report out.2.heapdump --top 1\n").out;
@@ -212,7 +216,8 @@ class RunChildrenTest : public ::testing::Test {
       ASSERT_EQ(o.status, 0) << o.out;
       auto files = ListDir(dir + "/" + out + ".d");
       EXPECT_EQ(Kinds(files), expected) << o.out;
-      EXPECT_EQ(o.out.find("heapdump: lost "), std::string::npos) << o.out;  // processes still running
+      EXPECT_EQ(o.out.find("heapdump: lost "), std::string::npos)
+          << o.out;  // processes still running
       size_t children = 0;
       for (const auto &k : expected) children += k.size() > 5 && k.substr(k.size() - 5) == ".exit";
       EXPECT_NE(o.out.find(std::to_string(children) + " child processes"), std::string::npos)
@@ -253,7 +258,8 @@ class RunChildrenTest : public ::testing::Test {
 TEST_F(RunChildrenTest, MakeJ2KeepsEveryCompilerAndLinkerSnapshot) {
   std::ofstream(dir + "/a.c") << "int a(void) { return 1; }\n";
   std::ofstream(dir + "/b.c") << "int b(void) { return 2; }\n";
-  std::ofstream(dir + "/main.c") << "int a(void);\nint b(void);\nint main(void) { return a() + b() - 3; }\n";
+  std::ofstream(dir + "/main.c")
+      << "int a(void);\nint b(void);\nint main(void) { return a() + b() - 3; }\n";
   std::ofstream(dir + "/Makefile") << "prog: a.o b.o main.o\n\tcc -o prog a.o b.o main.o\n"
                                       "%.o: %.c\n\tcc -c -o $@ $<\n";
   Repeat("rm -f *.o prog\n", "make -s -j2", 20);

@@ -19,7 +19,8 @@ struct Basket {
 // and 8 strings of 40 characters (41 bytes each).
 __attribute__((noinline)) Basket *make_basket(int items) {
   Basket *basket = new Basket;
-  for (int i = 0; i < items; i++) basket->items.push_back(std::string(40, static_cast<char>('a' + i)));
+  for (int i = 0; i < items; i++)
+    basket->items.push_back(std::string(40, static_cast<char>('a' + i)));
   return basket;
 }
 

@@ -51,7 +51,8 @@ int main(void) {
     steps[i] = grow_cache();
     pause_ms(20);
   }
-  if (heapdump_take_named_snapshot("at-peak") != HEAPDUMP_OK) fprintf(stderr, "no at-peak snapshot\n");
+  if (heapdump_take_named_snapshot("at-peak") != HEAPDUMP_OK)
+    fprintf(stderr, "no at-peak snapshot\n");
   pause_ms(600);
   kept_step = steps[0];
   for (int i = 1; i < PEAK_STEPS; i++) free(steps[i]);

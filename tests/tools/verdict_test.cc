@@ -57,7 +57,7 @@ class Verdict : public ::testing::Test {
 
 struct RootCase {
   const char *mode;
-  LeakGroups expected; // every lost group, and the reachable groups of the program's own sites
+  LeakGroups expected;  // every lost group, and the reachable groups of the program's own sites
 };
 
 class RootKinds : public Verdict,
@@ -65,10 +65,9 @@ class RootKinds : public Verdict,
 
 TEST_P(RootKinds, TheVerdictIsMemchecks) {
   const auto &[backend, c] = GetParam();
-  hdtest::ShellOutput run =
-      Shell(std::string("heapdump run --show-reachable --top 0 -- ") + HD_ROOTS_CHILD + " " +
-                c.mode + " 2>&1",
-            {std::string("HEAPDUMP_ALLOCATOR=") + backend});
+  hdtest::ShellOutput run = Shell(std::string("heapdump run --show-reachable --top 0 -- ") +
+                                      HD_ROOTS_CHILD + " " + c.mode + " 2>&1",
+                                  {std::string("HEAPDUMP_ALLOCATOR=") + backend});
   ASSERT_EQ(run.status, 0) << run.out;
   const LeakGroups groups = hdtest::ParseLeakGroups(run.out);
   for (const auto &[key, amount] : c.expected) {
@@ -81,15 +80,16 @@ TEST_P(RootKinds, TheVerdictIsMemchecks) {
       EXPECT_EQ(c.expected.count(key), 1u) << key.second << "\n" << run.out;
     }
   }
-  if (std::string(c.mode) == "sparse") return; // memcheck would read all 64 GiB
+  if (std::string(c.mode) == "sparse") return;  // memcheck would read all 64 GiB
   if (!Installed("/usr/bin/valgrind")) GTEST_SKIP() << "valgrind is not installed";
-  hdtest::ShellOutput memcheck = Shell(std::string("valgrind --leak-check=full ") +
-                                       HD_ROOTS_CHILD + " " + c.mode + " 2>&1");
+  hdtest::ShellOutput memcheck =
+      Shell(std::string("valgrind --leak-check=full ") + HD_ROOTS_CHILD + " " + c.mode + " 2>&1");
   const auto summary = hdtest::ParseMemcheckSummary(memcheck.out);
   const auto ours = Summary(run.out);
-  for (const auto &[theirs, mine] : {std::pair<const char *, const char *>{"definitely lost", "definitely_lost"},
-                                     {"indirectly lost", "indirectly_lost"},
-                                     {"possibly lost", "possibly_lost"}}) {
+  for (const auto &[theirs, mine] :
+       {std::pair<const char *, const char *>{"definitely lost", "definitely_lost"},
+        {"indirectly lost", "indirectly_lost"},
+        {"possibly lost", "possibly_lost"}}) {
     auto it = summary.find(theirs);
     const Amount expected = it == summary.end() ? Amount{0, 0} : it->second;
     EXPECT_EQ(ours.at(mine), expected) << theirs << "\n" << memcheck.out << run.out;
@@ -217,19 +217,30 @@ TEST_F(Verdict, RedisWhileItServesAndAtExit) {
   daemon.Start();
   const std::string port = std::to_string(FreePort());
   const std::string cli = "redis-cli -p " + port;
-  hdtest::ShellOutput run = Shell(
-      "heapdump run --top 0 -o redis.heapdump -- redis-server --port " + port +
-          " --bind 127.0.0.1 --save '' --appendonly no > run.out 2>&1 &\n"
-          "for i in $(seq 200); do " + cli + " ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done\n"
-          "seq 1 5000 | sed 's/.*/SET key& value&/' | " + cli + " > /dev/null\n"
-          "seq 1 2000 | sed 's/.*/LPUSH list item&/' | " + cli + " > /dev/null\n"
-          "seq 1 2000 | sed 's/.*/HSET hash field& value&/' | " + cli + " > /dev/null\n"
-          "seq 1 1000 | sed 's/.*/DEL key&/' | " + cli + " > /dev/null\n"
-          "heapdump leaks --name redis-server > leaks.out 2>&1 || echo leaks-status=$?\n" +
-          cli + " shutdown nosave > /dev/null 2>&1 || true\n"
-          "wait\n"
-          "cat run.out; echo ==== leaks; cat leaks.out\n",
-      {"HEAPDUMP_SOCKET=" + daemon.socket});
+  hdtest::ShellOutput run =
+      Shell("heapdump run --top 0 -o redis.heapdump -- redis-server --port " + port +
+                " --bind 127.0.0.1 --save '' --appendonly no > run.out 2>&1 &\n"
+                "for i in $(seq 200); do " +
+                cli +
+                " ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done\n"
+                "seq 1 5000 | sed 's/.*/SET key& value&/' | " +
+                cli +
+                " > /dev/null\n"
+                "seq 1 2000 | sed 's/.*/LPUSH list item&/' | " +
+                cli +
+                " > /dev/null\n"
+                "seq 1 2000 | sed 's/.*/HSET hash field& value&/' | " +
+                cli +
+                " > /dev/null\n"
+                "seq 1 1000 | sed 's/.*/DEL key&/' | " +
+                cli +
+                " > /dev/null\n"
+                "heapdump leaks --name redis-server > leaks.out 2>&1 || echo leaks-status=$?\n" +
+                cli +
+                " shutdown nosave > /dev/null 2>&1 || true\n"
+                "wait\n"
+                "cat run.out; echo ==== leaks; cat leaks.out\n",
+            {"HEAPDUMP_SOCKET=" + daemon.socket});
   ASSERT_EQ(run.status, 0) << run.out;
   const size_t split = run.out.find("==== leaks");
   ASSERT_NE(split, std::string::npos) << run.out;
@@ -259,7 +270,8 @@ TEST_F(Verdict, RedisWhileItServesAndAtExit) {
             std::string::npos)
       << wrapped.out;
   // The same blocks, grouped otherwise: the first line (the totals) is the same.
-  EXPECT_EQ(plain.out.substr(0, plain.out.find('\n')), wrapped.out.substr(0, wrapped.out.find('\n')));
+  EXPECT_EQ(plain.out.substr(0, plain.out.find('\n')),
+            wrapped.out.substr(0, wrapped.out.find('\n')));
 }
 
 }  // namespace

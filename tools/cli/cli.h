@@ -3,17 +3,18 @@
 #ifndef HEAPDUMP_CLI_H
 #define HEAPDUMP_CLI_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump_client.pb.h"
-#include "heapdump/contract/must_check.h"
 
 /* Exit codes, documented in docs/tools.md. `heapdump run` exits with its command's status. */
 enum {
@@ -56,7 +57,7 @@ typedef struct cli_options {
   /* leaks: per snapshot, the categories of its blocks as checked (cli_write's report), and when. */
   uint8_t *const *leak_categories;
   uint64_t leak_now_ns;
-  bool force;               /* convert: --force, overwrite an existing output */
+  bool force; /* convert: --force, overwrite an existing output */
   /* The HTML page's header: what the snapshot came from, and (run) the command's line and pid. */
   const char *source;
   const char *command_line;
@@ -134,7 +135,8 @@ HD_MUST_CHECK int cli_usage_error(const char *fmt, ...) __attribute__((format(pr
 
 /* Applies the options in argv (argv[0] is the command's name) of command id to o; *first_arg
  * is where its arguments start. Returns CLI_GO_ON or the exit code to end with. */
-HD_MUST_CHECK int cli_apply_options(unsigned id, int argc, char **argv, cli_options *o, int *first_arg);
+HD_MUST_CHECK int cli_apply_options(unsigned id, int argc, char **argv, cli_options *o,
+                                    int *first_arg);
 /* The option help of command id, by section. */
 void cli_print_options(unsigned id);
 /* The long name of option i of the table (without "--"), NULL past its end. */
@@ -181,7 +183,7 @@ HD_MUST_CHECK int cli_delete(const cli_options *o, uint32_t id);
 /* Where process pid stands with the collector. Returns an exit code, without a message: a
  * collector that cannot tell (an older one) is not an error for the callers. */
 HD_MUST_CHECK int cli_process_state(const cli_options *o, uint64_t pid,
-                      heapdump_client_CollectorGetProcessStateResponse *out);
+                                    heapdump_client_CollectorGetProcessStateResponse *out);
 
 /* ---- writing results (output.c) ---- */
 
@@ -206,11 +208,33 @@ HD_MUST_CHECK int cli_output_commit(cli_output *out);
 void cli_output_abort(cli_output *out);
 
 /* Writes r in format f to out (symbolizing per o). Returns an exit code. */
-HD_MUST_CHECK int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out);
+HD_MUST_CHECK int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f,
+                            cli_output *out);
 
 /* A progress line on stderr while a snapshot streams in, when stderr is a terminal. */
 void cli_progress_attach(hd_reassembler *r);
 void cli_progress_done(hd_reassembler *r);
+
+/* ---- what `heapdump run` sets up (run_env.c) ---- */
+
+/* libheapdump.so: $HEAPDUMP_LIBRARY, else beside this executable or in an installed lib dir,
+ * else where this build put it. False if none is found. */
+bool cli_find_library(char *out, size_t size);
+
+/* A collector of `heapdump run`'s own, on a private socket with private storage in a temporary
+ * directory, served by a thread of this process. */
+typedef struct cli_embedded {
+  char dir[64];
+  char socket[128];
+  char storage[128];
+  struct hd_collector *collector;
+  pthread_t thread;
+  bool running;
+} cli_embedded;
+/* Starts it; on failure says why and returns -1. */
+HD_MUST_CHECK int cli_embedded_start(cli_embedded *e);
+/* Stops it (if running) and removes its directory. */
+void cli_embedded_stop(cli_embedded *e);
 
 /* ---- subcommands: each gets the arguments the command table lets through ---- */
 HD_MUST_CHECK int cmd_run(cli_options *o, int argc, char **argv);

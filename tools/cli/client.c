@@ -12,14 +12,15 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/channel.h"
 #include "heapdump_client.bindings.h"
-#include "heapdump/contract/must_check.h"
 
 int cli_timed_out(const cli_options *o, const char *what) {
-  cli_error("the collector at %s did not %s within %g s: it is stopped, stuck, or not a heapdump "
-            "collector (--timeout changes the wait)",
-            o->socket, what, o->timeout);
+  cli_error(
+      "the collector at %s did not %s within %g s: it is stopped, stuck, or not a heapdump "
+      "collector (--timeout changes the wait)",
+      o->socket, what, o->timeout);
   return EXIT_TIMEOUT;
 }
 
@@ -48,10 +49,11 @@ int cli_connect(const cli_options *o, int *fd) {
     cli_error("permission denied connecting to the collector at %s", o->socket);
     return EXIT_PERMISSION;
   }
-  cli_error("no collector is running at %s (%s).\n"
-            "Start one with `heapdump-collector` (it serves that socket), or profile a program "
-            "with `heapdump run -- PROGRAM`, which starts its own.",
-            o->socket, err ? strerror(err) : hd_status_str(status));
+  cli_error(
+      "no collector is running at %s (%s).\n"
+      "Start one with `heapdump-collector` (it serves that socket), or profile a program "
+      "with `heapdump run -- PROGRAM`, which starts its own.",
+      o->socket, err ? strerror(err) : hd_status_str(status));
   return EXIT_NO_COLLECTOR;
 }
 
@@ -79,7 +81,8 @@ static void call_close(collector_call *k) {
 /* Connects and readies a call, with a channel when with_channel; a call whose answer comes on
  * the connection itself waits for it at most o->timeout when timed. Reports its own errors;
  * returns 0 or an exit code. */
-static HD_MUST_CHECK int call_open(const cli_options *o, bool with_channel, bool timed, collector_call *k) {
+static HD_MUST_CHECK int call_open(const cli_options *o, bool with_channel, bool timed,
+                                   collector_call *k) {
   *k = (collector_call){.fd = -1, .ends = {-1, -1}};
   int rc = cli_connect(o, &k->fd);
   if (rc != 0) return rc;
@@ -127,8 +130,9 @@ static const char *selector_text(const cli_options *o, uint64_t pid, char *buf, 
 typedef enum request_kind { LIVE, DOWNLOAD } request_kind;
 
 /* Sends the request with a fresh receiver channel and receives the stream into r. */
-static HD_MUST_CHECK int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid, bool multi,
-                            uint32_t id, hd_reassembler *r, uint32_t *error) {
+static HD_MUST_CHECK int request_snapshot(const cli_options *o, request_kind kind, uint64_t pid,
+                                          bool multi, uint32_t id, hd_reassembler *r,
+                                          uint32_t *error) {
   collector_call k;
   int rc = call_open(o, true, false, &k);
   if (rc != 0) return rc;
@@ -196,13 +200,13 @@ int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r
     return EXIT_AMBIGUOUS;
   }
   switch (error) {
-    case 0:
-      return 0;
+    case 0: return 0;
     case heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH:
-      cli_error("no instrumented process of yours matches %s.\n"
-                "Programs are instrumented when started with `heapdump run` or with "
-                "LD_PRELOAD=libheapdump.so.",
-                what);
+      cli_error(
+          "no instrumented process of yours matches %s.\n"
+          "Programs are instrumented when started with `heapdump run` or with "
+          "LD_PRELOAD=libheapdump.so.",
+          what);
       return EXIT_NOT_FOUND;
     case heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED:
       cli_error("the collector does not support selecting by %s", what);
@@ -210,9 +214,7 @@ int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r
     case heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED:
       cli_error("the collector could not read the recording of %s (see its log)", what);
       return EXIT_FAILURE_;
-    default:
-      cli_error("the collector reported error %" PRIu32, error);
-      return EXIT_FAILURE_;
+    default: cli_error("the collector reported error %" PRIu32, error); return EXIT_FAILURE_;
   }
 }
 

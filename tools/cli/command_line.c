@@ -7,8 +7,8 @@
 
 #include "cli.h"
 #include "heapdump/collector.h"
-#include "heapdump/heapdump.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/heapdump.h"
 
 bool cli_quiet;
 
@@ -39,8 +39,9 @@ int cli_usage_error(const char *fmt, ...) {
 static HD_MUST_CHECK int check_run(const cli_options *o, const cli_command *c) {
   (void)c;
   if (o->output != NULL && strcmp(o->output, "-") == 0) {
-    return cli_usage_error("run: --output - would mix the profile into COMMAND's own output; "
-                           "give a file");
+    return cli_usage_error(
+        "run: --output - would mix the profile into COMMAND's own output; "
+        "give a file");
   }
   return CLI_GO_ON;
 }
@@ -49,11 +50,10 @@ static HD_MUST_CHECK int check_run(const cli_options *o, const cli_command *c) {
 static HD_MUST_CHECK int check_report(const cli_options *o, const cli_command *c) {
   cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
   if (f != FORMAT_TEXT && f != FORMAT_JSON && f != FORMAT_HTML) {
-    return cli_usage_error("%s writes text, JSON or HTML, not %s%s", c->name,
-                           o->format != FORMAT_NONE ? "that format" : o->output,
-                           c == cli_command_at(CLI_REPORT)
-                               ? " (heapdump convert writes other formats)"
-                               : "");
+    return cli_usage_error(
+        "%s writes text, JSON or HTML, not %s%s", c->name,
+        o->format != FORMAT_NONE ? "that format" : o->output,
+        c == cli_command_at(CLI_REPORT) ? " (heapdump convert writes other formats)" : "");
   }
   return CLI_GO_ON;
 }
@@ -66,8 +66,9 @@ static HD_MUST_CHECK int check_diff(const cli_options *o, const cli_command *c) 
                            o->format != FORMAT_NONE ? "that format" : o->output);
   }
   if (o->by == HD_REPORT_BY_THREAD) {
-    return cli_usage_error("diff groups by site or stack: the threads of two snapshots do not "
-                           "pair up");
+    return cli_usage_error(
+        "diff groups by site or stack: the threads of two snapshots do not "
+        "pair up");
   }
   return CLI_GO_ON;
 }
@@ -76,25 +77,29 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
     [CLI_RUN] =
         {"run", "run a program under the profiler; write and report what it leaked",
          "heapdump run [OPTIONS] -- COMMAND [ARGS...]",
-         "Runs COMMAND with libheapdump.so preloaded and exit snapshots on, using the collector at\n"
+         "Runs COMMAND with libheapdump.so preloaded and exit snapshots on, using the collector "
+         "at\n"
          "the socket if one answers, else one of its own for the run. When COMMAND exits, writes\n"
          "its exit snapshot (the blocks still live) to heapdump.NAME.PID.pb.gz (or --output) and\n"
-         "prints a leak check of it: COMMAND stores its exit snapshot from its exit path (after its\n"
+         "prints a leak check of it: COMMAND stores its exit snapshot from its exit path (after "
+         "its\n"
          "atexit handlers and static destructors) with contents and roots, so every block still\n"
          "live is classified as valgrind does; definitely and indirectly lost are listed by site.\n"
          "Exits with COMMAND's status.\n",
          "\nCOMMAND is followed across exec (env, nice, sh -c 'exec ...', wrapper scripts): the\n"
          "report and FILE are of its last program. With the collector run starts itself, the\n"
-         "processes COMMAND starts are profiled too (see --children); run waits until each has its\n"
-         "exit snapshot written, then prints one summary line and the top ones by peak live bytes.\n",
-         .options_end_at_first_argument = true, .min_args = 0, .max_args = -1,
-         .check = check_run, .run = cmd_run},
-    [CLI_SNAPSHOT] =
-        {"snapshot", "take a live snapshot of a running instrumented process",
-         "heapdump snapshot [--pid PID | --name NAME] [--all] [--contents] [OPTIONS]",
-         "Takes a live snapshot of a running instrumented process, without stopping it, and writes\n"
-         "it to heapdump.NAME.PID.pb.gz (or --output).\n",
-         NULL, .min_args = 0, .max_args = 0, .run = cmd_snapshot},
+         "processes COMMAND starts are profiled too (see --children); run waits until each has "
+         "its\n"
+         "exit snapshot written, then prints one summary line and the top ones by peak live "
+         "bytes.\n",
+         .options_end_at_first_argument = true, .min_args = 0, .max_args = -1, .check = check_run,
+         .run = cmd_run},
+    [CLI_SNAPSHOT] = {"snapshot", "take a live snapshot of a running instrumented process",
+                      "heapdump snapshot [--pid PID | --name NAME] [--all] [--contents] [OPTIONS]",
+                      "Takes a live snapshot of a running instrumented process, without stopping "
+                      "it, and writes\n"
+                      "it to heapdump.NAME.PID.pb.gz (or --output).\n",
+                      NULL, .min_args = 0, .max_args = 0, .run = cmd_snapshot},
     [CLI_LIST] =
         {"list", "list the snapshots the collector stored",
          "heapdump list [--pid PID | --name NAME] [--json]",
@@ -102,11 +107,11 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
          "first: ID, NAME, PROCESS[PID], TAKEN (local time), LIVE BYTES and BLOCKS (what the\n"
          "process had live then), STORED (bytes on the collector's disk).\n",
          NULL, .min_args = 0, .max_args = 0, .run = cmd_list},
-    [CLI_DOWNLOAD] =
-        {"download", "download a stored snapshot", "heapdump download ID [OPTIONS]",
-         "Downloads stored snapshot ID and writes it to heapdump.snapshot-ID.pb.gz (or --output).\n",
-         NULL, .min_args = 1, .max_args = 1, .wrong_args = "wants exactly one snapshot ID",
-         .run = cmd_download},
+    [CLI_DOWNLOAD] = {"download", "download a stored snapshot", "heapdump download ID [OPTIONS]",
+                      "Downloads stored snapshot ID and writes it to heapdump.snapshot-ID.pb.gz "
+                      "(or --output).\n",
+                      NULL, .min_args = 1, .max_args = 1,
+                      .wrong_args = "wants exactly one snapshot ID", .run = cmd_download},
     [CLI_DELETE] =
         {"delete", "delete stored snapshots",
          "heapdump delete ID... | heapdump delete --all [--pid PID | --name NAME]",
@@ -117,7 +122,8 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
     [CLI_CONVERT] =
         {"convert", "convert a snapshot file (raw or pprof) to another format",
          "heapdump convert INPUT --format F [--output FILE] [OPTIONS]",
-         "Converts a raw snapshot file or a pprof heap profile (INPUT '-': stdin) to format F. The\n"
+         "Converts a raw snapshot file or a pprof heap profile (INPUT '-': stdin) to format F. "
+         "The\n"
          "output defaults to INPUT with the format's extension (text and folded: stdout). An\n"
          "existing file is not overwritten unless --force. A profile holds less than a raw file:\n"
          "per stack its totals (per block with --tags), and the names it was written with.\n",
@@ -126,11 +132,14 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
     [CLI_REPORT] =
         {"report", "print the top allocation sites of a snapshot file (raw or pprof)",
          "heapdump report INPUT [--top N] [--by site|stack|thread] [--json | --format html]",
-         "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file or a pprof\n"
-         "heap profile (what run and snapshot write by default) by live bytes and blocks, with the\n"
+         "Prints the top allocation sites (or stacks, or threads) of a raw snapshot file or a "
+         "pprof\n"
+         "heap profile (what run and snapshot write by default) by live bytes and blocks, with "
+         "the\n"
          "bytes and blocks allocated since start where recorded, and symbolized stacks (a\n"
          "symbolized profile's names are used as written).\n",
-         "\nA snapshot taken with --contents also holds the program's roots (its modules' data, its\n"
+         "\nA snapshot taken with --contents also holds the program's roots (its modules' data, "
+         "its\n"
          "threads' stacks and TLS): its report is a leak check, each block classified as\n"
          "definitely lost, indirectly lost, possibly lost or still reachable, as valgrind does.\n",
          .min_args = 1, .max_args = 1, .wrong_args = "wants exactly one INPUT file",
@@ -138,8 +147,10 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
     [CLI_DIFF] =
         {"diff", "what grew between two snapshots of a process",
          "heapdump diff BASE NEW [--format text|json|pprof|html] [--by site|stack] [OPTIONS]",
-         "Compares two snapshot files of one process (raw or pprof; e.g. the first and the last of\n"
-         "`heapdump run --interval`): per site (or stack), the bytes and blocks added (live in NEW,\n"
+         "Compares two snapshot files of one process (raw or pprof; e.g. the first and the last "
+         "of\n"
+         "`heapdump run --interval`): per site (or stack), the bytes and blocks added (live in "
+         "NEW,\n"
          "not in BASE), removed (live in BASE, freed by NEW) and the net change, sorted by net\n"
          "growth, with the stack that changed most. Blocks are matched by address and allocation\n"
          "time where both files record them one by one (raw, or pprof written with --tags); from\n"
@@ -151,11 +162,13 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
     [CLI_LEAKS] =
         {"leaks", "check a running program for leaks, without stopping it",
          "heapdump leaks [--pid PID | --name NAME] [--interval S] [--json] [OPTIONS]",
-         "Checks a running instrumented program for leaks without stopping it: takes two snapshots\n"
+         "Checks a running instrumented program for leaks without stopping it: takes two "
+         "snapshots\n"
          "with contents and roots (its modules' data, its threads' stacks and TLS, the memory it\n"
          "mapped itself), S seconds apart, classifies every block as valgrind does (definitely\n"
          "lost, indirectly lost, possibly lost, still reachable) and reports as lost only the\n"
-         "blocks lost in both scans (same address, size and allocation time), so that a pointer in\n"
+         "blocks lost in both scans (same address, size and allocation time), so that a pointer "
+         "in\n"
          "flight in a register between two places makes no false leak. Lists the lost blocks by\n"
          "category and site, with bytes, blocks, the age of the oldest and the stack.\n",
          NULL, .min_args = 0, .max_args = 0, .check = check_report, .run = cmd_leaks},
@@ -170,9 +183,10 @@ static void print_usage(FILE *out) {
   for (size_t i = 0; i < CLI_COMMAND_COUNT; i++) {
     fprintf(out, "  %-9s %s\n", kCommands[i].name, kCommands[i].summary);
   }
-  fputs("\n`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text,\n"
-        "folded, json, html.\n",
-        out);
+  fputs(
+      "\n`heapdump COMMAND --help` describes a command. Formats: raw, pprof, dartheap, text,\n"
+      "folded, json, html.\n",
+      out);
 }
 
 void cli_command_help(unsigned id) {
@@ -180,12 +194,13 @@ void cli_command_help(unsigned id) {
   printf("usage: %s\n\n%s", c->usage, c->description);
   cli_print_options(id);
   if (c->notes != NULL) printf("%s", c->notes);
-  printf("\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
-         "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
-         "did not answer in time%s.\n",
-         id == CLI_RUN ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump "
-                         "could not start it, 126/127 if it\ncould not be executed / found"
-                       : "");
+  printf(
+      "\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
+      "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
+      "did not answer in time%s.\n",
+      id == CLI_RUN ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump "
+                      "could not start it, 126/127 if it\ncould not be executed / found"
+                    : "");
 }
 
 /* Checks the number of arguments the command got against its table row. */
@@ -196,8 +211,8 @@ static HD_MUST_CHECK int check_argument_count(const cli_command *c, int argc, ch
 }
 
 int cli_parse(int argc, char **argv, cli_options *o, cli_invocation *out) {
-  *o = (cli_options){.symbolize = true, .top = 20, .max_frames = 8,
-                     .timeout = DEFAULT_TIMEOUT_SECONDS};
+  *o = (cli_options){
+      .symbolize = true, .top = 20, .max_frames = 8, .timeout = DEFAULT_TIMEOUT_SECONDS};
   if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
     printf("heapdump %s\n", HEAPDUMP_VERSION_STRING);
     return EXIT_OK;

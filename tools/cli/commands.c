@@ -8,10 +8,10 @@
 #include <time.h>
 
 #include "cli.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/diff.h"
 #include "heapdump/tools/html.h"
 #include "heapdump/tools/reach.h"
-#include "heapdump/contract/must_check.h"
 
 void cli_safe_name(char *out, size_t size, const char *name) {
   size_t n = 0;
@@ -37,7 +37,8 @@ static const char *result_path(const cli_options *o, const char *default_stem, c
 }
 
 /* Writes r to result_path(). Prints where it went on stderr. */
-static HD_MUST_CHECK int write_result(const cli_options *o, const hd_reassembler *r, const char *default_stem) {
+static HD_MUST_CHECK int write_result(const cli_options *o, const hd_reassembler *r,
+                                      const char *default_stem) {
   cli_format f = cli_output_format(o, o->output, FORMAT_PPROF);
   char path[4200];
   const char *output = result_path(o, default_stem, path, sizeof path);
@@ -119,8 +120,9 @@ int cmd_list(cli_options *o, int argc, char **argv) {
                ",\"live_blocks\":%" PRIu64,
                when, s->taken_at_unix_ns, s->live_bytes, s->live_blocks);
       } else {
-        printf(",\"taken_at\":null,\"taken_at_unix_ns\":null,\"live_bytes\":null,"
-               "\"live_blocks\":null");
+        printf(
+            ",\"taken_at\":null,\"taken_at_unix_ns\":null,\"live_bytes\":null,"
+            "\"live_blocks\":null");
       }
       printf(",\"stored_bytes\":%" PRIu64 "}", s->stored_bytes);
     }
@@ -255,8 +257,9 @@ int cmd_convert(cli_options *o, int argc, char **argv) {
   (void)argc; /* one: the table says so */
   const char *input = argv[0];
   if (o->format == FORMAT_NONE && o->output == NULL) {
-    cli_error("convert: give --format (raw, pprof, dartheap, text, folded, json, html) or an "
-              "--output whose extension names one");
+    cli_error(
+        "convert: give --format (raw, pprof, dartheap, text, folded, json, html) or an "
+        "--output whose extension names one");
     return EXIT_USAGE;
   }
   hd_reassembler r;
@@ -337,7 +340,10 @@ int cmd_diff(cli_options *o, int argc, char **argv) {
   cli_output out;
   if (rc == 0) {
     const char *path = o->output;
-    if (path == NULL) path = f == FORMAT_PPROF ? "heapdump.diff.pb.gz" : f == FORMAT_HTML ? "heapdump.diff.html" : "-";
+    if (path == NULL)
+      path = f == FORMAT_PPROF  ? "heapdump.diff.pb.gz"
+             : f == FORMAT_HTML ? "heapdump.diff.html"
+                                : "-";
     rc = cli_output_open(&out, path);
   }
   if (rc == 0) {
@@ -380,7 +386,8 @@ static bool is_lost(uint8_t category) {
 /* Categories of the blocks of `now` for the report: a block lost now counts as lost only if it
  * was lost in `before` too (same address, size and allocation time); otherwise it is left out as
  * unconfirmed (HD_REACH_CATEGORIES). categories must hold now->allocation_count. */
-static HD_MUST_CHECK int confirm_leaks(const hd_snapshot *before, const hd_snapshot *now, uint8_t *categories) {
+static HD_MUST_CHECK int confirm_leaks(const hd_snapshot *before, const hd_snapshot *now,
+                                       uint8_t *categories) {
   uint8_t *earlier = NULL;
   int rc = hd_reach_classify(now, categories, NULL);
   if (rc == 0 && before != NULL) {

@@ -11,8 +11,8 @@
 
 #include "cli.h"
 #include "heapdump/collector.h"
-#include "heapdump/heapdump.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/heapdump.h"
 
 #define ON(command) (1u << (command))
 #define ALL_COMMANDS ((1u << CLI_COMMAND_COUNT) - 1)
@@ -20,7 +20,7 @@
 #define WRITERS (ON(CLI_RUN) | ON(CLI_SNAPSHOT) | ON(CLI_DOWNLOAD) | ON(CLI_CONVERT))
 /* ... and those that write text, JSON or HTML about one. */
 #define OUTPUTS (WRITERS | ON(CLI_REPORT) | ON(CLI_DIFF) | ON(CLI_LEAKS))
-#define COLLECTOR_CLIENTS                                                                  \
+#define COLLECTOR_CLIENTS                                                              \
   (ON(CLI_RUN) | ON(CLI_SNAPSHOT) | ON(CLI_LIST) | ON(CLI_DOWNLOAD) | ON(CLI_DELETE) | \
    ON(CLI_LEAKS))
 #define SELECTORS (ON(CLI_SNAPSHOT) | ON(CLI_LIST) | ON(CLI_DELETE) | ON(CLI_LEAKS))
@@ -49,10 +49,10 @@ struct cli_option {
   const char *value_name; /* NULL: a switch, which takes no value */
   unsigned commands;      /* ON() bits of the commands that take it */
   option_apply apply;
-  size_t field;         /* the cli_options field apply writes, for the generic ones */
-  bool switch_value;    /* what set_switch writes there */
+  size_t field;      /* the cli_options field apply writes, for the generic ones */
+  bool switch_value; /* what set_switch writes there */
   section where;
-  const char *help;     /* one paragraph; wrapped when printed */
+  const char *help; /* one paragraph; wrapped when printed */
   /* Help worded for some commands, where the general one does not fit: first match wins. */
   struct {
     unsigned commands;
@@ -128,8 +128,8 @@ static HD_MUST_CHECK int set_pid(const cli_option *opt, const char *value, cli_o
 static HD_MUST_CHECK int set_name(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   if (strlen(value) == 0 || strlen(value) > HD_NAME_MAX) {
-    return cli_usage_error("--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX)
-                           " bytes");
+    return cli_usage_error(
+        "--name wants a process name of 1 to " HD_STRINGIFY(HD_NAME_MAX) " bytes");
   }
   o->name = value;
   return CLI_GO_ON;
@@ -184,8 +184,8 @@ static HD_MUST_CHECK int set_sample(const cli_option *opt, const char *value, cl
   (void)opt;
   static const char *const kNames[] = {"inuse_space", "inuse_objects", "alloc_space",
                                        "alloc_objects", NULL};
-  static const int kValues[] = {HD_PPROF_INUSE_SPACE, HD_PPROF_INUSE_OBJECTS,
-                                HD_PPROF_ALLOC_SPACE, HD_PPROF_ALLOC_OBJECTS};
+  static const int kValues[] = {HD_PPROF_INUSE_SPACE, HD_PPROF_INUSE_OBJECTS, HD_PPROF_ALLOC_SPACE,
+                                HD_PPROF_ALLOC_OBJECTS};
   int sample;
   if (!pick_keyword(value, kNames, kValues, &sample)) {
     return cli_usage_error("unknown sample type '%s'", value);
@@ -219,16 +219,17 @@ static HD_MUST_CHECK int set_children(const cli_option *opt, const char *value, 
   static const char kProgramNameChars[] =
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,";
   if (value[0] == '\0' || value[strspn(value, kProgramNameChars)] != '\0') {
-    return cli_usage_error("--children wants all, none or program names separated by commas, "
-                           "not '%s'",
-                           value);
+    return cli_usage_error(
+        "--children wants all, none or program names separated by commas, "
+        "not '%s'",
+        value);
   }
   o->children = value;
   return CLI_GO_ON;
 }
 
-#define SWITCH(field_name, value) .apply = set_switch, .field = offsetof(cli_options, field_name), \
-                                  .switch_value = (value)
+#define SWITCH(field_name, value) \
+  .apply = set_switch, .field = offsetof(cli_options, field_name), .switch_value = (value)
 #define TEXT(field_name) .apply = set_text, .field = offsetof(cli_options, field_name)
 
 static const cli_option kOptions[] = {
@@ -248,33 +249,39 @@ static const cli_option kOptions[] = {
                    "every stored snapshot (of the processes --pid or --name select)"}}},
     {"interval", 'i', "SECONDS", ON(CLI_RUN) | ON(CLI_LEAKS), .apply = set_interval,
      .where = SECTION_COMMAND, .help = "seconds between the two scans (default 1)",
-     .help_for = {{ON(CLI_RUN), "also write a live snapshot every SECONDS seconds (FILE.1.pb.gz, "
-                                "FILE.2.pb.gz, ...)"}}},
+     .help_for = {{ON(CLI_RUN),
+                   "also write a live snapshot every SECONDS seconds (FILE.1.pb.gz, "
+                   "FILE.2.pb.gz, ...)"}}},
     {"contents", 'c', NULL, ON(CLI_RUN) | ON(CLI_SNAPSHOT), SWITCH(contents, true),
-     .where = SECTION_COMMAND, .help = "include each block's bytes (needed for dartheap references)",
-     .help_for = {{ON(CLI_RUN), "live snapshots carry the blocks' contents (exit snapshots "
-                                "cannot: the process is gone)"}}},
+     .where = SECTION_COMMAND,
+     .help = "include each block's bytes (needed for dartheap references)",
+     .help_for = {{ON(CLI_RUN),
+                   "live snapshots carry the blocks' contents (exit snapshots "
+                   "cannot: the process is gone)"}}},
     {"children", 0, "WHICH", ON(CLI_RUN), .apply = set_children, .where = SECTION_COMMAND,
      .help = "the processes COMMAND starts that are profiled: all (the default), none, or "
-             "program names, e.g. cc1plus,ld (" HD_STRINGIFY(HD_COMM_MAX) " bytes compared, as "
-             "process names); COMMAND itself always is. --interval snapshots cover the ones "
-             "chosen (COMMAND only when all, none, or named)"},
+             "program names, e.g. cc1plus,ld (" HD_STRINGIFY(
+                 HD_COMM_MAX) " bytes compared, as "
+                              "process names); COMMAND itself always is. --interval snapshots "
+                              "cover the ones "
+                              "chosen (COMMAND only when all, none, or named)"},
     {"children-dir", 0, "DIR", ON(CLI_RUN), TEXT(children_dir), .where = SECTION_COMMAND,
      .help = "where the snapshots of the processes COMMAND started go (default: FILE's stem "
              "with .d, e.g. heapdump.make.4242.d/)"},
     {"verbose", 0, NULL, ON(CLI_RUN), SWITCH(verbose, true), .where = SECTION_COMMAND,
      .help = "list every file written for those processes"},
-    {"no-leak-check", 0, NULL, ON(CLI_RUN), SWITCH(no_leak_check, true),
-     .where = SECTION_COMMAND,
+    {"no-leak-check", 0, NULL, ON(CLI_RUN), SWITCH(no_leak_check, true), .where = SECTION_COMMAND,
      .help = "COMMAND's exit snapshot without contents: what was live at exit is listed by "
              "site, not classified"},
     {"show-reachable", 0, NULL, ON(CLI_RUN) | ON(CLI_REPORT) | ON(CLI_LEAKS),
      SWITCH(show_reachable, true), .where = SECTION_COMMAND,
      .help = "list possibly lost and still reachable blocks too",
-     .help_for = {{ON(CLI_RUN), "the leak check lists possibly lost and still reachable blocks "
-                                "too"},
-                  {ON(CLI_REPORT), "a leak check: list possibly lost and still reachable blocks "
-                                   "too"}}},
+     .help_for = {{ON(CLI_RUN),
+                   "the leak check lists possibly lost and still reachable blocks "
+                   "too"},
+                  {ON(CLI_REPORT),
+                   "a leak check: list possibly lost and still reachable blocks "
+                   "too"}}},
     {"html", 0, "FILE", ON(CLI_RUN), .apply = set_html, .where = SECTION_COMMAND,
      .help = "also write the exit snapshot as an HTML page: memory over time, flame graph, "
              "sites and leak check, for a browser"},
@@ -293,9 +300,10 @@ static const cli_option kOptions[] = {
              ".heapdump .pb.gz .dartheap .txt .folded .json .html, else pprof)",
      .help_for = {{ON(CLI_REPORT) | ON(CLI_LEAKS),
                    "text (default), json or html (default: from FILE's extension)"},
-                  {ON(CLI_DIFF), "text (default), json, pprof or html (default: from FILE's "
-                                 "extension; html: heapdump.diff.html, a flame graph of "
-                                 "growth)"}}},
+                  {ON(CLI_DIFF),
+                   "text (default), json, pprof or html (default: from FILE's "
+                   "extension; html: heapdump.diff.html, a flame graph of "
+                   "growth)"}}},
     {"json", 0, NULL, OUTPUTS | ON(CLI_LIST), SWITCH(json, true), .where = SECTION_OUTPUT,
      .help = "text: JSON instead of a table",
      .help_for = {{ON(CLI_REPORT), "JSON instead of a table"},
@@ -366,9 +374,9 @@ int cli_apply_options(unsigned command, int argc, char **argv, cli_options *o, i
   size_t n = 0;
   if (c->options_end_at_first_argument) short_options[n++] = '+';
   for (size_t i = 0; i < OPTION_COUNT; i++) {
-    long_options[i] = (struct option){kOptions[i].name,
-                                      kOptions[i].value_name ? required_argument : no_argument,
-                                      NULL, option_code(i)};
+    long_options[i] =
+        (struct option){kOptions[i].name, kOptions[i].value_name ? required_argument : no_argument,
+                        NULL, option_code(i)};
     if (kOptions[i].short_name != 0) {
       short_options[n++] = kOptions[i].short_name;
       if (kOptions[i].value_name != NULL) short_options[n++] = ':';
@@ -452,10 +460,10 @@ void cli_print_options(unsigned command) {
         }
       }
       char left[64];
-      int width = snprintf(left, sizeof left, "  %c%c%s--%s%s%s",
-                           opt->short_name ? '-' : ' ', opt->short_name ? opt->short_name : ' ',
-                           opt->short_name ? ", " : "  ", opt->name, opt->value_name ? " " : "",
-                           opt->value_name ? opt->value_name : "");
+      int width =
+          snprintf(left, sizeof left, "  %c%c%s--%s%s%s", opt->short_name ? '-' : ' ',
+                   opt->short_name ? opt->short_name : ' ', opt->short_name ? ", " : "  ",
+                   opt->name, opt->value_name ? " " : "", opt->value_name ? opt->value_name : "");
       printf("%s", left);
       size_t at = (size_t)width;
       if (at + 2 <= kHelpColumn) {

@@ -6,26 +6,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/dartheap.h"
 #include "heapdump/tools/html.h"
 #include "heapdump/tools/rawfile.h"
 #include "heapdump/tools/symbolize.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
 
 static const struct {
   const char *name;
   cli_format format;
   const char *extension;
 } kFormats[] = {
-    {"raw", FORMAT_RAW, ".heapdump"},        {"pprof", FORMAT_PPROF, ".pb.gz"},
-    {"dartheap", FORMAT_DARTHEAP, ".dartheap"}, {"text", FORMAT_TEXT, ".txt"},
-    {"folded", FORMAT_FOLDED, ".folded"},       {"json", FORMAT_JSON, ".json"},
+    {"raw", FORMAT_RAW, ".heapdump"},
+    {"pprof", FORMAT_PPROF, ".pb.gz"},
+    {"dartheap", FORMAT_DARTHEAP, ".dartheap"},
+    {"text", FORMAT_TEXT, ".txt"},
+    {"folded", FORMAT_FOLDED, ".folded"},
+    {"json", FORMAT_JSON, ".json"},
     {"html", FORMAT_HTML, ".html"},
 };
 
@@ -34,9 +37,8 @@ static const struct {
   const char *extension;
   cli_format format;
 } kMoreExtensions[] = {
-    {".pprof", FORMAT_PPROF}, {".pb", FORMAT_PPROF}, {".heapsnapshot", FORMAT_DARTHEAP},
-    {".data", FORMAT_DARTHEAP}, {".collapsed", FORMAT_FOLDED},
-    {".htm", FORMAT_HTML},
+    {".pprof", FORMAT_PPROF},   {".pb", FORMAT_PPROF},         {".heapsnapshot", FORMAT_DARTHEAP},
+    {".data", FORMAT_DARTHEAP}, {".collapsed", FORMAT_FOLDED}, {".htm", FORMAT_HTML},
 };
 
 cli_format cli_parse_format(const char *name) {
@@ -140,7 +142,8 @@ hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns) {
     cli_error("cannot start the symbolizer; writing addresses only");
     return NULL;
   }
-  *fns = (hd_alloc_fns){.patterns = o->alloc_fn_patterns, .pattern_count = o->alloc_fn_count,
+  *fns = (hd_alloc_fns){.patterns = o->alloc_fn_patterns,
+                        .pattern_count = o->alloc_fn_count,
                         .no_builtin = o->no_builtin_alloc_fns};
   hd_symbolizer_set_alloc_fns(sym, fns);
   return sym;
@@ -152,9 +155,7 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
   char error[512] = "";
   int rc = 0;
   switch (f) {
-    case FORMAT_RAW:
-      rc = hd_raw_write(r, out->file, error, sizeof error);
-      break;
+    case FORMAT_RAW: rc = hd_raw_write(r, out->file, error, sizeof error); break;
     case FORMAT_PPROF: {
       hd_pprof_options po = {.symbolizer = sym, .tags = o->tags, .default_sample = o->sample};
       rc = hd_pprof_write(r, &po, out->file, error, sizeof error);
@@ -165,9 +166,7 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
       rc = hd_dartheap_write(r, &dopt, out->file, error, sizeof error);
       break;
     }
-    case FORMAT_FOLDED:
-      rc = hd_folded_write(r, sym, out->file, error, sizeof error);
-      break;
+    case FORMAT_FOLDED: rc = hd_folded_write(r, sym, out->file, error, sizeof error); break;
     case FORMAT_HTML: {
       hd_html_options ho = {.symbolizer = sym,
                             .source = o->source,
@@ -203,8 +202,8 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
 
 /* The whole input, in memory: its first bytes tell its format. */
 /* Reads the rest of in (after `prefix`, already taken from it) into memory. */
-static HD_MUST_CHECK int read_input(FILE *in, const char *path, const uint8_t *prefix, size_t prefix_size,
-                      uint8_t **out, size_t *size) {
+static HD_MUST_CHECK int read_input(FILE *in, const char *path, const uint8_t *prefix,
+                                    size_t prefix_size, uint8_t **out, size_t *size) {
   size_t capacity = 0, used = 0;
   uint8_t *buf = NULL;
   for (;;) {
@@ -274,8 +273,10 @@ void cli_spill_contents(hd_reassembler *r) {
   if (fd >= 0) {
     hd_reassembler_spill_contents(r, fd);
   } else {
-    cli_error("cannot create a temporary file for block contents in %s (%s); keeping them in "
-              "memory", dir, strerror(errno));
+    cli_error(
+        "cannot create a temporary file for block contents in %s (%s); keeping them in "
+        "memory",
+        dir, strerror(errno));
   }
 }
 
@@ -317,7 +318,8 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
   }
   peeked_input peeked = {.in = in};
   peeked.size = fread(peeked.bytes, 1, sizeof peeked.bytes, in);
-  if (peeked.size == HD_RAW_MAGIC_SIZE && memcmp(peeked.bytes, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) == 0) {
+  if (peeked.size == HD_RAW_MAGIC_SIZE &&
+      memcmp(peeked.bytes, HD_RAW_MAGIC, HD_RAW_MAGIC_SIZE) == 0) {
     int rc;
     if (!is_stdin) {
       rewind(in);
@@ -325,8 +327,10 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
     } else {
       FILE *stream = fopencookie(&peeked, "rb", (cookie_io_functions_t){.read = read_peeked});
       rc = stream != NULL ? read_raw(stream, path, r) : EXIT_FAILURE_;
-      if (stream != NULL) fclose(stream);
-      else cli_error("cannot read %s: %s", path, strerror(errno));
+      if (stream != NULL)
+        fclose(stream);
+      else
+        cli_error("cannot read %s: %s", path, strerror(errno));
     }
     if (!is_stdin) fclose(in);
     return rc;
@@ -335,7 +339,8 @@ int cli_read_snapshot(const char *path, hd_reassembler *r) {
   if (!is_stdin) rewind(in);
   uint8_t *data = NULL;
   size_t size = 0;
-  int rc = read_input(in, path, is_stdin ? peeked.bytes : NULL, is_stdin ? peeked.size : 0, &data, &size);
+  int rc = read_input(in, path, is_stdin ? peeked.bytes : NULL, is_stdin ? peeked.size : 0, &data,
+                      &size);
   if (!is_stdin) fclose(in);
   if (rc != 0) return rc;
   char error[256] = "";

@@ -21,10 +21,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "heapdump/tools/reach.h"
 #include "heapdump/collector.h"
-#include "heapdump/fidl/channel.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/channel.h"
+#include "heapdump/tools/reach.h"
 
 /* How long the exit snapshots may take to be stored after the command exits (a 10^7-block
  * process takes seconds). */
@@ -36,125 +36,6 @@
 #define CHILD_GRACE_SECONDS 2
 /* Child processes listed by peak live bytes after the report. */
 #define TOP_CHILDREN 5
-
-static bool is_file(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* libheapdump.so: $HEAPDUMP_LIBRARY, else beside this executable or in an installed lib dir,
- * else where this build put it. */
-static bool find_library(char *out, size_t size) {
-  const char *env = getenv(HD_ENV_LIBRARY);
-  if (env != NULL && env[0] != '\0') {
-    if (!is_file(env) || realpath(env, out) == NULL) return false;
-    return true;
-  }
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash != NULL) *slash = '\0';
-    static const char *const kRelative[] = {
-        "libheapdump.so",
-        "../lib/heapdump/libheapdump.so",
-        "../lib/libheapdump.so",
-        "../instrumentation/libheapdump.so",
-        "../../instrumentation/libheapdump.so",
-    };
-    for (size_t i = 0; i < sizeof kRelative / sizeof kRelative[0]; i++) {
-      char candidate[PATH_MAX + 64];
-      snprintf(candidate, sizeof candidate, "%s/%s", exe, kRelative[i]);
-      if (is_file(candidate) && realpath(candidate, out) != NULL) return true;
-    }
-  }
-#ifdef HD_BUILD_PRELOAD_LIB
-  if (is_file(HD_BUILD_PRELOAD_LIB) && snprintf(out, size, "%s", HD_BUILD_PRELOAD_LIB) < (int)size) {
-    return true;
-  }
-#endif
-  (void)size;
-  return false;
-}
-
-/* ---- the embedded collector ---- */
-
-typedef struct embedded {
-  char dir[64];
-  char socket[128];
-  char storage[128];
-  hd_collector *collector;
-  pthread_t thread;
-  bool running;
-} embedded;
-
-static void *serve(void *arg) {
-  embedded *e = arg;
-  int rc = hd_collector_run(e->collector);
-  if (rc != 0) cli_error("the embedded collector stopped: %s", strerror(-rc));
-  return NULL;
-}
-
-static HD_MUST_CHECK int embedded_start(embedded *e) {
-  memset(e, 0, sizeof *e);
-  const char *tmp = getenv("TMPDIR");
-  snprintf(e->dir, sizeof e->dir, "%s/heapdump-run-XXXXXX",
-           tmp != NULL && tmp[0] && strlen(tmp) < 32 ? tmp : "/tmp");
-  if (mkdtemp(e->dir) == NULL) {
-    cli_error("cannot create a directory for the embedded collector: %s", strerror(errno));
-    return -1;
-  }
-  snprintf(e->socket, sizeof e->socket, "%s/collector.sock", e->dir);
-  snprintf(e->storage, sizeof e->storage, "%s/state", e->dir);
-  hd_collector_options options = {.socket_path = e->socket,
-                                  .storage_dir = e->storage,
-                                  .log_level = HD_LOG_WARN};
-  int rc = hd_collector_create(&options, &e->collector);
-  if (rc != 0) {
-    cli_error("cannot start the embedded collector: %s", strerror(-rc));
-    rmdir(e->dir);
-    return -1;
-  }
-  if (pthread_create(&e->thread, NULL, serve, e) != 0) {
-    cli_error("cannot start the embedded collector's thread");
-    hd_collector_destroy(e->collector);
-    rmdir(e->dir);
-    return -1;
-  }
-  e->running = true;
-  return 0;
-}
-
-static void remove_tree(const char *path) {
-  DIR *d = opendir(path);
-  if (d != NULL) {
-    struct dirent *entry;
-    while ((entry = readdir(d)) != NULL) {
-      if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
-      char child[512];
-      snprintf(child, sizeof child, "%s/%s", path, entry->d_name);
-      if (entry->d_type == DT_DIR) {
-        remove_tree(child);
-      } else {
-        unlink(child);
-      }
-    }
-    closedir(d);
-  }
-  rmdir(path);
-}
-
-static void embedded_stop(embedded *e) {
-  if (!e->running) return;
-  hd_collector_stop(e->collector);
-  pthread_join(e->thread, NULL);
-  hd_collector_destroy(e->collector);
-  remove_tree(e->dir);
-  e->running = false;
-}
-
-/* ---- the command ---- */
 
 static volatile sig_atomic_t g_child = 0;
 
@@ -259,7 +140,7 @@ static void output_path(const cli_options *o, cli_format f, const char *process,
 }
 
 static HD_MUST_CHECK int write_file(const cli_options *o, const hd_reassembler *r, cli_format f,
-                      const char *path) {
+                                    const char *path) {
   cli_output out;
   int rc = cli_output_open(&out, path);
   if (rc != 0) return rc;
@@ -311,8 +192,8 @@ static bool in_interval_scope(const hd_snapshot *s, void *ctx) {
 }
 
 /* One live snapshot of every process in scope, in one multi-process file FILE-STEM.SEQ.EXT. */
-static void interval_snapshot(const cli_options *o, pid_t pid, const char *command,
-                              bool embedded, unsigned seq, cli_format f, bool *warned) {
+static void interval_snapshot(const cli_options *o, pid_t pid, const char *command, bool embedded,
+                              unsigned seq, cli_format f, bool *warned) {
   hd_reassembler r;
   hd_reassembler_init(&r);
   cli_options live = *o;
@@ -340,15 +221,17 @@ static void interval_snapshot(const cli_options *o, pid_t pid, const char *comma
     }
   } else if (!*warned) {
     *warned = true;
-    fprintf(stderr, "heapdump: live snapshot %u of %d and its children failed (none registered "
-            "yet?)\n", seq, (int)pid);
+    fprintf(stderr,
+            "heapdump: live snapshot %u of %d and its children failed (none registered "
+            "yet?)\n",
+            seq, (int)pid);
   }
   hd_reassembler_destroy(&r);
 }
 
 /* Waits for the command, taking interval snapshots meanwhile. Returns its wait status. */
-static HD_MUST_CHECK int wait_for(const cli_options *o, pid_t pid, const char *command, bool embedded,
-                    cli_format f) {
+static HD_MUST_CHECK int wait_for(const cli_options *o, pid_t pid, const char *command,
+                                  bool embedded, cli_format f) {
   int status = 0;
   if (o->interval <= 0) {
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -390,7 +273,8 @@ typedef struct run_results {
   const cli_stored *exec_from; /* the first image of the command's pid, when it exec'd */
 } run_results;
 
-static HD_MUST_CHECK int collect_results(const cli_options *o, uint32_t baseline, pid_t pid, run_results *out) {
+static HD_MUST_CHECK int collect_results(const cli_options *o, uint32_t baseline, pid_t pid,
+                                         run_results *out) {
   cli_options all = *o;
   all.has_pid = false;
   all.name = NULL;
@@ -416,7 +300,7 @@ static HD_MUST_CHECK int collect_results(const cli_options *o, uint32_t baseline
 /* The embedded collector: waits until every process of the run that exited has its exit
  * snapshot stored. Processes still running get CHILD_GRACE_SECONDS to exit; those that do not
  * are left in *census (they are reported as lost). */
-static void settle_embedded(embedded *e, hd_collector_census *census) {
+static void settle_embedded(cli_embedded *e, hd_collector_census *census) {
   double grace_end = now_seconds() + CHILD_GRACE_SECONDS;
   double deadline = now_seconds() + EXIT_SNAPSHOT_WAIT_SECONDS;
   bool told = false;
@@ -439,8 +323,9 @@ static void settle_embedded(embedded *e, hd_collector_census *census) {
  * no exit snapshot came, or NULL. */
 static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_t pid,
                                    const char *command, run_results *results) {
-  static const char kNotLoaded[] = "the command did not load libheapdump.so (statically linked, "
-                                   "setuid, or LD_PRELOAD removed?)";
+  static const char kNotLoaded[] =
+      "the command did not load libheapdump.so (statically linked, "
+      "setuid, or LD_PRELOAD removed?)";
   double started = now_seconds(), limit = EXIT_SNAPSHOT_WAIT_SECONDS;
   bool told = false;
   for (;;) {
@@ -455,8 +340,7 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
       if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
       if (results->main_exit != NULL) return NULL;
       switch (state.state) {
-        case heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN:
-          return kNotLoaded;
+        case heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN: return kNotLoaded;
         case heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT:
           return "the collector could not store it (its log says why)";
         default:
@@ -724,7 +608,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
     return EXIT_USAGE;
   }
   char library[PATH_MAX];
-  if (!find_library(library, sizeof library)) {
+  if (!cli_find_library(library, sizeof library)) {
     cli_error("cannot find libheapdump.so (set HEAPDUMP_LIBRARY to its path)");
     return EXIT_RUN_FAILED;
   }
@@ -735,13 +619,13 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   page.output = o->html_output;
   if (cli_probe_output(&page) != 0) return EXIT_RUN_FAILED;
 
-  embedded e = {0};
+  cli_embedded e = {0};
   int probe_fd;
   errno = 0;
   if (hd_channel_connect(o->socket, &probe_fd) == HD_OK) {
     close(probe_fd);
   } else {
-    if (embedded_start(&e) != 0) return EXIT_RUN_FAILED;
+    if (cli_embedded_start(&e) != 0) return EXIT_RUN_FAILED;
     o->socket = e.socket;
   }
   uint32_t baseline = e.running ? 0 : newest_id(o);
@@ -750,7 +634,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   pid_t pid = spawn(argv, library, o->socket, o->children, !o->no_leak_check, &exec_errno);
   if (pid < 0) {
     cli_error("cannot start %s: %s", argv[0], strerror(errno));
-    embedded_stop(&e);
+    cli_embedded_stop(&e);
     return EXIT_RUN_FAILED;
   }
   g_child = pid;
@@ -766,14 +650,15 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   int command_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (exec_errno != 0) {
     cli_error("cannot run %s: %s", argv[0], strerror(exec_errno));
-    embedded_stop(&e);
+    cli_embedded_stop(&e);
     return command_rc;
   }
 
   run_results results = {0};
   hd_collector_census census;
-  const char *missing = "the command did not load libheapdump.so (statically linked, setuid, or "
-                        "LD_PRELOAD removed?)";
+  const char *missing =
+      "the command did not load libheapdump.so (statically linked, setuid, or "
+      "LD_PRELOAD removed?)";
   if (e.running) {
     settle_embedded(&e, &census);
     /* A listing that fails has said why; its results stay empty, which is reported below. */
@@ -789,7 +674,7 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   }
   if (e.running) save_others(o, &results, pid, f, &census);
   free(results.items);
-  embedded_stop(&e);
+  cli_embedded_stop(&e);
   restore_signals(&signals);
   return command_rc;
 }

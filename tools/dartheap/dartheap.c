@@ -12,9 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
+#include "names.h"
 
 /* JavaScript readers of the format (graphexplorer, DevTools compiled to JavaScript) decode
  * varints with 32-bit bitwise operators, so every count and object id stays below 2^31. */
@@ -27,76 +28,6 @@
 
 /* The root's class: "Root" with an empty library, which DevTools takes for the root. */
 #define ROOT_CLASS_ID 1u
-
-/* ---- errors ---- */
-
-static HD_MUST_CHECK int fail(char *error, size_t error_size, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static HD_MUST_CHECK int fail(char *error, size_t error_size, int code, const char *fmt, ...) {
-  if (error != NULL && error_size > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error, error_size, fmt, ap);
-    va_end(ap);
-  }
-  return -code;
-}
-
-/* ---- strings ---- */
-
-static char *format_string(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static char *format_string(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) return NULL;
-  char *s = malloc((size_t)n + 1);
-  if (s == NULL) return NULL;
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  return s;
-}
-
-static bool is_uri_unreserved(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '.' || c == '_' || c == '~';
-}
-
-/* Percent-encodes every byte outside RFC 3986's unreserved set: readers parse libraryUri as a URI
- * and reject a malformed one, and module and process names may hold any byte. */
-static char *uri_encode(const char *s) {
-  size_t len = strlen(s);
-  char *out = malloc(len * 3 + 1);
-  if (out == NULL) return NULL;
-  static const char kHex[] = "0123456789ABCDEF";
-  char *p = out;
-  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-    if (is_uri_unreserved(*c)) {
-      *p++ = (char)*c;
-    } else {
-      *p++ = '%';
-      *p++ = kHex[*c >> 4];
-      *p++ = kHex[*c & 15];
-    }
-  }
-  *p = 0;
-  return out;
-}
-
-/* A process name as a package-name part: the '/' that would end the package name (DevTools reads
- * the package name up to the first '/') is replaced, as is anything unprintable. */
-static void package_part(const char *name, char *out, size_t size) {
-  size_t n = 0;
-  for (const unsigned char *c = (const unsigned char *)name; *c && n + 1 < size; c++) {
-    out[n++] = (*c == '/' || *c < 0x20 || *c == 0x7f) ? '_' : (char)*c;
-  }
-  out[n] = 0;
-  if (n == 0) snprintf(out, size, "process");
-}
 
 /* ---- classes: one per (library, site name) ---- */
 
@@ -223,9 +154,9 @@ static HD_MUST_CHECK int assign_ids(graph *g, char *error, size_t error_size) {
   uint64_t total = 1;
   for (size_t k = 0; k < g->r->snapshot_count; k++) total += g->r->snapshots[k]->allocation_count;
   if (total >= DART_COUNT_LIMIT) {
-    return fail(error, error_size, EOVERFLOW,
-                "%llu blocks: the dartheap format holds at most %llu",
-                (unsigned long long)(total - 1), (unsigned long long)(DART_COUNT_LIMIT - 2));
+    return hd_tool_fail(
+        error, error_size, -EOVERFLOW, "%llu blocks: the dartheap format holds at most %llu",
+        (unsigned long long)(total - 1), (unsigned long long)(DART_COUNT_LIMIT - 2));
   }
   g->object_count = (uint32_t)total;
   size_t n = (size_t)total + 1;
@@ -234,14 +165,15 @@ static HD_MUST_CHECK int assign_ids(graph *g, char *error, size_t error_size) {
   g->hash = calloc(n, sizeof *g->hash);
   g->edge_start = calloc(n + 1, sizeof *g->edge_start);
   if (!g->allocation || !g->class_of || !g->hash || !g->edge_start) {
-    return fail(error, error_size, ENOMEM, "out of memory for %zu objects", n);
+    return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for %zu objects", n);
   }
   uint32_t next = ROOT_ID + 1;
   for (size_t k = 0; k < g->r->snapshot_count; k++) {
     const hd_snapshot *s = g->r->snapshots[k];
     if (s->allocation_count == 0) continue;
     sort_entry *sorted = malloc(s->allocation_count * sizeof *sorted);
-    if (sorted == NULL) return fail(error, error_size, ENOMEM, "out of memory sorting blocks");
+    if (sorted == NULL)
+      return hd_tool_fail(error, error_size, -ENOMEM, "out of memory sorting blocks");
     for (size_t i = 0; i < s->allocation_count; i++) {
       sorted[i] = (sort_entry){s->allocations[i].address, &s->allocations[i]};
     }
@@ -263,20 +195,20 @@ enum { kSiteNameSize = 4096 };
 static uint32_t site_class(graph *g, const hd_snapshot *s, const hd_snapshot_stack_trace *trace,
                            char *name) {
   char process[40];
-  package_part(s->process_name, process, sizeof process);
+  hd_dart_package_part(s->process_name, process, sizeof process);
   hd_site_name(g->symbolizer, s, trace, name, kSiteNameSize);
   const char *module = hd_site_module(g->symbolizer, s, trace);
   if (module == NULL || module[0] == 0) module = "(no module)";
   char *library = NULL, *uri = NULL;
-  char *module_uri = uri_encode(module), *process_uri = uri_encode(process);
+  char *module_uri = hd_dart_uri_encode(module), *process_uri = hd_dart_uri_encode(process);
   if (module_uri != NULL && process_uri != NULL) {
     unsigned long long pid = s->pid;
     if (g->per_process_libraries) {
-      library = format_string("package:%s.%llu/%s", process, pid, module);
-      uri = format_string("package:%s.%llu/%s", process_uri, pid, module_uri);
+      library = hd_dart_format("package:%s.%llu/%s", process, pid, module);
+      uri = hd_dart_format("package:%s.%llu/%s", process_uri, pid, module_uri);
     } else {
-      library = format_string("package:%s", module);
-      uri = format_string("package:%s", module_uri);
+      library = hd_dart_format("package:%s", module);
+      uri = hd_dart_format("package:%s", module_uri);
     }
   }
   uint32_t class_id = library && uri ? class_intern(&g->classes, library, uri, name) : 0;
@@ -289,11 +221,11 @@ static uint32_t site_class(graph *g, const hd_snapshot *s, const hd_snapshot_sta
 
 static HD_MUST_CHECK int assign_classes(graph *g, char *error, size_t error_size) {
   if (class_intern(&g->classes, "", "", "Root") != ROOT_CLASS_ID) {
-    return fail(error, error_size, ENOMEM, "out of memory for classes");
+    return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for classes");
   }
   g->class_of[ROOT_ID] = ROOT_CLASS_ID;
   char *name = malloc(kSiteNameSize);
-  if (name == NULL) return fail(error, error_size, ENOMEM, "out of memory for classes");
+  if (name == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for classes");
   uint32_t id = ROOT_ID + 1;
   bool ok = true;
   for (size_t k = 0; k < g->r->snapshot_count && ok; k++) {
@@ -316,7 +248,7 @@ static HD_MUST_CHECK int assign_classes(graph *g, char *error, size_t error_size
     free(class_of_trace);
   }
   free(name);
-  return ok ? 0 : fail(error, error_size, ENOMEM, "out of memory for classes");
+  return ok ? 0 : hd_tool_fail(error, error_size, -ENOMEM, "out of memory for classes");
 }
 
 /* ---- references: a conservative scan of each block's contents ---- */
@@ -327,14 +259,16 @@ typedef struct address_range {
 
 static HD_MUST_CHECK int add_edge(graph *g, uint32_t to, char *error, size_t error_size) {
   if (g->edge_count + 1 >= DART_COUNT_LIMIT) {
-    return fail(error, error_size, EOVERFLOW,
-                "more than %llu references between blocks: the dartheap format holds no more",
-                (unsigned long long)(DART_COUNT_LIMIT - 1));
+    return hd_tool_fail(
+        error, error_size, -EOVERFLOW,
+        "more than %llu references between blocks: the dartheap format holds no more",
+        (unsigned long long)(DART_COUNT_LIMIT - 1));
   }
   if (g->edge_count == g->edge_capacity) {
     size_t capacity = g->edge_capacity ? g->edge_capacity * 2 : 4096;
     uint32_t *grown = realloc(g->edges, capacity * sizeof *grown);
-    if (grown == NULL) return fail(error, error_size, ENOMEM, "out of memory for references");
+    if (grown == NULL)
+      return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for references");
     g->edges = grown;
     g->edge_capacity = capacity;
   }
@@ -370,7 +304,8 @@ static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size)
     size_t count = s->allocation_count;
     if (count == 0) continue;
     address_range *ranges = malloc(count * sizeof *ranges);
-    if (ranges == NULL) return fail(error, error_size, ENOMEM, "out of memory for references");
+    if (ranges == NULL)
+      return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for references");
     for (size_t i = 0; i < count; i++) {
       const hd_snapshot_allocation *a = g->allocation[first + i];
       /* A zero-size block still owns its address, which a pointer to it holds. */
@@ -384,9 +319,9 @@ static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size)
       const hd_snapshot_allocation *a = g->allocation[id];
       const hd_snapshot_block *b = hd_snapshot_find_block(s, a->address);
       if (b != NULL && b->size != a->size) {
-        rc = fail(error, error_size, EINVAL,
-                  "block 0x%llx: %zu bytes of contents for a block of %llu bytes",
-                  (unsigned long long)a->address, b->size, (unsigned long long)a->size);
+        rc = hd_tool_fail(error, error_size, -EINVAL,
+                          "block 0x%llx: %zu bytes of contents for a block of %llu bytes",
+                          (unsigned long long)a->address, b->size, (unsigned long long)a->size);
       }
       if (b != NULL && rc == 0) {
         /* Only words aligned in the process's address space can hold a pointer the program
@@ -411,7 +346,7 @@ static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size)
 /* Tarjan's strongly connected components, iteratively (a linked list of a million blocks would
  * overflow a recursive walk). component[v] is filled for every block v. */
 static HD_MUST_CHECK int strongly_connected(const graph *g, uint32_t *component, char *error,
-                              size_t error_size) {
+                                            size_t error_size) {
   uint32_t n = g->object_count;
   uint32_t *index = calloc((size_t)n + 1, sizeof *index);
   uint32_t *low = calloc((size_t)n + 1, sizeof *low);
@@ -421,7 +356,7 @@ static HD_MUST_CHECK int strongly_connected(const graph *g, uint32_t *component,
   bool *on_stack = calloc((size_t)n + 1, sizeof *on_stack);
   int rc = 0;
   if (!index || !low || !stack || !calls || !next_edge || !on_stack) {
-    rc = fail(error, error_size, ENOMEM, "out of memory for the reachability pass");
+    rc = hd_tool_fail(error, error_size, -ENOMEM, "out of memory for the reachability pass");
     goto out;
   }
   uint32_t counter = 0, stack_size = 0, components = 0;
@@ -486,7 +421,7 @@ static HD_MUST_CHECK int choose_root_references(graph *g, char *error, size_t er
   uint8_t *covered = calloc((size_t)n + 1, 1);
   int rc = 0;
   if (component == NULL || covered == NULL) {
-    rc = fail(error, error_size, ENOMEM, "out of memory for the reachability pass");
+    rc = hd_tool_fail(error, error_size, -ENOMEM, "out of memory for the reachability pass");
     goto out;
   }
   rc = strongly_connected(g, component, error, error_size);
@@ -499,7 +434,7 @@ static HD_MUST_CHECK int choose_root_references(graph *g, char *error, size_t er
   }
   g->root_refs = malloc(((size_t)n + 1) * sizeof *g->root_refs);
   if (g->root_refs == NULL) {
-    rc = fail(error, error_size, ENOMEM, "out of memory for the root's references");
+    rc = hd_tool_fail(error, error_size, -ENOMEM, "out of memory for the root's references");
     goto out;
   }
   for (uint32_t v = ROOT_ID + 1; v <= n; v++) {
@@ -509,9 +444,9 @@ static HD_MUST_CHECK int choose_root_references(graph *g, char *error, size_t er
     }
   }
   if (g->edge_count + g->root_ref_count >= DART_COUNT_LIMIT) {
-    rc = fail(error, error_size, EOVERFLOW,
-              "%zu references: the dartheap format holds at most %llu",
-              g->edge_count + g->root_ref_count, (unsigned long long)(DART_COUNT_LIMIT - 1));
+    rc = hd_tool_fail(
+        error, error_size, -EOVERFLOW, "%zu references: the dartheap format holds at most %llu",
+        g->edge_count + g->root_ref_count, (unsigned long long)(DART_COUNT_LIMIT - 1));
   }
 out:
   free(component);
@@ -588,7 +523,7 @@ static HD_MUST_CHECK int assign_hashes(graph *g, char *error, size_t error_size)
   if (entries == NULL || taken.keys == NULL) {
     free(entries);
     free(taken.keys);
-    return fail(error, error_size, ENOMEM, "out of memory for identity hash codes");
+    return hd_tool_fail(error, error_size, -ENOMEM, "out of memory for identity hash codes");
   }
   for (uint32_t v = ROOT_ID + 1; v <= n; v++) {
     g->hash[v] = allocation_hash(g->allocation[v]);
@@ -639,15 +574,15 @@ static char *graph_name(const graph *g, const hd_dartheap_options *options) {
   if (options != NULL && options->name != NULL) return strdup(options->name);
   const hd_reassembler *r = g->r;
   if (r->snapshot_count == 1 && r->snapshots[0]->has_header) {
-    return format_string("%s (pid %llu)", r->snapshots[0]->process_name,
-                         (unsigned long long)r->snapshots[0]->pid);
+    return hd_dart_format("%s (pid %llu)", r->snapshots[0]->process_name,
+                          (unsigned long long)r->snapshots[0]->pid);
   }
-  if (r->snapshot_count > 1) return format_string("%zu processes", r->snapshot_count);
+  if (r->snapshot_count > 1) return hd_dart_format("%zu processes", r->snapshot_count);
   return strdup("heapdump");
 }
 
 static HD_MUST_CHECK int write_graph(const graph *g, const char *name, FILE *out, char *error,
-                       size_t error_size) {
+                                     size_t error_size) {
   uint64_t shallow_size = 0;
   for (uint32_t v = ROOT_ID + 1; v <= g->object_count; v++) shallow_size += g->allocation[v]->size;
 
@@ -689,14 +624,15 @@ static HD_MUST_CHECK int write_graph(const graph *g, const char *name, FILE *out
 
   if (fflush(out) != 0 || ferror(out)) {
     int code = errno ? errno : EIO;
-    return fail(error, error_size, code, "writing the dartheap file: %s", strerror(code));
+    return hd_tool_fail(error, error_size, -code, "writing the dartheap file: %s", strerror(code));
   }
   return 0;
 }
 
 int hd_dartheap_write(const hd_reassembler *r, const hd_dartheap_options *options, FILE *out,
                       char *error, size_t error_size) {
-  if (r == NULL || out == NULL) return fail(error, error_size, EINVAL, "no snapshot or no output");
+  if (r == NULL || out == NULL)
+    return hd_tool_fail(error, error_size, -EINVAL, "no snapshot or no output");
   graph g = {.r = r, .symbolizer = options ? options->symbolizer : NULL};
   for (size_t k = 0; k < r->snapshot_count; k++) {
     if (r->snapshots[k]->has_header) g.per_process_libraries = true;
@@ -709,7 +645,7 @@ int hd_dartheap_write(const hd_reassembler *r, const hd_dartheap_options *option
   if (rc == 0) rc = assign_hashes(&g, error, error_size);
   if (rc == 0) {
     name = graph_name(&g, options);
-    if (name == NULL) rc = fail(error, error_size, ENOMEM, "out of memory");
+    if (name == NULL) rc = hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
   }
   if (rc == 0) {
     errno = 0;

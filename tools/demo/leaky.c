@@ -50,11 +50,12 @@ int main(void) {
   }
   struct heapdump_stats st;
   if (heapdump_available() && heapdump_get_stats(&st) == HEAPDUMP_OK) {
-    printf("leaky: allocated %llu blocks (%llu bytes), freed %llu; live at exit: %llu blocks, "
-           "%llu bytes; peak %llu bytes\n",
-           (unsigned long long)st.blocks_allocated, (unsigned long long)st.bytes_allocated,
-           (unsigned long long)st.blocks_freed, (unsigned long long)st.live_blocks,
-           (unsigned long long)st.live_bytes, (unsigned long long)st.peak_live_bytes);
+    printf(
+        "leaky: allocated %llu blocks (%llu bytes), freed %llu; live at exit: %llu blocks, "
+        "%llu bytes; peak %llu bytes\n",
+        (unsigned long long)st.blocks_allocated, (unsigned long long)st.bytes_allocated,
+        (unsigned long long)st.blocks_freed, (unsigned long long)st.live_blocks,
+        (unsigned long long)st.live_bytes, (unsigned long long)st.peak_live_bytes);
   }
   return 0;
 }

@@ -9,24 +9,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/demangle.h"
 #include "heapdump/tools/reach.h"
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
 
 extern const char hd_html_style[], hd_html_body[], hd_html_chart_js[], hd_html_d3_hierarchy_js[],
     hd_html_script[];
 
-
 /* ---- the function table: one entry per function name and module ---- */
 
 typedef struct function_table {
-  char **keys; /* "name\x1fmodule", owned */
+  char **keys;   /* "name\x1fmodule", owned */
   size_t *slots; /* index + 1; 0 = empty */
   size_t capacity, count;
-  FILE *out;    /* each new function is written as it is met */
+  FILE *out; /* each new function is written as it is met */
 } function_table;
 
 static uint64_t hash_text(const char *s) {
@@ -149,16 +148,18 @@ static bool write_frames(function_table *ft, hd_symbolizer *sym, const hd_snapsh
     }
     for (size_t i = loc.frame_count; ok && i-- > 0;) {
       const hd_source_frame *fr = &loc.frames[i];
-      ok = add_frame(l, function_index(ft, fr->function ? hd_demangle(fr->function) : "??",
-                                       loc.module, fr->file),
-                     fr->line);
+      ok = add_frame(
+          l,
+          function_index(ft, fr->function ? hd_demangle(fr->function) : "??", loc.module, fr->file),
+          fr->line);
     }
   }
   if (!ok) return false;
   fputs("\"frames\":[", out);
   for (size_t i = 0; i < l->count; i++) fprintf(out, i ? ",%zu" : "%zu", l->items[i].function);
   fputs("],\"lines\":[", out);
-  for (size_t i = 0; i < l->count; i++) fprintf(out, i ? ",%" PRIu32 : "%" PRIu32, l->items[i].line);
+  for (size_t i = 0; i < l->count; i++)
+    fprintf(out, i ? ",%" PRIu32 : "%" PRIu32, l->items[i].line);
   fputc(']', out);
   return true;
 }
@@ -223,7 +224,6 @@ static void write_timeline(const hd_snapshot *s, FILE *out) {
   fputs("]}", out);
 }
 
-
 /* Where a site is: the file and line of its frame in its heaviest stack, as the text report's
  * first "at" line shows it (the function holding the code, where inlined frames are). */
 static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const hd_report_group *g,
@@ -244,7 +244,8 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
 
 /* The sites of the text report, each with the stacks it is made of; short_names: named as
  * heapdump leaks names them, without parameter lists. */
-static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names, FILE *out) {
+static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names,
+                                     FILE *out) {
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
   hd_report_group *groups = NULL;
   size_t count = 0;
@@ -252,7 +253,8 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
   int rc = site_of == NULL ? -ENOMEM : hd_report_groups(s, &ro, NULL, &groups, &count, site_of);
   /* Each site's stacks, as lists threaded through `next` (one entry per stack), in trace order. */
   size_t *first = rc == 0 ? malloc((count ? count : 1) * sizeof *first) : NULL;
-  size_t *next = rc == 0 ? malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next) : NULL;
+  size_t *next =
+      rc == 0 ? malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next) : NULL;
   if (rc == 0 && (first == NULL || next == NULL)) rc = -ENOMEM;
   if (rc == 0) {
     for (size_t i = 0; i < count; i++) first[i] = SIZE_MAX;
@@ -290,8 +292,8 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
   return rc;
 }
 
-static HD_MUST_CHECK int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, const uint8_t *categories,
-                       bool short_names, FILE *out) {
+static HD_MUST_CHECK int write_leaks(const hd_snapshot *s, hd_symbolizer *sym,
+                                     const uint8_t *categories, bool short_names, FILE *out) {
   hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
   hd_report_group *groups;
   size_t count;
@@ -315,8 +317,8 @@ static HD_MUST_CHECK int write_leaks(const hd_snapshot *s, hd_symbolizer *sym, c
       unconfirmed_blocks += s->allocations[i].count;
     }
   }
-  fprintf(out, ",\"unconfirmed\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
-          unconfirmed_bytes, unconfirmed_blocks);
+  fprintf(out, ",\"unconfirmed\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}", unconfirmed_bytes,
+          unconfirmed_blocks);
   fputs("},\"groups\":[", out);
   for (size_t i = 0; i < count; i++) {
     const hd_report_group *g = &groups[i];
@@ -357,7 +359,8 @@ typedef struct site_total {
 
 static int compare_growth(const void *a, const void *b) {
   const site_total *x = a, *y = b;
-  if (x->sum.delta_bytes != y->sum.delta_bytes) return x->sum.delta_bytes > y->sum.delta_bytes ? -1 : 1;
+  if (x->sum.delta_bytes != y->sum.delta_bytes)
+    return x->sum.delta_bytes > y->sum.delta_bytes ? -1 : 1;
   return x->first < y->first ? -1 : x->first > y->first;
 }
 
@@ -393,11 +396,12 @@ static HD_MUST_CHECK int write_diff_sites(site_change *changes, size_t count, FI
     hd_json_string_in_html(out, changes[t->first].name);
     fprintf(out,
             ",\"delta_bytes\":%" PRId64 ",\"delta_blocks\":%" PRId64 ",\"added_bytes\":%" PRIu64
-            ",\"added_blocks\":%" PRIu64 ",\"removed_bytes\":%" PRIu64 ",\"removed_blocks\":%" PRIu64
-            ",\"stacks\":[",
+            ",\"added_blocks\":%" PRIu64 ",\"removed_bytes\":%" PRIu64
+            ",\"removed_blocks\":%" PRIu64 ",\"stacks\":[",
             t->sum.delta_bytes, t->sum.delta_blocks, t->sum.added_bytes, t->sum.added_blocks,
             t->sum.removed_bytes, t->sum.removed_blocks);
-    for (size_t k = 0; k < t->count; k++) fprintf(out, k ? ",%zu" : "%zu", changes[t->first + k].stack);
+    for (size_t k = 0; k < t->count; k++)
+      fprintf(out, k ? ",%zu" : "%zu", changes[t->first + k].stack);
     fputs("]}", out);
   }
   fputc(']', out);
@@ -416,9 +420,10 @@ typedef struct page_process {
 
 /* The stacks of one part, appended to `stacks` (page index = first + trace index, null where
  * the trace is left out). In a diff, each written stack's site goes to *changes. */
-static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part, const hd_html_options *o,
-                             function_table *ft, FILE *stacks, size_t first,
-                             site_change **changes, size_t *change_count) {
+static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part,
+                                           const hd_html_options *o, function_table *ft,
+                                           FILE *stacks, size_t first, site_change **changes,
+                                           size_t *change_count) {
   const hd_snapshot *s = r->snapshots[part];
   hd_trace_totals *live = o->diff == NULL ? hd_trace_totals_of(s) : NULL;
   if (o->diff == NULL && live == NULL) return -ENOMEM;
@@ -483,8 +488,8 @@ static void write_alloc_fns(hd_symbolizer *sym, FILE *out) {
   fputc(']', out);
 }
 
-static HD_MUST_CHECK int write_leak_section(const hd_reassembler *r, size_t index, const hd_html_options *o,
-                              FILE *out) {
+static HD_MUST_CHECK int write_leak_section(const hd_reassembler *r, size_t index,
+                                            const hd_html_options *o, FILE *out) {
   const hd_snapshot *s = r->snapshots[index];
   uint8_t *classified = NULL;
   const uint8_t *categories = o->categories != NULL ? o->categories[index] : NULL;
@@ -507,7 +512,7 @@ static HD_MUST_CHECK int write_leak_section(const hd_reassembler *r, size_t inde
 }
 
 static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_process *pp,
-                         const hd_html_options *o, FILE *out) {
+                                       const hd_html_options *o, FILE *out) {
   const hd_snapshot *s = r->snapshots[pp->parts[0]];
   fprintf(out, "{\"pid\":%" PRIu64 ",\"name\":", s->pid);
   hd_json_string_in_html(out, s->process_name);
@@ -520,7 +525,8 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
     fputs("null", out);
   }
   fputs(",\"snapshot_name\":", out);
-  const heapdump_client_StatsSample *last = s->sample_count ? &s->samples[s->sample_count - 1] : NULL;
+  const heapdump_client_StatsSample *last =
+      s->sample_count ? &s->samples[s->sample_count - 1] : NULL;
   if (last != NULL && last->has_snapshot_name) {
     hd_json_string_in_html(out, last->snapshot_name);
   } else {
@@ -601,7 +607,8 @@ static page_process *page_processes(const hd_reassembler *r, const hd_html_optio
   for (size_t i = 0; i < r->snapshot_count; i++) {
     page_process *same = NULL;
     for (size_t k = 0; o->diff != NULL && k < n && same == NULL; k++) {
-      if (hd_diff_profile_pair(o->diff, processes[k].parts[0]) == hd_diff_profile_pair(o->diff, i)) {
+      if (hd_diff_profile_pair(o->diff, processes[k].parts[0]) ==
+          hd_diff_profile_pair(o->diff, i)) {
         same = &processes[k];
       }
     }

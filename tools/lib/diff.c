@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
 
 enum { BASE = 0, NEXT = 1, SIDES = 2 };
 
@@ -253,8 +253,8 @@ static HD_MUST_CHECK int build_groups(const hd_diff *d, process_pair *p) {
         char site[480], name[512];
         hd_site_name(d->symbolizer, s, trace, site, sizeof site);
         if (d->by == HD_REPORT_BY_STACK) {
-          snprintf(name, sizeof name, "%s (%sstack %" PRIu64 ")", site,
-                   side == BASE ? "base " : "", trace->key);
+          snprintf(name, sizeof name, "%s (%sstack %" PRIu64 ")", site, side == BASE ? "base " : "",
+                   trace->key);
         } else {
           snprintf(name, sizeof name, "%s", site);
         }
@@ -277,10 +277,11 @@ static HD_MUST_CHECK int build_groups(const hd_diff *d, process_pair *p) {
       g->added_blocks = net.added_blocks;
       g->removed_blocks = net.removed_blocks;
     }
-    bool allocated = g->has_counters[NEXT] && (g->allocated_bytes[NEXT] != g->allocated_bytes[BASE] ||
-                                               g->allocated_blocks[NEXT] != g->allocated_blocks[BASE]);
-    g->changed = g->added_bytes || g->added_blocks || g->removed_bytes || g->removed_blocks ||
-                 allocated;
+    bool allocated =
+        g->has_counters[NEXT] && (g->allocated_bytes[NEXT] != g->allocated_bytes[BASE] ||
+                                  g->allocated_blocks[NEXT] != g->allocated_blocks[BASE]);
+    g->changed =
+        g->added_bytes || g->added_blocks || g->removed_bytes || g->removed_blocks || allocated;
   }
   return 0;
 }
@@ -429,8 +430,8 @@ static size_t first_frame(const hd_diff *d, const hd_snapshot *s,
   return d->by == HD_REPORT_BY_SITE ? hd_site_frame(d->symbolizer, s, trace) : 0;
 }
 
-static void write_pair_text(const hd_diff *d, const process_pair *p, size_t top,
-                            size_t max_frames, FILE *out) {
+static void write_pair_text(const hd_diff *d, const process_pair *p, size_t top, size_t max_frames,
+                            FILE *out) {
   char next[300], base[300];
   process_label(p->side[NEXT], next, sizeof next);
   process_label(p->side[BASE], base, sizeof base);
@@ -450,9 +451,10 @@ static void write_pair_text(const hd_diff *d, const process_pair *p, size_t top,
           p->live_blocks[BASE], p->live_blocks[NEXT],
           delta(p->live_blocks[BASE], p->live_blocks[NEXT]));
   if (!p->blocks_matched) {
-    fputs("note: a snapshot without its blocks one by one (a pprof profile written without "
-          "--tags): added and removed are each group's net change\n",
-          out);
+    fputs(
+        "note: a snapshot without its blocks one by one (a pprof profile written without "
+        "--tags): added and removed are each group's net change\n",
+        out);
   }
   const char *kind = d->by == HD_REPORT_BY_STACK ? "STACK" : "SITE";
   if (p->changed_count == 0) {
@@ -464,8 +466,9 @@ static void write_pair_text(const hd_diff *d, const process_pair *p, size_t top,
   size_t shown = top && top < p->changed_count ? top : p->changed_count;
   for (size_t i = 0; i < shown; i++) {
     const diff_group *g = &p->groups[i];
-    fprintf(out, "%+14" PRId64 " %+12" PRId64 " %14" PRIu64 " %12" PRIu64 " %14" PRIu64
-            " %14" PRIu64 "  %s\n",
+    fprintf(out,
+            "%+14" PRId64 " %+12" PRId64 " %14" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64
+            "  %s\n",
             delta(g->live_bytes[BASE], g->live_bytes[NEXT]),
             delta(g->live_blocks[BASE], g->live_blocks[NEXT]), g->added_bytes, g->added_blocks,
             g->removed_bytes, g->removed_blocks, g->name);
@@ -487,13 +490,14 @@ static void json_side(FILE *out, const char *key, const process_pair *p, int sid
   const hd_snapshot *s = p->side[side];
   fprintf(out, ",\"%s\":{\"process_name\":", key);
   hd_json_string(out, s->process_name);
-  fprintf(out, ",\"pid\":%" PRIu64 ",\"present\":%s,\"live_bytes\":%" PRIu64
-          ",\"live_blocks\":%" PRIu64 "}",
+  fprintf(out,
+          ",\"pid\":%" PRIu64 ",\"present\":%s,\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64
+          "}",
           s->pid, s == &kNoProcess ? "false" : "true", p->live_bytes[side], p->live_blocks[side]);
 }
 
-static void write_pair_json(const hd_diff *d, const process_pair *p, size_t top,
-                            size_t max_frames, FILE *out) {
+static void write_pair_json(const hd_diff *d, const process_pair *p, size_t top, size_t max_frames,
+                            FILE *out) {
   const hd_snapshot *named = p->side[NEXT] != &kNoProcess ? p->side[NEXT] : p->side[BASE];
   fputs("{\"process_name\":", out);
   hd_json_string(out, named->process_name);
@@ -504,8 +508,8 @@ static void write_pair_json(const hd_diff *d, const process_pair *p, size_t top,
           ",\"live_bytes_delta\":%" PRId64 ",\"live_blocks_delta\":%" PRId64
           ",\"blocks_matched\":%s,\"by\":\"%s\",\"groups\":[",
           delta(p->live_bytes[BASE], p->live_bytes[NEXT]),
-          delta(p->live_blocks[BASE], p->live_blocks[NEXT]),
-          p->blocks_matched ? "true" : "false", d->by == HD_REPORT_BY_STACK ? "stack" : "site");
+          delta(p->live_blocks[BASE], p->live_blocks[NEXT]), p->blocks_matched ? "true" : "false",
+          d->by == HD_REPORT_BY_STACK ? "stack" : "site");
   size_t shown = top && top < p->changed_count ? top : p->changed_count;
   for (size_t i = 0; i < shown; i++) {
     const diff_group *g = &p->groups[i];
@@ -583,9 +587,9 @@ bool hd_diff_trace_values(void *ctx, size_t snapshot, size_t trace, int64_t valu
         peer != NULL ? &p->side[BASE]->stack_traces[st->peer] : NULL;
     values[0] = delta(peer ? peer->live_blocks : 0, st->live_blocks);
     values[1] = delta(peer ? peer->live_bytes : 0, st->live_bytes);
-    values[2] = t->has_counters ? delta(bt && bt->has_counters ? bt->allocated_blocks : 0,
-                                        t->allocated_blocks)
-                                : 0;
+    values[2] = t->has_counters
+                    ? delta(bt && bt->has_counters ? bt->allocated_blocks : 0, t->allocated_blocks)
+                    : 0;
     values[3] = t->has_counters
                     ? delta(bt && bt->has_counters ? bt->allocated_bytes : 0, t->allocated_bytes)
                     : 0;
@@ -611,7 +615,9 @@ bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_di
   const side_trace *st = &p->traces[side][trace];
   if (!st->used) return false;
   if (side == BASE && st->peer != SIZE_MAX) return false; /* written with its peer */
-  const side_trace *base = side == BASE ? st : st->peer != SIZE_MAX ? &p->traces[BASE][st->peer] : NULL;
+  const side_trace *base = side == BASE           ? st
+                           : st->peer != SIZE_MAX ? &p->traces[BASE][st->peer]
+                                                  : NULL;
   const side_trace *next = side == NEXT ? st : NULL;
   *out = (hd_diff_change){
       .delta_bytes = delta(base ? base->live_bytes : 0, next ? next->live_bytes : 0),

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
 
 static void put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -46,29 +46,34 @@ static HD_MUST_CHECK hd_status write_record(void *ctx, const uint8_t *body, size
   return HD_OK;
 }
 
-static HD_MUST_CHECK hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
-  hd_status status = HD_OK;
-  heapdump_client_SnapshotElement e;
-  if (s->has_header) {
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
-    e.element.snapshot_header.has_process_name = e.element.snapshot_header.has_process_koid = true;
-    snprintf(e.element.snapshot_header.process_name,
-             sizeof e.element.snapshot_header.process_name, "%s", s->process_name);
-    e.element.snapshot_header.process_koid = s->pid;
-    if (s->command_line != NULL) {
-      e.element.snapshot_header.has_command_line = true;
-      snprintf(e.element.snapshot_header.command_line,
-               sizeof e.element.snapshot_header.command_line, "%s", s->command_line);
-    }
-    status = hd_batch_add(w, &e);
-    /* The header travels alone in its batch, as the collector sends it. */
-    if (status == HD_OK) status = hd_batch_flush(w);
+static heapdump_client_SnapshotElement element_of(pb_size_t tag) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = tag;
+  return e;
+}
+
+static HD_MUST_CHECK hd_status write_header(const hd_snapshot *s, hd_batch_writer *w) {
+  if (!s->has_header) return HD_OK;
+  heapdump_client_SnapshotElement e =
+      element_of(heapdump_client_SnapshotElement_snapshot_header_tag);
+  heapdump_client_SnapshotHeader *h = &e.element.snapshot_header;
+  h->has_process_name = h->has_process_koid = true;
+  snprintf(h->process_name, sizeof h->process_name, "%s", s->process_name);
+  h->process_koid = s->pid;
+  if (s->command_line != NULL) {
+    h->has_command_line = true;
+    snprintf(h->command_line, sizeof h->command_line, "%s", s->command_line);
   }
+  hd_status status = hd_batch_add(w, &e);
+  /* The header travels alone in its batch, as the collector sends it. */
+  return status == HD_OK ? hd_batch_flush(w) : status;
+}
+
+static HD_MUST_CHECK hd_status write_threads(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->thread_count && status == HD_OK; i++) {
     const hd_snapshot_thread *t = &s->threads[i];
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
+    heapdump_client_SnapshotElement e = element_of(heapdump_client_SnapshotElement_thread_info_tag);
     heapdump_client_ThreadInfo *ti = &e.element.thread_info;
     ti->has_thread_info_key = ti->has_koid = ti->has_name = true;
     ti->thread_info_key = t->key;
@@ -76,58 +81,145 @@ static HD_MUST_CHECK hd_status write_snapshot(const hd_snapshot *s, hd_batch_wri
     snprintf(ti->name, sizeof ti->name, "%s", t->name);
     status = hd_batch_add(w, &e);
   }
+  return status;
+}
+
+/* Each stack trace, followed by its counters where it has them. */
+static HD_MUST_CHECK hd_status write_traces(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->stack_trace_count && status == HD_OK; i++) {
     const hd_snapshot_stack_trace *t = &s->stack_traces[i];
     status = hd_batch_add_stack_trace(w, t->key, t->addresses, t->count, t->truncated);
-    if (status == HD_OK && t->has_counters) {
-      e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-      e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
-      e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
-          .has_stack_trace_key = true, .stack_trace_key = t->key,
-          .has_allocated_blocks = true, .allocated_blocks = t->allocated_blocks,
-          .has_allocated_bytes = true, .allocated_bytes = t->allocated_bytes};
-      status = hd_batch_add(w, &e);
-    }
+    if (status != HD_OK || !t->has_counters) continue;
+    heapdump_client_SnapshotElement e =
+        element_of(heapdump_client_SnapshotElement_stack_trace_counters_tag);
+    e.element.stack_trace_counters =
+        (heapdump_client_StackTraceCounters){.has_stack_trace_key = true,
+                                             .stack_trace_key = t->key,
+                                             .has_allocated_blocks = true,
+                                             .allocated_blocks = t->allocated_blocks,
+                                             .has_allocated_bytes = true,
+                                             .allocated_bytes = t->allocated_bytes};
+    status = hd_batch_add(w, &e);
   }
+  return status;
+}
+
+static HD_MUST_CHECK hd_status write_regions(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->region_count && status == HD_OK; i++) {
     const hd_snapshot_region *g = &s->regions[i];
     status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
                                             g->build_id, g->build_id_size, g->name ? g->name : "");
   }
+  return status;
+}
+
+static HD_MUST_CHECK hd_status write_allocations(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->allocation_count && status == HD_OK; i++) {
     const hd_snapshot_allocation *a = &s->allocations[i];
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_allocation_tag;
-    e.element.allocation = (heapdump_client_Allocation){
-        true, a->address, true, a->size, true, a->stack_trace_key, true, a->timestamp,
-        true, a->thread_info_key, a->count != 0, a->count};
+    heapdump_client_SnapshotElement e = element_of(heapdump_client_SnapshotElement_allocation_tag);
+    e.element.allocation = (heapdump_client_Allocation){.has_address = true,
+                                                        .address = a->address,
+                                                        .has_size = true,
+                                                        .size = a->size,
+                                                        .has_stack_trace_key = true,
+                                                        .stack_trace_key = a->stack_trace_key,
+                                                        .has_timestamp = true,
+                                                        .timestamp = a->timestamp,
+                                                        .has_thread_info_key = true,
+                                                        .thread_info_key = a->thread_info_key,
+                                                        .has_count = a->count != 0,
+                                                        .count = a->count};
     status = hd_batch_add(w, &e);
   }
-  if (s->has_stats && status == HD_OK) {
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
-    e.element.process_stats = s->stats;
-    status = hd_batch_add(w, &e);
-  }
+  return status;
+}
+
+static HD_MUST_CHECK hd_status write_stats(const hd_snapshot *s, hd_batch_writer *w) {
+  if (!s->has_stats) return HD_OK;
+  heapdump_client_SnapshotElement e = element_of(heapdump_client_SnapshotElement_process_stats_tag);
+  e.element.process_stats = s->stats;
+  return hd_batch_add(w, &e);
+}
+
+static HD_MUST_CHECK hd_status write_samples(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->sample_count && status == HD_OK; i++) {
-    e = (heapdump_client_SnapshotElement)heapdump_client_SnapshotElement_init_zero;
-    e.which_element = heapdump_client_SnapshotElement_stats_sample_tag;
+    heapdump_client_SnapshotElement e =
+        element_of(heapdump_client_SnapshotElement_stats_sample_tag);
     e.element.stats_sample = s->samples[i];
     status = hd_batch_add(w, &e);
   }
+  return status;
+}
+
+static HD_MUST_CHECK hd_status write_roots(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->root_count && status == HD_OK; i++) {
     const hd_snapshot_root *g = &s->roots[i];
-    heapdump_client_RootRegion region = {
-        .has_address = true, .address = g->address, .has_size = true, .size = g->size,
-        .has_kind = true, .kind = g->kind, .has_thread_koid = g->thread_koid != 0,
-        .thread_koid = g->thread_koid, .has_name = g->name[0] != '\0',
-        .has_not_read = g->not_read, .not_read = g->not_read};
+    heapdump_client_RootRegion region = {.has_address = true,
+                                         .address = g->address,
+                                         .has_size = true,
+                                         .size = g->size,
+                                         .has_kind = true,
+                                         .kind = g->kind,
+                                         .has_thread_koid = g->thread_koid != 0,
+                                         .thread_koid = g->thread_koid,
+                                         .has_name = g->name[0] != '\0',
+                                         .has_not_read = g->not_read,
+                                         .not_read = g->not_read};
     snprintf(region.name, sizeof region.name, "%s", g->name);
     status = hd_batch_add_root_region(w, &region, g->contents.bytes, g->contents.size);
   }
+  return status;
+}
+
+static HD_MUST_CHECK hd_status write_contents(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
   for (size_t i = 0; i < s->block_count && status == HD_OK; i++) {
     const hd_snapshot_block *b = &s->blocks[i];
     status = hd_batch_add_block_contents(w, b->address, b->bytes, b->size);
+  }
+  return status;
+}
+
+/* Every kind of SnapshotElement, with what writes a snapshot's elements of that kind, in the
+ * order they are written: the header first, the contents last. A kind without a row would be
+ * dropped from raw files without a word: hd_raw_writes_element lets the tests check that every
+ * kind the protocol has is here. */
+static const struct {
+  hd_status (*write)(const hd_snapshot *s, hd_batch_writer *w);
+  pb_size_t tags[2]; /* the kinds it writes (0: none) */
+} kElementWriters[] = {
+    {write_header, {heapdump_client_SnapshotElement_snapshot_header_tag}},
+    {write_threads, {heapdump_client_SnapshotElement_thread_info_tag}},
+    {write_traces,
+     {heapdump_client_SnapshotElement_stack_trace_tag,
+      heapdump_client_SnapshotElement_stack_trace_counters_tag}},
+    {write_regions, {heapdump_client_SnapshotElement_executable_region_tag}},
+    {write_allocations, {heapdump_client_SnapshotElement_allocation_tag}},
+    {write_stats, {heapdump_client_SnapshotElement_process_stats_tag}},
+    {write_samples, {heapdump_client_SnapshotElement_stats_sample_tag}},
+    {write_roots, {heapdump_client_SnapshotElement_root_region_tag}},
+    {write_contents, {heapdump_client_SnapshotElement_block_contents_tag}},
+};
+
+bool hd_raw_writes_element(pb_size_t tag) {
+  for (size_t i = 0; i < sizeof kElementWriters / sizeof kElementWriters[0]; i++) {
+    for (size_t k = 0; k < 2; k++) {
+      if (tag != 0 && kElementWriters[i].tags[k] == tag) return true;
+    }
+  }
+  return false;
+}
+
+static HD_MUST_CHECK hd_status write_snapshot(const hd_snapshot *s, hd_batch_writer *w) {
+  hd_status status = HD_OK;
+  for (size_t i = 0; i < sizeof kElementWriters / sizeof kElementWriters[0] && status == HD_OK;
+       i++) {
+    status = kElementWriters[i].write(s, w);
   }
   return status;
 }
@@ -161,7 +253,7 @@ int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_s
   if (status != HD_OK) {
     int err = sink.error ? sink.error : EIO;
     return hd_tool_fail(error, error_size, -err, "cannot write the raw snapshot: %s",
-                sink.error ? strerror(err) : hd_status_str(status));
+                        sink.error ? strerror(err) : hd_status_str(status));
   }
   return 0;
 }
@@ -181,8 +273,8 @@ static HD_MUST_CHECK int read_raw_header(FILE *in, bool *multi, char *error, siz
   uint32_t version = get_u32(header + 8), flags = get_u32(header + 12);
   if (version != HD_RAW_VERSION) {
     return hd_tool_fail(error, error_size, -EINVAL,
-                "raw snapshot version %u is not supported (this heapdump reads version %u)",
-                version, HD_RAW_VERSION);
+                        "raw snapshot version %u is not supported (this heapdump reads version %u)",
+                        version, HD_RAW_VERSION);
   }
   if (flags & ~HD_RAW_FLAG_MULTI_PROCESS) {
     return hd_tool_fail(error, error_size, -EINVAL, "raw snapshot has unknown flags 0x%x", flags);
@@ -193,29 +285,33 @@ static HD_MUST_CHECK int read_raw_header(FILE *in, bool *multi, char *error, siz
 
 /* Reads record number `record` (a length, then a batch body of that length) into body; *size
  * its length, 0 for the empty batch that ends a process or the stream. */
-static HD_MUST_CHECK int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size, char *error,
-                       size_t error_size) {
+static HD_MUST_CHECK int read_record(FILE *in, uint64_t record, uint8_t *body, uint32_t *size,
+                                     char *error, size_t error_size) {
   uint8_t length[4];
   if (fread(length, 1, sizeof length, in) != sizeof length) {
-    return ferror(in) ? hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno))
-                      : hd_tool_fail(error, error_size, -EINVAL,
-                             "truncated raw snapshot: the stream ends before its last batch");
+    return ferror(in)
+               ? hd_tool_fail(error, error_size, -EIO, "read error: %s", strerror(errno))
+               : hd_tool_fail(error, error_size, -EINVAL,
+                              "truncated raw snapshot: the stream ends before its last batch");
   }
   *size = get_u32(length);
   if (*size > HD_BATCH_CAPACITY) {
-    return hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu claims %u bytes",
-                (unsigned long long)record, *size);
+    return hd_tool_fail(error, error_size, -EINVAL,
+                        "corrupt raw snapshot: batch %llu claims %u bytes",
+                        (unsigned long long)record, *size);
   }
   if (fread(body, 1, *size, in) != *size) {
-    return hd_tool_fail(error, error_size, -EINVAL, "truncated raw snapshot: batch %llu is cut short",
-                (unsigned long long)record);
+    return hd_tool_fail(error, error_size, -EINVAL,
+                        "truncated raw snapshot: batch %llu is cut short",
+                        (unsigned long long)record);
   }
   return 0;
 }
 
 /* Decodes one batch body into the reassembler through reader. */
 static HD_MUST_CHECK int decode_record(hd_batch_reader *reader, hd_reassembler *r, uint64_t record,
-                         const uint8_t *body, uint32_t size, char *error, size_t error_size) {
+                                       const uint8_t *body, uint32_t size, char *error,
+                                       size_t error_size) {
   heapdump_client_SnapshotReceiverBatchRequest request =
       heapdump_client_SnapshotReceiverBatchRequest_init_zero;
   hd_batch_reader_prepare(reader, &request);
@@ -223,8 +319,8 @@ static HD_MUST_CHECK int decode_record(hd_batch_reader *reader, hd_reassembler *
   pb_istream_t stream = pb_istream_from_buffer(body, size);
   if (!pb_decode(&stream, heapdump_client_SnapshotReceiverBatchRequest_fields, &request)) {
     return hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: batch %llu: %s",
-                (unsigned long long)record,
-                reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
+                        (unsigned long long)record,
+                        reader->status != HD_OK && r->error[0] ? r->error : PB_GET_ERROR(&stream));
   }
   return 0;
 }
@@ -254,14 +350,15 @@ int hd_raw_read(FILE *in, hd_reassembler *r, char *error, size_t error_size) {
     if (multi && state == BETWEEN_PROCESSES) {
       if (r->snapshot_count != snapshots_before + 1) {
         rc = hd_tool_fail(error, error_size, -EINVAL,
-                  "corrupt raw snapshot: batch %llu should start a process with its header",
-                  (unsigned long long)record);
+                          "corrupt raw snapshot: batch %llu should start a process with its header",
+                          (unsigned long long)record);
       }
       state = IN_PROCESS;
     }
   }
   if (rc == 0 && fgetc(in) != EOF) {
-    rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: data after the end of the stream");
+    rc = hd_tool_fail(error, error_size, -EINVAL,
+                      "corrupt raw snapshot: data after the end of the stream");
   }
   if (rc == 0 && hd_reassembler_finish(r) != HD_OK) {
     rc = hd_tool_fail(error, error_size, -EINVAL, "corrupt raw snapshot: %s", r->error);

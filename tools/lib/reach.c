@@ -15,15 +15,11 @@ enum { UNDECIDED = 0, LEADER = 1, MEMBER = 2 }; /* lost blocks: definitely / ind
 
 const char *hd_reach_category_name(hd_reach_category c) {
   switch (c) {
-    case HD_DEFINITELY_LOST:
-      return "definitely_lost";
-    case HD_INDIRECTLY_LOST:
-      return "indirectly_lost";
-    case HD_POSSIBLY_LOST:
-      return "possibly_lost";
+    case HD_DEFINITELY_LOST: return "definitely_lost";
+    case HD_INDIRECTLY_LOST: return "indirectly_lost";
+    case HD_POSSIBLY_LOST: return "possibly_lost";
     case HD_STILL_REACHABLE:
-    case HD_REACH_CATEGORIES:
-      break;
+    case HD_REACH_CATEGORIES: break;
   }
   return "still_reachable";
 }
@@ -76,7 +72,8 @@ static HD_MUST_CHECK int build_index(const hd_snapshot *s, heap_index *h) {
     const hd_snapshot_allocation *a = &s->allocations[pairs[2 * k + 1]];
     h->starts[k] = a->address;
     /* A zero-size block is pointed to only by its address. */
-    h->ends[k] = a->size > UINT64_MAX - a->address ? UINT64_MAX : a->address + (a->size ? a->size : 1);
+    h->ends[k] =
+        a->size > UINT64_MAX - a->address ? UINT64_MAX : a->address + (a->size ? a->size : 1);
     h->allocation[k] = (size_t)pairs[2 * k + 1];
     if (h->starts[k] < h->lowest) h->lowest = h->starts[k];
     if (h->ends[k] > h->highest) h->highest = h->ends[k];
@@ -116,18 +113,18 @@ static bool is_thread_vector(const scan *sc, size_t allocation, uint64_t v) {
 
 /* Calls visit(sc, allocation, is_start) for every word of [bytes, bytes + size), at address,
  * that points into a live block. Words are the 8-byte aligned ones. */
-#define FOR_EACH_POINTER(sc, address, bytes, size, visit)                                \
-  do {                                                                                 \
-    uint64_t skip_ = (8 - ((address) & 7)) & 7;                                        \
-    for (uint64_t off_ = skip_; (size) >= 8 && off_ <= (size) - 8; off_ += 8) {        \
-      uint64_t v_;                                                                     \
-      memcpy(&v_, (bytes) + off_, 8);                                                  \
-      bool start_;                                                                     \
-      size_t target_ = find_block(&(sc)->heap, v_, &start_);                           \
-      if (target_ != SIZE_MAX) {                                                       \
-        visit((sc), target_, start_ || is_thread_vector((sc), target_, v_));           \
-      }                                                                                \
-    }                                                                                  \
+#define FOR_EACH_POINTER(sc, address, bytes, size, visit)                     \
+  do {                                                                        \
+    uint64_t skip_ = (8 - ((address)&7)) & 7;                                 \
+    for (uint64_t off_ = skip_; (size) >= 8 && off_ <= (size)-8; off_ += 8) { \
+      uint64_t v_;                                                            \
+      memcpy(&v_, (bytes) + off_, 8);                                         \
+      bool start_;                                                            \
+      size_t target_ = find_block(&(sc)->heap, v_, &start_);                  \
+      if (target_ != SIZE_MAX) {                                              \
+        visit((sc), target_, start_ || is_thread_vector((sc), target_, v_));  \
+      }                                                                       \
+    }                                                                         \
   } while (0)
 
 static void push(scan *sc, size_t allocation) { sc->stack[sc->depth++] = allocation; }

@@ -1,6 +1,6 @@
-/* The report and folded-stack outputs (see report.h). Both aggregate the live allocations of each
- * process by stack trace first; the report then merges traces into groups (sites, stacks or
- * threads) and names each group's heaviest stack. */
+/* The report (see report.h): the live allocations of each process by stack trace first, merged
+ * into groups (sites, stacks or threads), each named by its heaviest stack, written as text or
+ * JSON. The stacks themselves as text, and folded stacks, are stack_text.c's. */
 #include "heapdump/tools/report.h"
 
 #include <errno.h>
@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/demangle.h"
 #include "heapdump/tools/reach.h"
 #include "heapdump/tools/sites.h"
 #include "heapdump/tools/util.h"
-#include "heapdump/contract/must_check.h"
 
 typedef hd_trace_totals trace_totals;
 
@@ -103,8 +103,9 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
 }
 
 /* The groups of one category's allocations (categories NULL: of all, category -1). */
-static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
-                      int category, group_list *l, size_t *trace_group) {
+static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_options *o,
+                                    const uint8_t *categories, int category, group_list *l,
+                                    size_t *trace_group) {
   trace_totals *totals = totals_by_trace(s, categories, category);
   if (totals == NULL) return -ENOMEM;
   int rc = 0;
@@ -204,10 +205,12 @@ static HD_MUST_CHECK int sort_groups(group_list *l, size_t *trace_group, size_t 
 /* Groups by site, stack or thread; by category first where the snapshot has roots
  * (categories: per allocation, or NULL). trace_group (nullable): which group each trace went to. */
 static HD_MUST_CHECK int build_groups(const hd_snapshot *s, const hd_report_options *o,
-                        const uint8_t *categories, group_list *out, size_t *trace_group) {
+                                      const uint8_t *categories, group_list *out,
+                                      size_t *trace_group) {
   group_list l = {0};
   int rc = 0;
-  for (size_t t = 0; trace_group != NULL && t < s->stack_trace_count; t++) trace_group[t] = SIZE_MAX;
+  for (size_t t = 0; trace_group != NULL && t < s->stack_trace_count; t++)
+    trace_group[t] = SIZE_MAX;
   if (categories == NULL) {
     rc = add_groups(s, o, NULL, -1, &l, trace_group);
   } else {
@@ -235,47 +238,11 @@ int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uin
 
 /* ---- text ---- */
 
-void hd_report_frames_text(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
-                           const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames) {
-  size_t shown = 0;
-  for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames); i++, shown++) {
-    hd_location_info loc;
-    uint64_t address = trace->addresses[i];
-    hd_locate(sym, s, address, true, &loc);
-    if (loc.frame_count == 0) {
-      char name[300];
-      fprintf(out, "        at %s\n", hd_location_name(&loc, address, name, sizeof name));
-      continue;
-    }
-    for (size_t f = 0; f < loc.frame_count; f++) {
-      const hd_source_frame *fr = &loc.frames[f];
-      fprintf(out, "        at %s", fr->function ? hd_demangle(fr->function) : "??");
-      if (fr->file != NULL && fr->line > 0) {
-        fprintf(out, " (%s:%" PRIu32 ")", fr->file, fr->line);
-      } else {
-        fprintf(out, " (%s+0x%" PRIx64 ")", loc.module, loc.module_offset);
-      }
-      fprintf(out, "%s\n", f + 1 < loc.frame_count ? " [inlined]" : "");
-    }
-  }
-  char cut[48] = "";
-  if (trace->truncated) snprintf(cut, sizeof cut, "truncated at %zu frames", trace->count);
-  if (first + shown < trace->count) {
-    fprintf(out, "        ... %zu more frames%s%s%s\n", trace->count - first - shown,
-            cut[0] ? " (" : "", cut, cut[0] ? ")" : "");
-  } else if (cut[0]) {
-    fprintf(out, "        ... %s\n", cut);
-  }
-}
-
 static const char *group_kind(hd_report_by by) {
   switch (by) {
-    case HD_REPORT_BY_STACK:
-      return "STACK";
-    case HD_REPORT_BY_THREAD:
-      return "THREAD";
-    case HD_REPORT_BY_SITE:
-      break;
+    case HD_REPORT_BY_STACK: return "STACK";
+    case HD_REPORT_BY_THREAD: return "THREAD";
+    case HD_REPORT_BY_SITE: break;
   }
   return "SITE";
 }
@@ -350,20 +317,23 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
   roots_not_read(s, &unread_bytes, &unread_regions);
   if (unread_regions > 0) {
     fprintf(out,
-            "warning: %" PRIu64 " bytes of roots in %zu regions were not read (the snapshot's "
+            "warning: %" PRIu64
+            " bytes of roots in %zu regions were not read (the snapshot's "
             "contents limit, or more mappings than the collector reads): blocks reachable only "
             "from them are counted as lost, so the verdict is uncertain\n",
             unread_bytes, unread_regions);
   }
   if (s->has_stats && s->stats.mapping_records_lost > 0) {
     fprintf(out,
-            "warning: the process could not record %" PRIu64 " of its allocator's or heapdump's "
+            "warning: the process could not record %" PRIu64
+            " of its allocator's or heapdump's "
             "mappings: some of that memory may have been scanned as the program's, hiding leaks\n",
             s->stats.mapping_records_lost);
   }
   if (sum->unconfirmed_blocks > 0) {
     fprintf(out,
-            "note: %" PRIu64 " bytes in %" PRIu64 " blocks were lost in the last scan only, not "
+            "note: %" PRIu64 " bytes in %" PRIu64
+            " blocks were lost in the last scan only, not "
             "in the one before: not reported (a pointer in flight, or a leak younger than the "
             "interval; the next check tells)\n",
             sum->unconfirmed_bytes, sum->unconfirmed_blocks);
@@ -433,8 +403,8 @@ static void write_alloc_fns_json(const hd_report_options *o, FILE *out) {
   fputc(']', out);
 }
 
-static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
-                       const leak_summary *leaks, FILE *out) {
+/* A process's line of totals, what was lost recording it, and its timeline. */
+static void write_text_summary(const hd_snapshot *s, const hd_report_options *o, FILE *out) {
   uint64_t live_bytes = 0, live_blocks = 0;
   live_totals(s, &live_bytes, &live_blocks);
   if (s->pid != 0) {
@@ -453,19 +423,19 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
   fputc('\n', out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
                        s->stats.dropped_resources)) {
-    fprintf(out,
-            "warning: the process ran out of recording memory (HEAPDUMP_MAX_MEMORY): %" PRIu64
-            " allocations, %" PRIu64 " stack traces and %" PRIu64
-            " other records were not recorded\n",
-            s->stats.dropped_allocations, s->stats.dropped_stack_traces,
-            s->stats.dropped_resources);
+    fprintf(
+        out,
+        "warning: the process ran out of recording memory (HEAPDUMP_MAX_MEMORY): %" PRIu64
+        " allocations, %" PRIu64 " stack traces and %" PRIu64 " other records were not recorded\n",
+        s->stats.dropped_allocations, s->stats.dropped_stack_traces, s->stats.dropped_resources);
   }
   /* A few are usual (allocations of the loader's start-up code); a share worth noting says
    * how many traces may be short or, in code without frame pointers, wrong past such a frame. */
   if (s->has_stats && s->stats.stacks_beyond_cfi > 0 &&
       s->stats.stacks_beyond_cfi >= s->stats.blocks_allocated / 100) {
     fprintf(out,
-            "note: %" PRIu64 " of %" PRIu64 " stacks pass through code without call-frame "
+            "note: %" PRIu64 " of %" PRIu64
+            " stacks pass through code without call-frame "
             "information (JIT code, hand-written assembly, modules without .eh_frame_hdr): "
             "unwound there by frame pointers, or cut short\n",
             s->stats.stacks_beyond_cfi, s->stats.blocks_allocated);
@@ -473,7 +443,8 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
   /* A heap overflow in the program: worth saying every time it is seen. */
   if (s->has_stats && s->stats.writes_past_block_end > 0) {
     fprintf(out,
-            "warning: the program wrote past the end of %" PRIu64 " freed block(s) (heap "
+            "warning: the program wrote past the end of %" PRIu64
+            " freed block(s) (heap "
             "overflow); run it under AddressSanitizer or valgrind to find where\n",
             s->stats.writes_past_block_end);
   }
@@ -484,12 +455,19 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
       if (s->samples[i].live_bytes > s->samples[peak].live_bytes) peak = i;
     }
     const int64_t start = s->samples[0].timestamp;
-    fprintf(out,
-            "timeline: %zu samples over %.1f s; most live: %" PRIu64 " bytes at %.1f s (the "
-            "HTML report draws it)\n",
-            s->sample_count, ((double)s->samples[s->sample_count - 1].timestamp - (double)start) / 1e9,
-            s->samples[peak].live_bytes, ((double)s->samples[peak].timestamp - (double)start) / 1e9);
+    fprintf(
+        out,
+        "timeline: %zu samples over %.1f s; most live: %" PRIu64
+        " bytes at %.1f s (the "
+        "HTML report draws it)\n",
+        s->sample_count, ((double)s->samples[s->sample_count - 1].timestamp - (double)start) / 1e9,
+        s->samples[peak].live_bytes, ((double)s->samples[peak].timestamp - (double)start) / 1e9);
   }
+}
+
+static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                       const leak_summary *leaks, FILE *out) {
+  write_text_summary(s, o, out);
   if (leaks != NULL) {
     write_leaks_text(s, o, l, leaks, out);
     return;
@@ -508,8 +486,8 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     } else if (by_thread) {
       ab[0] = an[0] = '\0';
     }
-    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s  %s\n", g->live_bytes, g->live_blocks,
-            ab, an, g->name);
+    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s  %s\n", g->live_bytes, g->live_blocks, ab,
+            an, g->name);
     print_group_text(out, s, o, g);
   }
   if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
@@ -540,7 +518,8 @@ void hd_report_frames_json(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
   fputs("[", out);
   bool comma = false;
   size_t shown = 0;
-  for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames); i++, shown++) {
+  for (size_t i = first; i < trace->count && (max_frames == 0 || shown < max_frames);
+       i++, shown++) {
     hd_location_info loc;
     uint64_t address = trace->addresses[i];
     hd_locate(sym, s, address, true, &loc);
@@ -575,17 +554,16 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   live_totals(s, &live_bytes, &live_blocks);
   fputs("{\"process_name\":", out);
   hd_json_string(out, s->process_name);
-  fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64,
-          s->pid, live_blocks, live_bytes);
+  fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64, s->pid,
+          live_blocks, live_bytes);
   if (s->has_stats) {
     const heapdump_client_ProcessStats *st = &s->stats;
     fprintf(out,
             ",\"stats\":{\"blocks_allocated\":%" PRIu64 ",\"bytes_allocated\":%" PRIu64
-            ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64
-            ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
-            ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
-            ",\"stacks_beyond_cfi\":%" PRIu64 ",\"writes_past_block_end\":%" PRIu64
-            ",\"mapping_records_lost\":%" PRIu64 "}",
+            ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64
+            ",\"dropped_allocations\":%" PRIu64 ",\"dropped_stack_traces\":%" PRIu64
+            ",\"dropped_resources\":%" PRIu64 ",\"stacks_beyond_cfi\":%" PRIu64
+            ",\"writes_past_block_end\":%" PRIu64 ",\"mapping_records_lost\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
             st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
@@ -607,9 +585,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             unread_regions);
   }
   write_alloc_fns_json(o, out);
-  fprintf(out, ",\"by\":\"%s\",\"groups\":[", o->by == HD_REPORT_BY_SITE    ? "site"
-                                             : o->by == HD_REPORT_BY_STACK ? "stack"
-                                                                           : "thread");
+  fprintf(out, ",\"by\":\"%s\",\"groups\":[",
+          o->by == HD_REPORT_BY_SITE    ? "site"
+          : o->by == HD_REPORT_BY_STACK ? "stack"
+                                        : "thread");
   size_t shown = o->top && o->top < l->count ? o->top : l->count;
   for (size_t i = 0; i < shown; i++) {
     const group *g = &l->items[i];
@@ -690,64 +669,6 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
   if (fflush(out) != 0 || ferror(out)) {
     int err = errno ? errno : EIO;
     return hd_tool_fail(error, error_size, -err, "cannot write the report: %s", strerror(err));
-  }
-  return 0;
-}
-
-/* ---- folded stacks ---- */
-
-/* Frame names must not contain the separators of the format. */
-static void folded_name(FILE *out, const char *name) {
-  for (const char *p = name; *p; p++) fputc(*p == ';' || *p == '\n' ? '_' : *p, out);
-}
-
-int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char *error,
-                    size_t error_size) {
-  errno = 0;
-  for (size_t p = 0; p < r->snapshot_count; p++) {
-    const hd_snapshot *s = r->snapshots[p];
-    trace_totals *totals = hd_trace_totals_of(s);
-    if (totals == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
-    for (size_t i = 0; i < s->stack_trace_count; i++) {
-      const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
-      if (totals[i].live_bytes == 0 && totals[i].live_blocks == 0) continue;
-      bool first = true;
-      if (s->has_header) {
-        fprintf(out, "%s[%" PRIu64 "]", s->process_name, s->pid);
-        first = false;
-      }
-      if (trace->count == 0) {
-        fprintf(out, "%s(no stack)", first ? "" : ";");
-        first = false;
-      } else if (trace->truncated) {
-        /* The root-most frames are missing: cut stacks meet under one root of their own. */
-        fputs(first ? "" : ";", out);
-        fprintf(out, HD_TRUNCATED_FRAME_FORMAT, trace->count);
-        first = false;
-      }
-      for (size_t k = trace->count; k-- > 0;) {
-        hd_location_info loc;
-        hd_locate(sym, s, trace->addresses[k], true, &loc);
-        if (loc.frame_count == 0) {
-          char name[300];
-          fputs(first ? "" : ";", out);
-          folded_name(out, hd_location_name(&loc, trace->addresses[k], name, sizeof name));
-          first = false;
-          continue;
-        }
-        for (size_t f = loc.frame_count; f-- > 0;) {
-          fputs(first ? "" : ";", out);
-          folded_name(out, loc.frames[f].function ? hd_demangle(loc.frames[f].function) : "??");
-          first = false;
-        }
-      }
-      fprintf(out, " %" PRIu64 "\n", totals[i].live_bytes);
-    }
-    free(totals);
-  }
-  if (fflush(out) != 0 || ferror(out)) {
-    int err = errno ? errno : EIO;
-    return hd_tool_fail(error, error_size, -err, "cannot write folded stacks: %s", strerror(err));
   }
   return 0;
 }

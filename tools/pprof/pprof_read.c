@@ -16,10 +16,11 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "gunzip.h"
+#include "heapdump/contract/must_check.h"
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/util.h"
 #include "profile.pb.h"
-#include "heapdump/contract/must_check.h"
 
 /* A profile bigger than this once decompressed is refused rather than read into memory. */
 #define MAX_PROFILE_BYTES ((size_t)1 << 32)
@@ -219,48 +220,6 @@ static bool decode_function(pb_istream_t *stream, const pb_field_t *field, void 
   return true;
 }
 
-/* The profile's bytes: gunzipped when gzip-compressed (as pprof writes them), else as they are. */
-static HD_MUST_CHECK int inflate_all(const uint8_t *data, size_t size, uint8_t **out, size_t *out_size,
-                       char *error, size_t error_size) {
-  if (size < 2 || data[0] != 0x1f || data[1] != 0x8b) {
-    *out = malloc(size ? size : 1);
-    if (*out == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
-    memcpy(*out, data, size);
-    *out_size = size;
-    return 0;
-  }
-  z_stream z = {0};
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
-    return hd_tool_fail(error, error_size, -ENOMEM, "cannot start decompressing");
-  }
-  size_t capacity = size * 4 + 4096, used = 0;
-  uint8_t *buf = malloc(capacity);
-  z.next_in = (Bytef *)data;
-  z.avail_in = (uInt)size;
-  int zrc = Z_OK;
-  while (buf != NULL && zrc == Z_OK) {
-    if (used == capacity && capacity >= MAX_PROFILE_BYTES) break;
-    if (!HD_RESERVE(buf, used, capacity)) {
-      free(buf);
-      buf = NULL;
-      break;
-    }
-    z.next_out = buf + used;
-    z.avail_out = (uInt)(capacity - used > UINT32_MAX ? UINT32_MAX : capacity - used);
-    zrc = inflate(&z, Z_NO_FLUSH);
-    used = (size_t)(z.next_out - buf);
-  }
-  inflateEnd(&z);
-  if (buf == NULL) return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
-  if (zrc != Z_STREAM_END) {
-    free(buf);
-    return hd_tool_fail(error, error_size, -EINVAL, "the gzip stream is damaged or cut short");
-  }
-  *out = buf;
-  *out_size = used;
-  return 0;
-}
-
 /* ---- building the snapshot ---- */
 
 static const char *str(const profile *p, int64_t index) {
@@ -276,8 +235,9 @@ static long sample_type(const profile *p, const char *name) {
 }
 
 static int64_t value_of(const profile *p, const sample *s, long type) {
-  return type >= 0 && (size_t)type < s->value_count ? (int64_t)p->sample_values.items[s->first_value + type]
-                                                  : 0;
+  return type >= 0 && (size_t)type < s->value_count
+             ? (int64_t)p->sample_values.items[s->first_value + type]
+             : 0;
 }
 
 static const perftools_profiles_Label *label(const profile *p, const sample *s, const char *key) {
@@ -309,8 +269,8 @@ typedef struct builder {
   size_t error_size;
 } builder;
 
-static HD_MUST_CHECK hd_status add(builder *b, const heapdump_client_SnapshotElement *e, const uint64_t *addresses,
-                     size_t count) {
+static HD_MUST_CHECK hd_status add(builder *b, const heapdump_client_SnapshotElement *e,
+                                   const uint64_t *addresses, size_t count) {
   hd_element element = {.element = e, .addresses = addresses, .address_count = count};
   return hd_reassembler_add(b->r, &element);
 }
@@ -327,7 +287,8 @@ static bool is_truncation_marker(const profile *p, const location *l) {
 /* Which process a sample belongs to: its process_name and pid labels (a multi-process profile),
  * else the one process of the profile. */
 static bool same_process(const profile *p, const sample *a, const sample *b) {
-  const perftools_profiles_Label *an = label(p, a, "process_name"), *bn = label(p, b, "process_name");
+  const perftools_profiles_Label *an = label(p, a, "process_name"),
+                                 *bn = label(p, b, "process_name");
   const perftools_profiles_Label *ap = label(p, a, "pid"), *bp = label(p, b, "pid");
   return strcmp(an ? str(p, an->str) : "", bn ? str(p, bn->str) : "") == 0 &&
          (ap ? ap->num : 0) == (bp ? bp->num : 0);
@@ -389,11 +350,15 @@ static HD_MUST_CHECK hd_status add_region(builder *b, process_state *ps, uint64_
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
   heapdump_client_ExecutableRegion *g = &e.element.executable_region;
-  *g = (heapdump_client_ExecutableRegion){
-      .has_address = true, .address = mp->memory_start,
-      .has_size = true, .size = mp->memory_limit - mp->memory_start,
-      .has_file_offset = true, .file_offset = mp->file_offset,
-      .has_vaddr = true, .vaddr = mp->file_offset, .has_name = true};
+  *g = (heapdump_client_ExecutableRegion){.has_address = true,
+                                          .address = mp->memory_start,
+                                          .has_size = true,
+                                          .size = mp->memory_limit - mp->memory_start,
+                                          .has_file_offset = true,
+                                          .file_offset = mp->file_offset,
+                                          .has_vaddr = true,
+                                          .vaddr = mp->file_offset,
+                                          .has_name = true};
   snprintf(g->name, sizeof g->name, "%s", str(p, mp->filename));
   const char *hex = str(p, mp->build_id);
   size_t n = strlen(hex) / 2;
@@ -475,9 +440,10 @@ static HD_MUST_CHECK int add_trace(builder *b, process_state *ps, size_t i, hd_s
   if (*status != HD_OK) return 0;
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_stack_trace_tag;
-  e.element.stack_trace = (heapdump_client_StackTrace){
-      .has_stack_trace_key = true, .stack_trace_key = i + 1,
-      .has_truncated = truncated, .truncated = truncated};
+  e.element.stack_trace = (heapdump_client_StackTrace){.has_stack_trace_key = true,
+                                                       .stack_trace_key = i + 1,
+                                                       .has_truncated = truncated,
+                                                       .truncated = truncated};
   *status = add(b, &e, ps->addresses, count);
   /* After the trace: its element made sure the process's snapshot exists. */
   for (size_t k = 0; k < count && *status == HD_OK; k++) {
@@ -488,7 +454,8 @@ static HD_MUST_CHECK int add_trace(builder *b, process_state *ps, size_t i, hd_s
 
 /* The key of the ThreadInfo naming a sample's thread: with --tags its "name[tid]" label, without
  * one "(unknown)" thread. */
-static HD_MUST_CHECK hd_status thread_of(builder *b, process_state *ps, const sample *s, uint64_t *key) {
+static HD_MUST_CHECK hd_status thread_of(builder *b, process_state *ps, const sample *s,
+                                         uint64_t *key) {
   const profile *p = b->p;
   const perftools_profiles_Label *thread = label(p, s, "thread");
   uint64_t name_index = thread != NULL && thread->str > 0 ? (uint64_t)thread->str : 0;
@@ -501,8 +468,8 @@ static HD_MUST_CHECK hd_status thread_of(builder *b, process_state *ps, const sa
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_thread_info_tag;
   heapdump_client_ThreadInfo *ti = &e.element.thread_info;
-  *ti = (heapdump_client_ThreadInfo){.has_thread_info_key = true, .thread_info_key = *key,
-                                     .has_name = true};
+  *ti = (heapdump_client_ThreadInfo){
+      .has_thread_info_key = true, .thread_info_key = *key, .has_name = true};
   const char *text = name_index ? str(p, thread->str) : "(unknown)";
   const char *open = strrchr(text, '[');
   unsigned long long tid;
@@ -544,7 +511,8 @@ static HD_MUST_CHECK int add_sample(builder *b, process_state *ps, size_t i, hd_
     int rc = add_trace(b, ps, i, status);
     if (rc != 0 || *status != HD_OK) return rc;
   }
-  int64_t alloc_objects = value_of(p, s, b->alloc_objects), alloc_space = value_of(p, s, b->alloc_space);
+  int64_t alloc_objects = value_of(p, s, b->alloc_objects),
+          alloc_space = value_of(p, s, b->alloc_space);
   if (alloc_objects > 0) ps->traces[t].alloc_objects += (uint64_t)alloc_objects;
   if (alloc_space > 0) ps->traces[t].alloc_space += (uint64_t)alloc_space;
   int64_t objects = value_of(p, s, b->inuse_objects), space = value_of(p, s, b->inuse_space);
@@ -559,11 +527,16 @@ static HD_MUST_CHECK int add_sample(builder *b, process_state *ps, size_t i, hd_
       /* Without tags a sample has no address: one no program can have stands in. */
       .has_address = true,
       .address = address != NULL ? (uint64_t)address->num : (UINT64_C(1) << 63) | i,
-      .has_size = true, .size = space > 0 ? (uint64_t)space : 0,
-      .has_stack_trace_key = true, .stack_trace_key = ps->traces[t].first_sample + 1,
-      .has_timestamp = timestamp != NULL, .timestamp = timestamp ? timestamp->num : 0,
-      .has_thread_info_key = true, .thread_info_key = thread_key,
-      .has_count = true, .count = objects > 0 ? (uint64_t)objects : 0};
+      .has_size = true,
+      .size = space > 0 ? (uint64_t)space : 0,
+      .has_stack_trace_key = true,
+      .stack_trace_key = ps->traces[t].first_sample + 1,
+      .has_timestamp = timestamp != NULL,
+      .timestamp = timestamp ? timestamp->num : 0,
+      .has_thread_info_key = true,
+      .thread_info_key = thread_key,
+      .has_count = true,
+      .count = objects > 0 ? (uint64_t)objects : 0};
   *status = add(b, &e, NULL, 0);
   return 0;
 }
@@ -574,14 +547,16 @@ static HD_MUST_CHECK int add_process(builder *b, size_t first, bool *done, bool 
   const sample *lead = &p->samples[first];
   hd_status status = HD_OK;
   if (multi) {
-    const perftools_profiles_Label *name = label(p, lead, "process_name"), *pid = label(p, lead, "pid");
+    const perftools_profiles_Label *name = label(p, lead, "process_name"),
+                                   *pid = label(p, lead, "pid");
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
     e.element.snapshot_header = (heapdump_client_SnapshotHeader){
-        .has_process_name = true, .has_process_koid = true,
+        .has_process_name = true,
+        .has_process_koid = true,
         .process_koid = pid && pid->num > 0 ? (uint64_t)pid->num : 0};
-    snprintf(e.element.snapshot_header.process_name,
-             sizeof e.element.snapshot_header.process_name, "%s", name ? str(p, name->str) : "");
+    snprintf(e.element.snapshot_header.process_name, sizeof e.element.snapshot_header.process_name,
+             "%s", name ? str(p, name->str) : "");
     status = add(b, &e, NULL, 0);
   }
   process_state ps = {0};
@@ -597,10 +572,13 @@ static HD_MUST_CHECK int add_process(builder *b, size_t first, bool *done, bool 
        t++) {
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
     e.which_element = heapdump_client_SnapshotElement_stack_trace_counters_tag;
-    e.element.stack_trace_counters = (heapdump_client_StackTraceCounters){
-        .has_stack_trace_key = true, .stack_trace_key = ps.traces[t].first_sample + 1,
-        .has_allocated_blocks = true, .allocated_blocks = ps.traces[t].alloc_objects,
-        .has_allocated_bytes = true, .allocated_bytes = ps.traces[t].alloc_space};
+    e.element.stack_trace_counters =
+        (heapdump_client_StackTraceCounters){.has_stack_trace_key = true,
+                                             .stack_trace_key = ps.traces[t].first_sample + 1,
+                                             .has_allocated_blocks = true,
+                                             .allocated_blocks = ps.traces[t].alloc_objects,
+                                             .has_allocated_bytes = true,
+                                             .allocated_bytes = ps.traces[t].alloc_space};
     status = add(b, &e, NULL, 0);
   }
   process_state_free(&ps);
@@ -616,7 +594,7 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
                   uint64_t fallback_pid, hd_reassembler *r, char *error, size_t error_size) {
   uint8_t *bytes = NULL;
   size_t length = 0;
-  int rc = inflate_all(data, size, &bytes, &length, error, error_size);
+  int rc = hd_gunzip(data, size, MAX_PROFILE_BYTES, &bytes, &length, error, error_size);
   if (rc != 0) return rc;
   profile p = {0};
   perftools_profiles_Profile message = perftools_profiles_Profile_init_zero;
@@ -632,11 +610,14 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
   if (!decoded) {
     rc = p.out_of_memory ? hd_tool_fail(error, error_size, -ENOMEM, "out of memory")
                          : hd_tool_fail(error, error_size, -EBADMSG, "not a pprof profile (%s)",
-                                PB_GET_ERROR(&in));
+                                        PB_GET_ERROR(&in));
     profile_free(&p);
     return rc;
   }
-  builder b = {.p = &p, .r = r, .error = error, .error_size = error_size,
+  builder b = {.p = &p,
+               .r = r,
+               .error = error,
+               .error_size = error_size,
                .inuse_objects = sample_type(&p, "inuse_objects"),
                .inuse_space = sample_type(&p, "inuse_space"),
                .alloc_objects = sample_type(&p, "alloc_objects"),
@@ -649,9 +630,10 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
                str(&p, p.sample_types[i].type));
     }
     profile_free(&p);
-    return hd_tool_fail(error, error_size, -EINVAL,
-                "not a heap profile: its sample types are %s, not inuse_space or alloc_space",
-                types[0] ? types : "none");
+    return hd_tool_fail(
+        error, error_size, -EINVAL,
+        "not a heap profile: its sample types are %s, not inuse_space or alloc_space",
+        types[0] ? types : "none");
   }
   bool *done = calloc(p.sample_count ? p.sample_count : 1, sizeof *done);
   if (done == NULL ||

@@ -10,6 +10,8 @@
 #include "heapdump/tools/symbolize.h"
 
 #include "heapdump/tools/demangle.h"
+#include "heapdump/tools/util.h"
+#include "symbolize_internal.h"
 
 #include <dwarf.h>
 #include <elfutils/libdw.h>
@@ -27,77 +29,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-/* The system debug root of the .build-id layout and of .gnu_debuglink lookups. */
-#define SYSTEM_DEBUG_ROOT "/usr/lib/debug"
-/* Bounds on what corrupt DWARF can make us recurse into or allocate. */
-#define MAX_DIE_DEPTH 256
-#define MAX_INLINE_FRAMES 64
-
-/* Address ranges sorted by start, each with an index into the owner's payload array; max_high
- * (the largest end of any range at or before this one) lets a lookup stop early with nested or
- * overlapping ranges. */
-typedef struct range_entry {
-  uint64_t low, high, max_high;
-  size_t payload;
-} range_entry;
-
-typedef struct range_index {
-  range_entry *entries;
-  size_t count, capacity;
-} range_index;
-
-/* unit_die holds the ranges and the line table; function_root the function DIEs: the split unit
- * of a skeleton unit, else unit_die itself. */
-typedef struct compile_unit {
-  Dwarf_Die unit_die;
-  Dwarf_Die function_root;
-  bool indexed;
-  range_index functions;
-  Dwarf_Die *function_dies;
-  size_t function_count, function_capacity;
-} compile_unit;
-
-typedef struct elf_file {
-  int fd;
-  Elf *elf;
-} elf_file;
-
-typedef struct module {
-  uint64_t hash;
-  char *name;
-  uint8_t build_id[sizeof(((hd_snapshot_region *)0)->build_id)];
-  size_t build_id_size;
-  elf_file binary, debug;
-  Dwarf *dwarf;
-  compile_unit *units;
-  size_t unit_count;
-  range_index unit_ranges;
-  range_index symbols;
-  const char **symbol_names;
-} module;
-
-typedef struct cached_location {
-  bool used;
-  uint32_t module_index;
-  uint64_t address;
-  hd_source_frame *frames;
-  size_t frame_count;
-} cached_location;
-
-struct hd_symbolizer {
-  char **debug_dirs;
-  size_t debug_dir_count;
-  module **modules;
-  size_t module_count, module_capacity;
-  cached_location *cache; /* open addressing; capacity is a power of two */
-  size_t cache_count, cache_capacity;
-  bool found_symbols;
-  struct hd_alloc_fns *alloc_fns; /* the caller's */
-};
-
 void hd_symbolizer_set_alloc_fns(hd_symbolizer *s, struct hd_alloc_fns *fns) { s->alloc_fns = fns; }
 
-struct hd_alloc_fns *hd_symbolizer_alloc_fns(const hd_symbolizer *s) { return s->alloc_fns; }
+struct hd_alloc_fns *hd_symbolizer_alloc_fns(const hd_symbolizer *s) {
+  return s->alloc_fns;
+}
 
 static bool grow(void **array, size_t *capacity, size_t needed, size_t element_size) {
   if (needed <= *capacity) return true;
@@ -155,72 +91,6 @@ static void range_free(range_index *r) {
   *r = (range_index){0};
 }
 
-/* ---- ELF files ---------------------------------------------------------------------------- */
-
-static const elf_file no_file = {-1, NULL};
-
-/* O_NONBLOCK and the S_ISREG check: a FIFO or device named like a module must not hang us. */
-static bool elf_file_open(const char *path, elf_file *out) {
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return false;
-  }
-  Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
-  GElf_Ehdr ehdr;
-  if (elf == NULL || elf_kind(elf) != ELF_K_ELF || gelf_getehdr(elf, &ehdr) == NULL) {
-    elf_end(elf);
-    close(fd);
-    return false;
-  }
-  *out = (elf_file){fd, elf};
-  return true;
-}
-
-static void elf_file_close(elf_file *f) {
-  elf_end(f->elf);
-  if (f->fd >= 0) close(f->fd);
-  *f = no_file;
-}
-
-static bool same_inode(const elf_file *a, const elf_file *b) {
-  struct stat sa, sb;
-  return a->fd >= 0 && b->fd >= 0 && fstat(a->fd, &sa) == 0 && fstat(b->fd, &sb) == 0 &&
-         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-/* The CRC-32 .gnu_debuglink records is zlib's. */
-static bool file_crc32(int fd, uint32_t *out) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  unsigned char buffer[65536];
-  off_t offset = 0;
-  for (;;) {
-    ssize_t n = pread(fd, buffer, sizeof buffer, offset);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (n == 0) break;
-    crc = crc32(crc, buffer, (uInt)n);
-    offset += n;
-  }
-  *out = (uint32_t)crc;
-  return true;
-}
-
-/* Regions carry at most sizeof(build_id) bytes of the note: a longer ID matches on that prefix. */
-static bool build_id_matches(const module *m, Elf *elf) {
-  const void *id = NULL;
-  ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
-  if (n < 0) return false;
-  if (m->build_id_size == 0 || n == 0) return m->build_id_size == 0 && n == 0;
-  size_t size = (size_t)n;
-  if (size > sizeof m->build_id) size = sizeof m->build_id;
-  return size == m->build_id_size && memcmp(id, m->build_id, size) == 0;
-}
-
 /* ---- DWARF -------------------------------------------------------------------------------- */
 
 static bool add_die_ranges(range_index *r, Dwarf_Die *die, size_t payload) {
@@ -241,10 +111,8 @@ static bool is_function_container(int tag) {
     case DW_TAG_class_type:
     case DW_TAG_structure_type:
     case DW_TAG_union_type:
-    case DW_TAG_module:
-      return true;
-    default:
-      return false;
+    case DW_TAG_module: return true;
+    default: return false;
   }
 }
 
@@ -284,7 +152,7 @@ static bool ensure_functions_indexed(compile_unit *cu) {
 
 /* Builds the unit address index; false (and no DWARF kept) when the file has no unit. A unit
  * without ranges of its own is indexed through its functions' ranges. */
-static bool load_dwarf(module *m, Elf *elf) {
+bool hd_load_dwarf(module *m, Elf *elf) {
   Dwarf *dwarf = dwarf_begin_elf(elf, DWARF_C_READ, NULL);
   if (dwarf == NULL) return false;
   m->dwarf = dwarf;
@@ -434,7 +302,7 @@ static int binding_rank(unsigned char binding) {
   return binding == STB_GLOBAL ? 2 : binding == STB_WEAK ? 1 : 0;
 }
 
-static Elf_Scn *find_symbol_section(Elf *elf, GElf_Word type) {
+Elf_Scn *hd_find_symbol_section(Elf *elf, GElf_Word type) {
   Elf_Scn *scn = NULL;
   while ((scn = elf_nextscn(elf, scn)) != NULL) {
     GElf_Shdr shdr;
@@ -509,121 +377,28 @@ static const char *symbol_at(const module *m, uint64_t address) {
   return e ? m->symbol_names[e->payload] : NULL;
 }
 
-/* ---- Finding a module's files ------------------------------------------------------------- */
-
-typedef struct debug_search {
-  const hd_symbolizer *s;
-  module *m;
-  const char *debuglink; /* from the binary, or NULL */
-  uint32_t debuglink_crc;
-  elf_file symbols_only; /* the first match without DWARF but with a .symtab */
-} debug_search;
-
-/* Tries path as the module's debug file; true once one with DWARF is loaded. */
-static bool try_debug_file(debug_search *search, const char *path, bool via_debuglink) {
-  elf_file candidate;
-  if (!elf_file_open(path, &candidate)) return false;
-  module *m = search->m;
-  bool matches = build_id_matches(m, candidate.elf) && !same_inode(&candidate, &m->binary) &&
-                 !same_inode(&candidate, &search->symbols_only);
-  if (matches && m->build_id_size == 0 && via_debuglink) {
-    uint32_t crc;
-    matches = file_crc32(candidate.fd, &crc) && crc == search->debuglink_crc;
-  }
-  if (matches && load_dwarf(m, candidate.elf)) {
-    m->debug = candidate;
-    return true;
-  }
-  if (matches && search->symbols_only.elf == NULL &&
-      find_symbol_section(candidate.elf, SHT_SYMTAB) != NULL) {
-    search->symbols_only = candidate;
-    return false;
-  }
-  elf_file_close(&candidate);
-  return false;
-}
-
-static void build_id_path(const module *m, const char *root, char *out, size_t size) {
-  int n = snprintf(out, size, "%s/.build-id/%02x/", root, m->build_id[0]);
-  for (size_t i = 1; n > 0 && (size_t)n < size && i < m->build_id_size; i++) {
-    n += snprintf(out + n, size - (size_t)n, "%02x", m->build_id[i]);
-  }
-  if (n > 0 && (size_t)n < size) n += snprintf(out + n, size - (size_t)n, ".debug");
-  if (n < 0 || (size_t)n >= size) out[0] = '\0';
-}
-
-static bool try_joined(debug_search *search, const char *dir, const char *middle, const char *file,
-                       bool via_debuglink) {
-  char path[PATH_MAX];
-  int n = snprintf(path, sizeof path, "%s%s/%s", dir, middle, file);
-  return n > 0 && (size_t)n < sizeof path && try_debug_file(search, path, via_debuglink);
-}
-
-/* The order: each --debug-dir (build-id layout, the module's basename, the debuglink name), the
- * system build-id directory, then the debuglink next to the binary, in its .debug/ and under the
- * system debug root. */
-static void find_debug_file(const hd_symbolizer *s, module *m) {
-  debug_search search = {s, m, NULL, 0, no_file};
-  if (m->binary.elf != NULL) {
-    GElf_Word crc = 0;
-    search.debuglink = dwelf_elf_gnu_debuglink(m->binary.elf, &crc);
-    search.debuglink_crc = crc;
-  }
-  const char *slash = strrchr(m->name, '/');
-  const char *base = slash ? slash + 1 : m->name;
-  char path[PATH_MAX];
-  bool found = false;
-  for (size_t i = 0; !found && i < s->debug_dir_count; i++) {
-    if (m->build_id_size >= 2) {
-      build_id_path(m, s->debug_dirs[i], path, sizeof path);
-      found = path[0] != '\0' && try_debug_file(&search, path, false);
-    }
-    if (!found && base[0] != '\0') found = try_joined(&search, s->debug_dirs[i], "", base, false);
-    if (!found && search.debuglink != NULL && strcmp(search.debuglink, base) != 0) {
-      found = try_joined(&search, s->debug_dirs[i], "", search.debuglink, true);
-    }
-  }
-  if (!found && m->build_id_size >= 2) {
-    build_id_path(m, SYSTEM_DEBUG_ROOT, path, sizeof path);
-    found = path[0] != '\0' && try_debug_file(&search, path, false);
-  }
-  if (!found && search.debuglink != NULL && slash != NULL) {
-    char dir[PATH_MAX];
-    int n = snprintf(dir, sizeof dir, "%.*s", (int)(slash - m->name), m->name);
-    if (n >= 0 && (size_t)n < sizeof dir) {
-      found = try_joined(&search, dir, "", search.debuglink, true) ||
-              try_joined(&search, dir, "/.debug", search.debuglink, true) ||
-              try_joined(&search, SYSTEM_DEBUG_ROOT, dir, search.debuglink, true);
-    }
-  }
-  if (found) {
-    elf_file_close(&search.symbols_only);
-  } else if (search.symbols_only.elf != NULL) {
-    m->debug = search.symbols_only;
-  }
-}
-
 /* Opens what exists of the module's files and indexes them; a module with nothing usable stays
  * (cached) with no symbols. */
 static void open_module(const hd_symbolizer *s, module *m) {
   /* A relative name resolves against our working directory, not the program's: only a build
    * ID can tell whether the file found there is the right one. */
   bool path_usable = m->name[0] == '/' || (m->name[0] != '\0' && m->build_id_size > 0);
-  if (path_usable && elf_file_open(m->name, &m->binary) && !build_id_matches(m, m->binary.elf)) {
-    elf_file_close(&m->binary);
+  if (path_usable && hd_elf_file_open(m->name, &m->binary) &&
+      !hd_build_id_matches(m, m->binary.elf)) {
+    hd_elf_file_close(&m->binary);
   }
-  if (m->binary.elf == NULL || !load_dwarf(m, m->binary.elf)) find_debug_file(s, m);
+  if (m->binary.elf == NULL || !hd_load_dwarf(m, m->binary.elf)) hd_find_debug_file(s, m);
   Elf_Scn *scn;
-  if (m->debug.elf != NULL && (scn = find_symbol_section(m->debug.elf, SHT_SYMTAB)) != NULL &&
+  if (m->debug.elf != NULL && (scn = hd_find_symbol_section(m->debug.elf, SHT_SYMTAB)) != NULL &&
       load_symbols(m, m->debug.elf, scn)) {
     return;
   }
   if (m->binary.elf == NULL) return;
-  if ((scn = find_symbol_section(m->binary.elf, SHT_SYMTAB)) != NULL &&
+  if ((scn = hd_find_symbol_section(m->binary.elf, SHT_SYMTAB)) != NULL &&
       load_symbols(m, m->binary.elf, scn)) {
     return;
   }
-  if ((scn = find_symbol_section(m->binary.elf, SHT_DYNSYM)) != NULL) {
+  if ((scn = hd_find_symbol_section(m->binary.elf, SHT_DYNSYM)) != NULL) {
     (void)load_symbols(m, m->binary.elf, scn);
   }
 }
@@ -638,24 +413,18 @@ static void module_free(module *m) {
   range_free(&m->symbols);
   free(m->symbol_names);
   dwarf_end(m->dwarf);
-  elf_file_close(&m->debug);
-  elf_file_close(&m->binary);
+  hd_elf_file_close(&m->debug);
+  hd_elf_file_close(&m->binary);
   free(m->name);
   free(m);
-}
-
-static uint64_t hash_bytes(uint64_t h, const void *data, size_t size) {
-  const uint8_t *p = data;
-  for (size_t i = 0; i < size; i++) h = (h ^ p[i]) * 1099511628211u;
-  return h;
 }
 
 /* The module of a region, opened on first use; its index in s->modules, or -1 without memory. */
 static long module_for(hd_symbolizer *s, const hd_snapshot_region *region) {
   size_t id_size = region->build_id_size;
   if (id_size > sizeof region->build_id) id_size = sizeof region->build_id;
-  uint64_t hash = hash_bytes(hash_bytes(1469598103934665603u, region->name, strlen(region->name)),
-                             region->build_id, id_size);
+  uint64_t hash = hd_fnv1a(hd_fnv1a(HD_FNV1A_BASIS, region->name, strlen(region->name)),
+                           region->build_id, id_size);
   for (size_t i = 0; i < s->module_count; i++) {
     const module *m = s->modules[i];
     if (m->hash == hash && m->build_id_size == id_size &&
@@ -674,7 +443,7 @@ static long module_for(hd_symbolizer *s, const hd_snapshot_region *region) {
   m->hash = hash;
   memcpy(m->build_id, region->build_id, id_size);
   m->build_id_size = id_size;
-  m->binary = m->debug = no_file;
+  m->binary = m->debug = kNoElfFile;
   open_module(s, m);
   s->modules[s->module_count] = m;
   return (long)s->module_count++;

@@ -10,8 +10,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "heapdump/contract/names.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/contract/names.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,11 +25,11 @@ typedef struct hd_collector hd_collector;
 enum hd_log_level { HD_LOG_ERROR = 0, HD_LOG_WARN = 1, HD_LOG_INFO = 2, HD_LOG_DEBUG = 3 };
 
 typedef struct hd_collector_options {
-  const char *socket_path;     /* NULL: hd_default_socket_path() */
-  const char *storage_dir;     /* NULL: $XDG_STATE_HOME/heapdump, else ~/.local/state/heapdump */
-  uint32_t max_stored;         /* stored snapshots kept per uid; 0 = no limit */
-  uint64_t max_storage_bytes;  /* bytes of stored snapshots kept per uid; 0 = no limit */
-  int log_level;               /* enum hd_log_level; messages go to stderr */
+  const char *socket_path;       /* NULL: hd_default_socket_path() */
+  const char *storage_dir;       /* NULL: $XDG_STATE_HOME/heapdump, else ~/.local/state/heapdump */
+  uint32_t max_stored;           /* stored snapshots kept per uid; 0 = no limit */
+  uint64_t max_storage_bytes;    /* bytes of stored snapshots kept per uid; 0 = no limit */
+  int log_level;                 /* enum hd_log_level; messages go to stderr */
   uint32_t idle_timeout_seconds; /* client connections idle longer are closed; 0 = default */
   uint32_t read_timeout_seconds; /* a process's table not read by then fails; 0 = default */
   /* Bytes of block contents one process's snapshot carries at most; 0 = no limit. */

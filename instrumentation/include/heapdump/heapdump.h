@@ -65,7 +65,7 @@ extern "C" {
  * new programs with old ones. */
 struct heapdump_stats {
   uint64_t blocks_allocated;
-  uint64_t bytes_allocated;     /* requested bytes */
+  uint64_t bytes_allocated; /* requested bytes */
   uint64_t blocks_freed;
   uint64_t bytes_freed;
   uint64_t live_blocks;         /* blocks_allocated - blocks_freed */

@@ -35,11 +35,11 @@ __attribute__((noreturn, cold, unused)) static void hd_dcheck_failed(const char 
 
 /* Stops the process if `condition` is false, in builds with debug checks; else nothing, the
  * condition compiled but never evaluated. */
-#define HD_DCHECK(condition)                                                            \
-  do {                                                                                  \
-    if (HD_DEBUG && __builtin_expect(!(condition), 0)) {                                \
-      hd_dcheck_failed(__FILE__ ":" HD_DCHECK_STRINGIFY(__LINE__), #condition);         \
-    }                                                                                   \
+#define HD_DCHECK(condition)                                                    \
+  do {                                                                          \
+    if (HD_DEBUG && __builtin_expect(!(condition), 0)) {                        \
+      hd_dcheck_failed(__FILE__ ":" HD_DCHECK_STRINGIFY(__LINE__), #condition); \
+    }                                                                           \
   } while (0)
 
 #endif /* HEAPDUMP_CONTRACT_DCHECK_H */

@@ -18,9 +18,9 @@
 #define HD_MEMFD_SNAPSHOT "heapdump-snapshot" /* a named snapshot's frozen copy */
 
 /* The environment. */
-#define HD_ENV_SOCKET "HEAPDUMP_SOCKET"                   /* the collector's socket */
-#define HD_ENV_RUNTIME_DIR "XDG_RUNTIME_DIR"              /* where the default socket is */
-#define HD_ENV_EXIT_SNAPSHOT "HEAPDUMP_EXIT_SNAPSHOT"     /* 1: a snapshot is stored at exit */
+#define HD_ENV_SOCKET "HEAPDUMP_SOCKET"               /* the collector's socket */
+#define HD_ENV_RUNTIME_DIR "XDG_RUNTIME_DIR"          /* where the default socket is */
+#define HD_ENV_EXIT_SNAPSHOT "HEAPDUMP_EXIT_SNAPSHOT" /* 1: a snapshot is stored at exit */
 /* With an exit snapshot: 1 (every process) or a pid (that process only; `heapdump run` sets its
  * command's) stores it from its exit path with contents and roots, a leak check; 0: never. */
 #define HD_ENV_EXIT_CONTENTS "HEAPDUMP_EXIT_CONTENTS"
@@ -30,10 +30,10 @@
 #define HD_ENV_ALLOCATOR "HEAPDUMP_ALLOCATOR"             /* jemalloc (default) or system */
 #define HD_ENV_UNWIND "HEAPDUMP_UNWIND"                   /* the unwinder */
 #define HD_ENV_MAX_FRAMES "HEAPDUMP_MAX_FRAMES"
-#define HD_ENV_MAX_MEMORY "HEAPDUMP_MAX_MEMORY"           /* the tables' shared memory */
+#define HD_ENV_MAX_MEMORY "HEAPDUMP_MAX_MEMORY" /* the tables' shared memory */
 #define HD_ENV_CLOCK "HEAPDUMP_CLOCK"
 #define HD_ENV_SNAPSHOT_TIMEOUT "HEAPDUMP_SNAPSHOT_TIMEOUT"
-#define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY"                 /* the library `run` preloads */
+#define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY" /* the library `run` preloads */
 
 /* The names of the snapshots the collector stores by itself, for processes registered with exit
  * snapshots on: their live blocks when they exited, and when they exec'd another program (the
@@ -75,8 +75,8 @@ static inline bool hd_comm_listed(const char *list, const char *name) {
  * the collector reads another process's environment) and the real uid, or NULL where it is not
  * known (only the last rule needs it). Returns 0, -1 when the uid is needed and not given, or -2
  * when the path does not fit in size bytes. */
-static HD_MUST_CHECK inline int hd_socket_path(const char *socket, const char *runtime_dir, const unsigned *uid,
-                                 char *out, size_t size) {
+static HD_MUST_CHECK inline int hd_socket_path(const char *socket, const char *runtime_dir,
+                                               const unsigned *uid, char *out, size_t size) {
   int n;
   if (socket != NULL && socket[0] != '\0') {
     n = snprintf(out, size, "%s", socket);

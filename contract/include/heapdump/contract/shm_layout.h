@@ -30,11 +30,11 @@
  * block, out of the program's sight), so the table has no index a reader must follow. Nodes
  * [0, node_high_water) have been handed out; node_high_water only grows, by compare-and-swap
  * (relaxed: a node's contents are only published through W3); free nodes are linked through
- * their `next` fields, which readers ignore. Every HD_NODES_PER_SLOT consecutive nodes belong to one sequence
- * slot: slot = (index / HD_NODES_PER_SLOT) & (HD_SEQ_SLOTS - 1). The slot's u32 counter is both
- * the writers' spinlock and the readers' seqlock:
- *   writer (any change to a node of slot s: insert, erase, in-place replace):
- *     W1  CAS slot_seq[s] even -> odd            (__ATOMIC_ACQUIRE: lock between writers)
+ * their `next` fields, which readers ignore. Every HD_NODES_PER_SLOT consecutive nodes belong to
+ * one sequence slot: slot = (index / HD_NODES_PER_SLOT) & (HD_SEQ_SLOTS - 1). The slot's u32
+ * counter is both the writers' spinlock and the readers' seqlock: writer (any change to a node of
+ * slot s: insert, erase, in-place replace): W1  CAS slot_seq[s] even -> odd (__ATOMIC_ACQUIRE: lock
+ * between writers)
  *         __atomic_thread_fence(__ATOMIC_RELEASE) (odd value ordered before the data stores)
  *     W2  relaxed stores to the node: an insert stores the payload before the address_word, an
  *         erase stores address_word = 0
@@ -61,7 +61,8 @@
  *
  * RESOURCES TABLE: append-only records, never modified after publication except the two atomic
  * counters of a stack-trace record, the counters of a HD_REC_COUNTERS record and the header
- * statistics. Writers (serialised by a private mutex) write a record at offset `used`, then store `used` += record size
+ * statistics. Writers (serialised by a private mutex) write a record at offset `used`, then store
+ * `used` += record size
  * (__ATOMIC_RELEASE). Readers load `used` (__ATOMIC_ACQUIRE) and may then read any record below
  * it. A key (stack trace, thread info) is the byte offset of its record; 0 means "none".
  * Counters and statistics are updated with relaxed atomics and read with relaxed loads; they
@@ -103,34 +104,34 @@ extern "C" {
 static inline uint32_t hd_node_slot(uint32_t index) {
   return (index / HD_NODES_PER_SLOT) & (HD_SEQ_SLOTS - 1);
 }
-#define HD_MAX_FRAMES 64u             /* hard cap of frames per trace */
+#define HD_MAX_FRAMES 64u /* hard cap of frames per trace */
 /* No table's memfd is larger (over a billion live blocks): a reader refuses a bigger one before
  * mapping it, so a process cannot make a collector map unbounded address space. */
 #define HD_MAX_TABLE_BYTES (UINT64_C(64) << 30)
 #define HD_MAX_BUILD_ID 32u
-#define HD_THREAD_NAME_MAX 16u        /* Linux comm length incl. NUL */
+#define HD_THREAD_NAME_MAX 16u /* Linux comm length incl. NUL */
 #define HD_REGION_NAME_MAX 4096u
 
 /* hd_alloc_header.flags */
 #define HD_ALLOC_FLAG_SNAPSHOT 1u /* a frozen copy (sealed F_SEAL_WRITE), not a live table */
 
 typedef struct hd_alloc_header {
-  uint64_t magic;            /* HD_ALLOC_MAGIC */
-  uint32_t version;          /* HD_LAYOUT_VERSION */
-  uint32_t header_size;      /* sizeof(hd_alloc_header) */
-  uint64_t total_size;       /* memfd size; every offset below is < total_size */
-  uint32_t node_size;        /* sizeof(hd_alloc_node) */
-  uint32_t flags;            /* HD_ALLOC_FLAG_* */
-  uint32_t seq_slots;        /* HD_SEQ_SLOTS */
-  uint32_t nodes_per_slot;   /* HD_NODES_PER_SLOT */
+  uint64_t magic;          /* HD_ALLOC_MAGIC */
+  uint32_t version;        /* HD_LAYOUT_VERSION */
+  uint32_t header_size;    /* sizeof(hd_alloc_header) */
+  uint64_t total_size;     /* memfd size; every offset below is < total_size */
+  uint32_t node_size;      /* sizeof(hd_alloc_node) */
+  uint32_t flags;          /* HD_ALLOC_FLAG_* */
+  uint32_t seq_slots;      /* HD_SEQ_SLOTS */
+  uint32_t nodes_per_slot; /* HD_NODES_PER_SLOT */
   uint32_t reserved1[2];
-  uint32_t node_capacity;    /* nodes that fit; indices are < node_capacity < 2^32 - 1 */
-  uint32_t node_high_water;  /* atomic; nodes ever handed out */
-  uint64_t seq_offset;       /* u32[seq_slots] */
+  uint32_t node_capacity;   /* nodes that fit; indices are < node_capacity < 2^32 - 1 */
+  uint32_t node_high_water; /* atomic; nodes ever handed out */
+  uint64_t seq_offset;      /* u32[seq_slots] */
   uint64_t reserved2;
-  uint64_t nodes_offset;     /* hd_alloc_node[node_capacity] */
-  uint64_t time_base;        /* CLOCK_MONOTONIC ns that every node's time offset is added to */
-  uint32_t pid;              /* process that wrote the table */
+  uint64_t nodes_offset; /* hd_alloc_node[node_capacity] */
+  uint64_t time_base;    /* CLOCK_MONOTONIC ns that every node's time offset is added to */
+  uint32_t pid;          /* process that wrote the table */
   uint32_t reserved0;
   uint64_t reserved[6];
 } hd_alloc_header;
@@ -173,28 +174,30 @@ static inline uint64_t hd_node_address_word(uint64_t address, uint64_t size) {
 static inline uint64_t hd_node_timestamp(uint64_t time_word, uint64_t time_base) {
   return time_base + (time_word & HD_NODE_TIME_MASK);
 }
-static inline uint32_t hd_node_align_log2(uint64_t time_word) { return (uint32_t)(time_word >> 56); }
-static inline uint64_t hd_node_time_word(uint64_t timestamp, uint64_t time_base, uint32_t align_log2) {
+static inline uint32_t hd_node_align_log2(uint64_t time_word) {
+  return (uint32_t)(time_word >> 56);
+}
+static inline uint64_t hd_node_time_word(uint64_t timestamp, uint64_t time_base,
+                                         uint32_t align_log2) {
   uint64_t offset = timestamp < time_base ? 0 : timestamp - time_base;
   if (offset > HD_NODE_TIME_MASK) offset = HD_NODE_TIME_MASK;
   return offset | (uint64_t)(align_log2 & HD_NODE_ALIGN_MASK) << 56;
 }
 
-
 /* Process-wide statistics, in the resources header. All atomic, relaxed. The four allocated /
  * freed counters here are only a base: the totals are these plus the sums over every
  * HD_REC_COUNTERS record (modulo 2^64; the base can be "negative" after a fork). */
 typedef struct hd_stats_block {
-  uint64_t blocks_allocated;    /* recorded allocations since start */
+  uint64_t blocks_allocated; /* recorded allocations since start */
   uint64_t bytes_allocated;
-  uint64_t blocks_freed;        /* frees of recorded blocks */
+  uint64_t blocks_freed; /* frees of recorded blocks */
   uint64_t bytes_freed;
-  uint64_t peak_live_bytes;     /* maximum of bytes_allocated - bytes_freed */
-  uint64_t dropped_allocations; /* allocations not recorded: allocations table full, or a
-                                   thread's queue of records from signal handlers full */
-  uint64_t dropped_stack_traces;/* traces not stored (key 0 used): resources table full, or
-                                   its lock busy in a signal handler */
-  uint64_t dropped_resources;   /* thread infos / regions not stored: resources table full */
+  uint64_t peak_live_bytes;      /* maximum of bytes_allocated - bytes_freed */
+  uint64_t dropped_allocations;  /* allocations not recorded: allocations table full, or a
+                                    thread's queue of records from signal handlers full */
+  uint64_t dropped_stack_traces; /* traces not stored (key 0 used): resources table full, or
+                                    its lock busy in a signal handler */
+  uint64_t dropped_resources;    /* thread infos / regions not stored: resources table full */
 } hd_stats_block;
 
 typedef struct hd_res_header {
@@ -206,9 +209,9 @@ typedef struct hd_res_header {
   uint64_t used;           /* atomic; end of the published records (release/acquire) */
   uint32_t pid;
   uint32_t reserved0;
-  uint64_t start_time_ns;  /* CLOCK_MONOTONIC when the table was created */
+  uint64_t start_time_ns; /* CLOCK_MONOTONIC when the table was created */
   hd_stats_block stats;
-  uint32_t counters_head;  /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
+  uint32_t counters_head; /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
   /* Atomic, relaxed: HD_REC_MAPPING records the writer could not write (its table full, or too
    * many waiting for the resources lock): the mappings of the allocator and of heapdump are then
    * not all known, and a reader must take a leak check's roots as uncertain. Zero in a table
@@ -244,11 +247,11 @@ typedef struct hd_rec_header {
 
 typedef struct hd_rec_stack {
   hd_rec_header h;
-  uint64_t alloc_blocks;  /* atomic: blocks allocated with this trace since start */
-  uint64_t alloc_bytes;   /* atomic: bytes allocated with this trace since start */
-  uint16_t frame_count;   /* <= HD_MAX_FRAMES */
-  uint16_t flags;         /* HD_STACK_*; readers ignore bits they do not know */
-  uint32_t encoded_len;   /* bytes of varint data that follow */
+  uint64_t alloc_blocks; /* atomic: blocks allocated with this trace since start */
+  uint64_t alloc_bytes;  /* atomic: bytes allocated with this trace since start */
+  uint16_t frame_count;  /* <= HD_MAX_FRAMES */
+  uint16_t flags;        /* HD_STACK_*; readers ignore bits they do not know */
+  uint32_t encoded_len;  /* bytes of varint data that follow */
   /* uint8_t encoded[encoded_len]; then padding to 8 */
 } hd_rec_stack;
 /* The walk stopped at the frame limit with frames left: the root-most frames are missing. A
@@ -259,8 +262,8 @@ typedef struct hd_rec_thread {
   hd_rec_header h;
   uint32_t tid;
   uint32_t reserved;
-  uint64_t timestamp;              /* when this name was first seen */
-  char name[HD_THREAD_NAME_MAX];   /* NUL-terminated unless corrupt */
+  uint64_t timestamp;            /* when this name was first seen */
+  char name[HD_THREAD_NAME_MAX]; /* NUL-terminated unless corrupt */
 } hd_rec_thread;
 
 /* Where a thread's memory is, for a reachability analysis (its stack and TLS are roots): one
@@ -305,14 +308,14 @@ typedef struct hd_rec_mapping {
 
 typedef struct hd_rec_region {
   hd_rec_header h;
-  uint64_t address;      /* runtime start of the executable segment */
-  uint64_t size;         /* p_memsz */
-  uint64_t file_offset;  /* p_offset */
-  uint64_t vaddr;        /* p_vaddr */
+  uint64_t address;     /* runtime start of the executable segment */
+  uint64_t size;        /* p_memsz */
+  uint64_t file_offset; /* p_offset */
+  uint64_t vaddr;       /* p_vaddr */
   uint8_t build_id[HD_MAX_BUILD_ID];
-  uint8_t build_id_len;  /* <= HD_MAX_BUILD_ID */
+  uint8_t build_id_len; /* <= HD_MAX_BUILD_ID */
   uint8_t reserved[5];
-  uint16_t name_len;     /* bytes of name that follow (no NUL), < HD_REGION_NAME_MAX */
+  uint16_t name_len; /* bytes of name that follow (no NUL), < HD_REGION_NAME_MAX */
   /* char name[name_len]; then padding to 8 */
 } hd_rec_region;
 
@@ -325,8 +328,9 @@ typedef struct hd_rec_region {
  * head with __ATOMIC_ACQUIRE). Records are never unlinked, so the sums only grow. */
 typedef struct hd_rec_counters {
   hd_rec_header h;
-  uint32_t next;            /* offset of the next (older) counters record, 0 at the end */
-  uint32_t writer_private;  /* the writer's free list of records of exited threads; not for readers */
+  uint32_t next; /* offset of the next (older) counters record, 0 at the end */
+  uint32_t
+      writer_private; /* the writer's free list of records of exited threads; not for readers */
   uint64_t blocks_allocated;
   uint64_t bytes_allocated;
   uint64_t blocks_freed;
@@ -335,7 +339,8 @@ typedef struct hd_rec_counters {
 
 /* Every field's offset and every struct's size, pinned: a change to any of them is a layout
  * change (bump HD_LAYOUT_VERSION) and must be made here on purpose. */
-#define HD_PIN(type, field, offset) HD_STATIC_ASSERT(offsetof(type, field) == (offset), #type "." #field)
+#define HD_PIN(type, field, offset) \
+  HD_STATIC_ASSERT(offsetof(type, field) == (offset), #type "." #field)
 #define HD_PIN_SIZE(type, size) HD_STATIC_ASSERT(sizeof(type) == (size), #type " size")
 HD_PIN(hd_alloc_header, magic, 0);
 HD_PIN(hd_alloc_header, version, 8);

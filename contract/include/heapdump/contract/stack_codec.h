@@ -31,8 +31,8 @@ static inline size_t hd_stack_encode(const uint64_t *frames, unsigned count, uin
 /* Decodes count frames from the size bytes at in, storing the first max of them. False when the
  * bytes are not exactly count frames (a varint runs past the end or past 64 bits, or bytes are
  * left over): the record is corrupt. */
-static inline bool hd_stack_decode(const uint8_t *in, size_t size, unsigned count,
-                                   uint64_t *frames, unsigned max) {
+static inline bool hd_stack_decode(const uint8_t *in, size_t size, unsigned count, uint64_t *frames,
+                                   unsigned max) {
   size_t pos = 0;
   uint64_t prev = 0;
   for (unsigned i = 0; i < count; i++) {

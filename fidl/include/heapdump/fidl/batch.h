@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/message.h"
 #include "heapdump/fidl/status.h"
 #include "heapdump_client.pb.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

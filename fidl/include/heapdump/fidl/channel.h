@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "heapdump/fidl/status.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/status.h"
 
 #ifdef __cplusplus
 extern "C" {

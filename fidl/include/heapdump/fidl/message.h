@@ -18,10 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/channel.h"
 #include "heapdump/fidl/status.h"
 #include "heapdump_client.pb.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/contract/names.h"
 #include "heapdump/fidl/batch.h"
 #include "heapdump/fidl/status.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,9 +87,9 @@ typedef struct hd_source_frame {
   /* The linkage (mangled) name when the compiler recorded one, else the source name; what the
    * tools print is demangled (heapdump/tools/demangle.h). NULL if unknown. */
   const char *function;
-  const char *file;     /* NULL if unknown */
-  uint32_t line;        /* 0 if unknown */
-  uint32_t column;      /* 0 if unknown */
+  const char *file; /* NULL if unknown */
+  uint32_t line;    /* 0 if unknown */
+  uint32_t column;  /* 0 if unknown */
 } hd_source_frame;
 
 /* The source frames of a program address known without symbolizing it: read from a symbolized
@@ -138,8 +138,8 @@ typedef void (*hd_progress_fn)(void *ctx, const struct hd_reassembler *r);
 typedef struct hd_reassembler {
   hd_snapshot **snapshots; /* one per SnapshotHeader, or a single one without headers */
   size_t snapshot_count, snapshot_capacity;
-  size_t unknown_elements; /* variants this version does not know (skipped) */
-  char error[160];         /* what went wrong, for messages */
+  size_t unknown_elements;                   /* variants this version does not know (skipped) */
+  char error[160];                           /* what went wrong, for messages */
   uint64_t batches_received, bytes_received; /* counted by hd_snapshot_receive */
   hd_progress_fn progress;                   /* optional */
   void *progress_ctx;
@@ -180,8 +180,7 @@ const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t a
 const hd_snapshot_root *hd_snapshot_find_root(const hd_snapshot *s, uint64_t address);
 /* Records the frames of a program address (copied); HD_ERR_REASSEMBLY if it has some already. */
 HD_MUST_CHECK hd_status hd_snapshot_add_known_location(hd_snapshot *s, uint64_t address,
-                                                       const hd_source_frame *frames,
-                                                       size_t count);
+                                                       const hd_source_frame *frames, size_t count);
 const hd_snapshot_known_location *hd_snapshot_find_known_location(const hd_snapshot *s,
                                                                   uint64_t address);
 

@@ -7,9 +7,9 @@
 
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/symbolize.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,8 +27,8 @@ typedef struct hd_dartheap_options {
  * -EOVERFLOW if the graph would have 2^31 objects or references or more (the limit of
  * JavaScript readers), -EINVAL if a block's contents do not match its size, -ENOMEM, or the
  * errno of a failed write. */
-HD_MUST_CHECK int hd_dartheap_write(const hd_reassembler *r, const hd_dartheap_options *options, FILE *out,
-                      char *error, size_t error_size);
+HD_MUST_CHECK int hd_dartheap_write(const hd_reassembler *r, const hd_dartheap_options *options,
+                                    FILE *out, char *error, size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -10,10 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/symbolize.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,16 +30,16 @@ typedef struct hd_diff hd_diff;
  * (-EINVAL for thread: threads of two snapshots do not pair up). symbolizer may be NULL. Returns
  * 0 or a negative errno value with a message in error. */
 HD_MUST_CHECK int hd_diff_create(const hd_reassembler *base, const hd_reassembler *next,
-                   hd_symbolizer *symbolizer, hd_report_by by, hd_diff **out, char *error,
-                   size_t error_size);
+                                 hd_symbolizer *symbolizer, hd_report_by by, hd_diff **out,
+                                 char *error, size_t error_size);
 void hd_diff_destroy(hd_diff *d);
 
 /* The text or JSON report: per process pair, the totals before and after, then the groups that
  * changed (top: how many; 0 = all), each with the frames of its most changed stack (max_frames;
  * 0 = all). JSON keeps the shape of the report's: {"processes":[{..., "groups":[{"name",
  * "module", "bytes_delta", "blocks_delta", "bytes_added", ...}]}]}. */
-HD_MUST_CHECK int hd_diff_write_report(const hd_diff *d, size_t top, size_t max_frames, bool json, FILE *out,
-                         char *error, size_t error_size);
+HD_MUST_CHECK int hd_diff_write_report(const hd_diff *d, size_t top, size_t max_frames, bool json,
+                                       FILE *out, char *error, size_t error_size);
 
 /* For hd_pprof_write: the snapshots the profile is written from (the newer side's, then the
  * base's) and, as its trace_values callback (ctx: the hd_diff), the net change of each stack:

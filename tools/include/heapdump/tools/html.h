@@ -10,10 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/diff.h"
 #include "heapdump/tools/symbolize.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,8 +35,8 @@ typedef struct hd_html_options {
 
 /* Writes the page of r's snapshots (one process selector entry each). 0, or a negative errno
  * value with a message in error. */
-HD_MUST_CHECK int hd_html_write(const hd_reassembler *r, const hd_html_options *options, FILE *out, char *error,
-                  size_t error_size);
+HD_MUST_CHECK int hd_html_write(const hd_reassembler *r, const hd_html_options *options, FILE *out,
+                                char *error, size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/symbolize.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,8 +44,8 @@ typedef struct hd_pprof_options {
  * sample labelled process_name and pid. Flushes out but does not close it. Returns 0, or a
  * negative errno value with a message in error: -EINVAL for bad arguments or a reassembler whose
  * references do not resolve (unfinished), -ENOMEM, or the errno of a failed write (-ENOSPC...). */
-HD_MUST_CHECK int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FILE *out,
-                   char *error, size_t error_size);
+HD_MUST_CHECK int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options,
+                                 FILE *out, char *error, size_t error_size);
 
 /* Reads a heap profile in pprof's format (gzip-compressed or not; heapdump's, or any with
  * inuse_space or alloc_space samples) into r, finished: each sample becomes one allocation
@@ -57,7 +57,8 @@ HD_MUST_CHECK int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options
  * -EBADMSG (the bytes do not decode as a profile), -EINVAL (a damaged gzip stream, not a heap
  * profile, broken references) or -ENOMEM. */
 HD_MUST_CHECK int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
-                  uint64_t fallback_pid, hd_reassembler *r, char *error, size_t error_size);
+                                uint64_t fallback_pid, hd_reassembler *r, char *error,
+                                size_t error_size);
 
 #ifdef __cplusplus
 }

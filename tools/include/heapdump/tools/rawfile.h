@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "heapdump/fidl/snapshot.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/snapshot.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +27,10 @@ extern "C" {
 
 /* True if r holds a multi-process snapshot (its snapshots came with SnapshotHeaders). */
 bool hd_raw_is_multi_process(const hd_reassembler *r);
+
+/* Whether raw files carry the elements of kind tag (a SnapshotElement oneof tag): each kind the
+ * protocol has must be written, or it is lost from every raw file. */
+bool hd_raw_writes_element(pb_size_t tag);
 
 /* Writes every snapshot of r. Returns 0, or a negative errno value with a message in error. */
 HD_MUST_CHECK int hd_raw_write(const hd_reassembler *r, FILE *out, char *error, size_t error_size);

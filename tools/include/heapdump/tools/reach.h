@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "heapdump/fidl/snapshot.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/snapshot.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,7 +35,8 @@ bool hd_reach_possible(const hd_snapshot *s);
  * A block whose contents are missing (cut by a size limit, or unreadable) is taken to point
  * nowhere; *blocks_without_contents (nullable) counts them. Returns 0, -EINVAL if s has no
  * roots, or -ENOMEM. */
-HD_MUST_CHECK int hd_reach_classify(const hd_snapshot *s, uint8_t *categories, size_t *blocks_without_contents);
+HD_MUST_CHECK int hd_reach_classify(const hd_snapshot *s, uint8_t *categories,
+                                    size_t *blocks_without_contents);
 
 #ifdef __cplusplus
 }

@@ -7,9 +7,9 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/symbolize.h"
-#include "heapdump/contract/must_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,7 +58,7 @@ typedef struct hd_report_group {
   const char *module;
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks; /* of its traces' counters, when has_counters */
-  int64_t oldest; /* the earliest allocation timestamp of its blocks */
+  int64_t oldest;                             /* the earliest allocation timestamp of its blocks */
   bool has_counters;
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
   uint64_t heaviest_bytes;
@@ -69,17 +69,18 @@ typedef struct hd_report_group {
  * (nullable; one entry per stack trace of s): by site or stack, the group each trace is in
  * (with categories, the last category it has blocks of), SIZE_MAX for a trace in none. 0 or
  * -ENOMEM. */
-HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options *o, const uint8_t *categories,
-                     hd_report_group **groups, size_t *count, size_t *trace_group);
+HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options *o,
+                                   const uint8_t *categories, hd_report_group **groups,
+                                   size_t *count, size_t *trace_group);
 
 /* Returns 0, or a negative errno value with a message in error. */
-HD_MUST_CHECK int hd_report_write(const hd_reassembler *r, const hd_report_options *options, FILE *out,
-                    char *error, size_t error_size);
+HD_MUST_CHECK int hd_report_write(const hd_reassembler *r, const hd_report_options *options,
+                                  FILE *out, char *error, size_t error_size);
 
 /* One line per stack trace, root first: "frame;frame;...;leaf live_bytes" (a multi-process
  * snapshot starts each line with "process[pid]"). Inlined frames are expanded. */
-HD_MUST_CHECK int hd_folded_write(const hd_reassembler *r, hd_symbolizer *symbolizer, FILE *out, char *error,
-                    size_t error_size);
+HD_MUST_CHECK int hd_folded_write(const hd_reassembler *r, hd_symbolizer *symbolizer, FILE *out,
+                                  char *error, size_t error_size);
 
 /* The frames of trace from index first (at most max_frames; 0: all), inlined frames expanded, as
  * the report shows them: indented "at function (file:line)" lines, or a JSON array of

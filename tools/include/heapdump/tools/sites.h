@@ -46,7 +46,8 @@ void hd_locate(hd_symbolizer *sym, const hd_snapshot *snap, uint64_t address,
 size_t hd_site_frame(hd_symbolizer *sym, const hd_snapshot *snap,
                      const hd_snapshot_stack_trace *trace);
 /* The same, and *wrapper: the outermost allocation wrapper the trace passed through (the function
- * the site called), NULL if none (entry points of the allocator such as malloc are not wrappers). */
+ * the site called), NULL if none (entry points of the allocator such as malloc are not wrappers).
+ */
 size_t hd_site_frame_wrapper(hd_symbolizer *sym, const hd_snapshot *snap,
                              const hd_snapshot_stack_trace *trace, const char **wrapper);
 

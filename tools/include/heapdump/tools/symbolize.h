@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "heapdump/fidl/snapshot.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/fidl/snapshot.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,8 +62,7 @@ bool hd_symbolizer_found_symbols(const hd_symbolizer *s);
  * see demangle.h), else "module+0xoffset", else "0xaddress". Returns out. */
 char *hd_location_name(const hd_location_info *loc, uint64_t address, char *out, size_t size);
 /* The same, with a demangled name's parameter list left out ("shop::make_basket"). */
-char *hd_location_short_name(const hd_location_info *loc, uint64_t address, char *out,
-                             size_t size);
+char *hd_location_short_name(const hd_location_info *loc, uint64_t address, char *out, size_t size);
 
 #ifdef __cplusplus
 }

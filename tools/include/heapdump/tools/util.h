@@ -26,7 +26,8 @@
  * can `return hd_tool_fail(error, error_size, -EINVAL, "...", ...)`. */
 static HD_MUST_CHECK inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static HD_MUST_CHECK inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt, ...) {
+static HD_MUST_CHECK inline int hd_tool_fail(char *error, size_t size, int rc, const char *fmt,
+                                             ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(error, size, fmt, ap);
