@@ -2,6 +2,7 @@
 // one `run` embeds), real programs under LD_PRELOAD, and every output read back.
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1238,6 +1239,65 @@ TEST_F(CliTest, OptionsAndOutputsAreCheckedPerCommand) {
   std::string forced = ReadFile(dir + "/ok.pb.gz");
   EXPECT_EQ(forced.substr(0, 2), first.substr(0, 2));  // gzip again, not "mine"
   EXPECT_GT(forced.size(), 100u);
+}
+
+// -o names what is there: a regular file is replaced whole, atomically; what is not ours to
+// replace (a FIFO, a symbolic link such as /dev/stdout) is written in place and stays what it
+// was; a directory is refused and left alone.
+TEST_F(CliTest, OutputsThatAreNotRegularFilesAreWrittenInPlace) {
+  ASSERT_EQ(Heapdump({"run", "-o", "ok.heapdump", "--", HD_LEAK_CHILD}).status, 3);
+  auto is = [this](const std::string &name, mode_t type) {
+    struct stat st;
+    return lstat((dir + "/" + name).c_str(), &st) == 0 && (st.st_mode & S_IFMT) == type;
+  };
+  // A FIFO, and a link to one (as /dev/stdout is to a pipe): read while written.
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(symlink("fifo", (dir + "/to-fifo").c_str()), 0);
+  // What a writer sends through the FIFO; "" if none opened it within 30 s (a writer that
+  // replaced the FIFO never will: no hang then).
+  auto read_fifo = [this] {
+    std::string got;
+    int fd = open((dir + "/fifo").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct pollfd p = {fd, POLLIN, 0};
+    if (fd < 0 || poll(&p, 1, 30000) != 1) {
+      if (fd >= 0) close(fd);
+      return got;
+    }
+    fcntl(fd, F_SETFL, 0);
+    char buf[4096];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) got.append(buf, n);
+    close(fd);
+    return got;
+  };
+  for (const char *target : {"fifo", "to-fifo"}) {
+    std::string read;
+    std::thread reader([&] { read = read_fifo(); });
+    Output o = Heapdump({"convert", "ok.heapdump", "-f", "pprof", "-o", target, "--force"});
+    reader.join();
+    EXPECT_EQ(o.status, 0) << target << ": " << o.err;
+    ASSERT_GT(read.size(), 100u) << target;
+    EXPECT_EQ(read.substr(0, 2), "\x1f\x8b") << target;  // gzip
+  }
+  EXPECT_TRUE(is("fifo", S_IFIFO));
+  EXPECT_TRUE(is("to-fifo", S_IFLNK));
+  // A link to a regular file: the file gets the profile, the link stays a link.
+  std::ofstream(dir + "/real.pb.gz") << "old";
+  ASSERT_EQ(symlink("real.pb.gz", (dir + "/link.pb.gz").c_str()), 0);
+  Output linked = Heapdump({"convert", "ok.heapdump", "-o", "link.pb.gz", "--force"});
+  EXPECT_EQ(linked.status, 0) << linked.err;
+  EXPECT_TRUE(is("link.pb.gz", S_IFLNK));
+  EXPECT_EQ(ReadFile(dir + "/real.pb.gz").substr(0, 2), "\x1f\x8b");
+  // A directory is refused, before anything is read or written.
+  ASSERT_EQ(mkdir((dir + "/out.pb.gz").c_str(), 0700), 0);
+  Output refused = Heapdump({"convert", "ok.heapdump", "-o", "out.pb.gz", "--force"});
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("cannot write out.pb.gz: it is a directory"), std::string::npos)
+      << refused.err;
+  EXPECT_TRUE(is("out.pb.gz", S_IFDIR));
+  // A regular file is still replaced whole.
+  std::ofstream(dir + "/plain.pb.gz") << std::string(1 << 20, 'x');
+  ASSERT_EQ(Heapdump({"convert", "ok.heapdump", "-o", "plain.pb.gz", "--force"}).status, 0);
+  EXPECT_LT(ReadFile(dir + "/plain.pb.gz").size(), 1u << 20);
 }
 
 TEST_F(CliTest, EveryCommandHasHelp) {

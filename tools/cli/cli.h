@@ -196,12 +196,15 @@ const char *cli_format_extension(cli_format f);
 cli_format cli_output_format(const cli_options *o, const char *output, cli_format fallback);
 
 /* An output file, written to a temporary file beside it and renamed into place when complete,
- * so a failed run never leaves a half-written file and an unwritable path fails early. */
+ * so a failed run never leaves a half-written file and an unwritable path fails early. A path
+ * that names what is not ours to replace (a device such as /dev/null, a FIFO, a symbolic link
+ * such as /dev/stdout) is written in place; a directory, a socket or a block device is refused. */
 typedef struct cli_output {
   char path[4096];
   char tmp[4200];
   FILE *file;
   bool is_stdout;
+  bool in_place, in_place_regular; /* written in place; a regular file (through a link) */
 } cli_output;
 HD_MUST_CHECK int cli_output_open(cli_output *out, const char *path);
 HD_MUST_CHECK int cli_output_commit(cli_output *out);

@@ -73,6 +73,37 @@ cli_format cli_output_format(const cli_options *o, const char *output, cli_forma
   return fallback;
 }
 
+/* How a path is written: replaced atomically (a regular file, or nothing yet), or written in
+ * place, because what it names is not ours to replace (a character device such as /dev/null or a
+ * terminal, a FIFO, a symbolic link such as /dev/stdout). Refused: a directory, a socket, a block
+ * device. */
+typedef enum { OUTPUT_REPLACE, OUTPUT_IN_PLACE, OUTPUT_REFUSED } output_kind;
+
+static output_kind output_kind_of(const char *path, bool *regular, const char **refusal) {
+  struct stat link, target;
+  *regular = false;
+  if (lstat(path, &link) != 0) return OUTPUT_REPLACE; /* nothing yet, or mkstemp will say why */
+  if (S_ISREG(link.st_mode)) return OUTPUT_REPLACE;
+  const bool followed = stat(path, &target) == 0;
+  const mode_t mode = followed ? target.st_mode : link.st_mode;
+  if (S_ISDIR(mode)) {
+    *refusal = "it is a directory";
+  } else if (S_ISSOCK(mode)) {
+    *refusal = "it is a socket";
+  } else if (S_ISBLK(mode)) {
+    *refusal = "it is a block device";
+  } else {
+    *regular = S_ISREG(mode);
+    return OUTPUT_IN_PLACE;
+  }
+  return OUTPUT_REFUSED;
+}
+
+static int output_error(const char *path, int err) {
+  cli_error("cannot write %s: %s", path, strerror(err));
+  return err == EACCES || err == EPERM || err == EROFS ? EXIT_PERMISSION : EXIT_FAILURE_;
+}
+
 int cli_output_open(cli_output *out, const char *path) {
   memset(out, 0, sizeof *out);
   if (strcmp(path, "-") == 0) {
@@ -85,23 +116,34 @@ int cli_output_open(cli_output *out, const char *path) {
     cli_error("output path too long: %s", path);
     return EXIT_USAGE;
   }
-  snprintf(out->tmp, sizeof out->tmp, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(out->tmp);
-  if (fd < 0) {
-    int err = errno;
-    cli_error("cannot write %s: %s", path, strerror(err));
-    return err == EACCES || err == EPERM || err == EROFS ? EXIT_PERMISSION : EXIT_FAILURE_;
+  bool regular;
+  const char *refusal = NULL;
+  const output_kind kind = output_kind_of(path, &regular, &refusal);
+  if (kind == OUTPUT_REFUSED) {
+    cli_error("cannot write %s: %s", path, refusal);
+    return EXIT_FAILURE_;
   }
-  /* mkstemp creates 0600; outputs are ordinary files, subject to the umask. */
-  mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
+  int fd;
+  if (kind == OUTPUT_IN_PLACE) {
+    out->in_place = true;
+    out->in_place_regular = regular;
+    fd = open(path, O_WRONLY | O_CLOEXEC | (regular ? O_TRUNC : 0));
+    if (fd < 0) return output_error(path, errno);
+  } else {
+    snprintf(out->tmp, sizeof out->tmp, "%s.tmp.XXXXXX", path);
+    fd = mkstemp(out->tmp);
+    if (fd < 0) return output_error(path, errno);
+    /* mkstemp creates 0600; outputs are ordinary files, subject to the umask. */
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+  }
   out->file = fdopen(fd, "w");
   if (out->file == NULL) {
+    const int err = errno;
     close(fd);
-    unlink(out->tmp);
-    cli_error("cannot write %s: %s", path, strerror(errno));
-    return EXIT_FAILURE_;
+    if (!out->in_place) unlink(out->tmp);
+    return output_error(path, err);
   }
   return 0;
 }
@@ -114,10 +156,16 @@ int cli_output_commit(cli_output *out) {
     }
     return 0;
   }
-  bool ok = fflush(out->file) == 0 && fsync(fileno(out->file)) == 0;
+  /* A device or a FIFO cannot be synced (and need not be). */
+  const bool sync = !out->in_place || out->in_place_regular;
+  bool ok = fflush(out->file) == 0 && (!sync || fsync(fileno(out->file)) == 0);
   int err = errno;
   ok = fclose(out->file) == 0 && ok;
   out->file = NULL;
+  if (out->in_place) {
+    if (!ok) cli_error("cannot write %s: %s", out->path, strerror(err));
+    return ok ? 0 : EXIT_FAILURE_;
+  }
   if (!ok || rename(out->tmp, out->path) != 0) {
     if (ok) err = errno;
     unlink(out->tmp);
@@ -131,7 +179,7 @@ void cli_output_abort(cli_output *out) {
   if (out->is_stdout || out->file == NULL) return;
   fclose(out->file);
   out->file = NULL;
-  unlink(out->tmp);
+  if (!out->in_place) unlink(out->tmp); /* what was written in place stays */
 }
 
 hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns) {
@@ -254,6 +302,14 @@ static void name_from_path(const char *path, char *name, size_t size, uint64_t *
 
 int cli_probe_output(const cli_options *o) {
   if (o->output == NULL || strcmp(o->output, "-") == 0) return 0;
+  bool regular;
+  const char *refusal = NULL;
+  switch (output_kind_of(o->output, &regular, &refusal)) {
+    case OUTPUT_REFUSED: cli_error("cannot write %s: %s", o->output, refusal); return EXIT_FAILURE_;
+    /* Not opened to probe it: a FIFO would wait for its reader, a file would be truncated. */
+    case OUTPUT_IN_PLACE: return access(o->output, W_OK) == 0 ? 0 : output_error(o->output, errno);
+    case OUTPUT_REPLACE: break;
+  }
   cli_output probe;
   int rc = cli_output_open(&probe, o->output);
   if (rc == 0) cli_output_abort(&probe);
