@@ -998,6 +998,36 @@ TEST_F(PprofTest, EmptySnapshotGivesAValidEmptyProfile) {
   EXPECT_EQ(top.status, 0) << top.err;
 }
 
+// A gzip bomb given as a profile: refused once it inflates past a hundred times its size (64 MiB
+// for a small one), with a message, instead of filling memory.
+TEST(PprofReadTest, AGzipBombIsRefusedAtItsLimit) {
+  std::string bomb;
+  z_stream z = {};
+  ASSERT_EQ(deflateInit2(&z, 9, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  std::vector<uint8_t> zeros(1 << 20), out(1 << 16);
+  for (int mib = 0; mib < 256; mib++) {  // 256 MiB of zeros, about 256 KiB compressed
+    z.next_in = zeros.data();
+    z.avail_in = static_cast<uInt>(zeros.size());
+    const int flush = mib == 255 ? Z_FINISH : Z_NO_FLUSH;
+    do {
+      z.next_out = out.data();
+      z.avail_out = static_cast<uInt>(out.size());
+      deflate(&z, flush);
+      bomb.append(reinterpret_cast<char *>(out.data()), out.size() - z.avail_out);
+    } while (z.avail_out == 0 || (flush == Z_FINISH && z.avail_in > 0));
+  }
+  deflateEnd(&z);
+  ASSERT_LT(bomb.size(), 1u << 20);
+  hd_reassembler r;
+  hd_reassembler_init(&r);
+  char error[256] = "";
+  EXPECT_EQ(hd_pprof_read(reinterpret_cast<const uint8_t *>(bomb.data()), bomb.size(), "bomb", 1,
+                          &r, error, sizeof error),
+            -EFBIG);
+  EXPECT_NE(std::string(error).find("inflates to more than 64 MiB"), std::string::npos) << error;
+  hd_reassembler_destroy(&r);
+}
+
 TEST_F(PprofTest, ErrorsAreReportedWithAMessage) {
   Stream s;
   FillSnapshot(s);

@@ -23,7 +23,7 @@
 #include "profile.pb.h"
 
 /* A profile bigger than this once decompressed is refused rather than read into memory. */
-#define MAX_PROFILE_BYTES ((size_t)1 << 32)
+#define MAX_PROFILE_BYTES ((size_t)1 << 30)
 
 typedef struct u64_list {
   uint64_t *items;
