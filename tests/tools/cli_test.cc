@@ -1300,6 +1300,23 @@ TEST_F(CliTest, OutputsThatAreNotRegularFilesAreWrittenInPlace) {
   EXPECT_LT(ReadFile(dir + "/plain.pb.gz").size(), 1u << 20);
 }
 
+// A program chooses its name, its threads' names and its symbols: one that holds terminal escape
+// sequences is shown escaped (\x1b), never sent raw to the terminal that shows the report.
+TEST_F(CliTest, NamesWithEscapeSequencesAreShownEscaped) {
+  const std::string name = "ev\x1b[2J\xc2\x9bil";  // ESC [2J (clear screen), then a C1 CSI
+  ASSERT_EQ(system(("cp " + std::string(HD_LEAK_CHILD) + " '" + dir + "/" + name + "'").c_str()),
+            0);
+  Output run = Heapdump({"run", "-o", "evil.heapdump", "--", "./" + name});
+  EXPECT_EQ(run.status, 3) << run.err;
+  Output report = Heapdump({"report", "evil.heapdump"});
+  EXPECT_EQ(report.status, 0) << report.err;
+  for (const std::string &text : {run.err, report.out}) {
+    EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+    EXPECT_EQ(text.find("\xc2\x9b"), std::string::npos) << text;
+    EXPECT_NE(text.find("ev\\x1b[2J\\xc2\\x9bil["), std::string::npos) << text;
+  }
+}
+
 TEST_F(CliTest, EveryCommandHasHelp) {
   for (const char *command :
        {"run", "snapshot", "list", "download", "convert", "report", "delete"}) {

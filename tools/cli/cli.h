@@ -210,6 +210,14 @@ HD_MUST_CHECK int cli_output_open(cli_output *out, const char *path);
 HD_MUST_CHECK int cli_output_commit(cli_output *out);
 void cli_output_abort(cli_output *out);
 
+/* A stream over out for text that names what a profiled program chose (process and thread
+ * names, symbols, paths): C0 controls but newline and tab, DEL and the C1 controls (U+0080 to
+ * U+009F) are written as \xNN, so no name can send escape sequences to a terminal. Closing it
+ * flushes out and leaves it open. NULL when out of memory. */
+FILE *cli_text_stream(FILE *out);
+/* stderr for messages, through such a stream: they name processes, files and symbols too. */
+FILE *cli_stderr(void);
+
 /* Writes r in format f to out (symbolizing per o). Returns an exit code. */
 HD_MUST_CHECK int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f,
                             cli_output *out);

@@ -193,9 +193,10 @@ int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r
   if (error == 0 && r->snapshot_count > 1 && !o->all) {
     cli_error("%s matches %zu processes: pick one with --pid, or take them all with --all", what,
               r->snapshot_count);
-    fprintf(stderr, "matching processes:\n");
+    fprintf(cli_stderr(), "matching processes:\n");
     for (size_t i = 0; i < r->snapshot_count; i++) {
-      fprintf(stderr, "  %s[%" PRIu64 "]\n", r->snapshots[i]->process_name, r->snapshots[i]->pid);
+      fprintf(cli_stderr(), "  %s[%" PRIu64 "]\n", r->snapshots[i]->process_name,
+              r->snapshots[i]->pid);
     }
     return EXIT_AMBIGUOUS;
   }

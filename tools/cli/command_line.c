@@ -16,18 +16,18 @@ void cli_error(const char *fmt, ...) {
   if (cli_quiet) return;
   va_list ap;
   va_start(ap, fmt);
-  fputs("heapdump: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  fputs("heapdump: ", cli_stderr());
+  vfprintf(cli_stderr(), fmt, ap);
+  fputc('\n', cli_stderr());
   va_end(ap);
 }
 
 int cli_usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("heapdump: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputs("\n(see heapdump --help)\n", stderr);
+  fputs("heapdump: ", cli_stderr());
+  vfprintf(cli_stderr(), fmt, ap);
+  fputs("\n(see heapdump --help)\n", cli_stderr());
   va_end(ap);
   return EXIT_USAGE;
 }

@@ -51,7 +51,7 @@ static HD_MUST_CHECK int write_result(const cli_options *o, const hd_reassembler
     return rc;
   }
   rc = cli_output_commit(&out);
-  if (rc == 0 && !out.is_stdout) fprintf(stderr, "heapdump: wrote %s\n", out.path);
+  if (rc == 0 && !out.is_stdout) fprintf(cli_stderr(), "heapdump: wrote %s\n", out.path);
   return rc;
 }
 
@@ -128,8 +128,10 @@ int cmd_list(cli_options *o, int argc, char **argv) {
     }
     printf("]\n");
   } else {
-    printf("%-8s %-20s %-26s %-19s %14s %10s %12s\n", "ID", "NAME", "PROCESS", "TAKEN",
-           "LIVE BYTES", "BLOCKS", "STORED");
+    FILE *text = cli_text_stream(stdout); /* names are the programs' */
+    if (text == NULL) text = stdout;
+    fprintf(text, "%-8s %-20s %-26s %-19s %14s %10s %12s\n", "ID", "NAME", "PROCESS", "TAKEN",
+            "LIVE BYTES", "BLOCKS", "STORED");
     for (size_t i = 0; i < count; i++) {
       const cli_stored *s = &items[i];
       char process[64], when[40] = "-", bytes[24] = "-", blocks[24] = "-";
@@ -139,9 +141,10 @@ int cmd_list(cli_options *o, int argc, char **argv) {
         snprintf(bytes, sizeof bytes, "%" PRIu64, s->live_bytes);
         snprintf(blocks, sizeof blocks, "%" PRIu64, s->live_blocks);
       }
-      printf("%-8" PRIu32 " %-20s %-26s %-19s %14s %10s %12" PRIu64 "\n", s->id, s->name, process,
-             when, bytes, blocks, s->stored_bytes);
+      fprintf(text, "%-8" PRIu32 " %-20s %-26s %-19s %14s %10s %12" PRIu64 "\n", s->id, s->name,
+              process, when, bytes, blocks, s->stored_bytes);
     }
+    if (text != stdout) fclose(text);
   }
   free(items);
   if (fflush(stdout) != 0) {
@@ -360,8 +363,10 @@ int cmd_diff(cli_options *o, int argc, char **argv) {
                              .trace_values_ctx = d};
       status = hd_pprof_write(hd_diff_profile_snapshots(d), &po, out.file, error, sizeof error);
     } else {
-      status = hd_diff_write_report(d, o->top, o->max_frames, f == FORMAT_JSON, out.file, error,
-                                    sizeof error);
+      FILE *text = f == FORMAT_JSON ? NULL : cli_text_stream(out.file);
+      status = hd_diff_write_report(d, o->top, o->max_frames, f == FORMAT_JSON,
+                                    text != NULL ? text : out.file, error, sizeof error);
+      if (text != NULL && fclose(text) != 0 && status == 0) status = -EIO;
     }
     if (status != 0) {
       cli_error("%s: %s", out.path, error[0] ? error : strerror(-status));
@@ -369,7 +374,7 @@ int cmd_diff(cli_options *o, int argc, char **argv) {
       rc = EXIT_FAILURE_;
     } else {
       rc = cli_output_commit(&out);
-      if (rc == 0 && !out.is_stdout) fprintf(stderr, "heapdump: wrote %s\n", out.path);
+      if (rc == 0 && !out.is_stdout) fprintf(cli_stderr(), "heapdump: wrote %s\n", out.path);
     }
   }
   hd_diff_destroy(d);

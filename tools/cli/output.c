@@ -197,11 +197,91 @@ hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns) {
   return sym;
 }
 
+/* ---- text that names what the program chose ---- */
+
+typedef struct text_stream {
+  FILE *out;
+  bool after_c2; /* the last byte written was 0xC2, which may start a C1 control */
+} text_stream;
+
+/* Appends c to buf at *n as \xNN. */
+static void put_escaped(char *buf, size_t *n, unsigned char c) {
+  static const char kHex[] = "0123456789abcdef";
+  buf[(*n)++] = '\\';
+  buf[(*n)++] = 'x';
+  buf[(*n)++] = kHex[c >> 4];
+  buf[(*n)++] = kHex[c & 15];
+}
+
+/* Escapes a chunk at a time into one write of the underlying stream (stderr is unbuffered). */
+static ssize_t text_write(void *cookie, const char *buf, size_t size) {
+  text_stream *t = cookie;
+  char escaped[4096 + 16];
+  size_t n = 0;
+  for (size_t i = 0; i < size; i++) {
+    if (n > 4096) {
+      if (fwrite(escaped, 1, n, t->out) != n) return -1;
+      n = 0;
+    }
+    const unsigned char c = (unsigned char)buf[i];
+    if (t->after_c2) {
+      t->after_c2 = false;
+      if (c >= 0x80 && c <= 0x9f) { /* U+0080-U+009F: C1 controls, such as CSI */
+        put_escaped(escaped, &n, 0xc2);
+        put_escaped(escaped, &n, c);
+        continue;
+      }
+      escaped[n++] = (char)0xc2;
+    }
+    if (c == 0xc2) {
+      t->after_c2 = true;
+    } else if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      put_escaped(escaped, &n, c);
+    } else {
+      escaped[n++] = (char)c;
+    }
+  }
+  if (n > 0 && fwrite(escaped, 1, n, t->out) != n) return -1;
+  return (ssize_t)size;
+}
+
+static int text_close(void *cookie) {
+  text_stream *t = cookie;
+  if (t->after_c2) fputc(0xc2, t->out);
+  const int rc = fflush(t->out);
+  free(t);
+  return rc;
+}
+
+FILE *cli_text_stream(FILE *out) {
+  text_stream *t = calloc(1, sizeof *t);
+  if (t == NULL) return NULL;
+  t->out = out;
+  FILE *f = fopencookie(t, "w", (cookie_io_functions_t){.write = text_write, .close = text_close});
+  if (f == NULL) free(t);
+  return f;
+}
+
+FILE *cli_stderr(void) {
+  static FILE *messages;
+  if (messages == NULL) {
+    messages = cli_text_stream(stderr);
+    if (messages == NULL) return stderr;
+    setvbuf(messages, NULL, _IONBF, 0); /* as stderr: each message written at once */
+  }
+  return messages;
+}
+
 int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_output *out) {
   hd_alloc_fns fns;
   hd_symbolizer *sym = f != FORMAT_RAW ? cli_symbolizer(o, &fns) : NULL;
   char error[512] = "";
   int rc = 0;
+  /* Text names what the program chose (processes, threads, symbols): never raw to a terminal. */
+  FILE *text = f == FORMAT_TEXT || f == FORMAT_FOLDED || f == FORMAT_NONE
+                   ? cli_text_stream(out->file)
+                   : NULL;
+  if (text == NULL) text = out->file;
   switch (f) {
     case FORMAT_RAW: rc = hd_raw_write(r, out->file, error, sizeof error); break;
     case FORMAT_PPROF: {
@@ -214,7 +294,7 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
       rc = hd_dartheap_write(r, &dopt, out->file, error, sizeof error);
       break;
     }
-    case FORMAT_FOLDED: rc = hd_folded_write(r, sym, out->file, error, sizeof error); break;
+    case FORMAT_FOLDED: rc = hd_folded_write(r, sym, text, error, sizeof error); break;
     case FORMAT_HTML: {
       hd_html_options ho = {.symbolizer = sym,
                             .source = o->source,
@@ -236,10 +316,11 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
                               .categories = o->leak_categories,
                               .now_ns = o->leak_now_ns,
                               .short_names = o->leak_categories != NULL};
-      rc = hd_report_write(r, &ro, out->file, error, sizeof error);
+      rc = hd_report_write(r, &ro, ro.json ? out->file : text, error, sizeof error);
       break;
     }
   }
+  if (text != out->file && fclose(text) != 0 && rc == 0) rc = -EIO;
   hd_symbolizer_destroy(sym);
   if (rc != 0) {
     cli_error("%s: %s", out->path, error[0] ? error : strerror(-rc));

@@ -216,12 +216,12 @@ static void interval_snapshot(const cli_options *o, pid_t pid, const char *comma
     }
     output_path(o, f, name, (uint64_t)pid, suffix, path, sizeof path);
     if (write_file(o, &r, f, path) == 0) {
-      fprintf(stderr, "heapdump: wrote %s (%zu process%s)\n", path, r.snapshot_count,
+      fprintf(cli_stderr(), "heapdump: wrote %s (%zu process%s)\n", path, r.snapshot_count,
               r.snapshot_count == 1 ? "" : "es");
     }
   } else if (!*warned) {
     *warned = true;
-    fprintf(stderr,
+    fprintf(cli_stderr(),
             "heapdump: live snapshot %u of %d and its children failed (none registered "
             "yet?)\n",
             seq, (int)pid);
@@ -310,7 +310,7 @@ static void settle_embedded(cli_embedded *e, hd_collector_census *census) {
     if (!storing && (census->running == 0 || now_seconds() > grace_end)) return;
     if (now_seconds() > deadline) return;
     if (storing && !told && now_seconds() - (deadline - EXIT_SNAPSHOT_WAIT_SECONDS) > 2) {
-      fprintf(stderr, "heapdump: storing the exit snapshots of %u process(es)...\n",
+      fprintf(cli_stderr(), "heapdump: storing the exit snapshots of %u process(es)...\n",
               census->exited_unhandled + census->exits_pending);
       told = true;
     }
@@ -352,7 +352,8 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
       return limit == DAEMON_EXIT_WAIT_SECONDS ? kNotLoaded : "the collector is still storing it";
     }
     if (!told && now_seconds() - started > 2) {
-      fprintf(stderr, "heapdump: waiting for the exit snapshot of %s[%d]...\n", command, (int)pid);
+      fprintf(cli_stderr(), "heapdump: waiting for the exit snapshot of %s[%d]...\n", command,
+              (int)pid);
       told = true;
     }
     sleep_seconds(0.02);
@@ -366,10 +367,10 @@ static void print_report(const cli_options *o, const hd_reassembler *r, const ru
     snprintf(from, sizeof from, " (exec'd from %s)", res->exec_from->process_name);
   }
   if (WIFEXITED(status)) {
-    fprintf(stderr, "\nheapdump: %s[%d]%s exited with status %d. Still live at exit:\n",
+    fprintf(cli_stderr(), "\nheapdump: %s[%d]%s exited with status %d. Still live at exit:\n",
             res->main_exit->process_name, (int)pid, from, WEXITSTATUS(status));
   } else {
-    fprintf(stderr, "\nheapdump: %s[%d]%s was killed by signal %d. Still live at exit:\n",
+    fprintf(cli_stderr(), "\nheapdump: %s[%d]%s was killed by signal %d. Still live at exit:\n",
             res->main_exit->process_name, (int)pid, from, WTERMSIG(status));
   }
   /* Without roots the blocks cannot be classified: only a process that went through its exit
@@ -378,7 +379,7 @@ static void print_report(const cli_options *o, const hd_reassembler *r, const ru
   const char *contents = getenv(HD_ENV_EXIT_CONTENTS);
   bool wanted = !o->no_leak_check && (contents == NULL || strcmp(contents, "0") != 0);
   if (!classified && wanted) {
-    fprintf(stderr,
+    fprintf(cli_stderr(),
             "heapdump: no leak check: %s, so the exit snapshot has no contents and what was live "
             "is not classified\n",
             !WIFEXITED(status) ? "a signal ended the process before its exit path"
@@ -390,10 +391,10 @@ static void print_report(const cli_options *o, const hd_reassembler *r, const ru
   report.by = HD_REPORT_BY_SITE;
   report.top = 10;
   report.max_frames = 4; /* short: the full stacks are in the written snapshot */
-  cli_output out = {.file = stderr, .is_stdout = true};
+  cli_output out = {.file = cli_stderr(), .is_stdout = true};
   snprintf(out.path, sizeof out.path, "(stderr)");
   if (cli_write(&report, r, FORMAT_TEXT, &out) != 0) return;
-  fflush(stderr);
+  fflush(cli_stderr());
 }
 
 /* The run's directory for the snapshots of other processes: --children-dir, else the output's
@@ -465,7 +466,7 @@ static bool save_other(const cli_options *o, const cli_stored *s, pid_t pid, cli
   }
   t->files++;
   if (ours || o->verbose) {
-    fprintf(stderr, "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path, s->name,
+    fprintf(cli_stderr(), "heapdump: wrote %s (%s snapshot of %s[%" PRIu64 "])\n", path, s->name,
             s->process_name, s->pid);
   }
   if (is_exec && s->pid == (uint64_t)pid) t->exec_images++;
@@ -490,28 +491,29 @@ static void summarize_others(const others_tally *t, const hd_collector_census *c
       snprintf(images, sizeof images, " and %zu program%s it exec'd away from", t->exec_images,
                t->exec_images == 1 ? "" : "s");
     }
-    fprintf(stderr, "heapdump: %zu child process%s%s: %zu snapshot%s in %s/%s\n", processes,
+    fprintf(cli_stderr(), "heapdump: %zu child process%s%s: %zu snapshot%s in %s/%s\n", processes,
             processes == 1 ? "" : "es", images, t->files, t->files == 1 ? "" : "s",
             t->dir[0] ? t->dir : ".", t->failed ? " (some could not be written: see above)" : "");
   }
   for (unsigned i = 0; i < lost; i++) {
     if (i < sizeof census->running_list / sizeof census->running_list[0]) {
-      fprintf(stderr, "heapdump: lost %s[%u]: still running %d s after the command exited\n",
+      fprintf(cli_stderr(), "heapdump: lost %s[%u]: still running %d s after the command exited\n",
               census->running_list[i].name, census->running_list[i].pid, CHILD_GRACE_SECONDS);
     } else {
-      fprintf(stderr, "heapdump: lost %u more still running\n", lost - i);
+      fprintf(cli_stderr(), "heapdump: lost %u more still running\n", lost - i);
       break;
     }
   }
   if (t->child_count == 0) return;
   qsort(t->children, t->child_count, sizeof *t->children, by_peak_descending);
   const size_t top = t->child_count < TOP_CHILDREN ? t->child_count : TOP_CHILDREN;
-  fprintf(stderr, "\nheapdump: top child processes by peak live bytes:\n");
+  fprintf(cli_stderr(), "\nheapdump: top child processes by peak live bytes:\n");
   for (size_t i = 0; i < top; i++) {
     char who[64];
     snprintf(who, sizeof who, "%s[%" PRIu64 "]", t->children[i].snapshot->process_name,
              t->children[i].snapshot->pid);
-    fprintf(stderr, "  %14" PRIu64 "  %-28s %s\n", t->children[i].peak, who, t->children[i].path);
+    fprintf(cli_stderr(), "  %14" PRIu64 "  %-28s %s\n", t->children[i].peak, who,
+            t->children[i].path);
   }
 }
 
@@ -567,9 +569,9 @@ static void write_exit_snapshot(const cli_options *run_options, const run_result
   if (cli_download(o, results->main_exit, &r) == 0) {
     char path[4200];
     output_path(o, f, results->main_exit->process_name, (uint64_t)pid, NULL, path, sizeof path);
-    if (write_file(o, &r, f, path) == 0) fprintf(stderr, "heapdump: wrote %s\n", path);
+    if (write_file(o, &r, f, path) == 0) fprintf(cli_stderr(), "heapdump: wrote %s\n", path);
     if (o->html_output != NULL && write_file(o, &r, FORMAT_HTML, o->html_output) == 0) {
-      fprintf(stderr, "heapdump: wrote %s\n", o->html_output);
+      fprintf(cli_stderr(), "heapdump: wrote %s\n", o->html_output);
     }
     print_report(o, &r, results, pid, status);
   }
