@@ -9,6 +9,8 @@
 //                         500 blocks definitely lost, 500 still reachable
 //   roots_child list      a C-style list of 250 nodes whose head is lost: 1 definitely lost, 249
 //                         indirectly
+//   roots_child static    500 blocks kept only in a 320 MiB static array (a module's data far
+//                         past any size read at once), spread over all of it; one lost
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -49,6 +51,8 @@ __attribute__((noinline)) void lose_block() {
 
 __attribute__((noinline)) void *pool_payload() { return opaque(std::malloc(100)); }
 
+__attribute__((noinline)) void keep_in_static(void **slot) { *slot = opaque(std::malloc(100)); }
+
 struct Node {
   Node *next;
   char data[48];
@@ -67,6 +71,9 @@ __attribute__((noinline)) void lose_list() {
 }  // extern "C"
 
 namespace {
+
+constexpr size_t kStaticSlots = (size_t{320} << 20) / sizeof(void *);
+void *g_static[kStaticSlots];  // .bss: only the pages written become resident
 
 struct PoolObject {
   void *payload;
@@ -107,6 +114,9 @@ int main(int argc, char **argv) {
     }
   } else if (std::strcmp(mode, "list") == 0) {
     lose_list();
+  } else if (std::strcmp(mode, "static") == 0) {
+    for (size_t i = 0; i < 500; i++) keep_in_static(&g_static[i * (kStaticSlots / 500) + 7]);
+    lose_block();
   } else {
     return 2;
   }

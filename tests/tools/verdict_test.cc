@@ -112,6 +112,9 @@ const RootCase kRootCases[] = {
     {"list",
      {{{"DEFINITELY LOST", "lose_list"}, {56, 1}},
       {{"INDIRECTLY LOST", "lose_list"}, {13944, 249}}}},
+    {"static",
+     {{{"DEFINITELY LOST", "lose_block"}, {2000, 1}},
+      {{"STILL REACHABLE", "keep_in_static"}, {50000, 500}}}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Backends, RootKinds,
