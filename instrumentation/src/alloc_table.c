@@ -279,15 +279,6 @@ bool hd_alloc_table_replace(hd_alloc_table *t, uint32_t index, const hd_alloc_in
   return true;
 }
 
-uint32_t hd_alloc_table_find(const hd_alloc_table *t, uint64_t address) {
-  if (address == 0) return HD_NO_NODE;
-  const uint32_t high_water = LOAD(&t->hdr->node_high_water);
-  for (uint32_t idx = 0; idx < high_water; idx++) {
-    if (hd_node_address(LOAD(&t->nodes[idx].address_word)) == address) return idx;
-  }
-  return HD_NO_NODE;
-}
-
 static void lock_slots(hd_alloc_table *t) {
   for (uint32_t s = 0; s < HD_SEQ_SLOTS; s++) slot_lock(t, &t->seq[s]);
 }

@@ -5,6 +5,8 @@
 #include "runtime.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -93,15 +95,25 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
 /* ---- the block's tag */
 
 /* The last HD_TAG_BYTES of every block's usable size, past what the program asked for (the
- * backend allocates that much more, and malloc_usable_size answers that much less): the link
- * (node index + 1, 0 = not recorded) of the node that records the block, and a check of the link
- * against the block's address. A free finds its node from the tag, so the table needs no index.
- * The check catches a program that wrote past its block onto the tag: that free then finds its
- * node by a scan, and the overwrite is counted. */
+ * backend allocates that much more, and malloc_usable_size answers that much less): a check of
+ * the link against the block's address, then the link (node index + 1, 0 = not recorded,
+ * TAG_FREED once freed) of the node that records the block. A free finds its node from the tag,
+ * so the table needs no index.
+ *
+ * The check catches a program that wrote past its block onto the tag; the overwrite is counted.
+ * The link comes last, so an overwrite of up to four bytes (a string's terminator one past its
+ * end) leaves it whole, and the free still finds its node: the table erases a node only if it
+ * records this very address, so a link the program changed erases nothing. Then, and only then,
+ * the block's record stays in the table (it shows as live), so that every free costs the same
+ * whatever the program wrote. */
 typedef struct block_tag {
-  uint32_t link;
   uint32_t check;
+  uint32_t link;
 } block_tag;
+
+/* The link of a freed block: no node has it (a table holds fewer than 2^32 - 1), so a second free
+ * of the block, which finds it with a valid check, is a double free. */
+#define TAG_FREED UINT32_MAX
 
 static uint32_t tag_check(uint64_t address, uint32_t link) {
   uint64_t h = (address ^ ((uint64_t)link << 32) ^ UINT64_C(0x2545F4914F6CDD1D)) *
@@ -122,18 +134,41 @@ void hd_tag_set_at(void *p, size_t usable, uint32_t index) {
 
 void hd_tag_set(void *p, uint32_t index) { hd_tag_set_at(p, hd_backend_usable(p), index); }
 
-/* The node recording block p (of the usable size given), or HD_NO_NODE if it is not recorded. */
-static uint32_t node_of_at(void *p, size_t usable) {
+/* A block freed twice: the program's heap is corrupt from here on (the allocator would hand the
+ * block out twice), so it ends as glibc ends it, with a message and SIGABRT. */
+__attribute__((noreturn, cold)) static void double_free(const char *call, void *p) {
+  char message[160];
+  const int n =
+      snprintf(message, sizeof message,
+               "%s: double free detected (heapdump: block %p was freed before)\n", call, p);
+  if (n > 0 && write(STDERR_FILENO, message, (size_t)n) < 0) {
+  }
+  abort();
+}
+
+/* The node recording block p (of the usable size given), or HD_NO_NODE if it is not recorded;
+ * call names the program's call, for a double free. */
+static uint32_t node_of_at(void *p, size_t usable, const char *call) {
   const block_tag tag = *tag_at(p, usable);
   const uint64_t address = (uint64_t)(uintptr_t)p;
   if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
+    if (HD_UNLIKELY(tag.link == TAG_FREED)) double_free(call, p);
     return tag.link == 0 ? HD_NO_NODE : tag.link - 1;
   }
   hd_res_count_overwritten_tag(&hd_live_res);
-  return hd_alloc_table_find(&hd_live_alloc, address);
+  return tag.link == 0 || tag.link == TAG_FREED ? HD_NO_NODE : tag.link - 1;
 }
 
-static uint32_t node_of(void *p) { return node_of_at(p, hd_backend_usable(p)); }
+/* Marks block p freed, before it goes back to the allocator. */
+static void tag_freed(void *p, size_t usable) {
+  block_tag *tag = tag_at(p, usable);
+  tag->link = TAG_FREED;
+  tag->check = tag_check((uint64_t)(uintptr_t)p, TAG_FREED);
+}
+
+static uint32_t node_of(void *p, const char *call) {
+  return node_of_at(p, hd_backend_usable(p), call);
+}
 
 /* Records info in a node; the node, or HD_NO_NODE if the table could not (counted). */
 static uint32_t insert_info(const hd_alloc_info *info) {
@@ -160,17 +195,19 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
 
 /* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
  * *old filled if it had one. */
-static bool take_record(void *p, size_t usable, hd_alloc_info *old) {
+static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info *old) {
   if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
-  const uint32_t index = node_of_at(p, usable);
+  const uint32_t index = node_of_at(p, usable, call);
   return index != HD_NO_NODE &&
          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old);
 }
 
-static void free_recorded_at(void *p, size_t usable) {
+static void free_recorded_at(void *p, size_t usable, const char *call) {
   hd_alloc_info old;
   /* Erased before the block goes back: its address cannot be reused while still recorded. */
-  if (take_record(p, usable, &old)) {
+  const bool recorded = take_record(p, usable, call, &old);
+  tag_freed(p, usable);
+  if (recorded) {
     hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
@@ -178,7 +215,7 @@ static void free_recorded_at(void *p, size_t usable) {
   hd_backend_free(p, 0, 0);
 }
 
-void hd_free_recorded(void *p) { free_recorded_at(p, hd_backend_usable(p)); }
+void hd_free_recorded(void *p) { free_recorded_at(p, hd_backend_usable(p), "free()"); }
 
 void *hd_realloc_recorded(void *p, size_t size) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
@@ -186,7 +223,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
-    const bool had = take_record(p, hd_backend_usable(p), &old);
+    const bool had = take_record(p, hd_backend_usable(p), "realloc()", &old);
     void *q = hd_backend_realloc(p, size);
     if (!q) {
       /* p is unchanged: recorded again under a new node (its counters never moved), or marked
@@ -208,7 +245,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     return NULL;
   }
   /* The tag moves with the block's end: read it before the resize. */
-  const uint32_t index = on ? node_of(p) : HD_NO_NODE;
+  const uint32_t index = on ? node_of(p, "realloc()") : HD_NO_NODE;
   const size_t resized_usable = hd_backend_resize_in_place(p, size);
   if (resized_usable != 0) {
     if (!on) {
@@ -242,6 +279,6 @@ void *hd_realloc_recorded(void *p, size_t size) {
   const size_t old_size = old_usable - HD_TAG_BYTES;
   memcpy(q, p, old_size < size ? old_size : size);
   hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
-  free_recorded_at(p, old_usable);
+  free_recorded_at(p, old_usable, "realloc()");
   return q;
 }

@@ -92,9 +92,6 @@ void hd_alloc_table_release(hd_alloc_table *t, uint32_t index);
  * held it. */
 bool hd_alloc_table_erase(hd_alloc_table *t, hd_writer_thread *w, uint32_t index, uint64_t address,
                           hd_alloc_info *out) HD_MUST_CHECK;
-/* The node holding address, by a scan of every node handed out (for a block whose index was
- * lost); HD_NO_NODE if none. */
-uint32_t hd_alloc_table_find(const hd_alloc_table *t, uint64_t address);
 /* Rewrites the record of info->address in node index in one critical section (in-place
  * realloc); true and *old filled (if non-NULL) if that node held it (false, and nothing changed,
  * if the new size cannot be recorded). */

@@ -802,9 +802,11 @@ static void scenario_thread_churn() {
   for (auto &t : steady) CHECK(pthread_join(t, nullptr) == 0);
 }
 
-// The whole of malloc_usable_size is the program's: filling it is no overflow. Writing 8 bytes
-// past it is, onto the bytes the library keeps after each block; that block's free still
-// erases its record, and is counted. Sizes 7131 and 7132 mark the blocks kept.
+// The whole of malloc_usable_size is the program's: filling it is no overflow. Writing past it
+// is, onto the bytes the library keeps after each block, and is counted. Four bytes past (a
+// terminator, a small struct) leave the block's link whole: its free still erases its record.
+// Eight bytes past destroy it: that record stays (the block shows as live), and the free costs no
+// more. Sizes 7131 and 7132 mark the blocks kept.
 static void scenario_overflow() {
   for (size_t size : {1, 24, 100, 4000, 70000}) {
     auto *p = (unsigned char *)opaque(malloc(size));
@@ -813,16 +815,37 @@ static void scenario_overflow() {
     memset(p, 0xab, usable);
     free(opaque(p));  // opaque: stores to a block freed at once are otherwise dropped
   }
-  auto *over = (unsigned char *)opaque(malloc(24));
-  CHECK(over);
-  memset(over, 0xcd, malloc_usable_size(over) + 8);
-  free(opaque(over));
+  auto *over4 = (unsigned char *)opaque(malloc(24));
+  CHECK(over4);
+  memset(over4, 0xcd, malloc_usable_size(over4) + 4);
+  free(opaque(over4));
+  auto *over8 = (unsigned char *)opaque(malloc(40));
+  CHECK(over8);
+  memset(over8, 0xcd, malloc_usable_size(over8) + 8);
+  free(opaque(over8));
   auto *kept = (unsigned char *)opaque(realloc(opaque(malloc(7131)), 7132));
   CHECK(kept);
   memset(kept, 1, malloc_usable_size(kept));
   keep(kept);
   struct heapdump_stats st;
   CHECK(heapdump_get_stats(&st) == HEAPDUMP_OK && st.blocks_freed >= 7);
+}
+
+// A block freed twice (free, or realloc of a freed block): the library ends the program, as
+// glibc would, before the allocator hands the block out twice. Reaching the end says it did not.
+static void scenario_double_free(bool by_realloc) {
+  void *p = opaque(malloc(32));
+  void *again = opaque(p);  // the same block, which the compiler cannot tell
+  CHECK(p);
+  free(p);
+  if (by_realloc) {
+    keep(opaque(realloc(again, 64)));
+  } else {
+    free(again);
+  }
+  void *a = opaque(malloc(32)), *b = opaque(malloc(32));
+  printf("%s\n", a == b ? "the block was handed out twice" : "the double free went unnoticed");
+  exit(0);
 }
 
 // jemalloc's own API, called as a program calls it (folly does once it finds jemalloc serving
@@ -1259,6 +1282,10 @@ int main(int argc, char **argv) {
     scenario_cap();
   else if (mode == "overflow")
     scenario_overflow();
+  else if (mode == "double-free")
+    scenario_double_free(false);
+  else if (mode == "realloc-freed")
+    scenario_double_free(true);
   else if (mode == "jemalloc-api")
     scenario_jemalloc_api();
   else if (mode == "comm-rename")

@@ -300,15 +300,33 @@ TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
 }
 
 // A program that fills what malloc_usable_size gives it overflows nothing; one that writes past
-// that overwrites the bytes kept after the block: its free still erases the record (found by a
-// scan), and the statistics count the overflow.
+// that overwrites the bytes kept after the block, and the statistics count it. Four bytes past,
+// its free still finds and erases the record; eight bytes past, the record is not found (and not
+// searched for: a free costs the same whatever the program wrote), so the block stays recorded.
 TEST_P(Preload, WritesPastABlockAreCountedAndItsRecordStillErased) {
   Tables t;
   RunChild({"overflow"}, &t);
-  EXPECT_EQ(t.stats.writes_past_block_end, 1u);
+  EXPECT_EQ(t.stats.writes_past_block_end, 2u);
   EXPECT_EQ(t.CountSize(24), 0);
+  EXPECT_EQ(t.CountSize(40), 1);
   EXPECT_EQ(t.CountSize(7131), 0);
   EXPECT_EQ(t.CountSize(7132), 1);
+}
+
+// A block freed twice ends the program as glibc ends one, with its message and SIGABRT, before
+// the allocator could hand the block out twice; by free, and by realloc of the freed block.
+TEST_P(Preload, ADoubleFreeEndsTheProgramAsGlibcDoes) {
+  const std::string dir = hdtest::TempDir("double-free");
+  hdtest::RemoveWhenPassed cleanup{dir};
+  for (const auto &[mode, says] : {std::pair<const char *, const char *>{"double-free", "free()"},
+                                   {"realloc-freed", "realloc()"}}) {
+    hdtest::ShellOutput run =
+        hdtest::RunShell(std::string(HD_CHILD) + " " + mode + " 2>&1 || echo \"status $?\"", dir,
+                         Env(true, GetParam().env));
+    EXPECT_NE(run.out.find("status 134"), std::string::npos) << mode << ": " << run.out;
+    EXPECT_NE(run.out.find(std::string(says) + ": double free detected"), std::string::npos)
+        << mode << ": " << run.out;
+  }
 }
 
 // A program calling jemalloc's API itself, as folly does when it finds jemalloc serving malloc,

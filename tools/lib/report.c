@@ -444,8 +444,9 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
   if (s->has_stats && s->stats.writes_past_block_end > 0) {
     fprintf(out,
             "warning: the program wrote past the end of %" PRIu64
-            " freed block(s) (heap "
-            "overflow); run it under AddressSanitizer or valgrind to find where\n",
+            " freed block(s) (heap overflow), which may still show as live if overwritten 5 "
+            "bytes or more past their end; run it under AddressSanitizer or valgrind to find "
+            "where\n",
             s->stats.writes_past_block_end);
   }
   write_alloc_fns_text(o, out);
