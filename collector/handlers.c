@@ -311,11 +311,14 @@ on_delete(void *ctx, hd_message *msg, heapdump_client_CollectorDeleteStoredSnaps
   hd_message_close_fds(msg);
   heapdump_client_CollectorDeleteStoredSnapshotResult result =
       heapdump_client_CollectorDeleteStoredSnapshotResult_init_zero;
-  if (req->has_snapshot_id && hd_storage_delete(h->c, req->snapshot_id, h->k->peer.uid) == 0) {
+  const int rc =
+      req->has_snapshot_id ? hd_storage_delete(h->c, req->snapshot_id, h->k->peer.uid) : -ENOENT;
+  if (rc == 0) {
     result.which_result = heapdump_client_CollectorDeleteStoredSnapshotResult_response_tag;
   } else {
     result.which_result = heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag;
-    result.result.err = heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND;
+    result.result.err = rc == -ENOENT ? heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND
+                                      : heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_DELETED;
   }
   uint32_t txid = msg->txid;
   return hd_fidl_collector_delete_stored_snapshot_reply(h->k->fd, msg, txid, &result);

@@ -523,19 +523,30 @@ int hd_storage_delete(hd_collector *c, uint32_t id, uid_t uid) {
   size_t i = 0;
   while (i < c->stored_count && c->stored[i].id != id) i++;
   bool visible = i < c->stored_count && (uid == 0 || c->stored[i].uid == uid);
+  int unlinked = 0;
   if (visible) {
-    found = c->stored[i];
-    memmove(c->stored + i, c->stored + i + 1, (c->stored_count - i - 1) * sizeof *c->stored);
-    c->stored_count--;
     /* Unlinked under the lock so that no listing shows an id whose file is gone; a download
-     * already streaming it keeps its open file. */
+     * already streaming it keeps its open file. A file that stays (read-only storage) stays
+     * listed: the snapshot is still there, and would be back after a restart. */
     char name[64];
     snapshot_file_name(id, name, sizeof name);
-    unlinkat(c->storage_fd, name, 0);
+    unlinked = unlinkat(c->storage_fd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+    if (unlinked == 0) {
+      found = c->stored[i];
+      memmove(c->stored + i, c->stored + i + 1, (c->stored_count - i - 1) * sizeof *c->stored);
+      c->stored_count--;
+    }
   }
   pthread_mutex_unlock(&c->lock);
   if (!visible) return -ENOENT;
-  fsync(c->storage_fd);
+  if (unlinked != 0) {
+    hd_log(c, HD_LOG_WARN, "cannot delete stored snapshot %u: %s", id, strerror(-unlinked));
+    return unlinked;
+  }
+  if (fsync(c->storage_fd) != 0) {
+    hd_log(c, HD_LOG_WARN, "deleted stored snapshot %u, but syncing %s failed: %s", id,
+           c->storage_dir, strerror(errno));
+  }
   hd_log(c, HD_LOG_INFO, "deleted stored snapshot %u (%s of %s[%llu]) at uid %u's request", id,
          found.name, found.process_name, (unsigned long long)found.pid, (unsigned)uid);
   return 0;

@@ -81,6 +81,38 @@ class DaemonTest : public ::testing::Test {
   }
 };
 
+// A snapshot whose file the collector cannot remove (its storage went read-only) is reported
+// as not deleted and stays stored and listed, rather than coming back after a restart; once the
+// storage is writable again it deletes. The read-only storage is a read-only bind mount in a
+// mount namespace of the test's own, so this needs root.
+TEST_F(DaemonTest, ADeleteTheStorageRefusesKeepsTheSnapshot) {
+  if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and mount namespaces, for a read-only bind mount";
+  }
+  Output o = Shell(
+      "unshare -m bash -e -c '\n"
+      "mkdir -m 700 st && mount --bind st st\n"
+      "heapdump-collector --storage \"$PWD/st\"\n"
+      "heapdump run -o out.heapdump -- \"$LEAK_CHILD\" >/dev/null 2>&1 || true\n"
+      "mount -o remount,bind,ro st\n"
+      "heapdump delete 1 || echo \"delete status $?\"\n"
+      "heapdump list\n"
+      "mount -o remount,bind,rw st\n"
+      "heapdump delete 1\n"
+      "heapdump list\n"
+      "heapdump-collector --stop\n"
+      "'\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("heapdump: snapshot 1 is still stored: the collector could not remove its "
+                       "file"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("delete status 1"), std::string::npos) << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(delete status 1\n(.*\n)*1 +exit +)")))
+      << "still listed: " << o.out;
+  EXPECT_NE(o.out.find("deleted 1 snapshot\n"), std::string::npos) << o.out;
+}
+
 // The README's "With a collector daemon" lines as written, with the demo program as the server
 // (it stores a named snapshot through the API) and `sleep` as a program that keeps running.
 TEST_F(DaemonTest, ReadmeQuickStartWorksWithTheDetachedDaemon) {

@@ -353,6 +353,14 @@ int cli_delete(const cli_options *o, uint32_t id) {
     cli_error("deleting snapshot %" PRIu32 " failed: %s", id, hd_status_str(status));
     return EXIT_FAILURE_;
   }
+  if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag &&
+      result.result.err == heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_DELETED) {
+    cli_error("snapshot %" PRIu32
+              " is still stored: the collector could not remove its file "
+              "(read-only storage? its log says why)",
+              id);
+    return EXIT_FAILURE_;
+  }
   if (result.which_result == heapdump_client_CollectorDeleteStoredSnapshotResult_err_tag) {
     cli_error("no stored snapshot %" PRIu32 " (see `heapdump list`)", id);
     return EXIT_NOT_FOUND;
