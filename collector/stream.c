@@ -156,9 +156,11 @@ static bool stop_requested(void *collector) {
 
 /* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc) within the read
  * timeout; 0, or -EIO (logged). */
+/* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc). Returns 0, or
+ * -EIO with why (for a person) in why. */
 static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p,
                                           hd_alloc_reader *snapshot_alloc, hd_live_block **blocks,
-                                          size_t *count) {
+                                          size_t *count, char *why, size_t why_size) {
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
   /* A sealed copy cannot change, nor can the table of a process that has exited (a process
    * killed inside the library leaves a slot locked forever): both are read as they are. */
@@ -173,6 +175,7 @@ static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p,
   if (rs != HD_READ_OK) {
     hd_log(c, HD_LOG_WARN, "snapshot of %s[%u] failed: %s", p->name, (unsigned)p->pid,
            hd_read_status_str(rs));
+    snprintf(why, why_size, "its allocations table could not be read: %s", hd_read_status_str(rs));
     return -EIO;
   }
   return 0;
@@ -263,13 +266,11 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
   return status;
 }
 
-int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
-                        const char *name, bool with_contents, hd_batch_writer *w,
-                        hd_snapshot_totals *totals, hd_series_moment *moment) {
-  hd_live_block *blocks = NULL;
-  size_t count = 0;
-  int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count);
-  if (rc != 0) return rc;
+/* The snapshot of p whose live blocks were read (blocks, count: taken and freed here). */
+static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_live_block *blocks,
+                                             size_t count, const char *name, bool with_contents,
+                                             hd_batch_writer *w, hd_snapshot_totals *totals,
+                                             hd_series_moment *moment) {
   key_set stacks = {0}, threads = {0};
   bool out_of_memory = false;
   hd_status status = add_allocations(blocks, count, w, totals, &stacks, &threads, &out_of_memory);
@@ -303,6 +304,17 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   return status == HD_OK ? 0 : -EPIPE;
 }
 
+int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapshot_alloc,
+                        const char *name, bool with_contents, hd_batch_writer *w,
+                        hd_snapshot_totals *totals, hd_series_moment *moment) {
+  hd_live_block *blocks = NULL;
+  size_t count = 0;
+  char why[160];
+  int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count, why, sizeof why);
+  if (rc != 0) return rc;
+  return produce_from_blocks(c, p, blocks, count, name, with_contents, w, totals, moment);
+}
+
 /* ---- stream threads ---- */
 
 /* Reports error on the receiver channel, once the batches sent so far are answered (the
@@ -318,6 +330,29 @@ static void report_error(hd_batch_channel *ch, heapdump_client_CollectorError er
     status = hd_fidl_snapshot_receiver_report_error(ch->channel, ch->scratch, &req, NULL, 0, &ack);
   }
   (void)status; /* the client may be gone; nothing else to tell it */
+}
+
+/* A process's SnapshotHeader, alone in its batch; not_read: why the process could not be read
+ * (NULL: it could). Returns 0 or -EPIPE. */
+static HD_MUST_CHECK int send_header(hd_collector *c, hd_process *p, const char *not_read,
+                                     hd_batch_writer *w) {
+  heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+  e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
+  heapdump_client_SnapshotHeader *h = &e.element.snapshot_header;
+  h->has_process_name = h->has_process_koid = true;
+  snprintf(h->process_name, sizeof h->process_name, "%s", p->name);
+  h->process_koid = (uint64_t)p->pid;
+  pthread_mutex_lock(&c->lock);
+  if (p->command_line != NULL) {
+    h->has_command_line = true;
+    snprintf(h->command_line, sizeof h->command_line, "%s", p->command_line);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (not_read != NULL) {
+    h->has_not_read = true;
+    snprintf(h->not_read, sizeof h->not_read, "%s", not_read);
+  }
+  return hd_batch_add(w, &e) == HD_OK && hd_batch_flush(w) == HD_OK ? 0 : -EPIPE;
 }
 
 static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_writer *w) {
@@ -337,25 +372,29 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
   }
   for (size_t i = 0; i < count && rc == 0; i++) {
     hd_process *p = processes[i];
-    if (job->multi_process) {
-      heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
-      e.which_element = heapdump_client_SnapshotElement_snapshot_header_tag;
-      heapdump_client_SnapshotHeader *h = &e.element.snapshot_header;
-      h->has_process_name = h->has_process_koid = true;
-      snprintf(h->process_name, sizeof h->process_name, "%s", p->name);
-      h->process_koid = (uint64_t)p->pid;
-      pthread_mutex_lock(&c->lock);
-      if (p->command_line != NULL) {
-        h->has_command_line = true;
-        snprintf(h->command_line, sizeof h->command_line, "%s", p->command_line);
+    if (!job->multi_process) {
+      rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL, NULL);
+      if (rc == -EIO || rc == -ENOMEM) {
+        report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
       }
-      pthread_mutex_unlock(&c->lock);
-      if (hd_batch_add(w, &e) != HD_OK || hd_batch_flush(w) != HD_OK) rc = -EPIPE;
+      continue;
     }
-    if (rc == 0) rc = hd_produce_snapshot(c, p, NULL, "live", job->with_contents, w, NULL, NULL);
+    /* Several processes: one that cannot be read is said in its header, and the others are
+     * still sent. Its table is read before its header, so nothing of it is sent before. */
+    hd_live_block *blocks = NULL;
+    size_t block_count = 0;
+    char why[160] = "";
+    const int read = read_live_blocks(c, p, NULL, &blocks, &block_count, why, sizeof why);
+    rc = send_header(c, p, read == 0 ? NULL : why, w);
+    if (rc == 0 && read == 0) {
+      rc =
+          produce_from_blocks(c, p, blocks, block_count, "live", job->with_contents, w, NULL, NULL);
+    } else {
+      free(blocks);
+    }
     if (rc == -EIO || rc == -ENOMEM) {
       report_error(ch, heapdump_client_CollectorError_LIVE_SNAPSHOT_FAILED);
-    } else if (rc == 0 && job->multi_process && hd_batch_end(w) != HD_OK) {
+    } else if (rc == 0 && hd_batch_end(w) != HD_OK) {
       rc = -EPIPE;
     }
   }

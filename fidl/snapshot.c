@@ -436,6 +436,11 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       s->command_line = strdup(el->element.snapshot_header.command_line);
       if (s->command_line == NULL) return HD_ERR_NO_MEMORY;
     }
+    if (el->element.snapshot_header.has_not_read) {
+      snprintf(s->not_read, sizeof s->not_read, "%s",
+               el->element.snapshot_header.not_read[0] ? el->element.snapshot_header.not_read
+                                                       : "no reason given");
+    }
     return HD_OK;
   }
   hd_snapshot *s = current(r);

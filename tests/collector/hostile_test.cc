@@ -438,6 +438,42 @@ TEST_F(HostileTest, HeldLocksCostOnlyTheirOwnSnapshotAndOnlyTheReadTimeout) {
   healthy.Finish();
 }
 
+// A multi-process snapshot with one process that keeps its locks held carries the others whole,
+// and that one as a header saying why it could not be read: the stream is not failed for all.
+TEST_F(HostileTest, AProcessThatCannotBeReadLeavesTheOthersInAMultiProcessSnapshot) {
+  collector.args = {"--read-timeout", "1"};
+  collector.Start();
+  Child healthy(collector.socket, nullptr);
+  Child victim(collector.socket, nullptr);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  std::unique_ptr<Result> all;
+  {
+    LockWalker walker(table);
+    all = TakeLiveSnapshot(collector.socket, nullptr, false, /*multi=*/true);
+  }
+  ASSERT_EQ(all->status, HD_OK) << all->ra.error;
+  EXPECT_EQ(all->error, 0u);
+  size_t read = 0, unread = 0;
+  for (size_t i = 0; i < all->ra.snapshot_count; i++) {
+    const hd_snapshot *s = all->ra.snapshots[i];
+    if (s->pid == static_cast<uint64_t>(victim.pid)) {
+      unread++;
+      EXPECT_NE(std::string(s->not_read).find("could not be read"), std::string::npos)
+          << s->not_read;
+      EXPECT_EQ(s->allocation_count, 0u);
+    } else if (s->pid == static_cast<uint64_t>(healthy.pid)) {
+      read++;
+      EXPECT_STREQ(s->not_read, "");
+      EXPECT_EQ(Blocks(s, 100, "alpha_leaks").in_function, 10u);
+    }
+  }
+  EXPECT_EQ(read, 1u);
+  EXPECT_EQ(unread, 1u);
+  victim.Kill();
+  healthy.Finish();
+}
+
 // SIGTERM stops a collector whose reader a process keeps waiting, long before the read timeout.
 TEST_F(HostileTest, StoppingDoesNotWaitForAProcessThatHoldsItsLocks) {
   collector.args = {"--read-timeout", "600"};

@@ -26,6 +26,7 @@ enum {
   EXIT_AMBIGUOUS = 5,    /* several processes match and one is needed */
   EXIT_PERMISSION = 6,   /* the collector or a file refused us */
   EXIT_TIMEOUT = 7,      /* the collector accepted but did not answer in time */
+  EXIT_PARTIAL = 8,      /* some of the processes asked for could not be read: the rest written */
   EXIT_RUN_FAILED = 125, /* `run`: heapdump failed before the command could run */
 };
 
@@ -158,7 +159,8 @@ extern bool cli_quiet;
 HD_MUST_CHECK int cli_connect(const cli_options *o, int *fd);
 /* Says that the collector did not `what` within o->timeout; returns EXIT_TIMEOUT. */
 HD_MUST_CHECK int cli_timed_out(const cli_options *o, const char *what);
-/* A live snapshot of the process(es) o selects into r (finished). Returns an exit code. */
+/* A live snapshot of the process(es) o selects into r (finished). Returns an exit code;
+ * EXIT_PARTIAL when some processes could not be read (each said on stderr; r holds the others). */
 HD_MUST_CHECK int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
 typedef struct cli_stored {
   uint32_t id;

@@ -181,6 +181,28 @@ static HD_MUST_CHECK int request_snapshot(const cli_options *o, request_kind kin
  * header (name and pid), which the outputs show, and a selector matching several processes is
  * answered with all of them, so an ambiguous name can be reported with its candidates at no
  * extra cost. */
+static bool was_read(const hd_snapshot *s, void *ctx) {
+  (void)ctx;
+  return s->not_read[0] == '\0';
+}
+
+/* Says which processes the collector could not read, and why, and takes them out of r. */
+static int drop_unread(hd_reassembler *r) {
+  size_t unread = 0;
+  for (size_t i = 0; i < r->snapshot_count; i++) {
+    const hd_snapshot *s = r->snapshots[i];
+    if (was_read(s, NULL)) continue;
+    cli_error("could not read %s[%" PRIu64 "]: %s", s->process_name, s->pid, s->not_read);
+    unread++;
+  }
+  if (unread == 0) return 0;
+  const size_t asked = r->snapshot_count;
+  hd_reassembler_keep(r, was_read, NULL);
+  if (r->snapshot_count == 0) return EXIT_FAILURE_;
+  cli_error("%zu of %zu processes could not be read; the others are written", unread, asked);
+  return EXIT_PARTIAL;
+}
+
 int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r) {
   uint32_t error = 0;
   int rc = request_snapshot(o, LIVE, pid, true, 0, r, &error);
@@ -200,8 +222,8 @@ int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r
     }
     return EXIT_AMBIGUOUS;
   }
+  if (error == 0) return drop_unread(r);
   switch (error) {
-    case 0: return 0;
     case heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH:
       cli_error(
           "no instrumented process of yours matches %s.\n"

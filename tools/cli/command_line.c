@@ -197,7 +197,7 @@ void cli_command_help(unsigned id) {
   printf(
       "\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
       "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
-      "did not answer in time%s.\n",
+      "did not answer in time, 8 some processes could not be read (the others written)%s.\n",
       id == CLI_RUN ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump "
                       "could not start it, 126/127 if it\ncould not be executed / found"
                     : "");

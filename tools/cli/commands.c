@@ -66,6 +66,8 @@ int cmd_snapshot(cli_options *o, int argc, char **argv) {
   hd_reassembler r;
   hd_reassembler_init(&r);
   rc = cli_take_live_snapshot(o, o->has_pid ? o->pid : 0, &r);
+  const bool partial = rc == EXIT_PARTIAL;
+  if (partial) rc = 0;
   if (rc == 0) {
     char stem[128], name[40];
     if (o->all || r.snapshot_count != 1) {
@@ -78,7 +80,7 @@ int cmd_snapshot(cli_options *o, int argc, char **argv) {
     rc = write_result(o, &r, stem);
   }
   hd_reassembler_destroy(&r);
-  return rc;
+  return rc == 0 && partial ? EXIT_PARTIAL : rc;
 }
 
 /* Local time for people (2026-11-24 10:31:05), UTC RFC 3339 for JSON. */
@@ -431,13 +433,17 @@ int cmd_leaks(cli_options *o, int argc, char **argv) {
   hd_reassembler scans[2];
   hd_reassembler_init(&scans[0]);
   hd_reassembler_init(&scans[1]);
+  /* Processes one scan could not read are said and left out; the others are checked. */
+  bool partial = false;
   rc = cli_take_live_snapshot(&live, o->has_pid ? o->pid : 0, &scans[0]);
+  if (rc == EXIT_PARTIAL) partial = true, rc = 0;
   if (rc == 0) {
     double interval = o->interval > 0 ? o->interval : 1.0;
     struct timespec pause = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
     while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {
     }
     rc = cli_take_live_snapshot(&live, o->has_pid ? o->pid : 0, &scans[1]);
+    if (rc == EXIT_PARTIAL) partial = true, rc = 0;
   }
   uint64_t now = monotonic_ns();
   const hd_reassembler *r = &scans[1];
@@ -472,5 +478,5 @@ int cmd_leaks(cli_options *o, int argc, char **argv) {
   free(categories);
   hd_reassembler_destroy(&scans[0]);
   hd_reassembler_destroy(&scans[1]);
-  return rc;
+  return rc == 0 && partial ? EXIT_PARTIAL : rc;
 }

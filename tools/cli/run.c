@@ -204,6 +204,7 @@ static void interval_snapshot(const cli_options *o, pid_t pid, const char *comma
   cli_quiet = true;
   int rc = cli_take_live_snapshot(&live, 0, &r);
   cli_quiet = false;
+  if (rc == EXIT_PARTIAL) rc = 0; /* what could be read is written */
   interval_scope scope = {o, pid, embedded};
   if (rc == 0) hd_reassembler_keep(&r, in_interval_scope, &scope);
   if (rc == 0 && r.snapshot_count > 0) {

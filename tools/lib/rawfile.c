@@ -64,6 +64,10 @@ static HD_MUST_CHECK hd_status write_header(const hd_snapshot *s, hd_batch_write
     h->has_command_line = true;
     snprintf(h->command_line, sizeof h->command_line, "%s", s->command_line);
   }
+  if (s->not_read[0] != '\0') {
+    h->has_not_read = true;
+    snprintf(h->not_read, sizeof h->not_read, "%s", s->not_read);
+  }
   hd_status status = hd_batch_add(w, &e);
   /* The header travels alone in its batch, as the collector sends it. */
   return status == HD_OK ? hd_batch_flush(w) : status;

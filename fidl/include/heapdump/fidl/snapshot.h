@@ -107,6 +107,9 @@ typedef struct hd_snapshot {
   char process_name[HD_NAME_SIZE];
   uint64_t pid;
   char *command_line; /* from the SnapshotHeader (live snapshots); NULL if it has none */
+  /* From the SnapshotHeader: why the process could not be read ("": it was); such a snapshot
+   * holds nothing else. */
+  char not_read[160];
   hd_snapshot_allocation *allocations;
   size_t allocation_count, allocation_capacity;
   hd_snapshot_stack_trace *stack_traces;
