@@ -12,22 +12,26 @@
 
 bool cli_quiet;
 
+/* "heapdump: ", the message, then `end`, on stderr. */
+static void say(const char *fmt, va_list ap, const char *end) {
+  FILE *out = cli_stderr();
+  fputs("heapdump: ", out);
+  vfprintf(out, fmt, ap);
+  fputs(end, out);
+}
+
 void cli_error(const char *fmt, ...) {
   if (cli_quiet) return;
   va_list ap;
   va_start(ap, fmt);
-  fputs("heapdump: ", cli_stderr());
-  vfprintf(cli_stderr(), fmt, ap);
-  fputc('\n', cli_stderr());
+  say(fmt, ap, "\n");
   va_end(ap);
 }
 
 int cli_usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("heapdump: ", cli_stderr());
-  vfprintf(cli_stderr(), fmt, ap);
-  fputs("\n(see heapdump --help)\n", cli_stderr());
+  say(fmt, ap, "\n(see heapdump --help)\n");
   va_end(ap);
   return EXIT_USAGE;
 }
@@ -198,8 +202,8 @@ void cli_command_help(unsigned id) {
       "\nExit status: 0 success, 1 failure, 2 usage error, 3 no collector running, 4 no such\n"
       "process or snapshot, 5 ambiguous process name, 6 permission denied, 7 the collector\n"
       "did not answer in time, 8 some processes could not be read (the others written)%s.\n",
-      id == CLI_RUN ? "; run: COMMAND's status\n(128+N if killed by signal N), 125 if heapdump "
-                      "could not start it, 126/127 if it\ncould not be executed / found"
+      id == CLI_RUN ? ";\nrun: COMMAND's status (128+N if killed by signal N), 125 if heapdump "
+                      "could not start it,\n126/127 if it could not be executed / found"
                     : "");
 }
 
