@@ -493,7 +493,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   Capture capture;
   auto w = NewWriter(&capture);
   auto header = Element(heapdump_client_SnapshotElement_snapshot_header_tag);
-  header.element.snapshot_header = {true, "proc-name", true, 4321, true, "./proc --flag 'a b'"};
+  header.element.snapshot_header = {true, "proc-name",           true, 4321,
+                                    true, "./proc --flag 'a b'", true, "its table stayed locked"};
   ASSERT_EQ(hd_batch_add(w.get(), &header), HD_OK);
   auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
   alloc.element.allocation = {true, 0x1000, true, 24, true, 7, true, -5, true, 3, true, 2};
@@ -543,6 +544,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_STREQ(s->process_name, "proc-name");
   EXPECT_EQ(s->pid, 4321u);
   EXPECT_STREQ(s->command_line, "./proc --flag 'a b'");
+  EXPECT_STREQ(s->not_read, "its table stayed locked");
   // Samples stay in the order they came, the snapshot's name only where it was set.
   ASSERT_EQ(s->sample_count, 2u);
   EXPECT_EQ(s->samples[0].timestamp, 1000);
