@@ -245,11 +245,17 @@ static ssize_t text_write(void *cookie, const char *buf, size_t size) {
   return (ssize_t)size;
 }
 
-static int text_close(void *cookie) {
+/* Closing writes what it held back and flushes the stream under it, which stays open. */
+static int text_flush(void *cookie) {
   text_stream *t = cookie;
   if (t->after_c2) fputc(0xc2, t->out);
-  const int rc = fflush(t->out);
-  free(t);
+  t->after_c2 = false;
+  return fflush(t->out);
+}
+
+static int text_close(void *cookie) {
+  const int rc = text_flush(cookie);
+  free(cookie);
   return rc;
 }
 
@@ -263,9 +269,13 @@ FILE *cli_text_stream(FILE *out) {
 }
 
 FILE *cli_stderr(void) {
+  /* For the whole run, never closed: its state is static, so nothing of it is left allocated. */
+  static text_stream state;
   static FILE *messages;
   if (messages == NULL) {
-    messages = cli_text_stream(stderr);
+    state.out = stderr;
+    messages =
+        fopencookie(&state, "w", (cookie_io_functions_t){.write = text_write, .close = text_flush});
     if (messages == NULL) return stderr;
     setvbuf(messages, NULL, _IONBF, 0); /* as stderr: each message written at once */
   }
