@@ -154,6 +154,21 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
       snprintf(out.process_name, sizeof out.process_name, "%s", latest->name);
     }
   }
+  /* An earlier image of the pid (it exec'd) whose snapshot is still being stored keeps the pid
+   * pending: a client waiting for the pid's snapshots must not stop at the last image's exit
+   * snapshot, which that image stores itself and may store first. */
+  if (out.state != heapdump_client_ProcessState_PROCESS_STATE_UNKNOWN &&
+      out.state != heapdump_client_ProcessState_PROCESS_STATE_RUNNING) {
+    for (size_t i = 0; i < HD_EXIT_RECORDS; i++) {
+      const hd_exit_record *r = &c->exit_records[i];
+      if (r->seq != 0 && r->pid == pid && (uid == 0 || r->uid == uid) &&
+          r->state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING) {
+        out.state = heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING;
+        out.has_exit_snapshot_id = false;
+        out.exit_snapshot_id = 0;
+      }
+    }
+  }
   pthread_mutex_unlock(&c->lock);
   return out;
 }

@@ -128,7 +128,10 @@ bool hd_cfi_read_eh_frame_hdr(const uint8_t *hdr, uintptr_t lo, uintptr_t hi, hd
   const uintptr_t eh_frame = read_encoded(&r, hdr[1], (uintptr_t)hdr, false);
   const uintptr_t count = read_encoded(&r, hdr[2], (uintptr_t)hdr, false);
   /* The table's entries are 8 bytes each; the .eh_frame they point into follows in the range. */
-  if (!r.ok || !in_range(out, (const void *)eh_frame, 4) || count > (hi - (uintptr_t)r.p) / 8) {
+  /* Linkers align the table (4-byte header fields after a 4-aligned section); one that is not
+   * aligned is not a linker's, and reading it would be a misaligned load. */
+  if (!r.ok || !in_range(out, (const void *)eh_frame, 4) || ((uintptr_t)r.p & 3) != 0 ||
+      count > (hi - (uintptr_t)r.p) / 8) {
     return false;
   }
   out->hdr = hdr;

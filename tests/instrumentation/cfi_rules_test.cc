@@ -543,6 +543,11 @@ TEST(CfiRulesTest, MalformedTablesAreRefusedWithoutReadingOutside) {
   }
   {
     Image image(Cie(), {Code(Cfa())});
+    (*image.bytes())[2] = 0x02;  // fde_count as udata2: the table starts 2 bytes off alignment
+    EXPECT_EQ(image.RuleAt(0), "hdr") << "a misaligned table";
+  }
+  {
+    Image image(Cie(), {Code(Cfa())});
     (*image.bytes())[8] = 0xff;  // fde_count: 255 entries of 8 bytes do not fit
     EXPECT_EQ(image.RuleAt(0), "hdr") << "a table longer than the range";
   }

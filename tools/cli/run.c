@@ -331,9 +331,15 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
   bool told = false;
   for (;;) {
     if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
-    if (results->main_exit != NULL) return NULL;
     heapdump_client_CollectorGetProcessStateResponse state;
-    if (cli_process_state(o, (uint64_t)pid, &state) != 0) {
+    const bool known = cli_process_state(o, (uint64_t)pid, &state) == 0;
+    /* The last image stores its exit snapshot itself; an earlier image's exec snapshot may
+     * still be on its way (the daemon reports the pid pending until it is stored). */
+    if (results->main_exit != NULL &&
+        (!known || state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING)) {
+      return NULL;
+    }
+    if (!known) {
       limit = DAEMON_EXIT_WAIT_SECONDS;
     } else if (state.state != heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
                state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING) {
@@ -350,6 +356,7 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
       }
     }
     if (now_seconds() - started > limit) {
+      if (results->main_exit != NULL) return NULL; /* the exec snapshot is late: report without */
       return limit == DAEMON_EXIT_WAIT_SECONDS ? kNotLoaded : "the collector is still storing it";
     }
     if (!told && now_seconds() - started > 2) {
