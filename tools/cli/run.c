@@ -336,7 +336,8 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
     /* The last image stores its exit snapshot itself; an earlier image's exec snapshot may
      * still be on its way (the daemon reports the pid pending until it is stored). */
     if (results->main_exit != NULL &&
-        (!known || state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING)) {
+        (!known ||
+         state.state != heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING)) {
       return NULL;
     }
     if (!known) {
