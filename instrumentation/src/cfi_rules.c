@@ -63,7 +63,9 @@ static int64_t read_sleb(dw_reader *r) {
     const uint8_t byte = *r->p++;
     v |= (int64_t)((uint64_t)(byte & 0x7f) << shift);
     if ((byte & 0x80) == 0) {
-      if (shift + 7 < 64 && (byte & 0x40)) v |= -((int64_t)1 << (shift + 7));
+      /* Sign extension in unsigned arithmetic: 1 << 63 does not fit an int64_t. */
+      if (shift + 7 < 64 && (byte & 0x40))
+        v = (int64_t)((uint64_t)v | (~UINT64_C(0) << (shift + 7)));
       return v;
     }
   }
