@@ -241,10 +241,16 @@ void hd_discover_processes(hd_collector *c, bool force);
 /* ---- streams (stream.c) ---- */
 
 /* Snapshot streams run on at most HD_MAX_STREAM_THREADS threads; up to HD_MAX_QUEUED_STREAMS more
- * requests wait for one, oldest first, and any beyond are refused (their receiver is closed): a
- * flood of requests costs bounded threads and descriptors. */
+ * requests wait for one, and any beyond are refused (their receiver is closed): a flood of
+ * requests costs bounded threads and descriptors. Service is fair between clients (the process
+ * that sent the request): one client runs at most HD_STREAMS_PER_CLIENT streams, a free thread
+ * takes the oldest request of a client below that share, and a full queue refuses the newest
+ * request of the client that queued the most; so a client's wait is bounded by its own requests,
+ * not by another's flood. A request whose client has gone (its receiver hung up) is dropped,
+ * not served. */
 #define HD_MAX_STREAM_THREADS 32
 #define HD_MAX_QUEUED_STREAMS 1024
+#define HD_STREAMS_PER_CLIENT 8
 
 typedef struct hd_stream_job {
   hd_collector *c;
@@ -252,7 +258,9 @@ typedef struct hd_stream_job {
   struct hd_stream_job *queue_next;  /* in c->stream_queue while it waits for a thread */
   int receiver;
   uid_t peer_uid;
-  bool stored; /* DownloadStoredSnapshot, else TakeLiveSnapshot */
+  pid_t peer_pid; /* the client, for fair service */
+  bool running;   /* on a stream thread (else queued) */
+  bool stored;    /* DownloadStoredSnapshot, else TakeLiveSnapshot */
   uint32_t stored_id;
   bool with_contents, multi_process, has_selector;
   heapdump_client_ProcessSelector selector;

@@ -62,12 +62,36 @@ bool hd_close_idle_connections(hd_collector *c) {
   return any;
 }
 
+/* Out of descriptors: closes the client connection idle the longest, if one has been idle for
+ * EVICT_AFTER_NS, so a new client is served at once rather than after the idle timeout (idle
+ * clients holding every descriptor would lock everyone out until then). Registry and sink
+ * connections are never closed: they are processes' lifelines. Returns whether one was closed. */
+#define EVICT_AFTER_NS 100000000u
+static bool evict_idlest_client(hd_collector *c) {
+  const uint64_t now = hd_monotonic_ns();
+  size_t idlest = c->conns->count;
+  for (size_t i = 0; i < c->conns->count; i++) {
+    const conn *k = &c->conns->items[i];
+    if (!may_idle_out(k) || now - k->last_active_ns < EVICT_AFTER_NS) continue;
+    if (idlest == c->conns->count || k->last_active_ns < c->conns->items[idlest].last_active_ns) {
+      idlest = i;
+    }
+  }
+  if (idlest == c->conns->count) return false;
+  hd_log(c, HD_LOG_INFO, "out of descriptors: closing a connection of pid %u idle for %llu ms",
+         (unsigned)c->conns->items[idlest].peer.pid,
+         (unsigned long long)((now - c->conns->items[idlest].last_active_ns) / 1000000u));
+  hd_conn_close(c, idlest);
+  return true;
+}
+
 void hd_accept_connections(hd_collector *c) {
   for (;;) {
     int fd = accept4(c->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if ((errno == EMFILE || errno == ENFILE) && evict_idlest_client(c)) continue;
       const int error = errno;
       c->accept_backoff_ns = c->accept_backoff_ns == 0 ? 50000000u : c->accept_backoff_ns * 2;
       if (c->accept_backoff_ns > 1000000000u) c->accept_backoff_ns = 1000000000u;

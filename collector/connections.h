@@ -45,9 +45,10 @@ void hd_conn_close(hd_collector *c, size_t index);
  * and processes. Returns whether any connection may still idle out (the loop then wakes up to
  * look again). */
 bool hd_close_idle_connections(hd_collector *c);
-/* Accepts every pending connection. Out of descriptors (or memory), the connection stays in the
- * backlog and the socket stays readable: the poll thread then leaves it alone for a while
- * (50 ms, doubling up to a second while it lasts) rather than spin on it. */
+/* Accepts every pending connection. Out of descriptors, the client connection idle the longest
+ * (for 100 ms at least) is closed to make room; with none to close (or out of memory), the
+ * connection stays in the backlog and the socket stays readable: the poll thread then leaves it
+ * alone for a while (50 ms, doubling up to a second while it lasts) rather than spin on it. */
 void hd_accept_connections(hd_collector *c);
 /* Handles one readable connection (handlers.c); returns false if it must be closed. */
 bool hd_serve_connection(hd_collector *c, size_t index);

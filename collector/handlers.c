@@ -243,6 +243,7 @@ static hd_stream_job *new_stream_job(handler_ctx *h, hd_message *msg,
   job->c = h->c;
   job->receiver = receiver_fd;
   job->peer_uid = h->k->peer.uid;
+  job->peer_pid = h->k->peer.pid;
   return job;
 }
 

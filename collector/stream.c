@@ -2,7 +2,11 @@
  * rescan of /proc, at most once a second), reads their tables (or a stored snapshot) and sends
  * batches, each acknowledged before the next (HD_BATCH_WINDOW). */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -433,21 +437,134 @@ static void retire_locked(hd_collector *c, hd_stream_job *job) {
   free(job);
 }
 
-/* The next queued job for a stream thread that finished one, or NULL (then the thread is
- * counted out). A stopping collector drops what is queued. Under c->lock. */
-static hd_stream_job *next_queued_locked(hd_collector *c) {
-  hd_stream_job *job;
-  while ((job = c->stream_queue) != NULL) {
-    c->stream_queue = job->queue_next;
-    c->queued_streams--;
-    if (!atomic_load(&c->stop_requested)) return job;
-    retire_locked(c, job);
+/* Whether the client hung up its receiver (it exited, or gave up): nobody would read the stream. */
+static bool client_gone(int receiver) {
+  struct pollfd p = {.fd = receiver, .events = 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* Takes up to `max` queued jobs that may run now, oldest first, each of a client below its share
+ * of the threads, into out (marked running); drops on the way the jobs whose client has gone,
+ * and every queued job of a stopping collector. Under c->lock. */
+static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t max) {
+  pid_t client[HD_MAX_STREAM_THREADS];
+  int running[HD_MAX_STREAM_THREADS];
+  size_t clients = 0, taken = 0;
+  unsigned dropped = 0;
+  for (const hd_stream_job *j = c->streams; j != NULL; j = j->next) {
+    if (!j->running) continue;
+    size_t i = 0;
+    while (i < clients && client[i] != j->peer_pid) i++;
+    if (i == clients) {
+      if (clients == HD_MAX_STREAM_THREADS) continue; /* not reached: one per thread */
+      client[clients] = j->peer_pid;
+      running[clients++] = 0;
+    }
+    running[i]++;
   }
-  c->stream_threads--;
-  return NULL;
+  const bool stopping = atomic_load(&c->stop_requested);
+  for (hd_stream_job **at = &c->stream_queue; *at != NULL && taken < max;) {
+    hd_stream_job *job = *at;
+    size_t i = 0;
+    while (i < clients && client[i] != job->peer_pid) i++;
+    if (!stopping && i < clients && running[i] >= HD_STREAMS_PER_CLIENT) {
+      at = &job->queue_next; /* waits for its client's own streams */
+      continue;
+    }
+    if (stopping || client_gone(job->receiver)) {
+      *at = job->queue_next;
+      c->queued_streams--;
+      dropped += !stopping;
+      retire_locked(c, job);
+      continue;
+    }
+    if (i == clients && clients < HD_MAX_STREAM_THREADS) {
+      client[clients] = job->peer_pid;
+      running[clients++] = 0;
+    }
+    if (i < clients) running[i]++;
+    *at = job->queue_next;
+    c->queued_streams--;
+    job->running = true;
+    out[taken++] = job;
+  }
+  if (dropped > 0) {
+    hd_log(c, HD_LOG_INFO, "dropped %u queued snapshot request(s) whose client had gone", dropped);
+  }
+  return taken;
+}
+
+/* Takes job out of the queue. Under c->lock. */
+static void unqueue_locked(hd_collector *c, hd_stream_job *job) {
+  for (hd_stream_job **at = &c->stream_queue; *at != NULL; at = &(*at)->queue_next) {
+    if (*at == job) {
+      *at = job->queue_next;
+      c->queued_streams--;
+      return;
+    }
+  }
+}
+
+/* The newest queued job of the client with the most queued jobs, if that client has more than
+ * `client` has; else NULL. Under c->lock. */
+static hd_stream_job *newest_of_greediest_locked(hd_collector *c, pid_t client) {
+  /* Queued jobs per client, in a table twice the queue's bound. */
+  enum { SLOTS = 2 * HD_MAX_QUEUED_STREAMS };
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "a power of two");
+  struct {
+    pid_t pid;
+    int count;
+    hd_stream_job *newest;
+  } *slots = calloc(SLOTS, sizeof *slots);
+  if (slots == NULL) return NULL;
+  int mine = 0, most = 0;
+  hd_stream_job *greediest = NULL;
+  for (hd_stream_job *j = c->stream_queue; j != NULL; j = j->queue_next) {
+    size_t i = ((uint32_t)j->peer_pid * 2654435761u) & (SLOTS - 1);
+    while (slots[i].count != 0 && slots[i].pid != j->peer_pid) i = (i + 1) & (SLOTS - 1);
+    slots[i].pid = j->peer_pid;
+    slots[i].newest = j;
+    const int count = ++slots[i].count;
+    if (j->peer_pid == client) mine = count;
+    if (count > most) {
+      most = count;
+      greediest = j;
+    }
+  }
+  hd_stream_job *evict = NULL;
+  if (greediest != NULL && most > mine + 1) {
+    size_t i = ((uint32_t)greediest->peer_pid * 2654435761u) & (SLOTS - 1);
+    while (slots[i].pid != greediest->peer_pid) i = (i + 1) & (SLOTS - 1);
+    evict = slots[i].newest;
+  }
+  free(slots);
+  return evict;
+}
+
+static void *run_streams(void *arg);
+
+/* Starts a stream thread for each of jobs (taken and counted in c->stream_threads); a job whose
+ * thread cannot start is retired. */
+static void start_threads(hd_collector *c, hd_stream_job **jobs, size_t count) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  for (size_t i = 0; i < count; i++) {
+    pthread_t thread;
+    if (hd_start_thread(&thread, &attr, run_streams, jobs[i]) != 0) {
+      hd_log(c, HD_LOG_WARN, "cannot start a stream thread; dropping a request");
+      pthread_mutex_lock(&c->lock);
+      c->stream_threads--;
+      retire_locked(c, jobs[i]);
+      if (c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
+      pthread_mutex_unlock(&c->lock);
+    }
+  }
+  pthread_attr_destroy(&attr);
 }
 
 static void run_one(hd_stream_job *job) {
+  if (client_gone(job->receiver)) return; /* its request came, its client went */
   struct timeval timeout = {ACK_TIMEOUT_SECONDS, 0};
   setsockopt(job->receiver, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   setsockopt(job->receiver, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
@@ -470,24 +587,35 @@ static void run_one(hd_stream_job *job) {
   free(w);
 }
 
-/* A stream thread: runs its job, then queued ones while there are any. After its last unlock it
+/* A stream thread: runs its job, then the next one that may run, while there is one; a job it
+ * finished may let a client's waiting request run on another thread. After its last unlock it
  * touches nothing of the collector, which a stop may be destroying by then. */
 static void *run_streams(void *arg) {
   hd_stream_job *job = arg;
   hd_collector *c = job->c;
   while (job != NULL) {
     run_one(job);
+    hd_stream_job *more[HD_MAX_STREAM_THREADS];
     pthread_mutex_lock(&c->lock);
     retire_locked(c, job);
-    job = next_queued_locked(c);
+    if (take_runnable_locked(c, &job, 1) == 0) {
+      job = NULL;
+      c->stream_threads--;
+    }
+    const size_t extra = take_runnable_locked(c, more, HD_MAX_STREAM_THREADS - c->stream_threads);
+    c->stream_threads += extra;
     if (c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
     pthread_mutex_unlock(&c->lock);
+    if (extra > 0) start_threads(c, more, extra);
   }
   return NULL;
 }
 
 void hd_start_stream(hd_stream_job *job) {
   hd_collector *c = job->c;
+  const pid_t client = job->peer_pid;
+  hd_stream_job *start[HD_MAX_STREAM_THREADS];
+  size_t starting = 0;
   pthread_mutex_lock(&c->lock);
   c->active_streams++;
   job->prev = NULL;
@@ -495,38 +623,37 @@ void hd_start_stream(hd_stream_job *job) {
   if (c->streams != NULL) c->streams->prev = job;
   c->streams = job;
   /* Closing the receiver is what tells a refused client: an error report would wait for its
-   * answer on the poll thread. */
+   * answer on the poll thread. A full queue makes room by refusing the newest request of the
+   * client that queued the most, unless that is this client. */
   const char *refused = NULL;
-  bool start_thread = c->stream_threads < HD_MAX_STREAM_THREADS;
-  if (start_thread) {
-    c->stream_threads++;
-  } else if (c->queued_streams < HD_MAX_QUEUED_STREAMS) {
+  if (c->queued_streams >= HD_MAX_QUEUED_STREAMS) {
+    hd_stream_job *evict = newest_of_greediest_locked(c, client);
+    if (evict == NULL) {
+      refused = "too many snapshot requests at once";
+    } else {
+      unqueue_locked(c, evict);
+      hd_log(c, HD_LOG_WARN, "too many snapshot requests at once; dropping one of pid %u's",
+             (unsigned)evict->peer_pid);
+      retire_locked(c, evict);
+    }
+  }
+  if (refused != NULL) {
+    retire_locked(c, job);
+  } else {
+    job->running = false;
     job->queue_next = NULL;
     hd_stream_job **tail = &c->stream_queue;
     while (*tail != NULL) tail = &(*tail)->queue_next;
     *tail = job;
     c->queued_streams++;
-  } else {
-    refused = "too many snapshot requests at once";
-    retire_locked(c, job);
+    starting = take_runnable_locked(c, start, HD_MAX_STREAM_THREADS - c->stream_threads);
+    c->stream_threads += starting;
   }
   pthread_mutex_unlock(&c->lock);
-  if (start_thread) {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t thread;
-    if (hd_start_thread(&thread, &attr, run_streams, job) != 0) {
-      refused = "cannot start a stream thread";
-      pthread_mutex_lock(&c->lock);
-      c->stream_threads--;
-      retire_locked(c, job);
-      if (c->active_streams == 0) pthread_cond_broadcast(&c->streams_done);
-      pthread_mutex_unlock(&c->lock);
-    }
-    pthread_attr_destroy(&attr);
+  if (refused != NULL) {
+    hd_log(c, HD_LOG_WARN, "%s (pid %u); dropping a request", refused, (unsigned)client);
   }
-  if (refused != NULL) hd_log(c, HD_LOG_WARN, "%s; dropping a request", refused);
+  start_threads(c, start, starting);
 }
 
 void hd_wait_streams(hd_collector *c) {

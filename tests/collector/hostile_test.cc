@@ -551,6 +551,7 @@ double CpuSeconds(pid_t pid) {
 // Snapshot requests whose clients never read (each stream then waits for its client's answer)
 // run on at most 32 stream threads, the rest waiting their turn; once the clients are gone the
 // collector is back to its threads and descriptors. It used to start a thread per request.
+// Five clients flood: one client alone gets only its share (8 threads).
 TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
   collector.Start();
   Child child(collector.socket, nullptr);
@@ -558,10 +559,12 @@ TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
   const size_t fds_before = collector.SettledFdCount();
   auto selector = ByPid(child.pid);
   std::vector<int> receivers;
-  for (int i = 0; i < 300; i++) {
-    Call call(collector.socket);
-    ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
-    receivers.push_back(dup(call.ends[0]));
+  for (int client = 0; client < 5; client++) {
+    for (int i = 0; i < 60; i++) {
+      Call call(collector.socket, kAnotherClient);
+      ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
+      receivers.push_back(dup(call.ends[0]));
+    }
   }
   size_t most = 0;
   (void)WaitUntil(
@@ -580,6 +583,156 @@ TEST_F(HostileTest, AFloodOfSnapshotRequestsRunsOnBoundedThreads) {
   ASSERT_EQ(served->status, HD_OK) << served->ra.error;
   EXPECT_EQ(Blocks(served->only(), 100, "alpha_leaks").in_function, 10u);
   child.Finish();
+}
+
+// The number in each of the collector's log lines that contain `before` then a number.
+unsigned SumLogged(const std::string &log, const std::string &before) {
+  unsigned sum = 0;
+  for (size_t at = log.find(before); at != std::string::npos; at = log.find(before, at + 1)) {
+    sum += static_cast<unsigned>(atoi(log.c_str() + at + before.size()));
+  }
+  return sum;
+}
+
+// One client's flood of requests it never reads takes its share of the stream threads, not all
+// of them: another client's snapshot is served at once, while every stream of the flood still
+// waits for its client (for 60 s). It used to wait behind the whole flood (300 requests, 32 at a
+// time, 60 s each).
+TEST_F(HostileTest, AFloodFromOneClientDoesNotDelayAnother) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t threads_before = SettledThreadCount(collector.pid);
+  auto selector = ByPid(child.pid);
+  std::vector<int> receivers;
+  for (int i = 0; i < 300; i++) {
+    Call call(collector.socket);
+    ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
+    receivers.push_back(dup(call.ends[0]));
+  }
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before + 8; }, 10))
+      << StatusField(collector.pid, "Threads") << " threads, " << threads_before << " before";
+  Call other(collector.socket, kAnotherClient);
+  ASSERT_EQ(RequestLiveSnapshot(other, &selector), HD_OK);
+  struct timeval patience = {20, 0};  // a third of the flood's first wait
+  ASSERT_EQ(setsockopt(other.ends[0], SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience), 0);
+  Result served;
+  ASSERT_EQ(hd_snapshot_receive(other.ends[0], false, &served.ra, &served.error), HD_OK);
+  ASSERT_EQ(served.error, 0u);
+  ASSERT_EQ(hd_reassembler_finish(&served.ra), HD_OK);
+  EXPECT_EQ(Blocks(served.only(), 100, "alpha_leaks").in_function, 10u);
+  EXPECT_EQ(StatusField(collector.pid, "Threads"), threads_before + 8)
+      << "the flood's streams are no longer waiting: the test proves nothing";
+  for (int fd : receivers) close(fd);
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
+  child.Finish();
+}
+
+// A full queue (1,024 waiting requests) makes room for a new client's request by refusing the
+// newest request of the client that queued the most: one client's flood cannot lock others out.
+TEST_F(HostileTest, AFullQueueRefusesTheGreediestClientNotANewOne) {
+  struct rlimit files;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_max < 4096) GTEST_SKIP() << "needs 4096 descriptors";
+  const struct rlimit before = files;
+  files.rlim_cur = files.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t fds_before = collector.SettledFdCount();
+  auto selector = ByPid(child.pid);
+  std::vector<int> receivers;
+  for (int i = 0; i < 8 + 1024 + 16; i++) {  // its share running, a full queue, 16 refused
+    Call call(collector.socket);
+    ASSERT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
+    receivers.push_back(dup(call.ends[0]));
+  }
+  // Every request read: the collector holds the receivers of those it took.
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() == fds_before + 8 + 1024; }, 20))
+      << collector.Fds().size() << " descriptors, " << fds_before << " before";
+  Call other(collector.socket, kAnotherClient);
+  ASSERT_EQ(RequestLiveSnapshot(other, &selector), HD_OK);
+  struct timeval patience = {20, 0};
+  ASSERT_EQ(setsockopt(other.ends[0], SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience), 0);
+  Result served;
+  ASSERT_EQ(hd_snapshot_receive(other.ends[0], false, &served.ra, &served.error), HD_OK);
+  ASSERT_EQ(served.error, 0u);
+  EXPECT_NE(collector.Log().find("too many snapshot requests at once; dropping one of pid " +
+                                 std::to_string(getpid())),
+            std::string::npos)
+      << collector.Log().substr(0, 4096);
+  for (int fd : receivers) close(fd);
+  child.Finish();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+}
+
+// Requests whose client has gone (here: it hung up every receiver while its requests waited for
+// a stream thread) are dropped without reading any table: 3,000 requests from dead clients used
+// to delay another client by 33 s while each was read and sent to nobody.
+TEST_F(HostileTest, RequestsOfAClientThatHasGoneAreDroppedUnserved) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t threads_before = SettledThreadCount(collector.pid);
+  const size_t fds_before = collector.SettledFdCount();
+  auto selector = ByPid(child.pid);
+  auto request = [&](size_t count) {
+    std::vector<int> receivers;
+    for (size_t i = 0; i < count; i++) {
+      Call call(collector.socket);
+      EXPECT_EQ(RequestLiveSnapshot(call, &selector), HD_OK);
+      receivers.push_back(dup(call.ends[0]));
+    }
+    return receivers;
+  };
+  // Its share of the threads, each stream waiting for the client's answer; then requests that
+  // wait for a thread.
+  const std::vector<int> running = request(8);
+  ASSERT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before + 8; }, 10));
+  const std::vector<int> queued = request(192);
+  // Every request read: the collector holds each one's receiver.
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() == fds_before + 200; }, 10));
+  // The client goes: the queued requests' receivers first, so that none is open when a
+  // running stream ends and its thread looks for the next.
+  for (int fd : queued) close(fd);
+  for (int fd : running) close(fd);
+  const std::string kDropped = "dropped ";
+  EXPECT_TRUE(WaitUntil([&] { return SumLogged(collector.Log(), kDropped) == 192; }, 30))
+      << collector.Log();
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
+  EXPECT_EQ(collector.SettledFdCount(), fds_before);
+  auto served = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(served->status, HD_OK) << served->ra.error;
+  child.Finish();
+}
+
+// Idle clients holding every descriptor the collector may open do not lock others out until
+// the idle timeout (60 s): out of descriptors, the collector closes the client connection idle
+// the longest and serves the new one.
+TEST_F(HostileTest, IdleClientsHoldingEveryDescriptorLockNobodyOut) {
+  collector.Start();
+  struct rlimit normal;
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, nullptr, &normal), 0);
+  struct rlimit tight = {collector.SettledFdCount() + 16, normal.rlim_max};
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, &tight, nullptr), 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 40; i++) {
+    int fd = -1;
+    ASSERT_EQ(hd_channel_connect(collector.socket.c_str(), &fd), HD_OK);
+    idle.push_back(fd);
+  }
+  usleep(300000);  // idle for longer than the 100 ms a connection gets to say what it is
+  for (int i = 0; i < 5; i++) {
+    Listing listing = List(collector.socket);
+    EXPECT_EQ(listing.status, HD_OK);
+    EXPECT_EQ(listing.error, 0u);
+  }
+  EXPECT_NE(collector.Log().find("out of descriptors: closing a connection"), std::string::npos)
+      << collector.Log();
+  ASSERT_EQ(prlimit(collector.pid, RLIMIT_NOFILE, &normal, nullptr), 0);
+  for (int fd : idle) close(fd);
 }
 
 // Out of descriptors, the collector neither spins on the connection it cannot accept nor floods
@@ -746,9 +899,9 @@ TEST_F(HostileTest, SoakOfHostileAndNormalLoadLeavesNoTrace) {
             close(ends[1]);
             break;
           }
-          case 2: {  // a request whose client never reads, held a while
-            Call call(socket);
-            if (RequestLiveSnapshot(call, &healthy_selector) == HD_OK)
+          case 2: {  // a request whose client never reads, held a while, or gone at once
+            Call call(socket, kAnotherClient);
+            if (RequestLiveSnapshot(call, &healthy_selector) == HD_OK && rng() % 2 == 0)
               held.push_back(dup(call.ends[0]));
             break;
           }

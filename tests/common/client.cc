@@ -1,6 +1,11 @@
 #include "client.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +17,35 @@ namespace hdtest {
 
 Call::Call(const std::string &socket) {
   EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
+  EXPECT_EQ(hd_channel_pair(ends), HD_OK);
+}
+
+namespace {
+
+// *fd: a connection to socket that a child made (it connected our socket, then exited).
+void ConnectFromChild(const std::string &socket, int *out) {
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(socket.size(), sizeof addr.sun_path);
+  memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  *out = fd;
+  // The child only connects and exits (async-signal-safe calls: this process may have threads).
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    _exit(connect(fd, reinterpret_cast<const struct sockaddr *>(&addr), sizeof addr) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_EQ(status, 0) << "the child could not connect to " << socket;
+}
+
+}  // namespace
+
+Call::Call(const std::string &socket, AnotherClient) {
+  ConnectFromChild(socket, &fd);
   EXPECT_EQ(hd_channel_pair(ends), HD_OK);
 }
 

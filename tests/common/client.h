@@ -28,10 +28,15 @@ struct Result {
 };
 
 // A connection to the collector plus a fresh channel pair: ends[1] is passed with a request.
+// The collector tells clients apart by the process that connected (SO_PEERCRED): a Call made
+// with kAnotherClient is connected by a child forked for the connect alone, so that its
+// requests are another client's than this process's.
+enum AnotherClient { kAnotherClient };
 struct Call {
   int fd = -1;
   int ends[2] = {-1, -1};
   explicit Call(const std::string &socket);
+  Call(const std::string &socket, AnotherClient);
   void SentTheirEnd();
   ~Call();
 };

@@ -351,6 +351,43 @@ TEST_F(DaemonTest, DocsConvertRunsAsWritten) {
       << o.out;
 }
 
+// The CLI's memory for a snapshot with contents is a small multiple of the snapshot, whatever
+// the format: the contents go through a temporary file, not RAM (a 5 MB process's contents
+// snapshot once took 1.05 GB). python3 holds 64 MiB in 65,536 blocks of 1 KiB; each command's
+// peak RSS is its own (measured by python3 around that one command).
+TEST_F(DaemonTest, ASnapshotWithContentsTakesMemoryOfItsOwnSize) {
+  const std::string measure =
+      "peak() { python3 -c 'import resource, subprocess, sys\n"
+      "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+      "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' \"$@\"; }\n";
+  Output o = Shell("set -e\nheapdump-collector\nmkfifo hold.in\n" + measure +
+                   "LD_PRELOAD=$LIB python3 -c 'import sys\n"
+                   "kept = [bytes(1024) for _ in range(65536)]\n"
+                   "print(\"ready\", flush=True)\nsys.stdin.read()' < hold.in > hold.out &\n"
+                   "exec 4> hold.in\n"
+                   "for i in $(seq 100); do grep -q ready hold.out && break; sleep 0.1; done\n"
+                   "echo raw $(peak heapdump snapshot --pid $! --contents -o now.heapdump)\n"
+                   "echo dartheap $(peak heapdump snapshot --pid $! --contents -o now.dartheap)\n"
+                   "echo leaks $(peak heapdump leaks --pid $!)\n"
+                   "echo report $(peak heapdump report now.heapdump)\n"
+                   "echo size $(stat -c %s now.heapdump)\n"
+                   "exec 4>&-\nwait\nheapdump-collector --stop\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.out, m, std::regex(R"(size ([0-9]+))"))) << o.out;
+  EXPECT_GT(std::stoull(m[1].str()), 64ull << 20) << "the snapshot carries the contents";
+  for (const char *command : {"raw", "dartheap", "leaks", "report"}) {
+    ASSERT_TRUE(std::regex_search(o.out, m, std::regex(std::string(command) + " ([0-9]+)\n")))
+        << command << "\n"
+        << o.out;
+    const unsigned long long peak_kb = std::stoull(m[1].str());
+    printf("%s: peak RSS %llu KiB for 64 MiB of contents\n", command, peak_kb);
+#ifndef HD_TOOLS_SANITIZED  // a sanitizer's shadow and quarantine are memory of their own
+    EXPECT_LT(peak_kb, 3 * 64 * 1024 + 64 * 1024) << command << "\n" << o.out;
+#endif
+  }
+}
+
 // docs/tools.md's HTML report lines as written: `run --html` with the detached daemon (the demo
 // program as ./my-program), `snapshot -o now.html` of a running server, and `report` and `diff`
 // of the files the slow-leak workflow writes (made first, with a growing server). Each page
