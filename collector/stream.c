@@ -117,7 +117,9 @@ static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *n
                                      .has_writes_past_block_end = true,
                                      .writes_past_block_end = st.writes_past_block_end,
                                      .has_mapping_records_lost = true,
-                                     .mapping_records_lost = st.mapping_records_lost};
+                                     .mapping_records_lost = st.mapping_records_lost,
+                                     .has_unwind_tables_refused = true,
+                                     .unwind_tables_refused = st.unwind_tables_refused};
   hd_status status = hd_batch_add(w, &e);
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }

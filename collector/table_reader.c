@@ -490,6 +490,7 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->stacks_beyond_cfi = LOAD(&h->stacks_beyond_cfi);
   out->writes_past_block_end = LOAD(&h->overwritten_tags);
   out->mapping_records_lost = LOAD(&h->mapping_records_lost);
+  out->unwind_tables_refused = LOAD(&h->unwind_tables_refused);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);

@@ -108,6 +108,7 @@ typedef struct hd_table_stats {
   uint64_t stacks_beyond_cfi;
   uint64_t writes_past_block_end; /* frees whose block's tag the program had overwritten */
   uint64_t mapping_records_lost;  /* hd_rec_mapping records the writer could not write */
+  uint64_t unwind_tables_refused; /* modules whose unwind tables were inconsistent */
 } hd_table_stats;
 
 typedef struct hd_thread_info {

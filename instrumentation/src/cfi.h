@@ -101,6 +101,18 @@ void hd_cfi_modules_changed(void) HD_CFI_HIDDEN;
 void hd_cfi_modules_closing(void) HD_CFI_HIDDEN;
 void hd_cfi_modules_closed(void) HD_CFI_HIDDEN;
 
+/* A module's unwind tables are checked whole when the list first reads it (hd_cfi_check_tables):
+ * inconsistent ones (offsets outside the module, FDEs that disagree with the search table) are
+ * refused, and the module's frames are stepped by frame pointers. How many modules of the list
+ * were refused: */
+unsigned hd_cfi_refused_modules(void) HD_CFI_HIDDEN;
+
+/* Whether libunwind may read the unwind tables of the module `info` describes: not if the list
+ * refused them, nor (a module loaded since the list was read) if they fail the checks now.
+ * Called from within dl_iterate_phdr. */
+struct dl_phdr_info;
+bool hd_cfi_module_tables_usable(const struct dl_phdr_info *info) HD_CFI_HIDDEN;
+
 /* In a fork child: the list's lock may have been held by a thread of the parent. */
 void hd_cfi_after_fork_child(void) HD_CFI_HIDDEN;
 

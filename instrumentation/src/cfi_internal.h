@@ -15,6 +15,9 @@ typedef struct hd_cfi_module {
   uintptr_t lo, hi;     /* its executable segments */
   hd_cfi_tables tables; /* hdr NULL: none we can search */
   uintptr_t resident;   /* non-zero: loaded with the program, never unloaded */
+  /* The address of its .eh_frame_hdr, and whether its tables were refused (inconsistent: see
+   * hd_cfi_check_tables), which leaves tables empty. Read by the libunwind filter. */
+  uintptr_t eh_frame_hdr, refused;
 } hd_cfi_module;
 
 typedef enum hd_cfi_lookup {

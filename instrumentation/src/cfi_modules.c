@@ -39,6 +39,9 @@ static unsigned long long g_loads_seen, g_unloads_seen;
  * hook, whose first call reads) before the module joins the list. Under g_modules_lock. */
 static bool g_read_before;
 
+/* Modules of the list whose tables were refused. */
+static unsigned g_refused;
+
 /* Our dlclose hooks in progress: while one is, the list may name a module being unmapped. */
 static unsigned g_closing;
 
@@ -53,6 +56,32 @@ static void note_load_counts(const struct dl_phdr_info *info, size_t size, void 
     ((unsigned long long *)counts)[0] = info->dlpi_adds;
     ((unsigned long long *)counts)[1] = info->dlpi_subs;
   }
+}
+
+/* Reads the tables of the module info describes, whose .eh_frame_hdr is at hdr, and checks them
+ * whole. They are read within the segment that maps .eh_frame_hdr, where linkers put .eh_frame
+ * too. False: refused (inconsistent, or pointing outside that segment), *out undefined. */
+static bool read_checked_tables(const struct dl_phdr_info *info, uintptr_t hdr,
+                                hd_cfi_tables *out) {
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+    if (ph->p_type == PT_LOAD && hdr >= start && hdr - start < ph->p_memsz) {
+      return hd_cfi_read_eh_frame_hdr((const uint8_t *)hdr, start, start + ph->p_memsz, out) &&
+             hd_cfi_check_tables(out);
+    }
+  }
+  return false;
+}
+
+/* The same module (range and tables' address) in the list as last read, whose verdict stands:
+ * its tables are checked once, not at every dlopen of another module. Under g_modules_lock. */
+static const hd_cfi_module *previous_reading(const hd_cfi_module *m) {
+  for (size_t i = 0; i < g_module_count; i++) {
+    const hd_cfi_module *p = &g_modules[i];
+    if (p->lo == m->lo && p->hi == m->hi && p->eh_frame_hdr == m->eh_frame_hdr) return p;
+  }
+  return NULL;
 }
 
 static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
@@ -71,14 +100,14 @@ static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
     }
   }
   if (m.lo >= m.hi) return 0;
-  /* The tables are read within the segment that maps .eh_frame_hdr, where linkers put .eh_frame
-   * too: a module whose tables point elsewhere has none we search, and its frames fall back. */
-  for (int i = 0; hdr != 0 && i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-    const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
-    if (ph->p_type == PT_LOAD && hdr >= start && hdr - start < ph->p_memsz) {
-      (void)hd_cfi_read_eh_frame_hdr((const uint8_t *)hdr, start, start + ph->p_memsz, &m.tables);
-    }
+  m.eh_frame_hdr = hdr;
+  const hd_cfi_module *before = previous_reading(&m);
+  if (before != NULL) { /* checked when first read */
+    m.tables = before->tables;
+    m.refused = before->refused;
+  } else if (hdr != 0) {
+    m.refused = !read_checked_tables(info, hdr, &m.tables);
+    if (m.refused) m.tables = (hd_cfi_tables){0};
   }
   g_staging[g_staged++] = m;
   return 0;
@@ -105,6 +134,7 @@ static void reread_modules(void) {
   g_read_before = true;
   const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED);
   HD_DCHECK((seq & 1) == 0); /* one writer, under g_modules_lock */
+  unsigned refused = 0;
   __atomic_store_n(&g_modules_seq, seq + 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
   for (size_t i = 0; i < g_staged; i++) {
@@ -118,7 +148,11 @@ static void reread_modules(void) {
     __atomic_store_n(&m->tables.lo, s->tables.lo, __ATOMIC_RELAXED);
     __atomic_store_n(&m->tables.hi, s->tables.hi, __ATOMIC_RELAXED);
     __atomic_store_n(&m->resident, s->resident, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->eh_frame_hdr, s->eh_frame_hdr, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->refused, s->refused, __ATOMIC_RELAXED);
+    refused += s->refused != 0;
   }
+  __atomic_store_n(&g_refused, refused, __ATOMIC_RELAXED);
   __atomic_store_n(&g_module_count, g_staged, __ATOMIC_RELAXED);
   __atomic_store_n(&g_loads_seen, counts[0], __ATOMIC_RELAXED);
   __atomic_store_n(&g_unloads_seen, counts[1], __ATOMIC_RELAXED);
@@ -195,6 +229,41 @@ hd_cfi_lookup hd_cfi_find_module(uintptr_t pc, hd_cfi_module *out) {
   }
   __atomic_thread_fence(__ATOMIC_ACQUIRE);
   return __atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED) == seq ? found : HD_CFI_MODULE_CHANGING;
+}
+
+unsigned hd_cfi_refused_modules(void) { return __atomic_load_n(&g_refused, __ATOMIC_RELAXED); }
+
+/* The verdict on the module whose .eh_frame_hdr is at hdr, as the list has it: 1 refused, 0
+ * usable, -1 not in the list (or the list kept changing). */
+static int listed_verdict(uintptr_t hdr) {
+  for (int attempt = 0; attempt < 100; attempt++) {
+    const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_ACQUIRE);
+    if (seq & 1) continue;
+    const size_t n = __atomic_load_n(&g_module_count, __ATOMIC_RELAXED);
+    int verdict = -1;
+    for (size_t i = 0; i < n && verdict < 0; i++) {
+      if (__atomic_load_n(&g_modules[i].eh_frame_hdr, __ATOMIC_RELAXED) == hdr) {
+        verdict = __atomic_load_n(&g_modules[i].refused, __ATOMIC_RELAXED) != 0;
+      }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&g_modules_seq, __ATOMIC_RELAXED) == seq) return verdict;
+  }
+  return -1;
+}
+
+bool hd_cfi_module_tables_usable(const struct dl_phdr_info *info) {
+  uintptr_t hdr = 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) {
+      hdr = info->dlpi_addr + info->dlpi_phdr[i].p_vaddr;
+    }
+  }
+  if (hdr == 0) return true; /* no tables: libunwind looks no further (its open fails) */
+  const int verdict = listed_verdict(hdr);
+  if (verdict >= 0) return verdict == 0;
+  hd_cfi_tables tables;
+  return read_checked_tables(info, hdr, &tables);
 }
 
 uint64_t hd_cfi_generation(void) { return __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE); }

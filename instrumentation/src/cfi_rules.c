@@ -434,6 +434,46 @@ static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
   return rule;
 }
 
+bool hd_cfi_check_tables(const hd_cfi_tables *t) {
+  if (t->hdr == NULL) return true; /* no tables: nothing to be wrong */
+  const uint8_t *cie_read = NULL;  /* the CIE in `cie` */
+  cie_info cie = {0};
+  bool cie_ok = false;
+  uintptr_t previous = 0;
+  for (uintptr_t i = 0; i < t->fde_count; i++) {
+    const uintptr_t location = (uintptr_t)t->hdr + (intptr_t)t->table[2 * i];
+    const uint8_t *fde = t->hdr + (intptr_t)t->table[2 * i + 1];
+    if ((i > 0 && location < previous) || !in_range(t, fde, 8)) return false;
+    previous = location;
+    dw_reader r = {fde, fde + 8, true};
+    const uint32_t length = (uint32_t)read_fixed(&r, 4);
+    if (length < 8 || length == 0xffffffffu || !in_range(t, fde + 4, length)) return false;
+    const uint8_t *const cie_pointer_at = r.p;
+    const uint32_t cie_pointer = (uint32_t)read_fixed(&r, 4);
+    if (cie_pointer == 0 || cie_pointer > (uintptr_t)cie_pointer_at - t->lo) return false;
+    const uint8_t *cie_at = cie_pointer_at - cie_pointer;
+    if (!in_range(t, cie_at, 8)) return false;
+    dw_reader c = {cie_at, cie_at + 8, true};
+    const uint32_t cie_length = (uint32_t)read_fixed(&c, 4);
+    if (cie_length < 4 || cie_length == 0xffffffffu || !in_range(t, cie_at + 4, cie_length) ||
+        read_fixed(&c, 4) != 0) {
+      return false;
+    }
+    /* FDEs share a few CIEs, one after another: each is read once per run of its FDEs. A CIE
+     * our rules do not support (another return-address column, an unknown augmentation) is
+     * well formed all the same; its FDEs' first addresses are not compared. */
+    if (cie_at != cie_read) {
+      cie_ok = read_cie(t, cie_at, &cie);
+      cie_read = cie_at;
+    }
+    if (!cie_ok) continue;
+    r.end = fde + 4 + length;
+    const uintptr_t begin = read_encoded(&r, cie.fde_encoding, 0, false);
+    if (!r.ok || begin != location) return false; /* the table and the FDE disagree */
+  }
+  return true;
+}
+
 uint64_t hd_cfi_rule(const hd_cfi_tables *t, uintptr_t pc) {
   if (t->hdr == NULL || t->fde_count == 0) return RULE_NO_INFO;
   const uint8_t *fde = find_fde(t, pc);

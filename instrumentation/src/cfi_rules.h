@@ -43,6 +43,13 @@ typedef struct hd_cfi_tables {
 bool hd_cfi_read_eh_frame_hdr(const uint8_t *hdr, uintptr_t lo, uintptr_t hi,
                               hd_cfi_tables *out) HD_CFI_HIDDEN;
 
+/* Whether every entry of the search table is consistent: sorted, each pointing at an FDE that
+ * lies in the range, whose CIE does too and is well formed, and whose first address is the
+ * entry's. A module's tables are checked once when it is loaded; one that fails is not used
+ * (its frames are stepped by frame pointers, and libunwind is not shown the module). Linear in
+ * the number of FDEs. */
+bool hd_cfi_check_tables(const hd_cfi_tables *t) HD_CFI_HIDDEN;
+
 /* The rule at pc, from the FDE the tables give for it: RULE_NO_INFO where no FDE covers pc,
  * RULE_UNSUPPORTED where one does but our rules cannot say it or it is malformed. */
 uint64_t hd_cfi_rule(const hd_cfi_tables *t, uintptr_t pc) HD_CFI_HIDDEN;

@@ -15,7 +15,8 @@
  * answered without one: its pipe2 succeeds with two ends that are no descriptors (-1), its read
  * finds the pipe empty, its write reads those bytes with process_vm_readv, which fails with EFAULT
  * where the write would have, and its close does nothing. Its open fails: a module without
- * .eh_frame_hdr ends the trace where frame pointers cannot continue it. */
+ * .eh_frame_hdr ends the trace where frame pointers cannot continue it. Its dl_iterate_phdr is
+ * redirected too, to hide the modules whose unwind tables our checks refused. */
 #define _GNU_SOURCE
 #include "libunwind_loader.h"
 
@@ -34,6 +35,7 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h> /* for the names and constants only: nothing links against it */
 
+#include "cfi.h"
 #include "raw_syscall.h"
 
 #define HD_STRINGIFY(x) #x
@@ -106,13 +108,38 @@ static long unwinder_syscall(long number, ...) {
   return rc;
 }
 
+/* ---- the modules libunwind is shown ---- */
+
+/* libunwind finds a module's unwind tables through dl_iterate_phdr and trusts them: offsets
+ * outside the module make it read wild memory. It is shown only the modules whose tables passed
+ * our checks (cfi.h); for a refused one it finds no tables, and the trace ends there. */
+typedef struct module_filter {
+  int (*callback)(struct dl_phdr_info *, size_t, void *);
+  void *data;
+} module_filter;
+
+static int show_usable_module(struct dl_phdr_info *info, size_t size, void *data) {
+  const module_filter *f = data;
+  return hd_cfi_module_tables_usable(info) ? f->callback(info, size, f->data) : 0;
+}
+
+static int unwinder_dl_iterate_phdr(int (*callback)(struct dl_phdr_info *, size_t, void *),
+                                    void *data) {
+  module_filter f = {callback, data};
+  return dl_iterate_phdr(show_usable_module, &f);
+}
+
 static const struct {
   const char *name;
   void *replacement;
 } kRedirected[] = {
-    {"pipe2", (void *)unwinder_pipe2}, {"open", (void *)unwinder_open},
-    {"close", (void *)unwinder_close}, {"read", (void *)unwinder_read},
-    {"write", (void *)unwinder_write}, {"syscall", (void *)unwinder_syscall},
+    {"pipe2", (void *)unwinder_pipe2},
+    {"open", (void *)unwinder_open},
+    {"close", (void *)unwinder_close},
+    {"read", (void *)unwinder_read},
+    {"write", (void *)unwinder_write},
+    {"syscall", (void *)unwinder_syscall},
+    {"dl_iterate_phdr", (void *)unwinder_dl_iterate_phdr},
 };
 
 /* ---- redirecting libunwind's imports ---- */

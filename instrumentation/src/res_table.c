@@ -481,6 +481,10 @@ void hd_res_count_beyond_cfi(hd_res_table *t) {
   __atomic_fetch_add(&t->hdr->stacks_beyond_cfi, 1, __ATOMIC_RELAXED);
 }
 
+void hd_res_set_unwind_tables_refused(hd_res_table *t, unsigned modules) {
+  __atomic_store_n(&t->hdr->unwind_tables_refused, modules, __ATOMIC_RELAXED);
+}
+
 void hd_res_count_overwritten_tag(hd_res_table *t) {
   __atomic_fetch_add(&t->hdr->overwritten_tags, 1, __ATOMIC_RELAXED);
 }

@@ -104,6 +104,8 @@ void hd_rescan_regions(void) HD_HIDDEN;
 /* Counts, in the process statistics, a stack our unwinder could not describe by call-frame
  * information alone (stacks_beyond_cfi). */
 void hd_count_beyond_cfi(void) HD_HIDDEN;
+/* Publishes how many loaded modules' unwind tables our checks refused (unwind_tables_refused). */
+void hd_note_unwind_tables_refused(unsigned modules) HD_HIDDEN;
 
 /* For the registration code: the live tables' memfds (fd -1 when not recording). They stay the
  * library's; check hd_owned_fd_valid before handing one over. */

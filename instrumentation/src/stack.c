@@ -47,18 +47,26 @@ void hd_stack_start(void) {
 
 static bool uses_cfi(void) { return g_method == HD_UNWIND_CFI || g_method == HD_UNWIND_COMPARE; }
 
+/* The module list is kept for our unwinder, and for libunwind, which is shown only the modules
+ * whose tables the list's checks passed. */
+static bool tracks_modules(void) { return uses_cfi() || g_method == HD_UNWIND_LIBUNWIND; }
+
 void hd_stack_modules_changed(void) {
-  if (uses_cfi()) hd_cfi_modules_changed();
+  if (!tracks_modules()) return;
+  hd_cfi_modules_changed();
+  hd_note_unwind_tables_refused(hd_cfi_refused_modules());
 }
 
 bool hd_stack_modules_closing(void) {
-  const bool counted = uses_cfi();
+  const bool counted = tracks_modules();
   if (counted) hd_cfi_modules_closing();
   return counted;
 }
 
 void hd_stack_modules_closed(bool counted) {
-  if (counted) hd_cfi_modules_closed();
+  if (!counted) return;
+  hd_cfi_modules_closed();
+  hd_note_unwind_tables_refused(hd_cfi_refused_modules());
 }
 
 /* libunwind (Debian's 1.6 has no per-thread cache) takes one process-wide lock around every

@@ -223,6 +223,8 @@ void hd_res_count_beyond_cfi(hd_res_table *t);
 /* One more free of a block whose tag the program had overwritten (hd_res_header.overwritten_tags).
  */
 void hd_res_count_overwritten_tag(hd_res_table *t);
+/* Publishes how many loaded modules' unwind tables were refused (unwind_tables_refused). */
+void hd_res_set_unwind_tables_refused(hd_res_table *t, unsigned modules);
 /* The process statistics: header base plus every thread's counters (see shm_layout.h). */
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out);
 /* At thread exit: its live share joins the total, its free nodes and counters record go back

@@ -521,8 +521,9 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
-  stats.element.process_stats = {true, 10, true, 20, true, 9, true, 18, true, 1,  true, 2, true, 30,
-                                 true, 4,  true, 5,  true, 6, true, 11, true, 12, true, 13};
+  stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,
+                                 true, 2,  true, 30, true, 4,  true, 5,  true, 6,
+                                 true, 11, true, 12, true, 13, true, 14};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
@@ -584,6 +585,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(s->stats.dropped_resources, 6u);
   EXPECT_EQ(s->stats.stacks_beyond_cfi, 11u);
   EXPECT_EQ(s->stats.mapping_records_lost, 13u);
+  EXPECT_EQ(s->stats.unwind_tables_refused, 14u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

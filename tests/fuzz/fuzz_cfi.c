@@ -6,8 +6,9 @@
  * the whole range the compiler may read. The image is copied to a buffer of exactly its size, so
  * a read past it is a sanitizer's error. The rule is asked for that pc and for the first
  * instruction of each function the search table lists (up to 64), which reach the FDEs whatever
- * the pc. tests/fuzz/corpus/cfi holds the tables of a real program (objcopy -O binary -j
- * .eh_frame_hdr -j .eh_frame) and small built ones. */
+ * the pc; the whole-table check (hd_cfi_check_tables) runs on it first. tests/fuzz/corpus/cfi holds
+ * the tables of a real program (objcopy -O binary -j .eh_frame_hdr -j .eh_frame) and small built
+ * ones. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const uintptr_t lo = (uintptr_t)image, hi = lo + image_size;
   hd_cfi_tables t;
   if (hd_cfi_read_eh_frame_hdr(image, lo, hi, &t)) {
+    (void)hd_cfi_check_tables(&t); /* the whole-table check reads every entry, FDE and CIE */
     uint64_t rules = hd_cfi_rule(&t, lo + pc_offset);
     for (uintptr_t i = 0; i < t.fde_count && i < 64; i++) {
       rules ^= hd_cfi_rule(&t, (uintptr_t)t.hdr + (intptr_t)t.table[2 * i]);

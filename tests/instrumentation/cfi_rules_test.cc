@@ -563,6 +563,68 @@ TEST(CfiRulesTest, MalformedTablesAreRefusedWithoutReadingOutside) {
   }
 }
 
+// A module's tables are checked whole when it is loaded: each search-table entry must point at
+// an FDE in the range whose CIE is in the range too, and whose first address is the entry's.
+// The corruptions of MalformedTablesAreRefusedWithoutReadingOutside that leave the header
+// readable are each found; the tables as built pass.
+TEST(CfiRulesTest, TheWholeTableCheckFindsEachInconsistency) {
+  auto checked = [](Image &image) {
+    hd_cfi_tables t;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(image.bytes()->data());
+    if (!hd_cfi_read_eh_frame_hdr(image.bytes()->data(), lo, lo + image.bytes()->size(), &t)) {
+      return std::string("hdr");
+    }
+    return std::string(hd_cfi_check_tables(&t) ? "consistent" : "refused");
+  };
+  {
+    Image image(Cie(), {Code(Cfa()), Code(Cfa())});
+    EXPECT_EQ(checked(image), "consistent");
+  }
+  {
+    Fde f = Code(Cfa());
+    f.length_adjust = 1 << 20;
+    Image image(Cie(), {f});
+    EXPECT_EQ(checked(image), "refused") << "an FDE past the range";
+  }
+  {
+    Fde f = Code(Cfa());
+    f.cie_pointer_adjust = 1 << 20;
+    Image image(Cie(), {f});
+    EXPECT_EQ(checked(image), "refused") << "a CIE before the range";
+  }
+  {
+    Fde f = Code(Cfa());
+    f.cie_pointer_adjust = -8;
+    Image image(Cie(), {f});
+    EXPECT_EQ(checked(image), "refused") << "a CIE pointer into the CIE";
+  }
+  {
+    Cie c;
+    c.length_adjust = 1 << 20;
+    Image image(c, {Code(Cfa())});
+    EXPECT_EQ(checked(image), "refused") << "a CIE past the range";
+  }
+  {
+    Image image(Cie(), {Code(Cfa())});
+    (*image.bytes())[19] = 0x40;  // the table's FDE pointer 1 GiB away
+    EXPECT_EQ(checked(image), "refused") << "a table entry outside the range";
+  }
+  {
+    Image image(Cie(), {Code(Cfa())});
+    (*image.bytes())[12] ^= 0x10;  // the entry's first address 16 bytes off the FDE's
+    EXPECT_EQ(checked(image), "refused") << "an entry that disagrees with its FDE";
+  }
+  {
+    Fde second = Code(Cfa());
+    second.start = 256;
+    Image image(Cie(), {Code(Cfa()), second});
+    for (int k = 0; k < 8; k++) {  // the entries swapped whole: each agrees with its FDE
+      std::swap((*image.bytes())[12 + k], (*image.bytes())[20 + k]);
+    }
+    EXPECT_EQ(checked(image), "refused") << "a table out of order";
+  }
+}
+
 // Real modules, as linkers and compilers make them: the rule at each FDE's first instruction
 // compiles, and is mostly a function's entry (its return address just pushed); the others are
 // the cold parts compilers split off functions, whose frames are set up already, and a few
@@ -598,6 +660,7 @@ TEST(CfiRulesTest, EveryFdeOfRealModulesCompiles) {
     dl_iterate_phdr(FindTables, &m);
     ASSERT_TRUE(m.found) << name;
     ASSERT_GT(m.tables.fde_count, 100u) << name;
+    EXPECT_TRUE(hd_cfi_check_tables(&m.tables)) << name << ": a linker's tables are consistent";
     size_t entry = 0, frame = 0, outermost = 0, signal = 0;
     for (uintptr_t i = 0; i < m.tables.fde_count; i++) {
       const uintptr_t pc = reinterpret_cast<uintptr_t>(m.tables.hdr) + m.tables.table[2 * i];

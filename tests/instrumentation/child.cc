@@ -1140,6 +1140,17 @@ static void scenario_dlopen(const char *lib) {
   CHECK(dlclose(h) == 0);
 }
 
+// A module whose unwind tables may be corrupt (a copy of the test module, edited by the test):
+// allocates from a frame of the module, then from deeper stacks of the program.
+static void scenario_corrupt_module(const char *lib) {
+  void *h = dlopen(lib, RTLD_NOW);
+  CHECK(h);
+  auto fn = (void *(*)(size_t))dlsym(h, "testlib_allocate_framed");
+  CHECK(fn);
+  for (int i = 0; i < 20; i++) keep(fn(7125));
+  for (int d = 1; d < 20; d++) allocate_deep(d);
+}
+
 // Called only in a fork child: its return address is new to the unwinder there, which must then
 // step through this frame rather than take it from a thread's trace cache.
 __attribute__((noinline)) static void *allocate_in_child_only(size_t size) {
@@ -1252,6 +1263,8 @@ int main(int argc, char **argv) {
     scenario_fork();
   else if (mode == "dlopen")
     scenario_dlopen(argv[2]);
+  else if (mode == "corrupt-module")
+    scenario_corrupt_module(argv[2]);
   else if (mode == "fork-register")
     scenario_fork_register();
   else if (mode == "foreign-fds")

@@ -1,6 +1,7 @@
 // Integration tests: real programs run under LD_PRELOAD=libheapdump.so; their tables are read
 // through /proc/<pid>/fd with the collector's reader while the program waits on a pipe.
 #include <dirent.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -8,7 +9,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -296,6 +300,111 @@ TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
     EXPECT_GE(t.stats.stacks_beyond_cfi, 20u);
   } else {
     EXPECT_EQ(t.stats.stacks_beyond_cfi, 0u);
+  }
+}
+
+// Where a module file holds a section: its file offset and size (0, 0 if it has none).
+std::pair<size_t, size_t> SectionOf(const std::vector<uint8_t> &elf, const char *name) {
+  Elf64_Ehdr eh;
+  memcpy(&eh, elf.data(), sizeof eh);
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  memcpy(sections.data(), elf.data() + eh.e_shoff, eh.e_shnum * sizeof(Elf64_Shdr));
+  const char *names =
+      reinterpret_cast<const char *>(elf.data()) + sections[eh.e_shstrndx].sh_offset;
+  for (const Elf64_Shdr &s : sections) {
+    if (strcmp(names + s.sh_name, name) == 0) return {s.sh_offset, s.sh_size};
+  }
+  return {0, 0};
+}
+
+// A copy of the test module in dir, its bytes edited by corrupt(bytes, .eh_frame_hdr's offset,
+// .eh_frame's offset and size).
+std::string CorruptModule(
+    const std::string &dir, const std::string &name,
+    const std::function<void(std::vector<uint8_t> *, size_t, size_t, size_t)> &corrupt) {
+  const std::string text = hdtest::ReadFile(HD_TEST_LIB);
+  std::vector<uint8_t> bytes(text.begin(), text.end());
+  const auto [hdr, hdr_size] = SectionOf(bytes, ".eh_frame_hdr");
+  const auto [eh, eh_size] = SectionOf(bytes, ".eh_frame");
+  EXPECT_GT(hdr_size, 12u);
+  EXPECT_GT(eh_size, 16u);
+  corrupt(&bytes, hdr, eh, eh_size);
+  const std::string path = dir + "/" + name + ".so";
+  hdtest::WriteFile(path, std::string(bytes.begin(), bytes.end()));
+  return path;
+}
+
+void Put32(std::vector<uint8_t> *bytes, size_t at, uint32_t value) {
+  memcpy(bytes->data() + at, &value, 4);
+}
+
+// A dlopen'ed module whose unwind tables are inconsistent (a search-table entry pointing 1 GiB
+// away, an FDE whose CIE pointer leaves the module, a table entry that disagrees with its FDE)
+// used to crash the program under our unwinder and under libunwind. Each is refused when the
+// module is loaded and counted (unwind_tables_refused); its frames are stepped by frame pointers,
+// so the traces still reach the program; libunwind is not shown it. Then random corruptions of
+// its tables: the program runs to its end and every allocation is recorded.
+TEST_P(Preload, AModuleWithCorruptUnwindTablesIsRefusedNotFollowed) {
+  const std::string dir = hdtest::TempDir("corrupt-module");
+  hdtest::RemoveWhenPassed cleanup{dir};
+  const auto &env = GetParam().env;
+  const bool frame_pointers = std::find(env.begin(), env.end(), "HEAPDUMP_UNWIND=fp") != env.end();
+  auto first_fde = [](const std::vector<uint8_t> &b, size_t hdr) {
+    int32_t to_fde;
+    memcpy(&to_fde, b.data() + hdr + 16, 4);  // the first entry's FDE, relative to the header
+    return hdr + static_cast<size_t>(static_cast<int64_t>(to_fde));
+  };
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"entry-far", CorruptModule(dir, "entry-far",
+                                  [](std::vector<uint8_t> *b, size_t hdr, size_t, size_t) {
+                                    Put32(b, hdr + 16, 0x40000000);
+                                  })},
+      {"cie-far", CorruptModule(dir, "cie-far",
+                                [&](std::vector<uint8_t> *b, size_t hdr, size_t, size_t) {
+                                  Put32(b, first_fde(*b, hdr) + 4, 0x7ffffff0);
+                                })},
+      {"entry-disagrees", CorruptModule(dir, "entry-disagrees",
+                                        [](std::vector<uint8_t> *b, size_t hdr, size_t, size_t) {
+                                          (*b)[hdr + 12] ^=
+                                              0x40;  // the first entry's function moved
+                                        })},
+  };
+  for (const auto &[kind, path] : refused) {
+    SCOPED_TRACE(kind);
+    Tables t;
+    RunChild({"corrupt-module", path}, &t);
+    ASSERT_EQ(t.CountSize(7125), 20);
+    EXPECT_EQ(t.stats.unwind_tables_refused, frame_pointers ? 0u : 1u);
+    uint64_t frames[64];
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, t.FindSize(7125)->stack_key, frames, 64, &n, nullptr,
+                                  nullptr, nullptr),
+              HD_READ_OK);
+    std::string trace;
+    for (size_t i = 0; i < n; i++) trace += t.RegionOf(frames[i]) + "\n";
+    const size_t in_module = trace.find(kind + ".so\n");
+    ASSERT_NE(in_module, std::string::npos) << trace;
+    const bool libunwind =
+        std::find(env.begin(), env.end(), "HEAPDUMP_UNWIND=libunwind") != env.end();
+    if (!libunwind) {  // libunwind, shown no tables for the module, ends the trace there
+      EXPECT_NE(trace.find("hd_child\n", in_module), std::string::npos) << trace;
+    }
+  }
+  std::mt19937 rng(20261129);
+  for (int i = 0; i < 24; i++) {
+    SCOPED_TRACE("random corruption " + std::to_string(i));
+    const std::string path =
+        CorruptModule(dir, "random-" + std::to_string(i),
+                      [&](std::vector<uint8_t> *b, size_t hdr, size_t eh, size_t eh_size) {
+                        // Four bytes of the search table's entries, four of .eh_frame.
+                        for (int k = 0; k < 4; k++)
+                          (*b)[hdr + 12 + rng() % 16] = static_cast<uint8_t>(rng());
+                        for (int k = 0; k < 4; k++)
+                          (*b)[eh + rng() % eh_size] = static_cast<uint8_t>(rng());
+                      });
+    Tables t;
+    RunChild({"corrupt-module", path}, &t);
+    EXPECT_EQ(t.CountSize(7125), 20);
   }
 }
 

@@ -440,6 +440,14 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             "unwound there by frame pointers, or cut short\n",
             s->stats.stacks_beyond_cfi, s->stats.blocks_allocated);
   }
+  if (s->has_stats && s->stats.unwind_tables_refused > 0) {
+    fprintf(out,
+            "note: %" PRIu64
+            " loaded module(s) had inconsistent unwind tables (.eh_frame_hdr or .eh_frame), "
+            "which were not used: stacks through them are unwound by frame pointers, or cut "
+            "short\n",
+            s->stats.unwind_tables_refused);
+  }
   /* A heap overflow in the program: worth saying every time it is seen. */
   if (s->has_stats && s->stats.writes_past_block_end > 0) {
     fprintf(out,
@@ -564,11 +572,12 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"blocks_freed\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 ",\"peak_live_bytes\":%" PRIu64
             ",\"dropped_allocations\":%" PRIu64 ",\"dropped_stack_traces\":%" PRIu64
             ",\"dropped_resources\":%" PRIu64 ",\"stacks_beyond_cfi\":%" PRIu64
-            ",\"writes_past_block_end\":%" PRIu64 ",\"mapping_records_lost\":%" PRIu64 "}",
+            ",\"writes_past_block_end\":%" PRIu64 ",\"mapping_records_lost\":%" PRIu64
+            ",\"unwind_tables_refused\":%" PRIu64 "}",
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
             st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
-            st->mapping_records_lost);
+            st->mapping_records_lost, st->unwind_tables_refused);
   }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);

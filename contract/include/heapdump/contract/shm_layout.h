@@ -226,7 +226,12 @@ typedef struct hd_res_header {
   /* Atomic, relaxed: frees of blocks whose tag (the end of the block, past what the program
    * asked for) had been overwritten: the program wrote past the end of those blocks. */
   uint64_t overwritten_tags;
-  uint64_t reserved[5];
+  /* Atomic, relaxed: loaded modules whose unwind tables (.eh_frame_hdr, .eh_frame) were refused
+   * as inconsistent: their frames are stepped by frame pointers, and libunwind is not shown
+   * them. Zero in a table whose writer did not know the field (it was reserved, so zero). */
+  uint32_t unwind_tables_refused;
+  uint32_t reserved1;
+  uint64_t reserved[4];
 } hd_res_header;
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
@@ -394,7 +399,8 @@ HD_PIN(hd_res_header, counters_head, 120);
 HD_PIN(hd_res_header, mapping_records_lost, 124);
 HD_PIN(hd_res_header, stacks_beyond_cfi, 128);
 HD_PIN(hd_res_header, overwritten_tags, 136);
-HD_PIN(hd_res_header, reserved, 144);
+HD_PIN(hd_res_header, unwind_tables_refused, 144);
+HD_PIN(hd_res_header, reserved, 152);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);
