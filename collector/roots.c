@@ -334,6 +334,11 @@ static void add_thread(hd_process *p, gather *g, uint64_t tid) {
   if (rec != NULL && rec->stack_hi > rec->stack_lo) {
     lo = rec->stack_lo;
     hi = rec->stack_hi;
+    /* The main thread's stack as glibc gives it ends one page above where the program's first
+     * frame began (__libc_stack_end), not at the top of [stack]: above lie argv, envp and their
+     * strings, which programs rewrite with pointers to blocks (setproctitle's copies of argv). */
+    const mapping *m = mapping_at(g, hi - 1);
+    if (m != NULL && m->end > hi && strcmp(m->path, "[stack]") == 0) hi = m->end;
   } else if (blocked) {
     const mapping *m = mapping_at(g, sp);
     if (m != NULL) {

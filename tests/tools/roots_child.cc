@@ -11,6 +11,10 @@
 //                         indirectly
 //   roots_child static    500 blocks kept only in a 320 MiB static array (a module's data far
 //                         past any size read at once), spread over all of it; one lost
+//   roots_child environ   run with 1,000 variables PAD...: 100 blocks kept only in 100 of their
+//                         slots past the 600th of the envp array (as setproctitle keeps
+//                         its copies of argv), more than a page above where main's caller began
+//                         (the top of the stack glibc reports for the main thread); one lost
 #include <sys/mman.h>
 
 #include <cstdio>
@@ -53,6 +57,11 @@ __attribute__((noinline)) void *pool_payload() { return opaque(std::malloc(100))
 
 __attribute__((noinline)) void keep_in_static(void **slot) { *slot = opaque(std::malloc(100)); }
 
+// An empty string, as an environment entry must stay readable as one.
+__attribute__((noinline)) char *keep_in_environ() {
+  return opaque(static_cast<char *>(std::calloc(1, 100)));
+}
+
 struct Node {
   Node *next;
   char data[48];
@@ -88,7 +97,7 @@ __attribute__((noinline)) void scrub() {
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv, char **envp) {
   if (argc != 2) return 2;
   const char *mode = argv[1];
   if (std::strcmp(mode, "mapping") == 0 || std::strcmp(mode, "shared") == 0) {
@@ -114,6 +123,24 @@ int main(int argc, char **argv) {
     }
   } else if (std::strcmp(mode, "list") == 0) {
     lose_list();
+  } else if (std::strcmp(mode, "environ") == 0) {
+    size_t count = 0;
+    while (envp[count] != nullptr) count++;
+    if (count < 1000) {
+      std::fprintf(stderr, "roots_child environ needs 1,000 environment variables, has %zu\n",
+                   count);
+      return 2;
+    }
+    // The padding's slots (PAD...), from the end: the others are variables the program and the
+    // profiler still read.
+    int kept = 0;
+    for (size_t i = count; i-- > 600 && kept < 100;) {
+      if (std::strncmp(envp[i], "PAD", 3) != 0) continue;
+      envp[i] = keep_in_environ();
+      kept++;
+    }
+    if (kept < 100) return 2;
+    lose_block();
   } else if (std::strcmp(mode, "static") == 0) {
     for (size_t i = 0; i < 500; i++) keep_in_static(&g_static[i * (kStaticSlots / 500) + 7]);
     lose_block();

@@ -57,7 +57,8 @@ class Verdict : public ::testing::Test {
 
 struct RootCase {
   const char *mode;
-  LeakGroups expected;  // every lost group, and the reachable groups of the program's own sites
+  LeakGroups expected;   // every lost group, and the reachable groups of the program's own sites
+  const char *env = "";  // a prefix of both command lines: variables for the program
 };
 
 class RootKinds : public Verdict,
@@ -65,7 +66,7 @@ class RootKinds : public Verdict,
 
 TEST_P(RootKinds, TheVerdictIsMemchecks) {
   const auto &[backend, c] = GetParam();
-  hdtest::ShellOutput run = Shell(std::string("heapdump run --show-reachable --top 0 -- ") +
+  hdtest::ShellOutput run = Shell(std::string(c.env) + "heapdump run --show-reachable --top 0 -- " +
                                       HD_ROOTS_CHILD + " " + c.mode + " 2>&1",
                                   {std::string("HEAPDUMP_ALLOCATOR=") + backend});
   ASSERT_EQ(run.status, 0) << run.out;
@@ -82,8 +83,8 @@ TEST_P(RootKinds, TheVerdictIsMemchecks) {
   }
   if (std::string(c.mode) == "sparse") return;  // memcheck would read all 64 GiB
   if (!Installed("/usr/bin/valgrind")) GTEST_SKIP() << "valgrind is not installed";
-  hdtest::ShellOutput memcheck =
-      Shell(std::string("valgrind --leak-check=full ") + HD_ROOTS_CHILD + " " + c.mode + " 2>&1");
+  hdtest::ShellOutput memcheck = Shell(std::string(c.env) + "valgrind --leak-check=full " +
+                                       HD_ROOTS_CHILD + " " + c.mode + " 2>&1");
   const auto summary = hdtest::ParseMemcheckSummary(memcheck.out);
   const auto ours = Summary(run.out);
   for (const auto &[theirs, mine] :
@@ -115,6 +116,11 @@ const RootCase kRootCases[] = {
     {"static",
      {{{"DEFINITELY LOST", "lose_block"}, {2000, 1}},
       {{"STILL REACHABLE", "keep_in_static"}, {50000, 500}}}},
+    // The main thread's stack above where glibc says it ends: its argv and envp arrays.
+    {"environ",
+     {{{"DEFINITELY LOST", "lose_block"}, {2000, 1}},
+      {{"STILL REACHABLE", "keep_in_environ"}, {10000, 100}}},
+     "env $(seq -f PAD%g=x 1 1000) "},
 };
 
 INSTANTIATE_TEST_SUITE_P(Backends, RootKinds,
