@@ -244,10 +244,10 @@ void hd_discover_processes(hd_collector *c, bool force);
  * requests wait for one, and any beyond are refused (their receiver is closed): a flood of
  * requests costs bounded threads and descriptors. Service is fair between clients (the process
  * that sent the request): one client runs at most HD_STREAMS_PER_CLIENT streams, a free thread
- * takes the oldest request of a client below that share, and a full queue refuses the newest
- * request of the client that queued the most; so a client's wait is bounded by its own requests,
- * not by another's flood. A request whose client has gone (its receiver hung up) is dropped,
- * not served. */
+ * takes the oldest request of the client running the fewest (below that share), and a full queue
+ * refuses the newest request of the client that queued the most; so a client's wait is bounded by
+ * its own requests, not by another's flood. A request whose client has gone (its receiver hung up)
+ * is dropped, not served. */
 #define HD_MAX_STREAM_THREADS 32
 #define HD_MAX_QUEUED_STREAMS 1024
 #define HD_STREAMS_PER_CLIENT 8

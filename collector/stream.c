@@ -445,48 +445,68 @@ static bool client_gone(int receiver) {
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* Takes up to `max` queued jobs that may run now, oldest first, each of a client below its share
- * of the threads, into out (marked running); drops on the way the jobs whose client has gone,
- * and every queued job of a stopping collector. Under c->lock. */
-static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t max) {
+/* Running streams per client, for a scheduling decision: at most one entry per stream thread. */
+typedef struct client_load {
   pid_t client[HD_MAX_STREAM_THREADS];
   int running[HD_MAX_STREAM_THREADS];
-  size_t clients = 0, taken = 0;
-  unsigned dropped = 0;
-  for (const hd_stream_job *j = c->streams; j != NULL; j = j->next) {
-    if (!j->running) continue;
-    size_t i = 0;
-    while (i < clients && client[i] != j->peer_pid) i++;
-    if (i == clients) {
-      if (clients == HD_MAX_STREAM_THREADS) continue; /* not reached: one per thread */
-      client[clients] = j->peer_pid;
-      running[clients++] = 0;
-    }
-    running[i]++;
+  size_t count;
+} client_load;
+
+static int *running_of(client_load *l, pid_t client) {
+  for (size_t i = 0; i < l->count; i++) {
+    if (l->client[i] == client) return &l->running[i];
   }
-  const bool stopping = atomic_load(&c->stop_requested);
-  for (hd_stream_job **at = &c->stream_queue; *at != NULL && taken < max;) {
-    hd_stream_job *job = *at;
-    size_t i = 0;
-    while (i < clients && client[i] != job->peer_pid) i++;
-    if (!stopping && i < clients && running[i] >= HD_STREAMS_PER_CLIENT) {
-      at = &job->queue_next; /* waits for its client's own streams */
-      continue;
-    }
-    if (stopping || client_gone(job->receiver)) {
-      *at = job->queue_next;
+  if (l->count == HD_MAX_STREAM_THREADS) return NULL; /* not reached: one per thread */
+  l->client[l->count] = client;
+  l->running[l->count] = 0;
+  return &l->running[l->count++];
+}
+
+/* Takes up to `max` queued jobs that may run now into out (marked running), one at a time: of
+ * the clients below their share of the threads, the one running the fewest streams, and its
+ * oldest request; so a client with nothing running goes before another's backlog. Drops on the
+ * way the jobs whose client has gone, and every queued job of a stopping collector. Under
+ * c->lock. */
+static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t max) {
+  unsigned dropped = 0;
+  if (atomic_load(&c->stop_requested)) {
+    while (c->stream_queue != NULL) {
+      hd_stream_job *job = c->stream_queue;
+      c->stream_queue = job->queue_next;
       c->queued_streams--;
-      dropped += !stopping;
+      retire_locked(c, job);
+    }
+    return 0;
+  }
+  client_load load = {.count = 0};
+  for (const hd_stream_job *j = c->streams; j != NULL; j = j->next) {
+    int *running = j->running ? running_of(&load, j->peer_pid) : NULL;
+    if (running != NULL) (*running)++;
+  }
+  size_t taken = 0;
+  while (taken < max) {
+    hd_stream_job **best = NULL;
+    int fewest = HD_STREAMS_PER_CLIENT;
+    for (hd_stream_job **at = &c->stream_queue; *at != NULL && fewest > 0;
+         at = &(*at)->queue_next) {
+      const int *running = running_of(&load, (*at)->peer_pid);
+      const int n = running != NULL ? *running : 0;
+      if (n < fewest) {
+        fewest = n;
+        best = at;
+      }
+    }
+    if (best == NULL) break; /* every waiting client runs its share */
+    hd_stream_job *job = *best;
+    *best = job->queue_next;
+    c->queued_streams--;
+    if (client_gone(job->receiver)) {
+      dropped++;
       retire_locked(c, job);
       continue;
     }
-    if (i == clients && clients < HD_MAX_STREAM_THREADS) {
-      client[clients] = job->peer_pid;
-      running[clients++] = 0;
-    }
-    if (i < clients) running[i]++;
-    *at = job->queue_next;
-    c->queued_streams--;
+    int *running = running_of(&load, job->peer_pid);
+    if (running != NULL) (*running)++;
     job->running = true;
     out[taken++] = job;
   }

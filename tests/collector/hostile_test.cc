@@ -629,6 +629,65 @@ TEST_F(HostileTest, AFloodFromOneClientDoesNotDelayAnother) {
   child.Finish();
 }
 
+// Requests from one client, on one connection: each with a receiver of its own, which the test
+// keeps (never reading it).
+std::vector<int> RequestMany(Call *call, const heapdump_client_ProcessSelector *selector,
+                             int count) {
+  std::vector<int> receivers;
+  for (int i = 0; i < count; i++) {
+    if (call->ends[0] < 0) {
+      EXPECT_EQ(hd_channel_pair(call->ends), HD_OK);
+    }
+    EXPECT_EQ(RequestLiveSnapshot(*call, selector), HD_OK);
+    receivers.push_back(call->ends[0]);
+    call->ends[0] = -1;
+  }
+  return receivers;
+}
+
+// When threads come free, a client with nothing running goes before another client's backlog,
+// older as it may be: four clients hold every thread (8 streams each, never read); a fifth
+// queues 20 requests, then a sixth one; one of the four goes away, and of the 8 threads that
+// frees, the sixth client gets one at once rather than after the fifth's 20.
+TEST_F(HostileTest, AClientWithNothingRunningGoesBeforeAnothersBacklog) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const size_t threads_before = SettledThreadCount(collector.pid);
+  auto selector = ByPid(child.pid);
+  std::vector<std::unique_ptr<Call>> holders;
+  std::vector<std::vector<int>> held;
+  for (int i = 0; i < 4; i++) {
+    holders.push_back(std::make_unique<Call>(collector.socket, kAnotherClient));
+    held.push_back(RequestMany(holders.back().get(), &selector, 8));
+  }
+  ASSERT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before + 32; }, 10));
+  // Each request read before the next client's (the collector holds its connection and each
+  // request's receiver), so that the queue holds the backlog first.
+  const size_t fds_held = collector.Fds().size();
+  Call backlog(collector.socket, kAnotherClient);
+  const std::vector<int> queued = RequestMany(&backlog, &selector, 20);
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() == fds_held + 21; }, 10));
+  Call other(collector.socket, kAnotherClient);
+  ASSERT_EQ(RequestLiveSnapshot(other, &selector), HD_OK);
+  ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() == fds_held + 23; }, 10));
+  for (int fd : held[0]) close(fd);
+  struct timeval patience = {20, 0};  // a third of the held streams' wait
+  ASSERT_EQ(setsockopt(other.ends[0], SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience), 0);
+  Result served;
+  ASSERT_EQ(hd_snapshot_receive(other.ends[0], false, &served.ra, &served.error), HD_OK);
+  ASSERT_EQ(served.error, 0u);
+  ASSERT_EQ(hd_reassembler_finish(&served.ra), HD_OK);
+  EXPECT_EQ(Blocks(served.only(), 100, "alpha_leaks").in_function, 10u);
+  for (size_t i = 1; i < held.size(); i++) {
+    for (int fd : held[i]) close(fd);
+  }
+  for (int fd : queued) close(fd);
+  EXPECT_TRUE(
+      WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before; }, 60));
+  child.Finish();
+}
+
 // A full queue (1,024 waiting requests) makes room for a new client's request by refusing the
 // newest request of the client that queued the most: one client's flood cannot lock others out.
 TEST_F(HostileTest, AFullQueueRefusesTheGreediestClientNotANewOne) {
