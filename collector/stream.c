@@ -16,6 +16,7 @@
 
 #include "collector_internal.h"
 #include "contents.h"
+#include "heapdump/contract/dcheck.h"
 #include "heapdump/contract/must_check.h"
 #include "heapdump_client.bindings.h"
 #include "roots.h"
@@ -445,21 +446,33 @@ static bool client_gone(int receiver) {
   return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-/* Running streams per client, for a scheduling decision: at most one entry per stream thread. */
+/* Running streams per client, for a scheduling decision: only clients with a stream running (or
+ * just taken), so at most one entry per stream thread. */
 typedef struct client_load {
   pid_t client[HD_MAX_STREAM_THREADS];
   int running[HD_MAX_STREAM_THREADS];
   size_t count;
 } client_load;
 
-static int *running_of(client_load *l, pid_t client) {
+static int running_of(const client_load *l, pid_t client) {
   for (size_t i = 0; i < l->count; i++) {
-    if (l->client[i] == client) return &l->running[i];
+    if (l->client[i] == client) return l->running[i];
   }
-  if (l->count == HD_MAX_STREAM_THREADS) return NULL; /* not reached: one per thread */
+  return 0;
+}
+
+/* One more stream of client: room is certain, as each entry stands for a thread's stream. */
+static void count_running(client_load *l, pid_t client) {
+  for (size_t i = 0; i < l->count; i++) {
+    if (l->client[i] == client) {
+      l->running[i]++;
+      return;
+    }
+  }
+  HD_DCHECK(l->count < HD_MAX_STREAM_THREADS);
+  if (l->count == HD_MAX_STREAM_THREADS) return;
   l->client[l->count] = client;
-  l->running[l->count] = 0;
-  return &l->running[l->count++];
+  l->running[l->count++] = 1;
 }
 
 /* Takes up to `max` queued jobs that may run now into out (marked running), one at a time: of
@@ -480,8 +493,7 @@ static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t 
   }
   client_load load = {.count = 0};
   for (const hd_stream_job *j = c->streams; j != NULL; j = j->next) {
-    int *running = j->running ? running_of(&load, j->peer_pid) : NULL;
-    if (running != NULL) (*running)++;
+    if (j->running) count_running(&load, j->peer_pid);
   }
   size_t taken = 0;
   while (taken < max) {
@@ -489,8 +501,7 @@ static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t 
     int fewest = HD_STREAMS_PER_CLIENT;
     for (hd_stream_job **at = &c->stream_queue; *at != NULL && fewest > 0;
          at = &(*at)->queue_next) {
-      const int *running = running_of(&load, (*at)->peer_pid);
-      const int n = running != NULL ? *running : 0;
+      const int n = running_of(&load, (*at)->peer_pid);
       if (n < fewest) {
         fewest = n;
         best = at;
@@ -505,8 +516,7 @@ static size_t take_runnable_locked(hd_collector *c, hd_stream_job **out, size_t 
       retire_locked(c, job);
       continue;
     }
-    int *running = running_of(&load, job->peer_pid);
-    if (running != NULL) (*running)++;
+    count_running(&load, job->peer_pid);
     job->running = true;
     out[taken++] = job;
   }
@@ -527,8 +537,9 @@ static void unqueue_locked(hd_collector *c, hd_stream_job *job) {
   }
 }
 
-/* The newest queued job of the client with the most queued jobs, if that client has more than
- * `client` has; else NULL. Under c->lock. */
+/* The newest queued job of the client with the most queued jobs, if that client has at least two
+ * more than `client` has (so that queueing client's request leaves the other with as many or
+ * more: two clients never take turns evicting each other); else NULL. Under c->lock. */
 static hd_stream_job *newest_of_greediest_locked(hd_collector *c, pid_t client) {
   /* Queued jobs per client, in a table twice the queue's bound. */
   enum { SLOTS = 2 * HD_MAX_QUEUED_STREAMS };

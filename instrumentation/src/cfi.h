@@ -107,9 +107,10 @@ void hd_cfi_modules_closed(void) HD_CFI_HIDDEN;
  * were refused: */
 unsigned hd_cfi_refused_modules(void) HD_CFI_HIDDEN;
 
-/* Whether libunwind may read the unwind tables of the module `info` describes: not if the list
- * refused them, nor (a module loaded since the list was read) if they fail the checks now.
- * Called from within dl_iterate_phdr. */
+/* Whether libunwind may read the unwind tables of the module `info` describes: only if they
+ * passed the checks (when the list read them, or now for a module loaded since); a module
+ * without .eh_frame_hdr is shown (libunwind's open of its file fails). Called from within
+ * dl_iterate_phdr. */
 struct dl_phdr_info;
 bool hd_cfi_module_tables_usable(const struct dl_phdr_info *info) HD_CFI_HIDDEN;
 

@@ -58,28 +58,45 @@ static void note_load_counts(const struct dl_phdr_info *info, size_t size, void 
   }
 }
 
-/* Reads the tables of the module info describes, whose .eh_frame_hdr is at hdr, and checks them
- * whole. They are read within the segment that maps .eh_frame_hdr, where linkers put .eh_frame
- * too. False: refused (inconsistent, or pointing outside that segment), *out undefined. */
-static bool read_checked_tables(const struct dl_phdr_info *info, uintptr_t hdr,
-                                hd_cfi_tables *out) {
+/* What reading a module's .eh_frame_hdr gave. TABLES_NONE: no search table we read (a linker
+ * leaves it out when it cannot sort the FDEs): its frames fall back, and libunwind is not shown
+ * it either (it would search .eh_frame unchecked), but the tables are not counted as refused.
+ * TABLES_BAD: a search table whose offsets leave the module. */
+typedef enum { TABLES_OK, TABLES_NONE, TABLES_BAD } tables_read;
+
+/* Reads the header of the tables of the module info describes, whose .eh_frame_hdr is at hdr,
+ * within the segment that maps it, where linkers put .eh_frame too. */
+static tables_read read_tables(const struct dl_phdr_info *info, uintptr_t hdr, hd_cfi_tables *out) {
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
     const uintptr_t start = info->dlpi_addr + ph->p_vaddr;
-    if (ph->p_type == PT_LOAD && hdr >= start && hdr - start < ph->p_memsz) {
-      return hd_cfi_read_eh_frame_hdr((const uint8_t *)hdr, start, start + ph->p_memsz, out) &&
-             hd_cfi_check_tables(out);
+    if (ph->p_type != PT_LOAD || hdr < start || hdr - start >= ph->p_memsz) continue;
+    if (hd_cfi_read_eh_frame_hdr((const uint8_t *)hdr, start, start + ph->p_memsz, out)) {
+      return TABLES_OK;
     }
+    const uint8_t *h = (const uint8_t *)hdr;
+    const bool searchable = ph->p_memsz - (hdr - start) >= 4 && h[0] == 1 && h[1] != 0xff &&
+                            h[2] != 0xff && h[3] == 0x3b; /* version 1, datarel sdata4 table */
+    return searchable ? TABLES_BAD : TABLES_NONE;
   }
-  return false;
+  return TABLES_NONE;
 }
 
-/* The same module (range and tables' address) in the list as last read, whose verdict stands:
- * its tables are checked once, not at every dlopen of another module. Under g_modules_lock. */
+/* Whether two readings give the same tables: the same place, bounds and entries. */
+static bool same_tables(const hd_cfi_tables *a, const hd_cfi_tables *b) {
+  return a->hdr == b->hdr && a->table == b->table && a->fde_count == b->fde_count &&
+         a->lo == b->lo && a->hi == b->hi;
+}
+
+/* The same module (range and tables' address), its tables passed, in the list as last read: if
+ * its tables read the same now, the check stands (tables are checked once, not at every dlopen
+ * of another module). Under g_modules_lock. */
 static const hd_cfi_module *previous_reading(const hd_cfi_module *m) {
   for (size_t i = 0; i < g_module_count; i++) {
     const hd_cfi_module *p = &g_modules[i];
-    if (p->lo == m->lo && p->hi == m->hi && p->eh_frame_hdr == m->eh_frame_hdr) return p;
+    if (p->lo == m->lo && p->hi == m->hi && p->eh_frame_hdr == m->eh_frame_hdr && !p->refused) {
+      return p;
+    }
   }
   return NULL;
 }
@@ -101,13 +118,18 @@ static int stage_module(struct dl_phdr_info *info, size_t size, void *counts) {
   }
   if (m.lo >= m.hi) return 0;
   m.eh_frame_hdr = hdr;
-  const hd_cfi_module *before = previous_reading(&m);
-  if (before != NULL) { /* checked when first read */
-    m.tables = before->tables;
-    m.refused = before->refused;
-  } else if (hdr != 0) {
-    m.refused = !read_checked_tables(info, hdr, &m.tables);
-    if (m.refused) m.tables = (hd_cfi_tables){0};
+  if (hdr != 0) {
+    /* The header is read at each reading (another module may have taken this one's place
+     * between two); the whole check only for a module whose tables are not those checked the
+     * last time. */
+    const hd_cfi_module *before = previous_reading(&m);
+    const tables_read got = read_tables(info, hdr, &m.tables);
+    if (got == TABLES_BAD) {
+      m.refused = true;
+    } else if (got == TABLES_OK && (before == NULL || !same_tables(&before->tables, &m.tables))) {
+      m.refused = !hd_cfi_check_tables(&m.tables);
+    }
+    if (got != TABLES_OK || m.refused) m.tables = (hd_cfi_tables){0};
   }
   g_staging[g_staged++] = m;
   return 0;
@@ -233,8 +255,8 @@ hd_cfi_lookup hd_cfi_find_module(uintptr_t pc, hd_cfi_module *out) {
 
 unsigned hd_cfi_refused_modules(void) { return __atomic_load_n(&g_refused, __ATOMIC_RELAXED); }
 
-/* The verdict on the module whose .eh_frame_hdr is at hdr, as the list has it: 1 refused, 0
- * usable, -1 not in the list (or the list kept changing). */
+/* The verdict on the module whose .eh_frame_hdr is at hdr, as the list has it: 1 not to be
+ * shown to libunwind, 0 usable, -1 not in the list (or the list kept changing). */
 static int listed_verdict(uintptr_t hdr) {
   for (int attempt = 0; attempt < 100; attempt++) {
     const uint32_t seq = __atomic_load_n(&g_modules_seq, __ATOMIC_ACQUIRE);
@@ -243,7 +265,8 @@ static int listed_verdict(uintptr_t hdr) {
     int verdict = -1;
     for (size_t i = 0; i < n && verdict < 0; i++) {
       if (__atomic_load_n(&g_modules[i].eh_frame_hdr, __ATOMIC_RELAXED) == hdr) {
-        verdict = __atomic_load_n(&g_modules[i].refused, __ATOMIC_RELAXED) != 0;
+        /* No tables kept: refused, or none that can be searched. */
+        verdict = __atomic_load_n(&g_modules[i].tables.hdr, __ATOMIC_RELAXED) == NULL;
       }
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -263,7 +286,12 @@ bool hd_cfi_module_tables_usable(const struct dl_phdr_info *info) {
   const int verdict = listed_verdict(hdr);
   if (verdict >= 0) return verdict == 0;
   hd_cfi_tables tables;
-  return read_checked_tables(info, hdr, &tables);
+  switch (read_tables(info, hdr, &tables)) {
+    case TABLES_OK: return hd_cfi_check_tables(&tables);
+    /* No search table: libunwind would search .eh_frame itself, unchecked. */
+    case TABLES_NONE: return false;
+    default: return false;
+  }
 }
 
 uint64_t hd_cfi_generation(void) { return __atomic_load_n(&g_cache_generation, __ATOMIC_ACQUIRE); }

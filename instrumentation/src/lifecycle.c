@@ -222,6 +222,9 @@ void hd_note_rename(void) { __atomic_fetch_add(&hd_name_generation, 1, __ATOMIC_
 void hd_count_beyond_cfi(void) { hd_res_count_beyond_cfi(&hd_live_res); }
 
 void hd_note_unwind_tables_refused(unsigned modules) {
+  /* Only into this process's own tables: a fork child that was not given tables of its own
+   * still maps its parent's. */
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
   hd_res_set_unwind_tables_refused(&hd_live_res, modules);
 }
 

@@ -16,7 +16,9 @@
 #include "libunwind_loader.h"
 #include "raw_syscall.h"
 
-static int g_method;
+/* Until hd_stack_configure (a process that records nothing never configures): no unwinder, no
+ * module list. */
+static int g_method = HD_UNWIND_NONE;
 static unsigned g_max = HD_MAX_FRAMES;
 static uintptr_t g_skip_lo, g_skip_hi;
 
@@ -76,7 +78,7 @@ void hd_stack_modules_closed(bool counted) {
  * and with it the lock: its steps parse the unwind tables each time, and each thread's trace
  * cache still spares the walk most of them. */
 void hd_stack_after_fork_child(void) {
-  if (g_method == HD_UNWIND_FP) return;
+  if (g_method == HD_UNWIND_FP || g_method == HD_UNWIND_NONE) return;
   hd_cfi_after_fork_child();
   hd_libunwind_share_no_cache();
 }
@@ -324,7 +326,8 @@ static unsigned capture(uint64_t *frames, bool *truncated, bool in_signal_handle
       return got == CFI_NONE ? 0 : n;
     }
     case HD_UNWIND_COMPARE: return capture_compared(frames, truncated, in_signal_handler);
-    default: return capture_unwind(frames, truncated);
+    case HD_UNWIND_LIBUNWIND: return capture_unwind(frames, truncated);
+    default: return 0; /* not configured */
   }
 }
 

@@ -10,7 +10,13 @@
 
 /* HD_UNWIND_COMPARE records libunwind's traces and checks ours against each (a diagnostic:
  * its summary is printed at exit). */
-enum { HD_UNWIND_LIBUNWIND = 0, HD_UNWIND_FP = 1, HD_UNWIND_CFI = 2, HD_UNWIND_COMPARE = 3 };
+enum {
+  HD_UNWIND_NONE = -1, /* not configured */
+  HD_UNWIND_LIBUNWIND = 0,
+  HD_UNWIND_FP = 1,
+  HD_UNWIND_CFI = 2,
+  HD_UNWIND_COMPARE = 3
+};
 /* Frames at addresses in [lo, hi) at the top of the stack are dropped (the interposer's own). */
 void hd_stack_configure(int method, unsigned max_frames, uintptr_t skip_lo,
                         uintptr_t skip_hi) HD_HIDDEN;

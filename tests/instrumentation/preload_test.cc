@@ -685,6 +685,19 @@ TEST(PreloadApi, WeakApiWithoutLibrary) {
   EXPECT_EQ(r.out, "not-loaded\nready\n");
 }
 
+// A process the library does not record (HEAPDUMP_PROFILE_ONLY names another program) has no
+// tables and no unwinder: its dlopen and dlclose still pass through the library's hooks, which
+// must touch neither. Under every unwinder.
+TEST(PreloadEnv, AProcessThatRecordsNothingLoadsAndUnloadsModules) {
+  for (const char *unwind : {"cfi", "libunwind", "fp", "compare"}) {
+    Ran r = RunToEnd({HD_CHILD, "dlopen", HD_TEST_LIB},
+                     Env(true, {"HEAPDUMP_PROFILE_ONLY=another-program",
+                                std::string("HEAPDUMP_UNWIND=") + unwind}));
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)
+        << unwind << ": status " << r.status << " " << r.out;
+  }
+}
+
 TEST(PreloadEnv, FollowChildrenZeroStripsLdPreload) {
   for (const char *follow : {"0", "1"}) {
     Ran r = RunToEnd({"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""},

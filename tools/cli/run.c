@@ -330,9 +330,10 @@ static const char *wait_for_daemon(const cli_options *o, uint32_t baseline, pid_
   double started = now_seconds(), limit = EXIT_SNAPSHOT_WAIT_SECONDS;
   bool told = false;
   for (;;) {
-    if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
+    /* The state first, then the listing: a snapshot stored in between is in the listing. */
     heapdump_client_CollectorGetProcessStateResponse state;
     const bool known = cli_process_state(o, (uint64_t)pid, &state) == 0;
+    if (collect_results(o, baseline, pid, results) != 0) return "the collector's listing failed";
     /* The last image stores its exit snapshot itself; an earlier image's exec snapshot may
      * still be on its way (the daemon reports the pid pending until it is stored). */
     if (results->main_exit != NULL &&
