@@ -621,7 +621,8 @@ TEST_F(HostileTest, AFloodFromOneClientDoesNotDelayAnother) {
   ASSERT_EQ(served.error, 0u);
   ASSERT_EQ(hd_reassembler_finish(&served.ra), HD_OK);
   EXPECT_EQ(Blocks(served.only(), 100, "alpha_leaks").in_function, 10u);
-  EXPECT_EQ(StatusField(collector.pid, "Threads"), threads_before + 8)
+  // (The other client's stream thread may not have ended yet.)
+  EXPECT_GE(StatusField(collector.pid, "Threads"), threads_before + 8)
       << "the flood's streams are no longer waiting: the test proves nothing";
   for (int fd : receivers) close(fd);
   EXPECT_TRUE(
