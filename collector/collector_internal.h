@@ -178,6 +178,10 @@ void hd_process_release(hd_process *p);
 bool hd_process_alive(const hd_process *p);
 /* Whether the live set holds this process (same pid and same allocations memfd). */
 bool hd_process_known(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino);
+/* The live, running entry of this process (same pid and allocations memfd) seen by uid (0 sees
+ * every process), retained for the caller; NULL if there is none. */
+hd_process *hd_process_find(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino,
+                            uid_t uid);
 /* Puts p (whose reference the live set takes over) into the live set. A live entry for the same
  * process (same pid and allocations memfd) absorbs it instead: it takes, from a registration
  * (which knows best, unlike a scan of /proc), the exit-snapshot option; p is released and

@@ -66,23 +66,33 @@ static void drop_registration(registration *reg) {
   hd_res_reader_close(reg->res);
 }
 
+/* What a Register or Reattach request claims about its sender. */
+typedef struct claims {
+  bool has_protocol_version, has_layout_version, has_pid;
+  uint32_t protocol_version, layout_version;
+  uint64_t pid;
+} claims;
+
+#define CLAIMS_OF(req)                                                              \
+  ((claims){(req)->has_protocol_version, (req)->has_layout_version, (req)->has_pid, \
+            (req)->protocol_version, (req)->layout_version, (req)->pid})
+
 /* Checks the versions and the pid the process claims; UNSPECIFIED if they hold. A process in a
  * container's PID namespace knows itself by another pid than ours: the kernel tells both
  * (NSpid), so its claim is checked, not trusted. */
-static heapdump_process_RegistryError check_claims(
-    hd_collector *c, pid_t pid, const heapdump_process_RegistryRegisterRequest *req,
-    pid_t *own_pid) {
-  if (!req->has_protocol_version ||
-      req->protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
-      !req->has_layout_version || req->layout_version != HD_LAYOUT_VERSION) {
+static heapdump_process_RegistryError check_claims(hd_collector *c, pid_t pid, claims req,
+                                                   pid_t *own_pid) {
+  if (!req.has_protocol_version ||
+      req.protocol_version != heapdump_process_Version_PROTOCOL_VERSION ||
+      !req.has_layout_version || req.layout_version != HD_LAYOUT_VERSION) {
     hd_log(c, HD_LOG_WARN, "pid %u: unsupported protocol %u / layout %u", (unsigned)pid,
-           req->protocol_version, req->layout_version);
+           req.protocol_version, req.layout_version);
     return heapdump_process_RegistryError_UNSUPPORTED_VERSION;
   }
-  *own_pid = req->has_pid && req->pid != (uint64_t)pid ? hd_own_pid(pid) : pid;
-  if (!req->has_pid || *own_pid <= 0 || req->pid != (uint64_t)*own_pid) {
+  *own_pid = req.has_pid && req.pid != (uint64_t)pid ? hd_own_pid(pid) : pid;
+  if (!req.has_pid || *own_pid <= 0 || req.pid != (uint64_t)*own_pid) {
     hd_log(c, HD_LOG_WARN, "pid %u tried to register pid %llu", (unsigned)pid,
-           (unsigned long long)req->pid);
+           (unsigned long long)req.pid);
     return heapdump_process_RegistryError_NOT_ALLOWED;
   }
   return heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED;
@@ -126,9 +136,9 @@ static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
   if (h->k->kind != CONN_NEW) {
     return reply_register(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
   }
-  heapdump_process_RegistryError claims = check_claims(c, reg.pid, req, &reg.own_pid);
-  if (claims != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
-    return reply_register(h, msg, claims);
+  heapdump_process_RegistryError refused = check_claims(c, reg.pid, CLAIMS_OF(req), &reg.own_pid);
+  if (refused != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
+    return reply_register(h, msg, refused);
   }
   if (!take_tables(c, msg, req, &reg)) {
     drop_registration(&reg);
@@ -179,6 +189,62 @@ static HD_MUST_CHECK hd_status on_register(void *ctx, hd_message *msg,
   hd_log(c, HD_LOG_INFO, "registered %s[%u]%s%s%s", name, (unsigned)reg.pid, own,
          exit_snapshot ? " (exit snapshot on)" : "", absorbed ? ", merged with its entry" : "");
   return reply_register(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
+}
+
+static HD_MUST_CHECK hd_status reply_reattach(handler_ctx *h, hd_message *msg,
+                                              heapdump_process_RegistryError error) {
+  hd_message_close_fds(msg);
+  heapdump_process_RegistryReattachResponse resp =
+      heapdump_process_RegistryReattachResponse_init_zero;
+  resp.has_protocol_version = true;
+  resp.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  if (error != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
+    resp.has_error = true;
+    resp.error = error;
+    h->close_after = true;
+  }
+  uint32_t txid = msg->txid;
+  return hd_fidl_registry_reattach_reply(h->k->fd, msg, txid, &resp);
+}
+
+/* A registered process that closed every descriptor, ours included, asks for a new sink. It
+ * proves who it is by its pid (SO_PEERCRED) and the identity of the allocations table it
+ * registered, which only that image of the process knows and whose descriptor we hold. */
+static HD_MUST_CHECK hd_status on_reattach(void *ctx, hd_message *msg,
+                                           heapdump_process_RegistryReattachRequest *req) {
+  handler_ctx *h = ctx;
+  hd_collector *c = h->c;
+  const pid_t pid = h->k->peer.pid;
+  pid_t own_pid;
+  if (h->k->kind != CONN_NEW) {
+    return reply_reattach(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+  }
+  heapdump_process_RegistryError refused = check_claims(c, pid, CLAIMS_OF(req), &own_pid);
+  if (refused != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
+    return reply_reattach(h, msg, refused);
+  }
+  if (!req->has_allocations_table_device || !req->has_allocations_table_inode) {
+    return reply_reattach(h, msg, heapdump_process_RegistryError_MISSING_FIELD);
+  }
+  int sink_fd = hd_message_take_channel(msg, &req->snapshot_sink);
+  if (sink_fd < 0) {
+    return reply_reattach(h, msg, heapdump_process_RegistryError_MISSING_FIELD);
+  }
+  hd_process *entry = hd_process_find(c, pid, (dev_t)req->allocations_table_device,
+                                      (ino_t)req->allocations_table_inode, h->k->peer.uid);
+  if (entry == NULL) {
+    close(sink_fd);
+    hd_log(c, HD_LOG_WARN, "pid %u: refused to reattach: no such registered process",
+           (unsigned)pid);
+    return reply_reattach(h, msg, heapdump_process_RegistryError_NOT_REGISTERED);
+  }
+  h->k->kind = CONN_REGISTRY;
+  h->k->process = entry;
+  if (!hd_conn_add(c, sink_fd, CONN_SINK, hd_process_retain(entry), &h->k->peer)) {
+    return reply_reattach(h, msg, heapdump_process_RegistryError_NOT_ALLOWED);
+  }
+  hd_log(c, HD_LOG_INFO, "reattached %s[%u]", entry->name, (unsigned)pid);
+  return reply_reattach(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }
 
 static HD_MUST_CHECK hd_status reply_store(handler_ctx *h, hd_message *msg,
@@ -359,7 +425,8 @@ on_get_next(void *ctx, hd_message *msg, heapdump_client_StoredSnapshotIteratorGe
   return hd_fidl_stored_snapshot_iterator_get_next_reply(h->k->fd, msg, txid, &result);
 }
 
-static const hd_fidl_registry_server registry_server = {.register_ = on_register};
+static const hd_fidl_registry_server registry_server = {.register_ = on_register,
+                                                        .reattach = on_reattach};
 static const hd_fidl_snapshot_sink_server sink_server = {.store_named_snapshot =
                                                              on_store_named_snapshot};
 static const hd_fidl_collector_server collector_server = {

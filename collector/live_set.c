@@ -72,6 +72,19 @@ bool hd_process_known(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_i
   return known;
 }
 
+hd_process *hd_process_find(hd_collector *c, pid_t pid, dev_t table_dev, ino_t table_ino,
+                            uid_t uid) {
+  pthread_mutex_lock(&c->lock);
+  hd_process *p = find_locked(c, pid);
+  if (p != NULL && (p->table_dev != table_dev || p->table_ino != table_ino ||
+                    (uid != 0 && p->uid != uid) || !hd_process_alive(p))) {
+    p = NULL;
+  }
+  if (p != NULL) hd_process_retain(p);
+  pthread_mutex_unlock(&c->lock);
+  return p;
+}
+
 /* Takes p out of the live set; false if it was not in it. */
 static bool remove_locked(hd_collector *c, hd_process *p) {
   if (!p->live) return false;

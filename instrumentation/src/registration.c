@@ -2,7 +2,8 @@
  * snapshots (SnapshotSink). Runs off the hot path: at start, after fork in the child, and when
  * the program stores a snapshot. A missing collector is normal: the program keeps recording and
  * registers the next time it stores a snapshot; a collector started later also finds it by
- * scanning /proc (see docs/architecture.md).
+ * scanning /proc (see docs/architecture.md). A program that closed every descriptor, ours too,
+ * reattaches to the collector that holds its tables (Registry.Reattach).
  *
  * Locking: g_lock serialises everything here; the message buffer is static so that nothing here
  * allocates (this code also runs in a forked child before exec). */
@@ -110,29 +111,51 @@ static bool read_command_line(char *out, size_t size) {
   return n > 0;
 }
 
-/* Registers with the collector, handing over the read-only tables. Called with g_lock held. */
-static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
+/* Connects to the collector and makes the channel of a snapshot sink: the connection and our end
+ * of the sink into *registry and *sink_end, the end to send into *sink_peer. Called with g_lock
+ * held. */
+static bool connect_with_sink(hd_owned_fd *registry, hd_owned_fd *sink_end, int *sink_peer) {
   char path[108]; /* sun_path: a longer path would name another socket */
   const unsigned uid = (unsigned)getuid();
   if (hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, path, sizeof path) !=
       0)
     return false;
   int connected, sink[2];
-  hd_owned_fd registry, sink_end;
   if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK)
     return false;
-  if (!hd_owned_fd_take(connected, &registry)) return false;
+  if (!hd_owned_fd_take(connected, registry)) return false;
   if (hd_channel_pair(sink) != HD_OK) {
-    hd_owned_fd_close(&registry);
+    hd_owned_fd_close(registry);
     return false;
   }
-  if (!hd_owned_fd_take(sink[0], &sink_end)) {
+  if (!hd_owned_fd_take(sink[0], sink_end)) {
     close(sink[1]);
-    hd_owned_fd_close(&registry);
+    hd_owned_fd_close(registry);
     return false;
   }
-  set_timeout(registry.fd);
-  set_timeout(sink_end.fd);
+  *sink_peer = sink[1];
+  set_timeout(registry->fd);
+  set_timeout(sink_end->fd);
+  return true;
+}
+
+/* Keeps the connection if the collector took the process, else closes it. */
+static bool keep_if_accepted(bool accepted, hd_owned_fd *registry, hd_owned_fd *sink_end) {
+  if (!accepted) {
+    hd_owned_fd_close(registry);
+    hd_owned_fd_close(sink_end);
+    return false;
+  }
+  g_registry = *registry;
+  g_sink = *sink_end;
+  return true;
+}
+
+/* Registers with the collector, handing over the read-only tables. Called with g_lock held. */
+static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
+  hd_owned_fd registry, sink_end;
+  int sink_peer;
+  if (!connect_with_sink(&registry, &sink_end, &sink_peer)) return false;
   /* Static, not on the stack: it holds the 4 KiB command line, and g_lock is held. */
   static heapdump_process_RegistryRegisterRequest req;
   req =
@@ -151,19 +174,35 @@ static bool hand_over(const hd_owned_fd *alloc, const hd_owned_fd *res) {
   req.snapshot_sink = (heapdump_client_Handle){.has_index = true, .index = 2};
   req.has_exit_snapshot = true;
   req.exit_snapshot = env_is_one(HD_ENV_EXIT_SNAPSHOT);
-  int fds[3] = {alloc->fd, res->fd, sink[1]};
+  int fds[3] = {alloc->fd, res->fd, sink_peer};
   heapdump_process_RegistryRegisterResponse resp =
       heapdump_process_RegistryRegisterResponse_init_zero;
   hd_status status = hd_fidl_registry_register(registry.fd, &g_msg, &req, fds, 3, &resp);
-  close(sink[1]);
-  if (status != HD_OK || resp.has_error) {
-    hd_owned_fd_close(&registry);
-    hd_owned_fd_close(&sink_end);
-    return false;
-  }
-  g_registry = registry;
-  g_sink = sink_end;
-  return true;
+  close(sink_peer);
+  return keep_if_accepted(status == HD_OK && !resp.has_error, &registry, &sink_end);
+}
+
+/* Asks the collector that holds our tables for a new sink, naming the allocations table we
+ * registered by its identity (we hold no descriptor of it any more). Called with g_lock held. */
+static bool reattach(const hd_owned_fd *alloc) {
+  hd_owned_fd registry, sink_end;
+  int sink_peer;
+  if (!connect_with_sink(&registry, &sink_end, &sink_peer)) return false;
+  heapdump_process_RegistryReattachRequest req = heapdump_process_RegistryReattachRequest_init_zero;
+  req.has_protocol_version = req.has_layout_version = req.has_pid = true;
+  req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  req.layout_version = HD_LAYOUT_VERSION;
+  req.pid = (uint64_t)getpid();
+  req.has_allocations_table_device = req.has_allocations_table_inode = true;
+  req.allocations_table_device = (uint64_t)alloc->dev;
+  req.allocations_table_inode = (uint64_t)alloc->ino;
+  req.has_snapshot_sink = true;
+  req.snapshot_sink = (heapdump_client_Handle){.has_index = true, .index = 0};
+  heapdump_process_RegistryReattachResponse resp =
+      heapdump_process_RegistryReattachResponse_init_zero;
+  hd_status status = hd_fidl_registry_reattach(registry.fd, &g_msg, &req, &sink_peer, 1, &resp);
+  close(sink_peer);
+  return keep_if_accepted(status == HD_OK && !resp.has_error, &registry, &sink_end);
 }
 
 /* Called with g_lock held. */
@@ -172,10 +211,11 @@ static bool register_locked(void) {
   disconnect();
   hd_owned_fd alloc_rw, res_rw, alloc, res;
   hd_instrumentation_tables(&alloc_rw, &res_rw);
-  /* Tables the program closed cannot be handed over again (nor can their numbers, which may be
-   * the program's files now); the mappings still record, and a collector that already holds
-   * them keeps serving them. */
-  if (!hd_owned_fd_valid(&alloc_rw) || !hd_owned_fd_valid(&res_rw)) return false;
+  if (alloc_rw.fd < 0) return false; /* not recording */
+  /* Tables the program closed (close_range) cannot be handed over again, nor can their numbers,
+   * which may be the program's files now. The mappings still record, and a collector that holds
+   * the tables since we registered takes us back by their identity. */
+  if (!hd_owned_fd_valid(&alloc_rw) || !hd_owned_fd_valid(&res_rw)) return reattach(&alloc_rw);
   if (!reopen_read_only(&alloc_rw, &alloc)) return false;
   if (!reopen_read_only(&res_rw, &res)) {
     hd_owned_fd_close(&alloc);

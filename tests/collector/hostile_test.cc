@@ -278,6 +278,53 @@ TEST_F(HostileTest, TablesHandedOverWritableAreRefused) {
   child.Finish();
 }
 
+// What the collector answers a Reattach this process sends for `pid`, naming the allocations
+// table `table`: 0, or the RegistryError.
+int Reattach(const std::string &socket, uint64_t pid, const struct stat &table) {
+  int sink[2];
+  EXPECT_EQ(hd_channel_pair(sink), HD_OK);
+  int fd = -1;
+  EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
+  heapdump_process_RegistryReattachRequest req = heapdump_process_RegistryReattachRequest_init_zero;
+  req.has_protocol_version = req.has_layout_version = req.has_pid = true;
+  req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  req.layout_version = HD_LAYOUT_VERSION;
+  req.pid = pid;
+  req.has_allocations_table_device = req.has_allocations_table_inode = true;
+  req.allocations_table_device = table.st_dev;
+  req.allocations_table_inode = table.st_ino;
+  req.has_snapshot_sink = true;
+  req.snapshot_sink = {true, 0};
+  heapdump_process_RegistryReattachResponse resp =
+      heapdump_process_RegistryReattachResponse_init_zero;
+  auto msg = std::make_unique<hd_message>();
+  EXPECT_EQ(hd_fidl_registry_reattach(fd, msg.get(), &req, &sink[1], 1, &resp), HD_OK);
+  for (int f : {fd, sink[0], sink[1]}) close(f);
+  return resp.has_error ? static_cast<int>(resp.error) : 0;
+}
+
+// A registered process that closed every descriptor gets a new sink by naming the table it
+// registered (ForkRegister.TheProgramsOwnDescriptorsAreNeverTouched). Another process cannot
+// take that sink: not by naming the table, nor by claiming the process's pid.
+TEST_F(HostileTest, OnlyTheRegisteredProcessReattaches) {
+  collector.Start();
+  Child child(collector.socket, ChildOptions{});
+  int table = OpenTable(child.pid, HD_MEMFD_ALLOCATIONS);
+  ASSERT_GE(table, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(table, &st), 0);
+  close(table);
+  EXPECT_EQ(Reattach(collector.socket, static_cast<uint64_t>(getpid()), st),
+            heapdump_process_RegistryError_NOT_REGISTERED);
+  EXPECT_EQ(Reattach(collector.socket, static_cast<uint64_t>(child.pid), st),
+            heapdump_process_RegistryError_NOT_ALLOWED);
+  EXPECT_NE(collector.Log().find("refused to reattach"), std::string::npos) << collector.Log();
+  EXPECT_EQ(collector.Log().find("reattached"), std::string::npos) << collector.Log();
+  EXPECT_EQ(GetProcessState(collector.socket, child.pid).state,
+            heapdump_client_ProcessState_PROCESS_STATE_RUNNING);
+  child.Finish();
+}
+
 // The named-snapshot worker reads a process's copy without waiting for any lock, so the copy
 // must be one that cannot change: sealed against writing, marked a snapshot copy, of the
 // process that sends it. A forged one used to be read (and waited on) like a live table.
@@ -470,6 +517,45 @@ TEST_F(HostileTest, AProcessThatCannotBeReadLeavesTheOthersInAMultiProcessSnapsh
   }
   EXPECT_EQ(read, 1u);
   EXPECT_EQ(unread, 1u);
+  victim.Kill();
+  healthy.Finish();
+}
+
+// The heapdump command, run as the docs show, when one of the processes asked for cannot be read:
+// `snapshot --all` and `leaks --all` write the others, name that one on stderr with why, and exit
+// with status 8 (docs/tools.md).
+TEST_F(HostileTest, TheCommandWritesWhatItReadAndExitsWithStatusEight) {
+  collector.args = {"--read-timeout", "1"};
+  collector.Start();
+  Child healthy(collector.socket, nullptr);
+  Child victim(collector.socket, nullptr);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  const std::vector<std::string> env = {"HEAPDUMP_SOCKET=" + collector.socket, "PATH=/usr/bin:/bin",
+                                        "HOME=" + dir};
+  const std::string cli = HD_CLI;
+  const std::string unread = "could not read snapshot_child[" + std::to_string(victim.pid) + "]";
+  const std::string reported = "[" + std::to_string(healthy.pid) + "]";
+  ShellOutput snapshot, leaks, report;
+  table.SetSlotLocked(0, true);  // as a writer stopped in the middle of a change would
+  snapshot = RunShell(cli + " snapshot --all -o all.pb.gz", dir, env);
+  leaks = RunShell(cli + " leaks --all -o leaks.txt", dir, env);
+  table.SetSlotLocked(0, false);
+  EXPECT_EQ(snapshot.status, 8) << snapshot.out;
+  EXPECT_NE(snapshot.out.find(unread), std::string::npos) << snapshot.out;
+  EXPECT_NE(snapshot.out.find("1 of 2 processes could not be read"), std::string::npos)
+      << snapshot.out;
+  report = RunShell(cli + " report all.pb.gz", dir, env);
+  EXPECT_EQ(report.status, 0) << report.out;
+  EXPECT_NE(report.out.find(reported), std::string::npos) << report.out;
+  EXPECT_NE(report.out.find("alpha_leaks"), std::string::npos) << report.out;
+  EXPECT_EQ(report.out.find("[" + std::to_string(victim.pid) + "]"), std::string::npos)
+      << report.out;
+  EXPECT_EQ(leaks.status, 8) << leaks.out;
+  EXPECT_NE(leaks.out.find(unread), std::string::npos) << leaks.out;
+  const std::string written = ReadFile(dir + "/leaks.txt");
+  EXPECT_NE(written.find(reported), std::string::npos) << written;
+  EXPECT_EQ(written.find("[" + std::to_string(victim.pid) + "]"), std::string::npos) << written;
   victim.Kill();
   healthy.Finish();
 }

@@ -359,7 +359,8 @@ static std::vector<int> library_fds() {
 
 // A daemon that closes every descriptor after start and opens its own files (log_0 .. log_7 in
 // dir): the library must not close, write, send or reuse them, neither when a named snapshot is
-// stored nor in a fork child, which re-registers. Prints "snapshot RC" and, once its child
+// stored nor in a fork child, which re-registers. Prints "closed" once it has closed every
+// descriptor and waits for a line on its stdin; then prints "snapshot RC" and, once its child
 // and it have written one line to every file and found every file still open, "done"; then
 // waits for the end of its stdin.
 static void scenario_foreign_fds(const char *dir) {
@@ -390,6 +391,10 @@ static void scenario_foreign_fds(const char *dir) {
     }
     return true;
   };
+  printf("closed\n");
+  fflush(stdout);
+  char go;
+  CHECK(read(0, &go, 1) == 1);
   printf("snapshot %d\n", heapdump_take_named_snapshot("after-close"));
   fflush(stdout);
   CHECK(still_open());

@@ -109,12 +109,12 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
 // A daemon closes every descriptor after start (close_range) and opens its own files, which get
 // the numbers the library's descriptors had. Neither a named snapshot nor a fork child may close,
 // write, send or reuse them; the collector, which holds its own copies of the tables, still
-// serves the process.
+// serves the process and takes it back (Reattach) for its named snapshot.
 TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
   hdtest::Program program({HD_CHILD, "foreign-fds", dir}, Env());
-  const std::string snapshot = program.ReadLine();
-  // The tables the program closed cannot be handed over again: the named snapshot fails.
-  EXPECT_EQ(snapshot, "snapshot " + std::to_string(HEAPDUMP_ERROR_NO_COLLECTOR));
+  ASSERT_EQ(program.ReadLine(), "closed");
+  program.Send("");  // one byte: the program reads one, then waits for the end of its stdin
+  EXPECT_EQ(program.ReadLine(), "snapshot 0") << collector.Log();
   ASSERT_EQ(program.ReadLine(), "done");
   auto live = TakeLiveSnapshot(collector.socket, program.pid);
   ASSERT_EQ(live->status, HD_OK) << live->ra.error;
@@ -125,7 +125,32 @@ TEST_P(ForkRegister, TheProgramsOwnDescriptorsAreNeverTouched) {
   for (int i = 0; i < 8; i++) {
     EXPECT_EQ(hdtest::ReadFile(dir + "/log_" + std::to_string(i)), "child\nparent\n") << i;
   }
-  EXPECT_EQ(collector.Log().find("after-close"), std::string::npos) << collector.Log();
+  const uint32_t id = hdtest::StoredId(hdtest::List(collector.socket), "after-close");
+  ASSERT_NE(id, 0u) << collector.Log();
+  auto stored = hdtest::Download(collector.socket, id);
+  ASSERT_EQ(stored->status, HD_OK) << stored->ra.error;
+  EXPECT_EQ(CountSize(*stored, 7711), 1);
+  EXPECT_NE(collector.Log().find("reattached"), std::string::npos) << collector.Log();
+}
+
+// A collector that does not hold the tables of a process that closed them (it started, or
+// restarted, after the close) cannot take it back: the named snapshot fails as without a
+// collector, and the program runs on.
+TEST_P(ForkRegister, AProcessThatClosedItsTablesIsNotTakenBackByANewCollector) {
+  hdtest::Program program({HD_CHILD, "foreign-fds", dir}, Env());
+  ASSERT_EQ(program.ReadLine(), "closed");
+  collector.Stop();
+  collector.Start();
+  program.Send("");  // one byte: the program reads one, then waits for the end of its stdin
+  EXPECT_EQ(program.ReadLine(), "snapshot " + std::to_string(HEAPDUMP_ERROR_NO_COLLECTOR));
+  ASSERT_EQ(program.ReadLine(), "done");
+  int status = program.Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int i = 0; i < 8; i++) {
+    EXPECT_EQ(hdtest::ReadFile(dir + "/log_" + std::to_string(i)), "child\nparent\n") << i;
+  }
+  EXPECT_NE(collector.Log().find("refused to reattach"), std::string::npos) << collector.Log();
+  EXPECT_EQ(hdtest::StoredId(hdtest::List(collector.socket), "after-close"), 0u);
 }
 
 // libunwind's validation pipe, re-created when the program closed it, never reads from, writes
