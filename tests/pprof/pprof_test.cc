@@ -379,7 +379,9 @@ void ExpectWellFormed(const Profile &p) {
   for (const auto &m : p.mappings) {
     EXPECT_NE(m.id, 0u);
     EXPECT_TRUE(mapping_ids.insert(m.id).second) << "duplicate mapping id " << m.id;
-    EXPECT_LT(m.memory_start, m.memory_limit);
+    if (p.Str(m.filename) != HD_PPROF_UNMAPPED) {
+      EXPECT_LT(m.memory_start, m.memory_limit);
+    }
     EXPECT_NE(p.Str(m.filename), "<invalid string index>");
     EXPECT_NE(p.Str(m.build_id), "<invalid string index>");
   }
@@ -396,9 +398,10 @@ void ExpectWellFormed(const Profile &p) {
   for (const Location &l : p.locations) {
     EXPECT_NE(l.id, 0u);
     EXPECT_TRUE(location_ids.insert(l.id).second) << "duplicate location id " << l.id;
-    if (l.mapping_id != 0) {
-      const perftools_profiles_Mapping *m = p.FindMapping(l.mapping_id);
-      ASSERT_NE(m, nullptr) << "location " << l.id << " has an unknown mapping";
+    // Profile ingesters refuse a location without a mapping.
+    const perftools_profiles_Mapping *m = p.FindMapping(l.mapping_id);
+    ASSERT_NE(m, nullptr) << "location " << l.id << " has no mapping or an unknown one";
+    if (p.Str(m->filename) != HD_PPROF_UNMAPPED) {
       EXPECT_GE(l.address, m->memory_start);
       EXPECT_LT(l.address, m->memory_limit);
       EXPECT_TRUE(mapped_addresses.emplace(l.mapping_id, l.address).second)
@@ -708,21 +711,26 @@ TEST_F(PprofTest, OneSamplePerStackTraceWithLiveAndCumulativeValues) {
   std::set<uint64_t> distinct;
   for (const auto &[stack, values] : kExpected) distinct.insert(stack.begin(), stack.end());
   ASSERT_EQ(p.locations.size(), distinct.size());
-  ASSERT_EQ(p.mappings.size(), 2u);
+  ASSERT_EQ(p.mappings.size(), 3u);  // the program, the library, and the unmapped locations'
   ASSERT_EQ(p.functions.size(), 1u);
   EXPECT_EQ(p.Str(p.functions[0].name), "(no stack)");
+  const perftools_profiles_Mapping &unmapped = p.mappings[2];
+  EXPECT_EQ(p.Str(unmapped.filename), HD_PPROF_UNMAPPED);
+  EXPECT_EQ(unmapped.memory_start, 0u);
+  EXPECT_EQ(unmapped.memory_limit, 0u);
+  EXPECT_TRUE(unmapped.has_functions);
   for (const Location &l : p.locations) {
     EXPECT_TRUE(distinct.count(l.address)) << std::hex << l.address;
     const perftools_profiles_Mapping *m = p.FindMapping(l.mapping_id);
     if (l.address == 0) {
-      EXPECT_EQ(l.mapping_id, 0u);
+      EXPECT_EQ(l.mapping_id, unmapped.id);
       ASSERT_EQ(l.lines.size(), 1u);
       EXPECT_EQ(l.lines[0].function_id, p.functions[0].id);
       continue;
     }
     EXPECT_TRUE(l.lines.empty());
     if (l.address == kNowhere) {
-      EXPECT_EQ(l.mapping_id, 0u);
+      EXPECT_EQ(l.mapping_id, unmapped.id);
     } else {
       ASSERT_NE(m, nullptr);
       EXPECT_EQ(m->memory_start, l.address >= kLibrary ? kLibrary : kProgram);
@@ -737,7 +745,7 @@ TEST_F(PprofTest, OneSamplePerStackTraceWithLiveAndCumulativeValues) {
   EXPECT_EQ(library.memory_limit, kLibrary + 0x20000);
   EXPECT_EQ(p.Str(library.filename), "/opt/example/lib/libfoo.so");
   EXPECT_EQ(p.Str(library.build_id), "");
-  for (const auto &m : p.mappings) {
+  for (const auto &m : {program, library}) {
     EXPECT_FALSE(m.has_functions || m.has_filenames || m.has_line_numbers || m.has_inline_frames);
   }
 
@@ -805,7 +813,7 @@ TEST_F(PprofTest, TruncatedTracesEndInAMarkerLocation) {
     }
     EXPECT_EQ(sample.location_ids.size(), 4u);
     EXPECT_EQ(root->address, 0u);
-    EXPECT_EQ(root->mapping_id, 0u);
+    EXPECT_EQ(p.Str(p.FindMapping(root->mapping_id)->filename), HD_PPROF_UNMAPPED);
     ASSERT_EQ(root->lines.size(), 1u);
     const perftools_profiles_Function *f = p.FindFunction(root->lines[0].function_id);
     ASSERT_NE(f, nullptr);
@@ -840,6 +848,27 @@ TEST_F(PprofTest, DefaultSampleTypeIsTheChosenOne) {
     EXPECT_EQ(TopTotal(top.out), expected.second) << expected.first << ":\n" << top.out;
   }
   if (go.go.empty()) GTEST_SKIP() << "go not found: install golang-go to check with go tool pprof";
+}
+
+// What a /debug/pprof/heap endpoint serves: Go's order of the sample types, the same values.
+TEST_F(PprofTest, GoOrderPutsTheCumulativeTypesFirst) {
+  Stream s;
+  FillSnapshot(s);
+  s.Finish();
+  hd_pprof_options options = {};
+  options.go_order = true;
+  std::string path = Path("go.pb.gz");
+  WriteResult w = WriteProfile(&s.r, options, path);
+  ASSERT_EQ(w.rc, 0) << w.error;
+  Profile p;
+  ASSERT_TRUE(Load(path, &p));
+  EXPECT_EQ(p.SampleTypes(),
+            (std::vector<std::string>{"alloc_objects/count", "alloc_space/bytes",
+                                      "inuse_objects/count", "inuse_space/bytes"}));
+  EXPECT_EQ(p.Str(p.scalars.default_sample_type), "inuse_space");
+  std::map<std::vector<uint64_t>, Values> expected;
+  for (const auto &[stack, v] : kExpected) expected[stack] = {v[2], v[3], v[0], v[1]};
+  EXPECT_EQ(ValuesByStack(p), expected);
 }
 
 TEST_F(PprofTest, TagsGiveOneSamplePerBlockWithItsLabels) {
@@ -924,8 +953,9 @@ TEST_F(PprofTest, MultiProcessSamplesAreLabelledWithTheirProcess) {
     Profile p;
     ASSERT_TRUE(Load(path, &p));
     ExpectWellFormed(p);
-    // Each process has its own mappings and locations, even at the same addresses.
-    EXPECT_EQ(p.mappings.size(), 4u);
+    // Each process has its own mappings and locations, even at the same addresses; the "no stack"
+    // location has the unmapped locations' mapping.
+    EXPECT_EQ(p.mappings.size(), 5u);
     EXPECT_EQ(p.locations.size(), 2u * 7u + 1u);  // and one stands for "no stack" in both
     std::map<std::string, Values> by_process;
     for (const Sample &sample : p.samples) {
@@ -937,7 +967,9 @@ TEST_F(PprofTest, MultiProcessSamplesAreLabelledWithTheirProcess) {
       uint64_t mapping = 0;
       for (uint64_t id : sample.location_ids) {
         const Location *l = p.FindLocation(id);
-        if (l->mapping_id != 0) mapping = l->mapping_id;
+        if (p.Str(p.FindMapping(l->mapping_id)->filename) != HD_PPROF_UNMAPPED) {
+          mapping = l->mapping_id;
+        }
       }
       if (mapping != 0) {
         EXPECT_EQ(mapping <= 2, process == "first/4242")

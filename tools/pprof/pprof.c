@@ -118,6 +118,12 @@ static void add_label(label_list *list, int64_t key, int64_t str, int64_t num, i
   list->labels[list->count++] = (perftools_profiles_Label){key, str, num, unit};
 }
 
+/* Which of our sample types (inuse_objects, inuse_space, alloc_objects, alloc_space) goes at
+ * position i of the profile. */
+static int type_at(const writer *w, int i) {
+  return w->options.go_order ? (i + 2) % kSampleTypeCount : i;
+}
+
 static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *w, const process *p,
                          const hd_snapshot_stack_trace *trace,
                          const uint64_t values[kSampleTypeCount], label_list *labels) {
@@ -152,7 +158,9 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
     add_label(labels, w->known.pid, 0, (int64_t)p->snapshot->pid, 0);
   }
   packed_u64 stack = {w->stack, depth};
-  packed_u64 value = {values, kSampleTypeCount};
+  uint64_t ordered[kSampleTypeCount];
+  for (int v = 0; v < kSampleTypeCount; v++) ordered[v] = values[type_at(w, v)];
+  packed_u64 value = {ordered, kSampleTypeCount};
   perftools_profiles_Sample sample = perftools_profiles_Sample_init_zero;
   sample.location_id.funcs.encode = encode_packed;
   sample.location_id.arg = &stack;
@@ -218,9 +226,10 @@ static bool encode_samples(pb_ostream_t *stream, const pb_field_t *field, void *
 static bool encode_sample_types(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
   const writer *w = *arg;
   for (int i = 0; i < kSampleTypeCount; i++) {
-    /* inuse_objects, inuse_space, alloc_objects, alloc_space: counts, then bytes. */
-    perftools_profiles_ValueType type = {w->known.sample_types[i],
-                                         i % 2 == 0 ? w->known.count : w->known.bytes};
+    /* Pairs of counts, then bytes. */
+    const int t = type_at(w, i);
+    perftools_profiles_ValueType type = {w->known.sample_types[t],
+                                         t % 2 == 0 ? w->known.count : w->known.bytes};
     if (!pb_encode_tag_for_field(stream, field) ||
         !pb_encode_submessage(stream, perftools_profiles_ValueType_fields, &type)) {
       return false;
@@ -233,11 +242,12 @@ static bool encode_mappings(pb_ostream_t *stream, const pb_field_t *field, void 
   const writer *w = *arg;
   for (size_t i = 0; i < w->mapping_count; i++) {
     const mapping *m = &w->mappings[i];
+    const hd_snapshot_region *g = m->region; /* NULL: the unmapped locations' */
     perftools_profiles_Mapping out = {
         .id = i + 1,
-        .memory_start = m->region->address,
-        .memory_limit = m->region->address + m->region->size,
-        .file_offset = m->region->file_offset,
+        .memory_start = g ? g->address : 0,
+        .memory_limit = g ? g->address + g->size : 0,
+        .file_offset = g ? g->file_offset : 0,
         .filename = m->filename,
         .build_id = m->build_id,
         .has_functions = m->has_functions,

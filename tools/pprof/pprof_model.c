@@ -361,6 +361,26 @@ static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
   return 0;
 }
 
+/* Some readers (profile ingesters) refuse a Location without a Mapping: the locations no region
+ * holds (stand-ins for "no stack" and truncation; addresses outside every module) share one
+ * Mapping that spans no memory, named for what it is. It has no file to symbolize from, and
+ * says so (has_functions), so that pprof does not look for one. */
+static HD_MUST_CHECK int add_unmapped_mapping(writer *w) {
+  mapping *m = &w->mappings[w->mapping_count];
+  bool used = false;
+  for (size_t i = 0; i < w->location_count; i++) {
+    location *loc = &w->locations[i];
+    if (loc->mapping_id != 0) continue;
+    loc->mapping_id = w->mapping_count + 1;
+    used = true;
+  }
+  if (!used) return 0;
+  *m = (mapping){.filename = intern(w, HD_PPROF_UNMAPPED), .has_functions = true};
+  if (m->filename < 0) return hd_pprof_out_of_memory(w);
+  w->mapping_count++;
+  return 0;
+}
+
 HD_MUST_CHECK int hd_pprof_build_model(writer *w) {
   const hd_reassembler *r = w->r;
   int status = intern_well_known(w);
@@ -372,7 +392,7 @@ HD_MUST_CHECK int hd_pprof_build_model(writer *w) {
     w->label_processes |= r->snapshots[i]->has_header;
   }
   w->processes = calloc(r->snapshot_count ? r->snapshot_count : 1, sizeof *w->processes);
-  w->mappings = calloc(region_count ? region_count : 1, sizeof *w->mappings);
+  w->mappings = calloc(region_count + 1, sizeof *w->mappings); /* + the stand-ins' mapping */
   if (w->processes == NULL || w->mappings == NULL) return hd_pprof_out_of_memory(w);
   for (size_t i = 0; i < r->snapshot_count; i++) {
     process *p = &w->processes[w->process_count++];
@@ -382,7 +402,7 @@ HD_MUST_CHECK int hd_pprof_build_model(writer *w) {
       return status;
     }
   }
-  return 0;
+  return add_unmapped_mapping(w);
 }
 
 void hd_pprof_free_model(writer *w) {

@@ -40,7 +40,7 @@ typedef struct line_entry {
 
 typedef struct location {
   uint64_t address;
-  uint64_t mapping_id; /* 0: no executable region holds the address */
+  uint64_t mapping_id; /* the unmapped locations' Mapping where no executable region holds it */
   bool is_return_address;
   bool is_site;  /* the allocation site of some trace: its inlined std:: frames are left out */
   bool stand_in; /* no address: one Line names what it stands for ("(no stack)", truncation) */

@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* The file name of the one Mapping of the locations no module holds: every Location has a
+ * Mapping, as profile ingesters require. */
+#define HD_PPROF_UNMAPPED "[unmapped]"
+
 typedef enum hd_pprof_sample {
   HD_PPROF_INUSE_SPACE = 0, /* the default sample type */
   HD_PPROF_INUSE_OBJECTS,
@@ -29,6 +33,9 @@ typedef struct hd_pprof_options {
    * trace; the cumulative counters then come in one more sample per stack trace, unlabelled. */
   bool tags;
   hd_pprof_sample default_sample;
+  /* The sample types in the order of Go's heap profiles (alloc_objects, alloc_space,
+   * inuse_objects, inuse_space), the shape a /debug/pprof/heap endpoint serves. */
+  bool go_order;
   /* A profile that is not one snapshot's heap (heapdump diff): the values of the sample of stack
    * trace `trace` of snapshot `snapshot` (indices in r), in sample type order; false leaves the
    * trace out. Values may be negative. NULL: the snapshot's live totals and counters. Not
