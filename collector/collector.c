@@ -66,6 +66,7 @@ static bool log_budget_allows(hd_collector *c, const char *fmt, unsigned *left_o
 }
 
 void hd_log(hd_collector *c, int level, const char *fmt, ...) {
+  if (level <= HD_LOG_WARN) atomic_fetch_add(&c->warnings_logged, 1);
   if (level > c->log_level) return;
   unsigned left_out = 0;
   if (level <= HD_LOG_WARN && !log_budget_allows(c, fmt, &left_out)) return;

@@ -150,6 +150,8 @@ struct hd_collector {
   /* Sync: the pointer fixed; the table the poll thread's only (connections.h). */
   struct conn_table *conns;
   hd_message *scratch; /* Sync: the poll thread only */
+  /* What the collector did, for its metrics (http.c). Sync: atomic */
+  atomic_uint_fast64_t live_streams_served, stored_streams_served, warnings_logged;
 };
 
 /* Writes a log line at level. Warnings and errors are limited per format string (HD_LOG_BURST

@@ -29,6 +29,7 @@
 #include "heapdump/collector.h"
 #include "heapdump/contract/must_check.h"
 #include "heapdump/heapdump.h"
+#include "http.h"
 
 /* Defaults of the storage caps: a daemon left running for weeks must not fill the disk. */
 #define DEFAULT_MAX_STORED 1000
@@ -63,6 +64,7 @@ static void usage(FILE *out) {
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
           "                          [--log-level L] [--idle-timeout S] [--read-timeout S]\n"
           "                          [--max-contents-bytes B] [--sample-interval MS]\n"
+          "                          [--http ADDR:PORT [--http-token-file FILE]]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
           "Serves heap snapshots of processes running with libheapdump.so preloaded. It detaches\n"
@@ -91,6 +93,11 @@ static void usage(FILE *out) {
           "  --sample-interval MS   sample each process's live and total bytes and blocks every\n"
           "                         MS milliseconds (%d to %d; default %d; 0: never): the\n"
           "                         memory-over-time series its snapshots carry\n"
+          "  --http ADDR:PORT       also serve over HTTP: Prometheus /metrics, pprof heap\n"
+          "                         profiles at /debug/pprof/heap and per process, /targets\n"
+          "                         for service discovery (docs/fleet.md). Off by default\n"
+          "  --http-token-file FILE every HTTP request must bear this file's token\n"
+          "                         (Authorization: Bearer); needed unless ADDR is loopback\n"
           "  --stop                 stop the collector at the socket: SIGTERM to the pid in its\n"
           "                         pid file, then wait until it has exited (up to %d s)\n"
           "  --version              print the version\n",
@@ -324,6 +331,7 @@ typedef struct arguments {
   hd_collector_options options;
   bool foreground, stop;
   const char *log_file, *socket, *storage; /* NULL: not given */
+  const char *http, *http_token_file;      /* NULL: not given */
 } arguments;
 
 /* parse_args's answer when the daemon goes on. */
@@ -364,6 +372,8 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
                                            {"read-timeout", required_argument, 0, 'r'},
                                            {"max-contents-bytes", required_argument, 0, 'c'},
                                            {"sample-interval", required_argument, 0, 'I'},
+                                           {"http", required_argument, 0, 'H'},
+                                           {"http-token-file", required_argument, 0, 'T'},
                                            {0, 0, 0, 0}};
   int opt;
   unsigned long long count;
@@ -396,6 +406,8 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
       case 'I':
         if (!parse_sample_interval(optarg, &a->options)) return 2;
         break;
+      case 'H': a->http = optarg; break;
+      case 'T': a->http_token_file = optarg; break;
       case 'f': a->foreground = true; break;
       case 'L': a->log_file = optarg; break;
       case 'S': a->stop = true; break;
@@ -413,6 +425,10 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
   }
   if (optind != argc) {
     usage(stderr);
+    return 2;
+  }
+  if (a->http_token_file != NULL && a->http == NULL) {
+    fprintf(stderr, "heapdump-collector: --http-token-file needs --http\n");
     return 2;
   }
   return CONTINUE;
@@ -506,6 +522,12 @@ int main(int argc, char **argv) {
   prepare_process();
   hd_collector *c;
   int rc = hd_collector_create(&options, &c);
+  hd_http *http = NULL;
+  char http_error[512] = "";
+  const int http_rc =
+      rc == 0 && args.http != NULL
+          ? hd_http_start(c, args.http, args.http_token_file, &http, http_error, sizeof http_error)
+          : 0;
   if (terminal_fd >= 0) {
     fflush(stderr);
     dup2(terminal_fd, STDERR_FILENO);
@@ -516,11 +538,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "heapdump-collector: cannot start: %s\n", strerror(-rc));
     return 1;
   }
+  if (http_rc != 0) {
+    copy_start_log(start_log, STDERR_FILENO);
+    fprintf(stderr, "heapdump-collector: cannot start: %s\n", http_error);
+    hd_collector_destroy(c);
+    return 1;
+  }
   int log_fd = log_path[0] ? open_log(log_path) : -1;
   copy_start_log(start_log, log_fd);
   int pid_fd = log_path[0] && log_fd < 0 ? -1 : pid_file_create(pid_path);
   if (pid_fd < 0) {
     if (log_fd >= 0) close(log_fd);
+    hd_http_stop(http);
     hd_collector_destroy(c);
     return 1;
   }
@@ -534,6 +563,7 @@ int main(int argc, char **argv) {
   if (stop_early) hd_collector_stop(c);
   rc = hd_collector_run(c);
   running = NULL;
+  hd_http_stop(http); /* before the collector its requests use */
   hd_collector_destroy(c);
   pid_file_remove(pid_path, pid_fd);
   return rc == 0 ? 0 : 1;

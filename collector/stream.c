@@ -612,8 +612,10 @@ static void run_one(hd_stream_job *job) {
     hd_batch_writer_init(w, hd_batch_send_on_channel, &channel);
     if (job->stored) {
       stream_stored(job, &channel, w);
+      atomic_fetch_add(&job->c->stored_streams_served, 1);
     } else {
       stream_live(job, &channel, w);
+      atomic_fetch_add(&job->c->live_streams_served, 1);
     }
   }
   free(scratch);

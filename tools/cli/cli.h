@@ -11,6 +11,7 @@
 
 #include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
+#include "heapdump/tools/listing.h"
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/report.h"
 #include "heapdump/tools/sites.h"
@@ -162,16 +163,7 @@ HD_MUST_CHECK int cli_timed_out(const cli_options *o, const char *what);
 /* A live snapshot of the process(es) o selects into r (finished). Returns an exit code;
  * EXIT_PARTIAL when some processes could not be read (each said on stderr; r holds the others). */
 HD_MUST_CHECK int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r);
-typedef struct cli_stored {
-  uint32_t id;
-  char name[HD_NAME_SIZE];
-  char process_name[HD_NAME_SIZE];
-  uint64_t pid;
-  bool has_totals; /* false for snapshots an older collector stored */
-  uint64_t taken_at_unix_ns;
-  uint64_t live_bytes, live_blocks;
-  uint64_t stored_bytes;
-} cli_stored;
+typedef hd_listing_item cli_stored;
 
 /* Stored snapshot meta->id into r (finished), labelled with meta's process. Returns an exit
  * code. */

@@ -83,23 +83,6 @@ int cmd_snapshot(cli_options *o, int argc, char **argv) {
   return rc == 0 && partial ? EXIT_PARTIAL : rc;
 }
 
-/* Local time for people (2026-11-24 10:31:05), UTC RFC 3339 for JSON. */
-static void format_time(uint64_t unix_ns, bool rfc3339, char *out, size_t size) {
-  time_t seconds = (time_t)(unix_ns / 1000000000u);
-  struct tm tm;
-  if ((rfc3339 ? gmtime_r(&seconds, &tm) : localtime_r(&seconds, &tm)) == NULL) {
-    snprintf(out, size, "-");
-    return;
-  }
-  if (rfc3339) {
-    char date[32];
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out, size, "%s.%03uZ", date, (unsigned)(unix_ns / 1000000u % 1000u));
-  } else {
-    strftime(out, size, "%Y-%m-%d %H:%M:%S", &tm);
-  }
-}
-
 int cmd_list(cli_options *o, int argc, char **argv) {
   (void)argc, (void)argv; /* it takes none */
   cli_stored *items = NULL;
@@ -107,28 +90,7 @@ int cmd_list(cli_options *o, int argc, char **argv) {
   int rc = cli_list(o, &items, &count);
   if (rc != 0) return rc;
   if (o->json) {
-    printf("[");
-    for (size_t i = 0; i < count; i++) {
-      const cli_stored *s = &items[i];
-      printf("%s{\"id\":%" PRIu32 ",\"name\":", i ? "," : "", s->id);
-      hd_json_string(stdout, s->name);
-      printf(",\"process_name\":");
-      hd_json_string(stdout, s->process_name);
-      printf(",\"pid\":%" PRIu64, s->pid);
-      if (s->has_totals) {
-        char when[40];
-        format_time(s->taken_at_unix_ns, true, when, sizeof when);
-        printf(",\"taken_at\":\"%s\",\"taken_at_unix_ns\":%" PRIu64 ",\"live_bytes\":%" PRIu64
-               ",\"live_blocks\":%" PRIu64,
-               when, s->taken_at_unix_ns, s->live_bytes, s->live_blocks);
-      } else {
-        printf(
-            ",\"taken_at\":null,\"taken_at_unix_ns\":null,\"live_bytes\":null,"
-            "\"live_blocks\":null");
-      }
-      printf(",\"stored_bytes\":%" PRIu64 "}", s->stored_bytes);
-    }
-    printf("]\n");
+    hd_listing_write_json(stdout, items, count);
   } else {
     FILE *text = cli_text_stream(stdout); /* names are the programs' */
     if (text == NULL) text = stdout;
@@ -139,7 +101,7 @@ int cmd_list(cli_options *o, int argc, char **argv) {
       char process[64], when[40] = "-", bytes[24] = "-", blocks[24] = "-";
       snprintf(process, sizeof process, "%s[%" PRIu64 "]", s->process_name, s->pid);
       if (s->has_totals) {
-        format_time(s->taken_at_unix_ns, false, when, sizeof when);
+        hd_format_time(s->taken_at_unix_ns, false, when, sizeof when);
         snprintf(bytes, sizeof bytes, "%" PRIu64, s->live_bytes);
         snprintf(blocks, sizeof blocks, "%" PRIu64, s->live_blocks);
       }

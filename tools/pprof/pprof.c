@@ -250,7 +250,7 @@ static bool encode_mappings(pb_ostream_t *stream, const pb_field_t *field, void 
         .file_offset = g ? g->file_offset : 0,
         .filename = m->filename,
         .build_id = m->build_id,
-        .has_functions = m->has_functions,
+        .has_functions = m->has_functions || w->options.final_symbols,
         .has_filenames = m->has_filenames,
         .has_line_numbers = m->has_line_numbers,
         .has_inline_frames = m->has_inline_frames,

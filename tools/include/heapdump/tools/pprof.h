@@ -36,6 +36,10 @@ typedef struct hd_pprof_options {
   /* The sample types in the order of Go's heap profiles (alloc_objects, alloc_space,
    * inuse_objects, inuse_space), the shape a /debug/pprof/heap endpoint serves. */
   bool go_order;
+  /* The symbolizer's names are final: every Mapping says has_functions, so that a reader does
+   * not look for symbols itself (pprof, given a profile over HTTP whose mapping has none, asks
+   * the server's /debug/pprof/symbol and fails without it). */
+  bool final_symbols;
   /* A profile that is not one snapshot's heap (heapdump diff): the values of the sample of stack
    * trace `trace` of snapshot `snapshot` (indices in r), in sample type order; false leaves the
    * trace out. Values may be negative. NULL: the snapshot's live totals and counters. Not
