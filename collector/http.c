@@ -764,7 +764,14 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
     free(h);
     return -EADDRNOTAVAIL;
   }
-  hd_log(c, HD_LOG_INFO, "serving HTTP on %s%s", address,
+  /* Port 0 lets the system choose: the log and the discovery document tell the one it chose. */
+  const union MHD_DaemonInfo *bound = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  const char *port = strrchr(address, ':');
+  if (bound != NULL && port != NULL && strcmp(port, ":0") == 0) {
+    snprintf(h->address, sizeof h->address, "%.*s:%u", (int)(port - address), address,
+             (unsigned)bound->port);
+  }
+  hd_log(c, HD_LOG_INFO, "serving HTTP on %s%s", h->address,
          h->token_size ? " (bearer token required)" : "");
   *out = h;
   return 0;

@@ -6,6 +6,8 @@
  *                     BYTES bytes from allocate_big() holding byte i = (i * 7) & 0xff
  *   many N            N blocks of 32 bytes
  *   churn FILE        the consistency workload: see below
+ *   grow              nothing yet; commands "grow N" allocate N blocks of GROW_BLOCK bytes in
+ *                     grow_site(), "free" frees them all: each answered "ok" once done
  *
  * churn: first allocates kept blocks (sizes 1000..1999, each size used by kept blocks only) and
  * writes "address size" of each to FILE, then allocates and frees kFreedEarly blocks of size
@@ -25,6 +27,8 @@
 
 #define SMALL_BLOCK 64
 #define MANY_BLOCK 32
+#define GROW_BLOCK 1000
+#define MAX_GROWN 100000
 
 enum { kKept = 20000, kFreedEarly = 20000, kChurnThreads = 4, kChurnMaxLive = 60000 };
 
@@ -115,6 +119,34 @@ static int run_churn(const char *path) {
   return 0;
 }
 
+static void *grown[MAX_GROWN];
+static long grown_count;
+
+__attribute__((noinline)) static void grow_site(long n) {
+  for (long i = 0; i < n && grown_count < MAX_GROWN; i++) grown[grown_count++] = malloc(GROW_BLOCK);
+}
+
+/* stdin's buffer is static: reading a command allocates nothing, so the live set between
+ * commands is exactly what the commands made. */
+static int run_grow(void) {
+  static char input_buffer[BUFSIZ];
+  setvbuf(stdin, input_buffer, _IOFBF, sizeof input_buffer);
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  char line[64];
+  long n;
+  while (fgets(line, sizeof line, stdin) != NULL) {
+    if (sscanf(line, "grow %ld", &n) == 1) {
+      grow_site(n);
+    } else if (strcmp(line, "free\n") == 0) {
+      while (grown_count > 0) free(grown[--grown_count]);
+    }
+    printf("ok\n");
+    fflush(stdout);
+  }
+  return 0;
+}
+
 static void wait_for_end_of_input(void) {
   char line[64];
   while (fgets(line, sizeof line, stdin) != NULL) continue;
@@ -129,8 +161,10 @@ int main(int argc, char **argv) {
     for (long i = 0; i < n; i++) sink = malloc(MANY_BLOCK);
   } else if (argc == 3 && strcmp(argv[1], "churn") == 0) {
     return run_churn(argv[2]);
+  } else if (argc == 2 && strcmp(argv[1], "grow") == 0) {
+    return run_grow();
   } else {
-    fprintf(stderr, "usage: heap_workload deep DEPTH BYTES | many N | churn FILE\n");
+    fprintf(stderr, "usage: heap_workload deep DEPTH BYTES | many N | churn FILE | grow\n");
     return 2;
   }
   printf("ready %d\n", (int)getpid());

@@ -1,0 +1,467 @@
+// heapdump-collector --http against the engines that read it: Debian's Prometheus (scraping
+// /metrics, and each process as its own target through the service-discovery document) and
+// `go tool pprof` (reading Go's heap profile paths), with real programs under LD_PRELOAD, plus
+// the bearer token and hostile HTTP clients. Everything on 127.0.0.1.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+namespace hdtest {
+namespace {
+
+struct HttpReply {
+  int status = 0;  // 0: no answer
+  std::string headers, body;
+};
+
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends request as is and reads the answer until the server closes (HTTP/1.0).
+HttpReply Exchange(int port, const std::string &request) {
+  HttpReply reply;
+  int fd = Connect(port);
+  if (fd < 0) return reply;
+  timeval timeout = {60, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  size_t sent = 0;
+  while (sent < request.size()) {
+    ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string all;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+  close(fd);
+  size_t end = all.find("\r\n\r\n");
+  if (all.rfind("HTTP/1.", 0) != 0 || end == std::string::npos) return reply;
+  reply.status = atoi(all.c_str() + 9);
+  reply.headers = all.substr(0, end);
+  reply.body = all.substr(end + 4);
+  return reply;
+}
+
+HttpReply Get(int port, const std::string &path, const std::string &extra_headers = "") {
+  return Exchange(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1:" + std::to_string(port) +
+                            "\r\n" + extra_headers + "\r\n");
+}
+
+// A port nothing listens on now (for Prometheus, which must be told one).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The port the collector chose for --http 127.0.0.1:0, from its log.
+int HttpPort(const Collector &collector) {
+  std::smatch m;
+  std::string log;
+  for (int i = 0; i < 500; i++) {
+    log = collector.Log();
+    if (std::regex_search(log, m, std::regex("serving HTTP on 127\\.0\\.0\\.1:([0-9]+)"))) {
+      return std::stoi(m[1]);
+    }
+    usleep(10000);
+  }
+  ADD_FAILURE() << "no HTTP port in the log: " << log;
+  return -1;
+}
+
+// The value of the sample of metric with labels exactly `labels` in an exposition; -1 if none.
+long long Sample(const std::string &exposition, const std::string &metric,
+                 const std::string &labels) {
+  const std::string prefix = metric + labels + " ";
+  for (const std::string &line : Lines(exposition)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size()));
+  }
+  return -1;
+}
+
+uint64_t LiveBytes(const std::string &socket, pid_t pid) {
+  auto selector = ByPid(pid);
+  auto r = TakeLiveSnapshot(socket, &selector);
+  EXPECT_EQ(r->status, HD_OK);
+  const hd_snapshot *s = r->only();
+  if (s == nullptr) return 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < s->allocation_count; i++) bytes += s->allocations[i].size;
+  return bytes;
+}
+
+class HttpTest : public ::testing::Test {
+ protected:
+  std::string dir = TempDir("http");
+  RemoveWhenPassed cleanup{dir};
+  Collector collector{dir};
+  int port = -1;
+  void StartCollector(std::vector<std::string> extra = {}) {
+    collector.args = {"--http", "127.0.0.1:0"};
+    collector.args.insert(collector.args.end(), extra.begin(), extra.end());
+    collector.Start();
+    port = HttpPort(collector);
+  }
+  std::string Labels(pid_t pid) {
+    return "{pid=\"" + std::to_string(pid) + "\",process=\"heap_workload\"}";
+  }
+};
+
+// A workload that grows and frees on command ("grow N": N blocks of 1000 bytes in grow_site).
+struct Grower {
+  Workload w;
+  explicit Grower(const std::string &socket) : w(socket, {"grow"}) {}
+  void Do(const std::string &command) {
+    w.program->Send(command);
+    EXPECT_EQ(w.program->ReadLine(), "ok");
+  }
+};
+
+// /metrics has each process's counters, equal to what a snapshot of it shows, as it grows and
+// frees; a process that exited leaves the exposition.
+TEST_F(HttpTest, MetricsFollowTheHeapAndForgetExitedProcesses) {
+  StartCollector();
+  Grower g(collector.socket);
+  for (const char *command : {"grow 300", "free", "grow 50"}) {
+    g.Do(command);
+    HttpReply r = Get(port, "/metrics");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.headers.find("text/plain; version=0.0.4"), std::string::npos) << r.headers;
+    const long long live = Sample(r.body, "heapdump_live_bytes", Labels(g.w.pid));
+    EXPECT_EQ(live, static_cast<long long>(LiveBytes(collector.socket, g.w.pid))) << command;
+    EXPECT_GE(Sample(r.body, "heapdump_allocated_blocks_total", Labels(g.w.pid)), 300);
+    EXPECT_GE(Sample(r.body, "heapdump_peak_live_bytes", Labels(g.w.pid)), 300000);
+    EXPECT_EQ(Sample(r.body, "heapdump_collector_processes", ""), 1);
+    EXPECT_NE(r.body.find("# TYPE heapdump_freed_bytes_total counter"), std::string::npos);
+  }
+  HttpReply one = Get(port, "/process/" + std::to_string(g.w.pid) + "/metrics");
+  ASSERT_EQ(one.status, 200);
+  EXPECT_EQ(Sample(one.body, "heapdump_live_bytes", Labels(g.w.pid)),
+            static_cast<long long>(LiveBytes(collector.socket, g.w.pid)));
+  EXPECT_EQ(one.body.find("heapdump_collector_"), std::string::npos);
+  const pid_t gone = g.w.pid;
+  EXPECT_EQ(g.w.program->Finish(), 0);
+  EXPECT_TRUE(WaitUntil([&] {
+    return Get(port, "/metrics").body.find("pid=\"" + std::to_string(gone) + "\"") ==
+           std::string::npos;
+  }));
+  HttpReply missing = Get(port, "/process/" + std::to_string(gone) + "/metrics");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.body, "no process " + std::to_string(gone) + " is profiled here\n");
+}
+
+// What `go tool pprof -raw` prints of a profile: per leaf function, the four values of Go's heap
+// profile (alloc_objects, alloc_space, inuse_objects, inuse_space), and whether every location
+// has a mapping.
+struct RawProfile {
+  int status = -1;
+  std::string out;
+  std::map<std::string, std::vector<long long>> by_leaf;
+  bool every_location_mapped = true;
+  std::string sample_types;
+};
+
+RawProfile GoPprofRaw(const std::string &source, const std::string &home) {
+  RawProfile p;
+  ShellOutput o = RunShell("go tool pprof -raw '" + source + "' 2>&1", home,
+                           {"HOME=" + home, "PATH=/usr/lib/go/bin:/usr/bin:/bin",
+                            "GOCACHE=" + home + "/gocache", "PPROF_TMPDIR=" + home});
+  p.status = o.status;
+  p.out = o.out;
+  std::map<int, std::string> functions;
+  std::vector<std::pair<std::vector<long long>, int>> samples;
+  enum { kNone, kSamples, kLocations } section = kNone;
+  std::smatch m;
+  const std::regex sample("^\\s*(\\d+)\\s+(\\d+)\\s+(\\d+)\\s+(\\d+): (\\d+)");
+  const std::regex location("^\\s+(\\d+): 0x[0-9a-f]+ (M=\\d+ )?(\\S+)");
+  for (const std::string &line : Lines(o.out)) {
+    if (line == "Samples:") {
+      section = kSamples;
+    } else if (line == "Locations") {
+      section = kLocations;
+    } else if (line == "Mappings") {
+      section = kNone;
+    } else if (section == kSamples && line.find("alloc_objects") != std::string::npos) {
+      p.sample_types = line;
+    } else if (section == kSamples && std::regex_search(line, m, sample)) {
+      samples.push_back({{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4])},
+                         std::stoi(m[5])});
+    } else if (section == kLocations && std::regex_search(line, m, location)) {
+      functions[std::stoi(m[1])] = m[3];
+      if (!m[2].matched) p.every_location_mapped = false;
+    }
+  }
+  for (const auto &[values, leaf] : samples) {
+    auto &sum = p.by_leaf[functions[leaf]];
+    sum.resize(4);
+    for (size_t i = 0; i < 4; i++) sum[i] += values[i];
+  }
+  return p;
+}
+
+// go tool pprof reads the profile straight from the collector: the known site exact, in Go's
+// shape, with a mapping behind every location, from ?pid= and from the per-process paths.
+TEST_F(HttpTest, GoToolPprofReadsTheKnownSitesFromEveryPath) {
+  StartCollector();
+  Grower g(collector.socket);
+  g.Do("grow 300");
+  g.Do("free");
+  g.Do("grow 120");
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  const std::string pid = std::to_string(g.w.pid);
+  const std::vector<std::string> paths = {"/debug/pprof/heap?pid=" + pid,
+                                          "/debug/pprof/allocs?pid=" + pid,
+                                          "/debug/pprof/heap",
+                                          "/process/" + pid + "/debug/pprof/heap",
+                                          "/process/" + pid + "/debug/pprof/allocs",
+                                          "/name/heap_workload/debug/pprof/allocs"};
+  for (const std::string &path : paths) {
+    RawProfile p = GoPprofRaw(base + path, dir);
+    ASSERT_EQ(p.status, 0) << path << ": " << p.out;
+    EXPECT_NE(p.sample_types.find("alloc_objects/count alloc_space/bytes inuse_objects/count "
+                                  "inuse_space/bytes[dflt]"),
+              std::string::npos)
+        << p.out;
+    EXPECT_EQ(p.by_leaf["grow_site"], (std::vector<long long>{420, 420000, 120, 120000}))
+        << path << ": " << p.out;
+    EXPECT_TRUE(p.every_location_mapped) << p.out;
+  }
+  HttpReply unknown = Get(port, "/debug/pprof/heap?pid=999999");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(unknown.body, "no process 999999 is profiled here\n");
+  Grower other(collector.socket);
+  HttpReply which = Get(port, "/debug/pprof/heap");
+  EXPECT_EQ(which.status, 400);
+  EXPECT_EQ(which.body, "2 processes are profiled here: add ?pid=PID (see /debug/pprof/)\n");
+  HttpReply by_name = Get(port, "/name/heap_workload/debug/pprof/heap");
+  EXPECT_EQ(by_name.status, 409) << by_name.body;
+  HttpReply index = Get(port, "/debug/pprof/");
+  ASSERT_EQ(index.status, 200);
+  for (pid_t each : {g.w.pid, other.w.pid}) {
+    EXPECT_NE(index.body.find("/process/" + std::to_string(each) + "/debug/pprof/heap"),
+              std::string::npos)
+        << index.body;
+  }
+}
+
+// Stored snapshots over HTTP: the list is `heapdump list --json`'s, and each one reads as a
+// profile; an unknown id is a 404.
+TEST_F(HttpTest, StoredSnapshotsAreListedAndServedAsProfiles) {
+  StartCollector();
+  Child child(collector.socket, "stored-for-http");
+  ASSERT_EQ(child.snapshot_rc, 0);
+  HttpReply list = Get(port, "/api/v1/snapshots");
+  ASSERT_EQ(list.status, 200);
+  ShellOutput cli = RunShell(std::string(HD_CLI) + " list --json", dir,
+                             {"HEAPDUMP_SOCKET=" + collector.socket, "PATH=/usr/bin:/bin"});
+  ASSERT_EQ(cli.status, 0) << cli.out;
+  EXPECT_EQ(list.body, cli.out);
+  const uint32_t id = StoredId(List(collector.socket), "stored-for-http");
+  ASSERT_NE(id, 0u);
+  RawProfile p = GoPprofRaw(
+      "http://127.0.0.1:" + std::to_string(port) + "/api/v1/snapshots/" + std::to_string(id), dir);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_EQ(p.by_leaf["alpha_leaks"][3], 1000) << p.out;
+  HttpReply unknown = Get(port, "/api/v1/snapshots/4000000");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_EQ(unknown.body, "no stored snapshot 4000000\n");
+  child.Finish();
+}
+
+// With a token file, every request needs the token; an address that is not loopback is refused
+// without one, at start, saying why.
+TEST_F(HttpTest, ATokenGuardsEveryRequestAndAPublicAddressNeedsOne) {
+  WriteFile(dir + "/token", "s3cret-token\n");
+  StartCollector({"--http-token-file", dir + "/token"});
+  for (const std::string path :
+       {"/metrics", "/targets", "/debug/pprof/heap", "/api/v1/snapshots"}) {
+    EXPECT_EQ(Get(port, path).status, 401) << path;
+    EXPECT_EQ(Get(port, path, "Authorization: Bearer wrong-token!\r\n").status, 401) << path;
+    EXPECT_EQ(Get(port, path, "Authorization: Bearer s3cret-token\r\n").status,
+              path == "/debug/pprof/heap" ? 404 : 200)
+        << path;  // no process is profiled: a 404 past the token
+  }
+  EXPECT_NE(Get(port, "/metrics").headers.find("WWW-Authenticate: Bearer"), std::string::npos);
+
+  Collector open_to_all(dir + "/public");
+  ShellOutput refused =
+      RunShell(std::string(HD_COLLECTOR) + " --foreground --socket " + dir +
+                   "/public.sock --storage " + dir + "/public-storage --http 0.0.0.0:0",
+               dir, {"PATH=/usr/bin:/bin"});
+  EXPECT_EQ(refused.status, 1) << refused.out;
+  EXPECT_NE(refused.out.find("--http 0.0.0.0:0 is not a loopback address: give "
+                             "--http-token-file FILE"),
+            std::string::npos)
+      << refused.out;
+}
+
+size_t OpenDescriptors(pid_t pid) {
+  size_t n = 0;
+  DIR *d = opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (d == nullptr) return 0;
+  while (readdir(d) != nullptr) n++;
+  closedir(d);
+  return n;
+}
+
+// A thousand connections at once, a client that sends half a request and waits, a 1 MB header
+// and garbage: the collector stays within its limits and keeps registering processes and
+// serving snapshots on its socket, and HTTP again once they are gone.
+TEST_F(HttpTest, HostileHttpClientsDoNotStopTheCollector) {
+  StartCollector();
+  HttpReply huge =
+      Exchange(port, "GET /metrics HTTP/1.0\r\nX-Big: " + std::string(1 << 20, 'a') + "\r\n\r\n");
+  HttpReply garbage =
+      Exchange(port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11) +
+                         std::string(4096, '\xff') + "\r\n\r\n");
+  std::vector<int> held;
+  for (int i = 0; i < 1000; i++) {
+    int fd = Connect(port);
+    if (fd >= 0) held.push_back(fd);
+  }
+  int slow = Connect(port);
+  ASSERT_GE(slow, 0);
+  ASSERT_EQ(send(slow, "GET /metr", 9, MSG_NOSIGNAL), 9);
+  // Meanwhile a process registers and is served on the socket.
+  Grower g(collector.socket);
+  g.Do("grow 10");
+  const uint64_t live = LiveBytes(collector.socket, g.w.pid);
+  EXPECT_GE(live, 10000u);
+  EXPECT_LT(OpenDescriptors(collector.pid), 200u) << "connections beyond the limit are refused";
+  EXPECT_EQ(huge.status, 431) << huge.headers;      // Request Header Fields Too Large
+  EXPECT_EQ(garbage.status, 0) << garbage.headers;  // not HTTP: the connection is closed
+  for (int fd : held) close(fd);
+  close(slow);
+  EXPECT_TRUE(WaitUntil([&] { return Get(port, "/metrics").status == 200; }));
+  EXPECT_EQ(Sample(Get(port, "/metrics").body, "heapdump_live_bytes", Labels(g.w.pid)),
+            static_cast<long long>(live));
+  EXPECT_EQ(g.w.program->Finish(), 0);
+}
+
+// ---- Prometheus ----
+
+struct Prometheus {
+  std::unique_ptr<Program> program;
+  int port = FreePort();
+  Prometheus(const std::string &dir, const std::string &config) {
+    WriteFile(dir + "/prometheus.yml", config);
+    program = std::make_unique<Program>(
+        std::vector<std::string>{"/usr/bin/prometheus", "--config.file=" + dir + "/prometheus.yml",
+                                 "--storage.tsdb.path=" + dir + "/tsdb",
+                                 "--web.listen-address=127.0.0.1:" + std::to_string(port),
+                                 "--log.level=warn"},
+        std::vector<std::string>{});
+  }
+  ~Prometheus() { program->Kill(); }
+  // The values of an instant query's series, by the value of label `by`.
+  std::map<std::string, std::string> Query(const std::string &promql, const std::string &by) {
+    std::string escaped;
+    for (unsigned char c : promql) {
+      char hex[4];
+      snprintf(hex, sizeof hex, "%%%02X", c);
+      escaped += isalnum(c) ? std::string(1, static_cast<char>(c)) : std::string(hex);
+    }
+    HttpReply r = Get(port, "/api/v1/query?query=" + escaped);
+    std::map<std::string, std::string> out;
+    const std::regex series("\"" + by +
+                            "\":\"([^\"]*)\"[^\\]]*\"value\":\\[[0-9.]+,\"([^\"]+)\"\\]");
+    for (auto it = std::sregex_iterator(r.body.begin(), r.body.end(), series);
+         it != std::sregex_iterator(); ++it) {
+      out[(*it)[1]] = (*it)[2];
+    }
+    return out;
+  }
+};
+
+// Prometheus scrapes /metrics: heapdump_live_bytes of a process equals a snapshot's live bytes
+// after it grows and after it frees, and the process's series ends when it exits. Through the
+// discovery document, each process is a target of its own.
+TEST_F(HttpTest, PrometheusScrapesTheHeapAndEachProcessAsItsOwnTarget) {
+  StartCollector();
+  Grower a(collector.socket), b(collector.socket);
+  const std::string collector_at = "127.0.0.1:" + std::to_string(port);
+  Prometheus prometheus(dir,
+                        "global:\n  scrape_interval: 1s\n"
+                        "scrape_configs:\n"
+                        "  - job_name: heapdump\n"
+                        "    static_configs:\n"
+                        "      - targets: ['" +
+                            collector_at +
+                            "']\n"
+                            "  - job_name: heapdump-processes\n"
+                            "    honor_labels: true\n"
+                            "    http_sd_configs:\n"
+                            "      - url: http://" +
+                            collector_at +
+                            "/targets\n"
+                            "        refresh_interval: 1s\n");
+  auto live_of = [&](pid_t pid, const std::string &job) {
+    auto v = prometheus.Query(
+        "heapdump_live_bytes{job=\"" + job + "\",pid=\"" + std::to_string(pid) + "\"}", "pid");
+    return v.count(std::to_string(pid)) ? std::stoll(v[std::to_string(pid)]) : -1;
+  };
+  for (const char *command : {"grow 200", "free"}) {
+    a.Do(command);
+    const long long expected = static_cast<long long>(LiveBytes(collector.socket, a.w.pid));
+    EXPECT_TRUE(WaitUntil([&] { return live_of(a.w.pid, "heapdump") == expected; }, 60))
+        << command << ": " << live_of(a.w.pid, "heapdump") << " != " << expected;
+  }
+  // Each process its own target (up{job="heapdump-processes"} per pid), scraped at its path.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto up = prometheus.Query("up{job=\"heapdump-processes\"}", "pid");
+        return up.size() == 2 && up[std::to_string(a.w.pid)] == "1" &&
+               up[std::to_string(b.w.pid)] == "1";
+      },
+      60));
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return live_of(a.w.pid, "heapdump-processes") ==
+               static_cast<long long>(LiveBytes(collector.socket, a.w.pid));
+      },
+      60));
+  const pid_t gone = b.w.pid;
+  EXPECT_EQ(b.w.program->Finish(), 0);
+  EXPECT_TRUE(WaitUntil([&] { return live_of(gone, "heapdump") == -1; }, 60));
+  EXPECT_TRUE(WaitUntil(
+      [&] { return prometheus.Query("up{job=\"heapdump-processes\"}", "pid").size() == 1; }, 60));
+  EXPECT_EQ(a.w.program->Finish(), 0);
+}
+
+}  // namespace
+}  // namespace hdtest
