@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collector_internal.h"
@@ -39,6 +41,10 @@
 #define CONNECTION_TIMEOUT_SECONDS 30
 #define REQUEST_MEMORY_BYTES (32 * 1024)
 #define MAX_TOKEN_BYTES 4096
+/* Profiles made at once: each holds its snapshot in the collector's memory while it is written
+ * (about 90 MB at 10^6 blocks), so more requests wait their turn, up to PROFILE_WAIT_SECONDS. */
+#define MAX_PROFILES_AT_ONCE 2
+#define PROFILE_WAIT_SECONDS 60
 
 struct hd_http {
   hd_collector *c;
@@ -46,6 +52,7 @@ struct hd_http {
   char token[MAX_TOKEN_BYTES + 1]; /* "": no token needed */
   size_t token_size;
   char address[128]; /* as given: the targets of the discovery document without a Host */
+  sem_t profiles;    /* MAX_PROFILES_AT_ONCE */
 };
 
 /* ---- the address and the token ---- */
@@ -442,12 +449,22 @@ static int write_profile(const hd_reassembler *r, char *why, size_t why_size) {
 
 static enum MHD_Result serve_profile(hd_http *h, struct MHD_Connection *conn, bool stored,
                                      pid_t pid, uint32_t id, const char *filename) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += PROFILE_WAIT_SECONDS;
+  int waited;
+  while ((waited = sem_timedwait(&h->profiles, &until)) != 0 && errno == EINTR) continue;
+  if (waited != 0) {
+    return respond_line(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+                        "too many profiles are being made: try again later");
+  }
   hd_reassembler r;
   hd_reassembler_init(&r);
   char why[400];
   unsigned status = receive_snapshot(h, stored, pid, id, &r, why, sizeof why);
   int fd = status == 0 ? write_profile(&r, why, sizeof why) : -1;
   hd_reassembler_destroy(&r);
+  sem_post(&h->profiles);
   if (status != 0) return respond_line(conn, status, "%s", why);
   if (fd < 0) return respond_line(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "%s", why);
   const off_t size = lseek(fd, 0, SEEK_END);
@@ -710,6 +727,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     return respond_line(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET is served");
   }
+  if (atomic_load(&h->c->stop_requested)) {
+    return respond_line(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the collector is stopping");
+  }
   return route(h, conn, url);
 }
 
@@ -727,6 +747,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
   hd_http *h = calloc(1, sizeof *h);
   if (h == NULL) return -ENOMEM;
   h->c = c;
+  sem_init(&h->profiles, 0, MAX_PROFILES_AT_ONCE);
   snprintf(h->address, sizeof h->address, "%s", address);
   struct sockaddr_storage where;
   socklen_t where_size;
@@ -740,6 +761,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
     rc = -EPERM;
   }
   if (rc != 0) {
+    sem_destroy(&h->profiles);
     free(h);
     return rc;
   }
@@ -761,6 +783,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
   if (h->daemon == NULL) {
     snprintf(error, error_size, "--http %s: cannot listen there (%s)", address,
              start_errno ? strerror(start_errno) : "libmicrohttpd refused");
+    sem_destroy(&h->profiles);
     free(h);
     return -EADDRNOTAVAIL;
   }
@@ -780,6 +803,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
 void hd_http_stop(hd_http *h) {
   if (h == NULL) return;
   MHD_stop_daemon(h->daemon);
+  sem_destroy(&h->profiles);
   explicit_bzero(h->token, sizeof h->token);
   free(h);
 }

@@ -375,6 +375,16 @@ TEST_F(HttpTest, HostileHttpClientsDoNotStopTheCollector) {
 
 // ---- Prometheus ----
 
+std::string UrlEscape(const std::string &text) {
+  std::string escaped;
+  for (unsigned char c : text) {
+    char hex[4];
+    snprintf(hex, sizeof hex, "%%%02X", c);
+    escaped += isalnum(c) ? std::string(1, static_cast<char>(c)) : std::string(hex);
+  }
+  return escaped;
+}
+
 struct Prometheus {
   std::unique_ptr<Program> program;
   int port = FreePort();
@@ -390,13 +400,7 @@ struct Prometheus {
   ~Prometheus() { program->Kill(); }
   // The values of an instant query's series, by the value of label `by`.
   std::map<std::string, std::string> Query(const std::string &promql, const std::string &by) {
-    std::string escaped;
-    for (unsigned char c : promql) {
-      char hex[4];
-      snprintf(hex, sizeof hex, "%%%02X", c);
-      escaped += isalnum(c) ? std::string(1, static_cast<char>(c)) : std::string(hex);
-    }
-    HttpReply r = Get(port, "/api/v1/query?query=" + escaped);
+    HttpReply r = Get(port, "/api/v1/query?query=" + UrlEscape(promql));
     std::map<std::string, std::string> out;
     const std::regex series("\"" + by +
                             "\":\"([^\"]*)\"[^\\]]*\"value\":\\[[0-9.]+,\"([^\"]+)\"\\]");
@@ -461,6 +465,133 @@ TEST_F(HttpTest, PrometheusScrapesTheHeapAndEachProcessAsItsOwnTarget) {
   EXPECT_TRUE(WaitUntil(
       [&] { return prometheus.Query("up{job=\"heapdump-processes\"}", "pid").size() == 1; }, 60));
   EXPECT_EQ(a.w.program->Finish(), 0);
+}
+
+// ---- docs/fleet.md as written ----
+
+// The lines of the first indented code block after the line starting with `heading` in
+// docs/fleet.md.
+std::vector<std::string> DocBlock(const std::string &heading) {
+  const std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/fleet.md");
+  std::vector<std::string> lines;
+  bool in_section = false;
+  for (const std::string &line : Lines(doc)) {
+    if (line.rfind(heading, 0) == 0) in_section = true;
+    if (!in_section) continue;
+    if (line.rfind("    ", 0) == 0) {
+      lines.push_back(line.substr(4));
+    } else if (!lines.empty()) {
+      break;
+    }
+  }
+  return lines;
+}
+
+// The first ```yaml block after the line starting with `heading` in docs/fleet.md.
+std::string DocYaml(const std::string &heading) {
+  const std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/fleet.md");
+  size_t at = doc.find("\n" + heading);
+  size_t start = at == std::string::npos ? at : doc.find("```yaml\n", at);
+  size_t end = start == std::string::npos ? start : doc.find("```\n", start + 8);
+  EXPECT_NE(end, std::string::npos) << heading;
+  return end == std::string::npos ? "" : doc.substr(start + 8, end - start - 8);
+}
+
+std::string Replace(std::string text, const std::string &from, const std::string &to) {
+  for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, from.size(), to);
+  return text;
+}
+
+// docs/fleet.md's lines as a user runs them: the collector on 127.0.0.1:9464, redis-server
+// preloaded, curl and go tool pprof on it; its Prometheus configuration run by Prometheus (a 1 s
+// scrape interval instead of 15 s, so that the test is quick), its rules file checked by
+// promtool and its PromQL asked of that Prometheus.
+TEST_F(HttpTest, FleetDocRunsAsWritten) {
+  const std::vector<std::string> start = DocBlock("## Turning it on");
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_EQ(start[0], "heapdump-collector --http 127.0.0.1:9464");
+  const std::vector<std::string> lines = DocBlock("A program is profiled the usual way");
+  ASSERT_EQ(lines.size(), 4u);
+  const std::string bin_dirs = Replace(HD_COLLECTOR, "/heapdump-collector", "");
+  const std::vector<std::string> env = {
+      "PATH=" + bin_dirs + ":/usr/lib/go/bin:/usr/bin:/bin",
+      "HEAPDUMP_SOCKET=" + collector.socket,
+      "XDG_STATE_HOME=" + dir + "/state",
+      "HOME=" + dir,
+      "GOCACHE=" + dir + "/gocache",
+  };
+  const std::string wait_for_redis =
+      "for i in $(seq 200); do curl -s http://127.0.0.1:9464/targets | grep -q redis-server && "
+      "break; sleep 0.05; done\n";
+  // The server's output goes to a file: the test reads the script's output to its end, which
+  // a server holding it would never give.
+  ASSERT_EQ(lines[0].substr(lines[0].size() - 2), " &");
+  std::string script = start[0] + "\n" +
+                       Replace(lines[0].substr(0, lines[0].size() - 2),
+                               "/usr/local/lib/libheapdump.so", HD_PRELOAD_LIB) +
+                       " >redis.log 2>&1 &\nredis=$!\necho $redis >redis.pid\n" + wait_for_redis;
+  for (size_t i = 1; i < lines.size(); i++) {
+    script += "echo '=== " + std::to_string(i) + "'\n" + lines[i] + "\n";
+  }
+  script += "echo '=== pprof'\n";
+  const std::vector<std::string> pprof_lines = DocBlock("## go tool pprof");
+  ASSERT_EQ(pprof_lines.size(), 2u);
+  for (const std::string &line : pprof_lines) {
+    // The example pid is redis's: inside the line's single quotes, by closing them around it.
+    const bool quoted = line.find('\'') != std::string::npos;
+    script += Replace(line, "4242", quoted ? "'\"$redis\"'" : "$redis") + "\n";
+  }
+  // Whatever happens, nothing the lines started outlives the test.
+  struct Cleanup {
+    std::string dir;
+    std::vector<std::string> env;
+    ~Cleanup() {
+      RunShell(
+          "pid=$(cat redis.pid); kill $pid 2>/dev/null || true\n"
+          "for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done\n"
+          "heapdump-collector --stop || true",
+          dir, env);
+    }
+  } cleanup{dir, env};
+  ShellOutput o = RunShell(script, dir, env);
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("heapdump_live_bytes{pid=\""), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("process=\"redis-server\"}"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("\"service_name\":\"redis-server\""), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("Type: inuse_space"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("Type: alloc_space"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("Showing nodes accounting for"), std::string::npos) << o.out;
+
+  // Prometheus with the doc's configuration, against that collector and redis.
+  const std::string config = DocYaml("## Prometheus");
+  ASSERT_NE(config.find("scrape_interval: 15s"), std::string::npos) << config;
+  Prometheus prometheus(dir, Replace(config, "scrape_interval: 15s", "scrape_interval: 1s"));
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return prometheus
+                       .Query("heapdump_live_bytes{job=\"heapdump\",process=\"redis-server\"}",
+                              "process")
+                       .size() == 1 &&
+               prometheus.Query("up{job=\"heapdump-processes\",process=\"redis-server\"}",
+                                "process")["redis-server"] == "1";
+      },
+      60));
+  const std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/fleet.md");
+  std::smatch m;
+  size_t queries = 0;
+  for (auto it = doc.cbegin(); std::regex_search(it, doc.cend(), m, std::regex(":\n  `([^`]+)`"));
+       it = m[0].second) {
+    HttpReply r = Get(prometheus.port, "/api/v1/query?query=" + UrlEscape(m[1]));
+    EXPECT_EQ(r.status, 200) << m[1] << ": " << r.body;
+    EXPECT_NE(r.body.find("\"status\":\"success\""), std::string::npos) << m[1] << ": " << r.body;
+    queries++;
+  }
+  EXPECT_EQ(queries, 4u);
+  WriteFile(dir + "/heapdump-rules.yml", DocYaml("An alert on steady growth"));
+  ShellOutput rules = RunShell("promtool check rules heapdump-rules.yml", dir, env);
+  EXPECT_EQ(rules.status, 0) << rules.out;
+  ShellOutput stop = RunShell("heapdump-collector --stop", dir, env);
+  EXPECT_EQ(stop.status, 0) << stop.out;
 }
 
 }  // namespace

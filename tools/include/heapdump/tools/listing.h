@@ -26,10 +26,9 @@ typedef struct hd_listing_item {
   uint64_t stored_bytes;
 } hd_listing_item;
 
-/* Writes the items as a JSON array ending in a newline:
- * [{"id":1,"name":"…","process_name":"…","pid":4242,"taken_at":"2026-11-24T09:31:05.412Z",
- * "taken_at_unix_ns":…,"live_bytes":…,"live_blocks":…,"stored_bytes":…}, …], the time and live
- * totals null where unknown. */
+/* Writes the items as a JSON array ending in a newline: [{"id":1,"name":…,"process_name":…,
+ * "pid":4242,"taken_at":"2026-11-24T09:31:05.412Z","taken_at_unix_ns":…,"live_bytes":…,
+ * "live_blocks":…,"stored_bytes":…}, …], the time and live totals null where unknown. */
 void hd_listing_write_json(FILE *out, const hd_listing_item *items, size_t count);
 
 /* unix_ns as local time for people (2026-11-24 10:31:05), or as UTC RFC 3339 with milliseconds
