@@ -231,17 +231,44 @@ static pid_t parse_pid(const char *text, size_t length) {
 
 /* ---- /metrics ---- */
 
-/* A label value in the exposition format: backslash, double quote and line feed escaped. */
-static void put_label_value(FILE *f, const char *s) {
-  for (; *s; s++) {
+/* The length of the valid UTF-8 sequence at s (1 to 4), or 0 if the bytes there are not one:
+ * Prometheus and JSON readers refuse a whole document over one bad byte, and a process chooses
+ * its own name. */
+static size_t utf8_sequence(const unsigned char *s) {
+  if (s[0] < 0x80) return 1;
+  size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+  if (n == 0 || (n == 3 && s[0] > 0xef)) return 0;
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  }
+  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) ||
+      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] > 0x8f)) {
+    return 0; /* overlong, a surrogate, or past U+10FFFF */
+  }
+  return n;
+}
+
+#define REPLACEMENT_CHARACTER "\xef\xbf\xbd"
+
+/* A label value in the exposition format: backslash, double quote and line feed escaped, bytes
+ * that are not UTF-8 replaced. */
+static void put_label_value(FILE *f, const char *text) {
+  for (const unsigned char *s = (const unsigned char *)text; *s;) {
+    const size_t n = utf8_sequence(s);
+    if (n == 0) {
+      fputs(REPLACEMENT_CHARACTER, f);
+      s++;
+      continue;
+    }
     if (*s == '\\' || *s == '"') {
       fputc('\\', f);
       fputc(*s, f);
     } else if (*s == '\n') {
       fputs("\\n", f);
     } else {
-      fputc(*s, f);
+      fwrite(s, 1, n, f);
     }
+    s += n;
   }
 }
 
@@ -573,18 +600,26 @@ static enum MHD_Result serve_index(hd_http *h, struct MHD_Connection *conn) {
   return document_send(&d, conn, "text/html; charset=utf-8");
 }
 
-static void put_json_string(FILE *f, const char *s) {
+/* A JSON string: quotes, backslashes and control characters escaped, bytes that are not UTF-8
+ * replaced. */
+static void put_json_string(FILE *f, const char *text) {
   fputc('"', f);
-  for (; *s; s++) {
-    const unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\') {
-      fputc('\\', f);
-      fputc(ch, f);
-    } else if (ch < 0x20) {
-      fprintf(f, "\\u%04x", ch);
-    } else {
-      fputc(ch, f);
+  for (const unsigned char *s = (const unsigned char *)text; *s;) {
+    const size_t n = utf8_sequence(s);
+    if (n == 0) {
+      fputs(REPLACEMENT_CHARACTER, f);
+      s++;
+      continue;
     }
+    if (*s == '"' || *s == '\\') {
+      fputc('\\', f);
+      fputc(*s, f);
+    } else if (*s < 0x20) {
+      fprintf(f, "\\u%04x", *s);
+    } else {
+      fwrite(s, 1, n, f);
+    }
+    s += n;
   }
   fputc('"', f);
 }

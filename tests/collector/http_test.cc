@@ -185,6 +185,29 @@ TEST_F(HttpTest, MetricsFollowTheHeapAndForgetExitedProcesses) {
   EXPECT_EQ(missing.body, "no process " + std::to_string(gone) + " is profiled here\n");
 }
 
+// A process chooses its own name: one with a quote, a backslash, a line feed and a byte that is
+// not UTF-8 leaves /metrics a valid exposition (promtool checks it) and /targets valid JSON.
+TEST_F(HttpTest, AHostileProcessNameLeavesTheDocumentsValid) {
+  StartCollector();
+  ChildOptions named;
+  named.path = dir + "/q\"b\\n\nx\xff";
+  ASSERT_EQ(symlink(HD_CHILD, named.path.c_str()), 0);
+  Child child(collector.socket, named);
+  const std::string metrics = Get(port, "/metrics").body;
+  EXPECT_NE(metrics.find("process=\"q\\\"b\\\\n\\nx\xef\xbf\xbd\"}"), std::string::npos) << metrics;
+  WriteFile(dir + "/metrics.txt", metrics);
+  ShellOutput lint = RunShell("promtool check metrics < metrics.txt", dir, {"PATH=/usr/bin:/bin"});
+  EXPECT_EQ(lint.status, 0) << lint.out;
+  WriteFile(dir + "/targets.json", Get(port, "/targets").body);
+  ShellOutput json = RunShell(
+      "python3 -c 'import json; t = json.load(open(\"targets.json\")); "
+      "print(t[0][\"labels\"][\"process\"].encode())'",
+      dir, {"PATH=/usr/bin:/bin"});
+  EXPECT_EQ(json.status, 0) << json.out;
+  EXPECT_EQ(json.out, "b'q\"b\\\\n\\nx\\xef\\xbf\\xbd'\n");
+  child.Finish();
+}
+
 // What `go tool pprof -raw` prints of a profile: per leaf function, the four values of Go's heap
 // profile (alloc_objects, alloc_space, inuse_objects, inuse_space), and whether every location
 // has a mapping.
