@@ -16,12 +16,14 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -31,6 +33,7 @@
 #include "heapdump/fidl/channel.h"
 #include "heapdump/tools/listing.h"
 #include "heapdump/tools/pprof.h"
+#include "heapdump/tools/report.h"
 #include "heapdump/tools/symbolize.h"
 
 /* Limits: connections at once (each has a thread while it lasts), per client address, how long
@@ -53,6 +56,13 @@ struct hd_http {
   size_t token_size;
   char address[128]; /* as given: the targets of the discovery document without a Host */
   sem_t profiles;    /* MAX_PROFILES_AT_ONCE */
+  /* The pprof writer's symbol caches (the demangler's) are one per process: profiles are
+   * received side by side, written one at a time. */
+  pthread_mutex_t write_lock;
+  /* The channels profiles are being received on, for a stop to cut off (-1: none). */
+  pthread_mutex_t receiving_lock;
+  int receiving[MAX_PROFILES_AT_ONCE];
+  atomic_bool stopping;
 };
 
 /* ---- the address and the token ---- */
@@ -149,6 +159,8 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, con
   if (status == MHD_HTTP_UNAUTHORIZED) {
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   }
+  if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
   const enum MHD_Result queued = MHD_queue_response(conn, status, r);
   MHD_destroy_response(r);
   return queued;
@@ -198,14 +210,14 @@ static enum MHD_Result document_send(document *d, struct MHD_Connection *conn, c
 
 /* ---- which processes ---- */
 
-/* The live processes (selector NULL: all), retained into a malloc'ed array; NULL (count 0) when
- * none or out of memory. */
-static hd_process **select_processes(hd_collector *c, const heapdump_client_ProcessSelector *sel,
-                                     size_t *count) {
+/* The live processes a request of view may see (selector NULL: all), retained into a malloc'ed
+ * array; NULL (count 0) when none or out of memory. */
+static hd_process **select_processes(hd_collector *c, uid_t view,
+                                     const heapdump_client_ProcessSelector *sel, size_t *count) {
   *count = 0;
   hd_process **list = malloc(HD_MAX_PROCESSES * sizeof *list);
   if (list == NULL) return NULL;
-  (void)hd_select_processes(c, 0, sel != NULL, sel, true, list, count);
+  (void)hd_select_processes(c, view, sel != NULL, sel, true, list, count);
   if (*count == 0) {
     free(list);
     return NULL;
@@ -231,32 +243,13 @@ static pid_t parse_pid(const char *text, size_t length) {
 
 /* ---- /metrics ---- */
 
-/* The length of the valid UTF-8 sequence at s (1 to 4), or 0 if the bytes there are not one:
- * Prometheus and JSON readers refuse a whole document over one bad byte, and a process chooses
- * its own name. */
-static size_t utf8_sequence(const unsigned char *s) {
-  if (s[0] < 0x80) return 1;
-  size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
-  if (n == 0 || (n == 3 && s[0] > 0xef)) return 0;
-  for (size_t i = 1; i < n; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-  }
-  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) ||
-      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] > 0x8f)) {
-    return 0; /* overlong, a surrogate, or past U+10FFFF */
-  }
-  return n;
-}
-
-#define REPLACEMENT_CHARACTER "\xef\xbf\xbd"
-
 /* A label value in the exposition format: backslash, double quote and line feed escaped, bytes
  * that are not UTF-8 replaced. */
 static void put_label_value(FILE *f, const char *text) {
   for (const unsigned char *s = (const unsigned char *)text; *s;) {
-    const size_t n = utf8_sequence(s);
+    const size_t n = hd_utf8_sequence(s);
     if (n == 0) {
-      fputs(REPLACEMENT_CHARACTER, f);
+      fputs(HD_UTF8_REPLACEMENT, f);
       s++;
       continue;
     }
@@ -369,12 +362,13 @@ static void put_collector_metrics(FILE *f, hd_collector *c, size_t processes) {
           atomic_load(&c->stored_streams_served), atomic_load(&c->warnings_logged));
 }
 
-static enum MHD_Result serve_metrics(hd_http *h, struct MHD_Connection *conn, pid_t only) {
+static enum MHD_Result serve_metrics(hd_http *h, struct MHD_Connection *conn, uid_t view,
+                                     pid_t only) {
   heapdump_client_ProcessSelector by_pid = {
       .which_selector = heapdump_client_ProcessSelector_by_koid_tag,
       .selector.by_koid = (uint64_t)only};
   size_t count;
-  hd_process **list = select_processes(h->c, only ? &by_pid : NULL, &count);
+  hd_process **list = select_processes(h->c, view, only ? &by_pid : NULL, &count);
   if (only != 0 && count == 0) {
     return respond_line(conn, MHD_HTTP_NOT_FOUND, "no process %d is profiled here", (int)only);
   }
@@ -384,17 +378,36 @@ static enum MHD_Result serve_metrics(hd_http *h, struct MHD_Connection *conn, pi
     return MHD_NO;
   }
   put_process_metrics(d.f, list, count);
-  if (only == 0) put_collector_metrics(d.f, h->c, count);
+  if (only == 0 && view == 0) put_collector_metrics(d.f, h->c, count);
   release_processes(list, count);
   return document_send(&d, conn, "text/plain; version=0.0.4; charset=utf-8");
 }
 
 /* ---- profiles ---- */
 
+/* Puts a channel being received on where a stop finds it; the slot's index. A stop that came
+ * first has cut off the others already: this one is cut off at once. */
+static int claim_receiving(hd_http *h, int fd) {
+  pthread_mutex_lock(&h->receiving_lock);
+  int slot = 0;
+  while (slot < MAX_PROFILES_AT_ONCE - 1 && h->receiving[slot] >= 0) slot++;
+  h->receiving[slot] = fd;
+  const bool stopping = atomic_load(&h->stopping);
+  pthread_mutex_unlock(&h->receiving_lock);
+  if (stopping) shutdown(fd, SHUT_RDWR);
+  return slot;
+}
+
+static void release_receiving(hd_http *h, int slot) {
+  pthread_mutex_lock(&h->receiving_lock);
+  h->receiving[slot] = -1;
+  pthread_mutex_unlock(&h->receiving_lock);
+}
+
 /* Takes a live snapshot of pid (stored false) or reads stored snapshot id into r, as a client
  * would; 0, or an HTTP status with a line in why. */
-static unsigned receive_snapshot(hd_http *h, bool stored, pid_t pid, uint32_t id, hd_reassembler *r,
-                                 char *why, size_t why_size) {
+static unsigned receive_snapshot(hd_http *h, uid_t view, bool stored, pid_t pid, uint32_t id,
+                                 hd_reassembler *r, char *why, size_t why_size) {
   int ends[2];
   hd_stream_job *job = calloc(1, sizeof *job);
   if (job == NULL || hd_channel_pair(ends) != HD_OK) {
@@ -404,7 +417,7 @@ static unsigned receive_snapshot(hd_http *h, bool stored, pid_t pid, uint32_t id
   }
   job->c = h->c;
   job->receiver = ends[1];
-  job->peer_uid = 0;        /* HTTP readers see every process the collector serves */
+  job->peer_uid = view;
   job->peer_pid = getpid(); /* all of HTTP is one client of the fair scheduler */
   job->stored = stored;
   job->stored_id = id;
@@ -418,9 +431,11 @@ static unsigned receive_snapshot(hd_http *h, bool stored, pid_t pid, uint32_t id
     int spill = open(P_tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
     if (spill >= 0) hd_reassembler_spill_contents(r, spill);
   }
+  const int slot = claim_receiving(h, ends[0]);
   hd_start_stream(job);
   uint32_t error = 0;
   hd_status status = hd_snapshot_receive(ends[0], !stored, r, &error);
+  release_receiving(h, slot);
   close(ends[0]);
   if (status == HD_OK && error == 0) status = hd_reassembler_finish(r);
   if (error == heapdump_client_CollectorError_STORED_SNAPSHOT_NOT_FOUND) {
@@ -445,8 +460,10 @@ static unsigned receive_snapshot(hd_http *h, bool stored, pid_t pid, uint32_t id
   return 0;
 }
 
-/* Writes r as Go's heap profile into a memory file; its descriptor, or -1 with why. */
-static int write_profile(const hd_reassembler *r, char *why, size_t why_size) {
+/* Writes r as Go's heap profile into a memory file, its default sample type `sample`; the
+ * descriptor, or -1 with why. */
+static int write_profile(hd_http *h, const hd_reassembler *r, hd_pprof_sample sample, char *why,
+                         size_t why_size) {
   int fd = memfd_create("heapdump-profile", MFD_CLOEXEC);
   int dup_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
   FILE *out = dup_fd >= 0 ? fdopen(dup_fd, "w") : NULL;
@@ -456,16 +473,19 @@ static int write_profile(const hd_reassembler *r, char *why, size_t why_size) {
     snprintf(why, why_size, "cannot make the profile: %s", strerror(errno));
     return -1;
   }
+  /* A root collector reads the modules an unprivileged process names: only files that process
+   * could not have written. */
+  const hd_symbolizer_options trust = {.trusted_files_only = geteuid() == 0};
   hd_symbolizer *symbolizer = NULL;
-  if (hd_symbolizer_create(NULL, &symbolizer) != 0) symbolizer = NULL;
-  hd_pprof_options options = {.symbolizer = symbolizer,
-                              .default_sample = HD_PPROF_INUSE_SPACE,
-                              .go_order = true,
-                              .final_symbols = true};
   char error[256] = "";
+  pthread_mutex_lock(&h->write_lock);
+  if (hd_symbolizer_create(&trust, &symbolizer) != 0) symbolizer = NULL;
+  hd_pprof_options options = {
+      .symbolizer = symbolizer, .default_sample = sample, .go_order = true, .final_symbols = true};
   int rc = hd_pprof_write(r, &options, out, error, sizeof error);
-  if (fclose(out) != 0 && rc == 0) rc = -EIO;
   if (symbolizer != NULL) hd_symbolizer_destroy(symbolizer);
+  pthread_mutex_unlock(&h->write_lock);
+  if (fclose(out) != 0 && rc == 0) rc = -EIO;
   if (rc != 0) {
     close(fd);
     snprintf(why, why_size, "cannot make the profile: %s", error[0] ? error : strerror(-rc));
@@ -474,8 +494,8 @@ static int write_profile(const hd_reassembler *r, char *why, size_t why_size) {
   return fd;
 }
 
-static enum MHD_Result serve_profile(hd_http *h, struct MHD_Connection *conn, bool stored,
-                                     pid_t pid, uint32_t id, const char *filename) {
+static enum MHD_Result serve_profile(hd_http *h, struct MHD_Connection *conn, uid_t view,
+                                     bool stored, pid_t pid, uint32_t id, const char *filename) {
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += PROFILE_WAIT_SECONDS;
@@ -485,11 +505,23 @@ static enum MHD_Result serve_profile(hd_http *h, struct MHD_Connection *conn, bo
     return respond_line(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
                         "too many profiles are being made: try again later");
   }
+  if (atomic_load(&h->stopping)) {
+    sem_post(&h->profiles);
+    return respond_line(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the collector is stopping");
+  }
   hd_reassembler r;
   hd_reassembler_init(&r);
   char why[400];
-  unsigned status = receive_snapshot(h, stored, pid, id, &r, why, sizeof why);
-  int fd = status == 0 ? write_profile(&r, why, sizeof why) : -1;
+  unsigned status = receive_snapshot(h, view, stored, pid, id, &r, why, sizeof why);
+  /* As in Go: the same profile, whose default sample type is what is live for `heap` and what
+   * was ever allocated for `allocs`. */
+  const hd_pprof_sample sample =
+      strcmp(filename, "allocs") == 0 ? HD_PPROF_ALLOC_SPACE : HD_PPROF_INUSE_SPACE;
+  if (status == 0 && atomic_load(&h->stopping)) {
+    snprintf(why, sizeof why, "the collector is stopping");
+    status = MHD_HTTP_SERVICE_UNAVAILABLE;
+  }
+  int fd = status == 0 ? write_profile(h, &r, sample, why, sizeof why) : -1;
   hd_reassembler_destroy(&r);
   sem_post(&h->profiles);
   if (status != 0) return respond_line(conn, status, "%s", why);
@@ -510,16 +542,16 @@ static enum MHD_Result serve_profile(hd_http *h, struct MHD_Connection *conn, bo
 }
 
 /* /debug/pprof/heap or /allocs without a process in the path: ?pid=PID, else the only process. */
-static enum MHD_Result serve_plain_profile(hd_http *h, struct MHD_Connection *conn,
+static enum MHD_Result serve_plain_profile(hd_http *h, struct MHD_Connection *conn, uid_t view,
                                            const char *filename) {
   const char *arg = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "pid");
   if (arg != NULL) {
     const pid_t pid = parse_pid(arg, strlen(arg));
     if (pid == 0) return respond_line(conn, MHD_HTTP_BAD_REQUEST, "bad pid: %s", arg);
-    return serve_profile(h, conn, false, pid, 0, filename);
+    return serve_profile(h, conn, view, false, pid, 0, filename);
   }
   size_t count;
-  hd_process **list = select_processes(h->c, NULL, &count);
+  hd_process **list = select_processes(h->c, view, NULL, &count);
   const pid_t only = count == 1 ? list[0]->pid : 0;
   release_processes(list, count);
   if (count == 0) return respond_line(conn, MHD_HTTP_NOT_FOUND, "no process is profiled here");
@@ -527,11 +559,11 @@ static enum MHD_Result serve_plain_profile(hd_http *h, struct MHD_Connection *co
     return respond_line(conn, MHD_HTTP_BAD_REQUEST,
                         "%zu processes are profiled here: add ?pid=PID (see /debug/pprof/)", count);
   }
-  return serve_profile(h, conn, false, only, 0, filename);
+  return serve_profile(h, conn, view, false, only, 0, filename);
 }
 
 /* The pid of the only live process called name; 0 with a response queued otherwise. */
-static pid_t pid_of_name(hd_http *h, struct MHD_Connection *conn, const char *name,
+static pid_t pid_of_name(hd_http *h, struct MHD_Connection *conn, uid_t view, const char *name,
                          enum MHD_Result *queued) {
   heapdump_client_ProcessSelector by_name = {.which_selector =
                                                  heapdump_client_ProcessSelector_by_name_tag};
@@ -541,7 +573,7 @@ static pid_t pid_of_name(hd_http *h, struct MHD_Connection *conn, const char *na
   }
   snprintf(by_name.selector.by_name, sizeof by_name.selector.by_name, "%s", name);
   size_t count;
-  hd_process **list = select_processes(h->c, &by_name, &count);
+  hd_process **list = select_processes(h->c, view, &by_name, &count);
   const pid_t pid = count == 1 ? list[0]->pid : 0;
   release_processes(list, count);
   if (count == 0) {
@@ -568,9 +600,9 @@ static void put_html_text(FILE *f, const char *s) {
   }
 }
 
-static enum MHD_Result serve_index(hd_http *h, struct MHD_Connection *conn) {
+static enum MHD_Result serve_index(hd_http *h, struct MHD_Connection *conn, uid_t view) {
   size_t count;
-  hd_process **list = select_processes(h->c, NULL, &count);
+  hd_process **list = select_processes(h->c, view, NULL, &count);
   document d;
   if (!document_open(&d)) {
     release_processes(list, count);
@@ -600,37 +632,13 @@ static enum MHD_Result serve_index(hd_http *h, struct MHD_Connection *conn) {
   return document_send(&d, conn, "text/html; charset=utf-8");
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped, bytes that are not UTF-8
- * replaced. */
-static void put_json_string(FILE *f, const char *text) {
-  fputc('"', f);
-  for (const unsigned char *s = (const unsigned char *)text; *s;) {
-    const size_t n = utf8_sequence(s);
-    if (n == 0) {
-      fputs(REPLACEMENT_CHARACTER, f);
-      s++;
-      continue;
-    }
-    if (*s == '"' || *s == '\\') {
-      fputc('\\', f);
-      fputc(*s, f);
-    } else if (*s < 0x20) {
-      fprintf(f, "\\u%04x", *s);
-    } else {
-      fwrite(s, 1, n, f);
-    }
-    s += n;
-  }
-  fputc('"', f);
-}
-
 /* Prometheus's HTTP service discovery: one target group per process, all at this address (the
  * Host the scraper reached us by), each with its own paths. */
-static enum MHD_Result serve_targets(hd_http *h, struct MHD_Connection *conn) {
+static enum MHD_Result serve_targets(hd_http *h, struct MHD_Connection *conn, uid_t view) {
   const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Host");
   if (host == NULL || host[0] == '\0') host = h->address;
   size_t count;
-  hd_process **list = select_processes(h->c, NULL, &count);
+  hd_process **list = select_processes(h->c, view, NULL, &count);
   document d;
   if (!document_open(&d)) {
     release_processes(list, count);
@@ -640,14 +648,14 @@ static enum MHD_Result serve_targets(hd_http *h, struct MHD_Connection *conn) {
   for (size_t i = 0; i < count; i++) {
     const int pid = (int)list[i]->pid;
     fputs(i ? ",{\"targets\":[" : "{\"targets\":[", d.f);
-    put_json_string(d.f, host);
+    hd_json_string(d.f, host);
     fprintf(d.f,
             "],\"labels\":{\"__metrics_path__\":\"/process/%d/metrics\","
             "\"__profile_path_prefix__\":\"/process/%d\",\"pid\":\"%d\",\"process\":",
             pid, pid, pid);
-    put_json_string(d.f, list[i]->name);
+    hd_json_string(d.f, list[i]->name);
     fputs(",\"service_name\":", d.f);
-    put_json_string(d.f, list[i]->name);
+    hd_json_string(d.f, list[i]->name);
     fputs("}}", d.f);
   }
   fputs("]\n", d.f);
@@ -655,9 +663,9 @@ static enum MHD_Result serve_targets(hd_http *h, struct MHD_Connection *conn) {
   return document_send(&d, conn, "application/json");
 }
 
-static enum MHD_Result serve_snapshot_list(hd_http *h, struct MHD_Connection *conn) {
+static enum MHD_Result serve_snapshot_list(hd_http *h, struct MHD_Connection *conn, uid_t view) {
   hd_stored_list listing = {0};
-  if (hd_storage_list(h->c, 0, NULL, &listing) != 0) return MHD_NO;
+  if (hd_storage_list(h->c, view, NULL, &listing) != 0) return MHD_NO;
   hd_listing_item *items = calloc(listing.count ? listing.count : 1, sizeof *items);
   document d;
   if (items == NULL || !document_open(&d)) {
@@ -694,21 +702,21 @@ static const char *profile_of(const char *rest) {
   return NULL;
 }
 
-static enum MHD_Result route(hd_http *h, struct MHD_Connection *conn, const char *url) {
-  if (strcmp(url, "/metrics") == 0) return serve_metrics(h, conn, 0);
+static enum MHD_Result route(hd_http *h, struct MHD_Connection *conn, uid_t view, const char *url) {
+  if (strcmp(url, "/metrics") == 0) return serve_metrics(h, conn, view, 0);
   if (strcmp(url, "/") == 0 || strcmp(url, "/debug/pprof/") == 0 ||
       strcmp(url, "/debug/pprof") == 0) {
-    return serve_index(h, conn);
+    return serve_index(h, conn, view);
   }
-  if (strcmp(url, "/targets") == 0) return serve_targets(h, conn);
+  if (strcmp(url, "/targets") == 0) return serve_targets(h, conn, view);
   const char *profile = profile_of(url);
-  if (profile != NULL) return serve_plain_profile(h, conn, profile);
-  if (strcmp(url, "/api/v1/snapshots") == 0) return serve_snapshot_list(h, conn);
+  if (profile != NULL) return serve_plain_profile(h, conn, view, profile);
+  if (strcmp(url, "/api/v1/snapshots") == 0) return serve_snapshot_list(h, conn, view);
   if (strncmp(url, "/api/v1/snapshots/", 18) == 0) {
     const char *digits = url + 18;
     const pid_t id = parse_pid(digits, strlen(digits)); /* ids are positive 32-bit numbers too */
     if (id == 0) return respond_line(conn, MHD_HTTP_NOT_FOUND, "no stored snapshot %s", digits);
-    return serve_profile(h, conn, true, 0, (uint32_t)id, "heap");
+    return serve_profile(h, conn, view, true, 0, (uint32_t)id, "heap");
   }
   if (strncmp(url, "/process/", 9) == 0 || strncmp(url, "/name/", 6) == 0) {
     const bool by_name = url[1] == 'n';
@@ -728,44 +736,129 @@ static enum MHD_Result route(hd_http *h, struct MHD_Connection *conn, const char
         return respond_line(conn, MHD_HTTP_NOT_FOUND, "no process is called that");
       }
       snprintf(name, sizeof name, "%.*s", (int)n, key);
-      if ((pid = pid_of_name(h, conn, name, &queued)) == 0) return queued;
+      if ((pid = pid_of_name(h, conn, view, name, &queued)) == 0) return queued;
     } else if ((pid = parse_pid(key, (size_t)(rest - key))) == 0) {
       return respond_line(conn, MHD_HTTP_NOT_FOUND, "not a pid: %.*s", (int)(rest - key), key);
     }
-    if (strcmp(rest, "/metrics") == 0) return serve_metrics(h, conn, pid);
-    return serve_profile(h, conn, false, pid, 0, profile_of(rest));
+    if (strcmp(rest, "/metrics") == 0) return serve_metrics(h, conn, view, pid);
+    return serve_profile(h, conn, view, false, pid, 0, profile_of(rest));
   }
   return respond_line(conn, MHD_HTTP_NOT_FOUND, "not a path of this collector (see /debug/pprof/)");
+}
+
+/* The address of a TCP socket as /proc/net/tcp{,6} prints it: the address words as stored, in
+ * hex, then the port. */
+static bool proc_net_address(const struct sockaddr_storage *a, char *out, size_t size) {
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *v4 = (const struct sockaddr_in *)a;
+    return snprintf(out, size, "%08X:%04X", v4->sin_addr.s_addr, ntohs(v4->sin_port)) > 0;
+  }
+  if (a->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)a;
+    uint32_t w[4];
+    memcpy(w, &v6->sin6_addr, sizeof w);
+    return snprintf(out, size, "%08X%08X%08X%08X:%04X", w[0], w[1], w[2], w[3],
+                    ntohs(v6->sin6_port)) > 0;
+  }
+  return false;
+}
+
+/* The user owning the client's end of a loopback connection: the kernel lists both ends of it,
+ * with their owners, in /proc/net/tcp{,6}. -1 if it cannot be told. */
+static long client_uid(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *info =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  struct sockaddr_storage ours, theirs;
+  socklen_t ours_size = sizeof ours, theirs_size = sizeof theirs;
+  char want_local[64], want_remote[64];
+  if (info == NULL || getsockname(info->connect_fd, (struct sockaddr *)&ours, &ours_size) != 0 ||
+      getpeername(info->connect_fd, (struct sockaddr *)&theirs, &theirs_size) != 0 ||
+      !proc_net_address(&theirs, want_local, sizeof want_local) ||
+      !proc_net_address(&ours, want_remote, sizeof want_remote)) {
+    return -1;
+  }
+  FILE *f = fopen(theirs.ss_family == AF_INET6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re");
+  if (f == NULL) return -1;
+  long uid = -1;
+  char line[512], local[64], remote[64];
+  unsigned owner;
+  while (uid < 0 && fgets(line, sizeof line, f) != NULL) {
+    if (sscanf(line, " %*u: %63s %63s %*x %*x:%*x %*x:%*x %*x %u", local, remote, &owner) == 3 &&
+        strcasecmp(local, want_local) == 0 && strcasecmp(remote, want_remote) == 0) {
+      uid = (long)owner;
+    }
+  }
+  fclose(f);
+  return uid;
+}
+
+/* Whether a Host header names the loopback interface ("localhost", 127.x.y.z or [::1], with or
+ * without a port): a page of another site that a browser was made to send here (DNS rebinding)
+ * names that site. */
+static bool loopback_host(const char *host) {
+  if (host == NULL) return true; /* HTTP/1.0 */
+  size_t n = strcspn(host, ":");
+  if (host[0] == '[') n = strcspn(host, "]") + 1;
+  return (n == 9 && strncmp(host, "localhost", 9) == 0) ||
+         (n == 5 && strncmp(host, "[::1]", 5) == 0) ||
+         (n >= 9 && strncmp(host, "127.", 4) == 0 && strspn(host, "0123456789.") == n);
+}
+
+/* Who a request may read as: the uid whose processes and snapshots it sees (0: all), or false
+ * (with the reason) if none. A bearer of the token sees what the collector serves. Without a
+ * token (loopback only) the client is known by the owner of its socket, and sees what it would
+ * see on the Unix socket: a root collector shows each user their own processes; another
+ * collector serves its own user and root, and nobody else. */
+static bool request_view(const hd_http *h, struct MHD_Connection *conn, uid_t *view,
+                         const char **refused) {
+  if (h->token_size != 0) {
+    *view = 0;
+    return true;
+  }
+  if (!loopback_host(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Host"))) {
+    *refused = "without a token, only requests to a loopback host name are served";
+    return false;
+  }
+  const long uid = client_uid(conn);
+  const uid_t self = geteuid();
+  if (uid >= 0 && self == 0) {
+    *view = (uid_t)uid;
+    return true;
+  }
+  if (uid == 0 || (uid > 0 && (uid_t)uid == self)) {
+    *view = 0;
+    return true;
+  }
+  *refused =
+      "without a token, only the collector's own user and root may read it (see "
+      "--http-token-file)";
+  return false;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **state) {
-  (void)version, (void)upload;
+  (void)version, (void)upload, (void)upload_size;
   hd_http *h = cls;
-  if (*state == NULL) { /* the headers: answer once a body, if any, has been turned down */
-    static int seen;
-    *state = &seen;
-    if (*upload_size == 0 && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
-      /* fall through: a GET has no body to wait for */
-    } else {
-      return MHD_YES;
-    }
-  }
-  if (*upload_size != 0) {
-    *upload_size = 0; /* a body is read and dropped: this API takes none */
-    return MHD_YES;
-  }
+  /* Every answer is given at the headers: this API takes no request body, so one is never read
+   * (libmicrohttpd then closes the connection after the answer). */
+  static int seen;
+  *state = &seen;
   if (!authorized(h, conn)) {
     return respond_line(conn, MHD_HTTP_UNAUTHORIZED, "a bearer token is needed");
   }
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     return respond_line(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET is served");
   }
-  if (atomic_load(&h->c->stop_requested)) {
+  uid_t view;
+  const char *refused = NULL;
+  if (!request_view(h, conn, &view, &refused)) {
+    return respond_line(conn, MHD_HTTP_FORBIDDEN, "%s", refused);
+  }
+  if (atomic_load(&h->stopping) || atomic_load(&h->c->stop_requested)) {
     return respond_line(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "the collector is stopping");
   }
-  return route(h, conn, url);
+  return route(h, conn, view, url);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -776,6 +869,14 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
   hd_log(h->c, HD_LOG_DEBUG, "http: %s", line);
 }
 
+static void destroy(hd_http *h) {
+  sem_destroy(&h->profiles);
+  pthread_mutex_destroy(&h->write_lock);
+  pthread_mutex_destroy(&h->receiving_lock);
+  explicit_bzero(h->token, sizeof h->token);
+  free(h);
+}
+
 int hd_http_start(hd_collector *c, const char *address, const char *token_file, hd_http **out,
                   char *error, size_t error_size) {
   *out = NULL;
@@ -783,6 +884,10 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
   if (h == NULL) return -ENOMEM;
   h->c = c;
   sem_init(&h->profiles, 0, MAX_PROFILES_AT_ONCE);
+  pthread_mutex_init(&h->write_lock, NULL);
+  pthread_mutex_init(&h->receiving_lock, NULL);
+  for (int i = 0; i < MAX_PROFILES_AT_ONCE; i++) h->receiving[i] = -1;
+  atomic_init(&h->stopping, false);
   snprintf(h->address, sizeof h->address, "%s", address);
   struct sockaddr_storage where;
   socklen_t where_size;
@@ -796,8 +901,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
     rc = -EPERM;
   }
   if (rc != 0) {
-    sem_destroy(&h->profiles);
-    free(h);
+    destroy(h);
     return rc;
   }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
@@ -818,8 +922,7 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
   if (h->daemon == NULL) {
     snprintf(error, error_size, "--http %s: cannot listen there (%s)", address,
              start_errno ? strerror(start_errno) : "libmicrohttpd refused");
-    sem_destroy(&h->profiles);
-    free(h);
+    destroy(h);
     return -EADDRNOTAVAIL;
   }
   /* Port 0 lets the system choose: the log and the discovery document tell the one it chose. */
@@ -837,8 +940,15 @@ int hd_http_start(hd_collector *c, const char *address, const char *token_file, 
 
 void hd_http_stop(hd_http *h) {
   if (h == NULL) return;
+  /* Requests in flight end now rather than when their snapshots would: the channels they
+   * receive on are cut, and those waiting for their turn are woken to see the stop. */
+  atomic_store(&h->stopping, true);
+  pthread_mutex_lock(&h->receiving_lock);
+  for (int i = 0; i < MAX_PROFILES_AT_ONCE; i++) {
+    if (h->receiving[i] >= 0) shutdown(h->receiving[i], SHUT_RDWR);
+  }
+  pthread_mutex_unlock(&h->receiving_lock);
+  for (int i = 0; i < MAX_CONNECTIONS; i++) sem_post(&h->profiles);
   MHD_stop_daemon(h->daemon);
-  sem_destroy(&h->profiles);
-  explicit_bzero(h->token, sizeof h->token);
-  free(h);
+  destroy(h);
 }

@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -276,9 +278,12 @@ TEST_F(HttpTest, GoToolPprofReadsTheKnownSitesFromEveryPath) {
   for (const std::string &path : paths) {
     RawProfile p = GoPprofRaw(base + path, dir);
     ASSERT_EQ(p.status, 0) << path << ": " << p.out;
-    EXPECT_NE(p.sample_types.find("alloc_objects/count alloc_space/bytes inuse_objects/count "
-                                  "inuse_space/bytes[dflt]"),
-              std::string::npos)
+    // Go's order; as in Go, `allocs` defaults to what was allocated, `heap` to what is live.
+    const bool allocs = path.find("/allocs") != std::string::npos;
+    EXPECT_EQ(p.sample_types, allocs ? "alloc_objects/count alloc_space/bytes[dflt] "
+                                       "inuse_objects/count inuse_space/bytes"
+                                     : "alloc_objects/count alloc_space/bytes "
+                                       "inuse_objects/count inuse_space/bytes[dflt]")
         << p.out;
     EXPECT_EQ(p.by_leaf["grow_site"], (std::vector<long long>{420, 420000, 120, 120000}))
         << path << ": " << p.out;
@@ -366,6 +371,10 @@ size_t OpenDescriptors(pid_t pid) {
 // and garbage: the collector stays within its limits and keeps registering processes and
 // serving snapshots on its socket, and HTTP again once they are gone.
 TEST_F(HttpTest, HostileHttpClientsDoNotStopTheCollector) {
+  rlimit files;  // a thousand connections of our own need more than the usual 1,024 descriptors
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  files.rlim_cur = std::min<rlim_t>(files.rlim_max, 4096);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &files), 0);
   StartCollector();
   HttpReply huge =
       Exchange(port, "GET /metrics HTTP/1.0\r\nX-Big: " + std::string(1 << 20, 'a') + "\r\n\r\n");
@@ -394,6 +403,129 @@ TEST_F(HttpTest, HostileHttpClientsDoNotStopTheCollector) {
   EXPECT_EQ(Sample(Get(port, "/metrics").body, "heapdump_live_bytes", Labels(g.w.pid)),
             static_cast<long long>(live));
   EXPECT_EQ(g.w.program->Finish(), 0);
+}
+
+// Without a token, a request is served only when it names a loopback host (a browser's request
+// that DNS rebinding sent here names another site); anything but GET and HEAD is refused at its
+// headers, saying what is allowed.
+TEST_F(HttpTest, WithoutATokenOnlyRequestsToLoopbackNamesAreServed) {
+  StartCollector();
+  EXPECT_EQ(Get(port, "/metrics").status, 200);
+  HttpReply rebound =
+      Exchange(port, "GET /metrics HTTP/1.1\r\nHost: attacker.example:" + std::to_string(port) +
+                         "\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(rebound.status, 403) << rebound.headers;
+  EXPECT_EQ(rebound.body, "without a token, only requests to a loopback host name are served\n");
+  for (const std::string host : {"localhost", "127.0.0.1", "127.1.2.3"}) {
+    EXPECT_EQ(Exchange(port, "GET /metrics HTTP/1.1\r\nHost: " + host + ":" + std::to_string(port) +
+                                 "\r\nConnection: close\r\n\r\n")
+                  .status,
+              200)
+        << host;
+  }
+  HttpReply post = Exchange(port, "POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello");
+  EXPECT_EQ(post.status, 405);
+  EXPECT_NE(post.headers.find("Allow: GET, HEAD"), std::string::npos) << post.headers;
+}
+
+// What another user gets for a GET (status, then body), asked from a child that became that user.
+std::pair<int, std::string> GetAs(uid_t uid, int port, const std::string &path) {
+  int out[2];
+  EXPECT_EQ(pipe(out), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(out[0]);
+    HttpReply r;
+    if (BecomeUser(uid, uid)) r = Get(port, path);
+    std::string text = std::to_string(r.status) + "\n" + r.body;
+    (void)!write(out[1], text.data(), text.size());
+    _exit(0);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  waitpid(child, nullptr, 0);
+  size_t line = text.find('\n');
+  if (line == std::string::npos) return {-1, text};
+  return {atoi(text.c_str()), text.substr(line + 1)};
+}
+
+// As on the Unix socket, a root collector shows each local user their own processes only (and
+// the collector's own counters to root only); a collector of another user serves that user and
+// root, and refuses the rest.
+TEST_F(HttpTest, WithoutATokenEachUserSeesWhatTheSocketWouldShowThem) {
+  if (geteuid() != 0) GTEST_SKIP() << "other users' requests need root to make";
+  StartCollector();
+  Grower g(collector.socket);
+  const std::string pid = "pid=\"" + std::to_string(g.w.pid) + "\"";
+  EXPECT_NE(Get(port, "/metrics").body.find(pid), std::string::npos);
+  auto nobody = GetAs(65534, port, "/metrics");
+  EXPECT_EQ(nobody.first, 200) << nobody.second;
+  EXPECT_EQ(nobody.second.find(pid), std::string::npos) << nobody.second;
+  EXPECT_EQ(nobody.second.find("heapdump_collector_"), std::string::npos) << nobody.second;
+  EXPECT_EQ(GetAs(65534, port, "/process/" + std::to_string(g.w.pid) + "/debug/pprof/heap").first,
+            404);
+  EXPECT_EQ(g.w.program->Finish(), 0);
+
+  const std::string their_dir = TempDir("http-theirs");
+  RemoveWhenPassed remove_theirs{their_dir};
+  ASSERT_EQ(chown(their_dir.c_str(), 65534, 65534), 0);
+  Collector theirs(their_dir);
+  theirs.uid = 65534;
+  theirs.gid = 65534;
+  theirs.args = {"--http", "127.0.0.1:0"};
+  theirs.Start();
+  const int their_port = HttpPort(theirs);
+  EXPECT_EQ(GetAs(65534, their_port, "/metrics").first, 200);
+  EXPECT_EQ(Get(their_port, "/metrics").status, 200);  // root
+  auto stranger = GetAs(65533, their_port, "/metrics");
+  EXPECT_EQ(stranger.first, 403);
+  EXPECT_EQ(stranger.second,
+            "without a token, only the collector's own user and root may read it (see "
+            "--http-token-file)\n");
+}
+
+// Profiles asked for at once are all made (two at a time, written one at a time) and agree.
+TEST_F(HttpTest, ProfilesAskedForAtOnceAreAllServed) {
+  StartCollector();
+  Grower g(collector.socket);
+  g.Do("grow 64");
+  const std::string path = "/process/" + std::to_string(g.w.pid) + "/debug/pprof/heap";
+  std::vector<HttpReply> replies(6);
+  std::vector<std::thread> threads;
+  for (HttpReply &r : replies) threads.emplace_back([&] { r = Get(port, path); });
+  for (std::thread &t : threads) t.join();
+  for (const HttpReply &r : replies) {
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_GT(r.body.size(), 100u);
+  }
+  EXPECT_EQ(g.w.program->Finish(), 0);
+}
+
+// A stop does not wait for a profile whose process cannot be read: the request is cut off and
+// the collector exits long before the read would have timed out.
+TEST_F(HttpTest, AStopCutsOffAProfileInFlight) {
+  StartCollector({"--read-timeout", "60"});
+  Child victim(collector.socket, nullptr);
+  MappedTable table(victim.pid);
+  ASSERT_TRUE(table.ok());
+  table.SetSlotLocked(0, true);  // as a writer stopped in the middle of a change would
+  HttpReply cut;
+  std::thread request(
+      [&] { cut = Get(port, "/process/" + std::to_string(victim.pid) + "/debug/pprof/heap"); });
+  usleep(300000);  // the request is waiting for the table
+  const auto start = std::chrono::steady_clock::now();
+  collector.Stop();  // expects exit status 0
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  request.join();
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_NE(cut.status, 200);
+  table.SetSlotLocked(0, false);
+  victim.Kill();
 }
 
 // ---- Prometheus ----
@@ -525,10 +657,11 @@ std::string Replace(std::string text, const std::string &from, const std::string
   return text;
 }
 
-// docs/fleet.md's lines as a user runs them: the collector on 127.0.0.1:9464, redis-server
+// docs/fleet.md's lines as a user runs them: the collector on 127.0.0.1, redis-server
 // preloaded, curl and go tool pprof on it; its Prometheus configuration run by Prometheus (a 1 s
 // scrape interval instead of 15 s, so that the test is quick), its rules file checked by
-// promtool and its PromQL asked of that Prometheus.
+// promtool and its PromQL asked of that Prometheus. The doc's ports (9464 for the collector,
+// 7400 for redis) are replaced by free ones, so that nothing else on the machine is in the way.
 TEST_F(HttpTest, FleetDocRunsAsWritten) {
   const std::vector<std::string> start = DocBlock("## Turning it on");
   ASSERT_EQ(start.size(), 1u);
@@ -543,18 +676,23 @@ TEST_F(HttpTest, FleetDocRunsAsWritten) {
       "HOME=" + dir,
       "GOCACHE=" + dir + "/gocache",
   };
+  const std::string http_port = std::to_string(FreePort());
+  const std::string redis_port = std::to_string(FreePort());
+  auto ports = [&](const std::string &text) {
+    return Replace(Replace(text, "9464", http_port), "--port 7400", "--port " + redis_port);
+  };
   const std::string wait_for_redis =
-      "for i in $(seq 200); do curl -s http://127.0.0.1:9464/targets | grep -q redis-server && "
-      "break; sleep 0.05; done\n";
+      "for i in $(seq 200); do curl -s http://127.0.0.1:" + http_port +
+      "/targets | grep -q redis-server && break; sleep 0.05; done\n";
   // The server's output goes to a file: the test reads the script's output to its end, which
   // a server holding it would never give.
   ASSERT_EQ(lines[0].substr(lines[0].size() - 2), " &");
-  std::string script = start[0] + "\n" +
-                       Replace(lines[0].substr(0, lines[0].size() - 2),
-                               "/usr/local/lib/libheapdump.so", HD_PRELOAD_LIB) +
+  std::string script = ports(start[0]) + "\n" +
+                       ports(Replace(lines[0].substr(0, lines[0].size() - 2),
+                                     "/usr/local/lib/libheapdump.so", HD_PRELOAD_LIB)) +
                        " >redis.log 2>&1 &\nredis=$!\necho $redis >redis.pid\n" + wait_for_redis;
   for (size_t i = 1; i < lines.size(); i++) {
-    script += "echo '=== " + std::to_string(i) + "'\n" + lines[i] + "\n";
+    script += "echo '=== " + std::to_string(i) + "'\n" + ports(lines[i]) + "\n";
   }
   script += "echo '=== pprof'\n";
   const std::vector<std::string> pprof_lines = DocBlock("## go tool pprof");
@@ -562,7 +700,7 @@ TEST_F(HttpTest, FleetDocRunsAsWritten) {
   for (const std::string &line : pprof_lines) {
     // The example pid is redis's: inside the line's single quotes, by closing them around it.
     const bool quoted = line.find('\'') != std::string::npos;
-    script += Replace(line, "4242", quoted ? "'\"$redis\"'" : "$redis") + "\n";
+    script += ports(Replace(line, "4242", quoted ? "'\"$redis\"'" : "$redis")) + "\n";
   }
   // Whatever happens, nothing the lines started outlives the test.
   struct Cleanup {
@@ -588,7 +726,7 @@ TEST_F(HttpTest, FleetDocRunsAsWritten) {
   // Prometheus with the doc's configuration, against that collector and redis.
   const std::string config = DocYaml("## Prometheus");
   ASSERT_NE(config.find("scrape_interval: 15s"), std::string::npos) << config;
-  Prometheus prometheus(dir, Replace(config, "scrape_interval: 15s", "scrape_interval: 1s"));
+  Prometheus prometheus(dir, ports(Replace(config, "scrape_interval: 15s", "scrape_interval: 1s")));
   EXPECT_TRUE(WaitUntil(
       [&] {
         return prometheus

@@ -169,10 +169,10 @@ class ProcessRegions {
 
 class Symbolizer {
  public:
-  explicit Symbolizer(const std::vector<std::string> &debug_dirs = {}) {
+  explicit Symbolizer(const std::vector<std::string> &debug_dirs = {}, bool trusted_only = false) {
     std::vector<const char *> dirs;
     for (const auto &d : debug_dirs) dirs.push_back(d.c_str());
-    hd_symbolizer_options options = {dirs.data(), dirs.size()};
+    hd_symbolizer_options options = {dirs.data(), dirs.size(), trusted_only};
     EXPECT_EQ(hd_symbolizer_create(&options, &s_), 0);
   }
   ~Symbolizer() { hd_symbolizer_destroy(s_); }
@@ -360,6 +360,24 @@ TEST_F(SymbolizeTest, StrippedBinaryFallsBackToDynsym) {
   Symbolizer symbolizer;
   ExpectSymbolOnly(symbolizer.At(regions.snapshot(), address, true), "hd_fixture_outer");
   EXPECT_TRUE(symbolizer.found_symbols());
+}
+
+// A root collector symbolizes paths an unprivileged process named: with trusted_files_only it
+// reads no file that another user could have written (group- or world-writable here).
+TEST_F(SymbolizeTest, TrustedFilesOnlyLeavesWritableFilesUnread) {
+  std::string copy = files.Path("lib/" + Basename(HD_FIXTURE_LIB));
+  files.Objcopy("'" HD_FIXTURE_LIB "' '" + copy + "'");
+  regions.Rename(fixture_region, copy);
+  uint64_t address = InlinedCallSite();
+  ASSERT_EQ(chmod(copy.c_str(), 0664), 0);
+  Symbolizer trusting({}, true);
+  EXPECT_EQ(trusting.At(regions.snapshot(), address, true).frame_count, 0u);
+  EXPECT_FALSE(trusting.found_symbols());
+  Symbolizer plain;
+  ExpectInlinedFrames(plain.At(regions.snapshot(), address, true));
+  ASSERT_EQ(chmod(copy.c_str(), 0644), 0);
+  Symbolizer trusting_again({}, true);
+  ExpectInlinedFrames(trusting_again.At(regions.snapshot(), address, true));
 }
 
 TEST_F(SymbolizeTest, DebugFileInBuildIdLayoutOfADebugDir) {
@@ -628,7 +646,7 @@ TEST(SymbolizeApiTest, LocationNameIsTruncatedToTheBuffer) {
 
 TEST(SymbolizeApiTest, CreateRejectsANullDebugDir) {
   const char *dirs[] = {"/tmp", nullptr};
-  hd_symbolizer_options options = {dirs, 2};
+  hd_symbolizer_options options = {dirs, 2, false};
   hd_symbolizer *s = reinterpret_cast<hd_symbolizer *>(1);
   EXPECT_EQ(hd_symbolizer_create(&options, &s), -EINVAL);
   EXPECT_EQ(s, nullptr);

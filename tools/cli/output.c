@@ -184,7 +184,7 @@ void cli_output_abort(cli_output *out) {
 
 hd_symbolizer *cli_symbolizer(const cli_options *o, hd_alloc_fns *fns) {
   if (!o->symbolize) return NULL;
-  hd_symbolizer_options so = {o->debug_dirs, o->debug_dir_count};
+  hd_symbolizer_options so = {.debug_dirs = o->debug_dirs, .debug_dir_count = o->debug_dir_count};
   hd_symbolizer *sym = NULL;
   if (hd_symbolizer_create(&so, &sym) != 0) {
     cli_error("cannot start the symbolizer; writing addresses only");

@@ -504,16 +504,39 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
 
 /* ---- JSON ---- */
 
+size_t hd_utf8_sequence(const unsigned char *s) {
+  if (s[0] < 0x80) return 1;
+  const size_t n = s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+  if (n == 0 || (n == 3 && s[0] > 0xef)) return 0;
+  for (size_t i = 1; i < n; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0; /* a NUL ends the check before any read past it */
+  }
+  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) ||
+      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] > 0x8f)) {
+    return 0; /* overlong, a surrogate, or past U+10FFFF */
+  }
+  return n;
+}
+
+/* Names come from the programs (process, thread and snapshot names, symbols): bytes that are not
+ * UTF-8 are replaced, since a JSON reader refuses the whole document over one of them. */
 static void json_string(FILE *out, const char *s, bool markup) {
   fputc('"', out);
-  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p;) {
+    const size_t n = hd_utf8_sequence(p);
+    if (n == 0) {
+      fputs(HD_UTF8_REPLACEMENT, out);
+      p++;
+      continue;
+    }
     if (*p == '"' || *p == '\\') {
       fprintf(out, "\\%c", *p);
     } else if (*p < 0x20 || *p == 0x7f || (markup && (*p == '<' || *p == '>' || *p == '&'))) {
       fprintf(out, "\\u%04x", *p);
     } else {
-      fputc(*p, out);
+      fwrite(p, 1, n, out);
     }
+    p += n;
   }
   fputc('"', out);
 }

@@ -347,6 +347,9 @@ static HD_MUST_CHECK hd_status add_region(builder *b, process_state *ps, uint64_
     return HD_OK;
   }
   const perftools_profiles_Mapping *mp = &p->mappings[m];
+  /* A mapping that spans no memory (the one heapdump gives the locations no module holds) is no
+   * region: written again, the profile gets it back from the locations it holds. */
+  if (mp->memory_limit <= mp->memory_start) return HD_OK;
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
   e.which_element = heapdump_client_SnapshotElement_executable_region_tag;
   heapdump_client_ExecutableRegion *g = &e.element.executable_region;

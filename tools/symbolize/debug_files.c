@@ -17,12 +17,18 @@
 
 const elf_file kNoElfFile = {-1, NULL};
 
+/* Whether a file may be read by a symbolizer of trusted files only: installed by root or by our
+ * own user, and replaceable by nobody else. */
+static bool trusted(const struct stat *st) {
+  return (st->st_uid == 0 || st->st_uid == geteuid()) && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
 /* O_NONBLOCK and the S_ISREG check: a FIFO or device named like a module must not hang us. */
-bool hd_elf_file_open(const char *path, elf_file *out) {
+bool hd_elf_file_open(const hd_symbolizer *s, const char *path, elf_file *out) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (s->trusted_files_only && !trusted(&st))) {
     close(fd);
     return false;
   }
@@ -90,7 +96,7 @@ typedef struct debug_search {
 /* Tries path as the module's debug file; true once one with DWARF is loaded. */
 static bool try_debug_file(debug_search *search, const char *path, bool via_debuglink) {
   elf_file candidate;
-  if (!hd_elf_file_open(path, &candidate)) return false;
+  if (!hd_elf_file_open(search->s, path, &candidate)) return false;
   module *m = search->m;
   bool matches = hd_build_id_matches(m, candidate.elf) && !same_inode(&candidate, &m->binary) &&
                  !same_inode(&candidate, &search->symbols_only);

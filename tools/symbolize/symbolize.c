@@ -383,7 +383,7 @@ static void open_module(const hd_symbolizer *s, module *m) {
   /* A relative name resolves against our working directory, not the program's: only a build
    * ID can tell whether the file found there is the right one. */
   bool path_usable = m->name[0] == '/' || (m->name[0] != '\0' && m->build_id_size > 0);
-  if (path_usable && hd_elf_file_open(m->name, &m->binary) &&
+  if (path_usable && hd_elf_file_open(s, m->name, &m->binary) &&
       !hd_build_id_matches(m, m->binary.elf)) {
     hd_elf_file_close(&m->binary);
   }
@@ -513,6 +513,7 @@ int hd_symbolizer_create(const hd_symbolizer_options *options, hd_symbolizer **o
   if (elf_version(EV_CURRENT) == EV_NONE) return -ELIBBAD;
   hd_symbolizer *s = calloc(1, sizeof *s);
   if (s == NULL) return -ENOMEM;
+  s->trusted_files_only = options != NULL && options->trusted_files_only;
   size_t count = options ? options->debug_dir_count : 0;
   if (count > 0) {
     s->debug_dirs = calloc(count, sizeof *s->debug_dirs);

@@ -78,14 +78,16 @@ struct hd_symbolizer {
   cached_location *cache; /* open addressing; capacity is a power of two */
   size_t cache_count, cache_capacity;
   bool found_symbols;
+  bool trusted_files_only;        /* hd_symbolizer_options */
   struct hd_alloc_fns *alloc_fns; /* the caller's */
 };
 
 /* ---- debug_files.c ---- */
 
 extern const elf_file kNoElfFile; /* {-1, NULL}: no file */
-/* Opens path if it is a regular ELF file (never blocking on a FIFO or device named like one). */
-bool hd_elf_file_open(const char *path, elf_file *out);
+/* Opens path if it is a regular ELF file (never blocking on a FIFO or device named like one) and,
+ * for a symbolizer of trusted files only, owned by root or by us and writable by no one else. */
+bool hd_elf_file_open(const hd_symbolizer *s, const char *path, elf_file *out);
 void hd_elf_file_close(elf_file *f);
 /* Whether elf's build ID is the module's (on the prefix a region carries). */
 bool hd_build_id_matches(const module *m, Elf *elf);

@@ -90,11 +90,18 @@ void hd_report_frames_text(FILE *out, hd_symbolizer *symbolizer, const hd_snapsh
 void hd_report_frames_json(FILE *out, hd_symbolizer *symbolizer, const hd_snapshot *s,
                            const hd_snapshot_stack_trace *trace, size_t first, size_t max_frames);
 
-/* Writes s as a JSON string literal (quotes and control characters escaped). */
+/* Writes s as a JSON string literal (quotes and control characters escaped, bytes that are not
+ * UTF-8 replaced by U+FFFD). */
 void hd_json_string(FILE *out, const char *s);
 /* The same, safe inside an HTML <script> element too: '<', '>' and '&' are escaped as well, so
  * no name from a binary can close the element or be read as markup. */
 void hd_json_string_in_html(FILE *out, const char *s);
+
+/* The length of the valid UTF-8 sequence at s (1 to 4), or 0 if the bytes there are not one
+ * (overlong forms, surrogates and code points past U+10FFFF are not); s is NUL-terminated. */
+size_t hd_utf8_sequence(const unsigned char *s);
+/* U+FFFD, which stands for what is not UTF-8. */
+#define HD_UTF8_REPLACEMENT "\xef\xbf\xbd"
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,10 @@ typedef struct hd_symbolizer hd_symbolizer;
 typedef struct hd_symbolizer_options {
   const char *const *debug_dirs; /* extra directories searched (--debug-dir), in order */
   size_t debug_dir_count;
+  /* Opens only files owned by root or by this process's user and writable by no one else: for
+   * a privileged symbolizer (a root collector) of paths an unprivileged process named, which
+   * must not parse files that process could have crafted. */
+  bool trusted_files_only;
 } hd_symbolizer_options;
 
 /* hd_source_frame (one source-level frame) is defined with the snapshot model. */
