@@ -188,6 +188,11 @@ TEST(CliParseTest, ArgumentCountsAreChecked) {
       {{"heapdump", "report", "a", "--frob"}, "report: option --frob is unknown"},
       {{"heapdump", "snapshot", "-z"}, "snapshot: option -z is unknown"},
       {{"heapdump", "snapshot", "--pid"}, "snapshot: option --pid is unknown or needs a value"},
+      // The "--" that ends the options is no value (it named the page "--").
+      {{"heapdump", "run", "--html", "--", "true"}, "run: option --html needs a value before --"},
+      {{"heapdump", "run", "--output", "--", "true"},
+       "run: option --output needs a value before --"},
+      {{"heapdump", "run", "-o", "--", "true"}, "run: option --output needs a value before --"},
   };
   for (const auto &c : cases) {
     Parsed p = Parse(c.words);

@@ -402,6 +402,11 @@ int cli_apply_options(unsigned command, int argc, char **argv, cli_options *o, i
       return cli_usage_error("%s does not take --%s (heapdump %s --help lists its options)",
                              c->name, opt->name, c->name);
     }
+    /* `run --html -- prog`: getopt takes the "--" that ends the options for --html's value,
+     * which would name the page "--". */
+    if (optarg != NULL && strcmp(optarg, "--") == 0) {
+      return cli_usage_error("%s: option --%s needs a value before --", c->name, opt->name);
+    }
     const int rc = opt->apply(opt, optarg, o);
     if (rc != CLI_GO_ON) return rc;
     if (o->help) {
