@@ -224,6 +224,7 @@ TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
   Output to_file = Heapdump({"report", "leaks.heapdump", "-o", "leaks.json"});
   EXPECT_EQ(to_file.status, 0) << to_file.err;
   EXPECT_EQ(ReadFile(dir + "/leaks.json"), j.out);
+  EXPECT_EQ(to_file.err, "heapdump: wrote leaks.json\n");  // as every command that writes a file
   Output t = Heapdump({"report", "leaks.heapdump", "--by", "thread"});
   EXPECT_NE(t.out.find("leak_child["), std::string::npos) << t.out;
 }
@@ -1642,6 +1643,7 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
   Output leaks = Heapdump(
       {"leaks", "--pid", std::to_string(first.pid), "--interval", "0.2", "-o", "leaks.html"});
   ASSERT_EQ(leaks.status, 0) << leaks.err;
+  EXPECT_NE(leaks.err.find("heapdump: wrote leaks.html\n"), std::string::npos) << leaks.err;
   {
     auto browser = OpenPage(dir, "all.html");
     ASSERT_NE(browser, nullptr);

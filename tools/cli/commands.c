@@ -266,7 +266,9 @@ static HD_MUST_CHECK int write_report(const cli_options *o, const hd_reassembler
     cli_output_abort(&out);
     return rc;
   }
-  return cli_output_commit(&out);
+  rc = cli_output_commit(&out);
+  if (rc == 0 && !out.is_stdout) fprintf(cli_stderr(), "heapdump: wrote %s\n", out.path);
+  return rc;
 }
 
 int cmd_report(cli_options *o, int argc, char **argv) {
