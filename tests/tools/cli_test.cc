@@ -547,6 +547,9 @@ TEST_F(CliTest, NamesAreDemangledAndSitesAreTheProgramsOwnFunctions) {
   ASSERT_EQ(f.status, 0) << f.err;
   EXPECT_NE(f.out.find("main;shop::make_basket(int)"), std::string::npos) << f.out;
   EXPECT_EQ(f.out.find("_ZN"), std::string::npos) << f.out;
+  // Stacks end at the site, as pprof's samples do: operator new is no flame's tip.
+  EXPECT_EQ(f.out.find("operator new"), std::string::npos) << f.out;
+  EXPECT_NE(f.out.find(";shop::make_basket(int) "), std::string::npos) << f.out;
 
   Output p = Heapdump({"convert", "shop.heapdump", "--format", "pprof", "-o", "shop.pb.gz"});
   ASSERT_EQ(p.status, 0) << p.err;

@@ -75,7 +75,10 @@ int hd_folded_write(const hd_reassembler *r, hd_symbolizer *sym, FILE *out, char
         fprintf(out, HD_TRUNCATED_FRAME_FORMAT, trace->count);
         first = false;
       }
-      for (size_t k = trace->count; k-- > 0;) {
+      /* From the root to the allocation site, as pprof's samples: the allocator's own frames
+       * (operator new, checked wrappers, the standard library) would be every flame's tip. */
+      const size_t site = hd_site_frame(sym, s, trace);
+      for (size_t k = trace->count; k-- > site;) {
         hd_location_info loc;
         hd_locate(sym, s, trace->addresses[k], true, &loc);
         if (loc.frame_count == 0) {
