@@ -686,6 +686,23 @@ TEST_F(CliTest, DiffTellsWhatGrewAndWhatOnlyChurned) {
       << ReadFile(dir + "/top.txt");
 }
 
+// A diff of two different programs is still made (sites match by name), and says so; of the
+// same program twice, it says nothing of the kind.
+TEST_F(CliTest, DiffOfTwoProgramsSaysSo) {
+  ASSERT_EQ(Heapdump({"run", "-o", "leak.heapdump", "--", HD_LEAK_CHILD}).status, 3);
+  ASSERT_EQ(Heapdump({"run", "-o", "again.heapdump", "--", HD_LEAK_CHILD}).status, 3);
+  ASSERT_EQ(Heapdump({"run", "-o", "graph.heapdump", "--", HD_GRAPH_CHILD}).status, 0);
+  Output other = Heapdump({"diff", "leak.heapdump", "graph.heapdump"});
+  EXPECT_EQ(other.status, 0) << other.err;
+  EXPECT_TRUE(std::regex_search(other.err,
+                                std::regex(R"(diff: BASE is of leak_child\[[0-9]+\] and NEW of )"
+                                           R"(graph_child\[[0-9]+\]: not the same program)")))
+      << other.err;
+  Output same = Heapdump({"diff", "leak.heapdump", "again.heapdump"});
+  EXPECT_EQ(same.status, 0) << same.err;
+  EXPECT_EQ(same.err.find("not the same program"), std::string::npos) << same.err;
+}
+
 // The documented way to find a slow leak in a server: `heapdump run --interval`, then diff the
 // first and the last snapshot. Live snapshots land anywhere in a request, so the churning site
 // may be one block off; the growing site leads, in whole blocks. Repeated, for the races.

@@ -283,6 +283,20 @@ int cmd_report(cli_options *o, int argc, char **argv) {
   return rc;
 }
 
+/* A diff matches sites by name across the two snapshots: of two different programs it still
+ * prints one, which reads as a change unless the user is told. */
+static void warn_if_other_programs(const hd_reassembler *base, const hd_reassembler *next) {
+  if (base->snapshot_count != 1 || next->snapshot_count != 1) return;
+  const hd_snapshot *a = base->snapshots[0], *b = next->snapshots[0];
+  if (a->process_name[0] == '\0' || b->process_name[0] == '\0' ||
+      strcmp(a->process_name, b->process_name) == 0) {
+    return;
+  }
+  cli_error("diff: BASE is of %s[%" PRIu64 "] and NEW of %s[%" PRIu64
+            "]: not the same program; its sites are matched by name all the same",
+            a->process_name, a->pid, b->process_name, b->pid);
+}
+
 int cmd_diff(cli_options *o, int argc, char **argv) {
   (void)argc; /* two: the table says so */
   const char *base_path = argv[0], *next_path = argv[1];
@@ -300,6 +314,7 @@ int cmd_diff(cli_options *o, int argc, char **argv) {
   hd_diff *d = NULL;
   int rc = cli_read_snapshot(base_path, &base);
   if (rc == 0) rc = cli_read_snapshot(next_path, &next);
+  if (rc == 0) warn_if_other_programs(&base, &next);
   if (rc == 0) sym = cli_symbolizer(o, &fns);
   char error[512] = "";
   if (rc == 0 && hd_diff_create(&base, &next, sym, o->by, &d, error, sizeof error) != 0) {
