@@ -694,9 +694,9 @@ TEST_F(CliTest, DiffOfTwoProgramsSaysSo) {
   ASSERT_EQ(Heapdump({"run", "-o", "graph.heapdump", "--", HD_GRAPH_CHILD}).status, 0);
   Output other = Heapdump({"diff", "leak.heapdump", "graph.heapdump"});
   EXPECT_EQ(other.status, 0) << other.err;
-  EXPECT_TRUE(std::regex_search(other.err,
-                                std::regex(R"(diff: BASE is of leak_child\[[0-9]+\] and NEW of )"
-                                           R"(graph_child\[[0-9]+\]: not the same program)")))
+  EXPECT_TRUE(
+      std::regex_search(other.err, std::regex(R"(diff: BASE is of leak_child\[[0-9]+\] and NEW of )"
+                                              R"(graph_child\[[0-9]+\]: not the same program)")))
       << other.err;
   Output same = Heapdump({"diff", "leak.heapdump", "again.heapdump"});
   EXPECT_EQ(same.status, 0) << same.err;
@@ -1377,6 +1377,29 @@ std::string Text(hdtest::Browser &b, const std::string &expression) {
   auto v = b.EvalString(expression);
   EXPECT_TRUE(v.has_value()) << expression << ": " << b.error();
   return v.value_or("");
+}
+
+// A site's stacks open heaviest first by the flame graph's metric, not in recording order:
+// shop::make_basket's strings (328 bytes) before the vector's buffer (256) and the Basket (24),
+// which was allocated first.
+TEST_F(CliTest, ASitesStacksOpenHeaviestFirst) {
+  ASSERT_EQ(Heapdump({"run", "--no-leak-check", "-o", "shop.heapdump", "--", HD_SHOP_CHILD}).status,
+            0);
+  ASSERT_EQ(Heapdump({"convert", "shop.heapdump", "-o", "shop.html"}).status, 0);
+  auto browser = OpenPage(dir, "shop.html");
+  ASSERT_NE(browser, nullptr);
+  hdtest::Browser &b = *browser;
+  const std::string row = "#sites-table tr.site-row[data-name=\"shop::make_basket(int)\"]";
+  ASSERT_TRUE(b.ClickOn(row)) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.querySelector('" + row + " + tr.site-stacks')"));
+  const std::string shown =
+      "[...document.querySelectorAll('" + row +
+      " + tr.site-stacks .stack')].map(d => JSON.parse(document.getElementById('heapdump-data')"
+      ".textContent).processes[0].stacks[+d.dataset.stack].live_bytes)";
+  EXPECT_GE(Number(b, shown + ".length"), 3);
+  EXPECT_EQ(Text(b, "JSON.stringify(" + shown + ")"),
+            Text(b, "JSON.stringify(" + shown + ".slice().sort((x, y) => y - x))"));
+  EXPECT_EQ(Number(b, shown + "[0]"), 328);
 }
 
 // Writes a screenshot of the element `selector` scrolled to the top of the view, for a person

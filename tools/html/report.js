@@ -586,7 +586,14 @@
     return bytes(st.live_bytes) + ' live in ' + plural(num(st.live_blocks), 'block') + ', ' + bytes(st.alloc_bytes) +
       ' allocated in ' + plural(num(st.alloc_blocks), 'block');
   }
-  function stacksHtml(P, idxs, all, withValues) {
+  // A site's stacks, heaviest first by the metric the flame graph shows (ties: recording order).
+  function byMetric(P, idxs) {
+    const src = METRIC[state.metric].src, stacks = P.p.stacks;
+    const value = (si) => num(stacks[si] && stacks[si][src]);
+    return idxs.map((si, k) => [si, k]).sort((a, b) => value(b[0]) - value(a[0]) || a[1] - b[1]).map((e) => e[0]);
+  }
+  function stacksHtml(P, given, all, withValues) {
+    const idxs = withValues ? byMetric(P, given) : given;
     const stacks = P.p.stacks, shown = all ? idxs : idxs.slice(0, STACKS_SHOWN);
     let h = '';
     shown.forEach((si, k) => {
