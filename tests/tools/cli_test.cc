@@ -1473,6 +1473,15 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
   const double peak = Number(b, "+document.getElementById('timeline').dataset.peakBytes");
   EXPECT_GE(peak, 16 << 20);
   EXPECT_LT(peak, (16 << 20) + (256 << 10));
+  // One peak on the page: the header's card and the timeline's marker say the same bytes.
+  const std::string card_peak =
+      "[...document.querySelectorAll('.card')].find(c => c.querySelector('.k').textContent === "
+      "'Peak live').querySelector('.v span').title";
+  const std::string marker_peak = "document.querySelector('#timeline-markers li.peak span').title";
+  EXPECT_EQ(Text(b, card_peak), Text(b, marker_peak));
+  EXPECT_EQ(Text(b, card_peak), Text(b,
+                                     "(v => v.toLocaleString('en-US') + ' bytes')"
+                                     "(+document.getElementById('timeline').dataset.peakBytes)"));
   // The peak is in the 600 ms the program held it, after its at-peak snapshot.
   const double peak_t =
       Number(b,

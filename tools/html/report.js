@@ -240,6 +240,15 @@
     const t = tl && arr(tl.t_ms);
     return t && t.length > 1 ? num(t[t.length - 1]) - num(t[0]) : null;
   }
+  // The one peak the page shows: the process's own count of its highest live bytes, exact, or
+  // else the highest sample of its timeline (samples every 100 ms miss a short peak); null if
+  // neither is known.
+  function peakLive(p) {
+    const st = p.stats && typeof p.stats === 'object' ? p.stats : null;
+    const sampled = p.timeline ? arr(p.timeline.live_bytes).reduce((a, b) => Math.max(a, num(b)), 0) : null;
+    if (st && typeof st.peak_live_bytes === 'number') return Math.max(st.peak_live_bytes, sampled || 0);
+    return sampled;
+  }
   function renderHeader(P) {
     const p = P.p, T = P.tree, st = p.stats && typeof p.stats === 'object' ? p.stats : null;
     $('report-title').textContent = DATA.title || 'heapdump';
@@ -260,8 +269,7 @@
       cards.push(card('Removed', hBytes(v.removed_bytes[0])));
     } else {
       const live = st ? num(st.live_bytes) : T.vals.live_bytes[0], liveBlocks = st ? num(st.live_blocks) : T.vals.live_blocks[0];
-      let peak = st && typeof st.peak_live_bytes === 'number' ? st.peak_live_bytes : null;
-      if (peak == null && p.timeline) peak = arr(p.timeline.live_bytes).reduce((a, b) => Math.max(a, num(b)), 0);
+      const peak = peakLive(p);
       cards.push(card('Live now', hBytes(live), plural(liveBlocks, 'block')));
       cards.push(card('Peak live', peak == null ? '\u2013' : hBytes(peak)));
       if (st) {
@@ -350,13 +358,17 @@
         if (dt > 0) ratePts.push({ x: num(t[i]) / 1000, y: (num(alloc[i]) - num(alloc[i - 1])) / dt });
       }
     }
+    // The peak is the header's (peakLive): above the highest sample when it fell between two,
+    // drawn at that sample's time, "near" it.
+    const peakBytes = Math.max(num(peakLive(P.p)), num(live[peak]));
+    const between = peakBytes > num(live[peak]);
     box.dataset.points = String(n);
     box.dataset.peakIndex = String(peak);
-    box.dataset.peakBytes = exact(live[peak]);
+    box.dataset.peakBytes = exact(peakBytes);
     box.dataset.markers = String(markers.length);
     list.innerHTML = markers.map((m) => '<li data-t-ms="' + exact(m && m.t_ms) + '">' + esc(m && m.name != null ? m.name : '') +
       ' at ' + (num(m && m.t_ms) / 1000).toFixed(2) + ' s</li>').join('') +
-      '<li class="peak">peak ' + esc(bytes(live[peak])) + ' at ' + (num(t[peak]) / 1000).toFixed(2) + ' s</li>';
+      '<li class="peak">peak ' + hBytes(peakBytes) + (between ? ' near ' : ' at ') + (num(t[peak]) / 1000).toFixed(2) + ' s</li>';
 
     if (typeof Chart === 'undefined') { box.innerHTML = '<p class="note">Chart library missing.</p>'; return; }
     box.innerHTML = '<canvas></canvas>';
@@ -368,7 +380,7 @@
           { label: 'Live bytes', data: livePts, yAxisID: 'y', borderColor: cLive, backgroundColor: cLive + '33', fill: 'origin', borderWidth: 1.5, pointRadius: 0, order: 2 },
           // Rate samples are noisy: a thin, translucent line behind the live bytes.
           { label: 'Allocation rate', data: ratePts, yAxisID: 'y1', borderColor: cRate + '99', backgroundColor: cRate, borderWidth: 1, pointRadius: 0, order: 3 },
-          { label: 'Peak', type: 'scatter', data: [livePts[peak]], yAxisID: 'y', borderColor: cLive, backgroundColor: cLive, pointRadius: 4, order: 1 },
+          { label: 'Peak', type: 'scatter', data: [{ x: livePts[peak].x, y: peakBytes }], yAxisID: 'y', borderColor: cLive, backgroundColor: cLive, pointRadius: 4, order: 1 },
         ],
       },
       options: {
