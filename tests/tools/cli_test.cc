@@ -686,6 +686,31 @@ TEST_F(CliTest, DiffTellsWhatGrewAndWhatOnlyChurned) {
       << ReadFile(dir + "/top.txt");
 }
 
+// A program under `heapdump run` with no collector running is served by run's own collector,
+// on a private socket: `heapdump leaks` does not find a collector, and says where that one is;
+// given its socket, leaks reads the program.
+TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
+  hdtest::Program run({HD_CLI, "run", "--socket=" + socket, "--no-leak-check", "--", HD_SHOP_CHILD},
+                      {"TMPDIR=" + dir});
+  const std::string ready = run.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string pid = ready.substr(6);
+  Output lost = Heapdump({"leaks", "--name", "shop_child"});
+  EXPECT_EQ(lost.status, 3) << lost.err;  // no collector
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      lost.err, m,
+      std::regex("shop_child\\[" + pid +
+                 "\\] is served by another collector, at (\\S+) .*"
+                 "give --socket \\1, or start `heapdump-collector` before the program")))
+      << lost.err;
+  Output found = RunProgram({HD_CLI, "leaks", "--name", "shop_child", "--socket", m[1]}, dir);
+  EXPECT_EQ(found.status, 0) << found.err;
+  EXPECT_NE(found.out.find("shop_child[" + pid + "]"), std::string::npos) << found.out;
+  run.Send("");
+  EXPECT_EQ(run.Finish(), 0);
+}
+
 // A diff of two different programs is still made (sites match by name), and says so; of the
 // same program twice, it says nothing of the kind.
 TEST_F(CliTest, DiffOfTwoProgramsSaysSo) {

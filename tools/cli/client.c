@@ -2,6 +2,7 @@
  * DownloadStoredSnapshot through the generated bindings, with the collector's errors turned into
  * messages that say what to do. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -39,6 +41,55 @@ static HD_MUST_CHECK int new_channel(const cli_options *o, int ends[2]) {
   return 0;
 }
 
+/* The collector socket named by HEAPDUMP_SOCKET in process pid's environment, into out; false if
+ * it names none, or the one at `ours`, or no socket. */
+static bool socket_of(const char *pid, const char *ours, char *out, size_t size) {
+  char path[64], env[65536];
+  snprintf(path, sizeof path, "/proc/%s/environ", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, env, sizeof env - 1);
+  close(fd);
+  if (n <= 0) return false;
+  env[n] = '\0';
+  static const char kName[] = "HEAPDUMP_SOCKET=";
+  for (const char *e = env; e < env + n; e += strlen(e) + 1) {
+    struct stat st;
+    if (strncmp(e, kName, sizeof kName - 1) == 0 && strcmp(e + sizeof kName - 1, ours) != 0 &&
+        stat(e + sizeof kName - 1, &st) == 0 && S_ISSOCK(st.st_mode)) {
+      snprintf(out, size, "%s", e + sizeof kName - 1);
+      return true;
+    }
+  }
+  return false;
+}
+
+/* A process of the user's that the request names (by pid, by name, or any when neither) and
+ * that another collector serves: typically a program under `heapdump run`, whose own collector
+ * is on a private socket. Its name[pid] and that socket; false if there is none. */
+static bool served_elsewhere(const cli_options *o, char *who, size_t who_size, char *socket,
+                             size_t socket_size) {
+  DIR *d = opendir("/proc");
+  if (d == NULL) return false;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+    char *end;
+    unsigned long pid = strtoul(e->d_name, &end, 10);
+    if (*end != '\0' || pid == 0 || (o->has_pid && pid != o->pid)) continue;
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/%lu/comm", pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) continue;
+    if (fgets(comm, sizeof comm, f) != NULL) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    if (o->name != NULL && strcmp(comm, o->name) != 0) continue;
+    found = socket_of(e->d_name, o->socket, socket, socket_size);
+    if (found) snprintf(who, who_size, "%s[%lu]", comm, pid);
+  }
+  closedir(d);
+  return found;
+}
+
 int cli_connect(const cli_options *o, int *fd) {
   errno = 0;
   hd_status status = hd_channel_connect_timeout(o->socket, o->timeout, fd);
@@ -48,6 +99,15 @@ int cli_connect(const cli_options *o, int *fd) {
   if (err == EACCES || err == EPERM) {
     cli_error("permission denied connecting to the collector at %s", o->socket);
     return EXIT_PERMISSION;
+  }
+  char who[64], other[108];
+  if (served_elsewhere(o, who, sizeof who, other, sizeof other)) {
+    cli_error(
+        "no collector is running at %s (%s).\n"
+        "%s is served by another collector, at %s (`heapdump run` starts its own when none "
+        "runs): give --socket %s, or start `heapdump-collector` before the program.",
+        o->socket, err ? strerror(err) : hd_status_str(status), who, other, other);
+    return EXIT_NO_COLLECTOR;
   }
   cli_error(
       "no collector is running at %s (%s).\n"
