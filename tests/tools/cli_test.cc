@@ -688,7 +688,8 @@ TEST_F(CliTest, DiffTellsWhatGrewAndWhatOnlyChurned) {
 
 // A program under `heapdump run` with no collector running is served by run's own collector,
 // on a private socket: `heapdump leaks` does not find a collector, and says where that one is;
-// given its socket, leaks reads the program.
+// given its socket, leaks reads the program. A collector started since does not serve it either,
+// and `snapshot` says so the same way.
 TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
   hdtest::Program run({HD_CLI, "run", "--socket=" + socket, "--no-leak-check", "--", HD_SHOP_CHILD},
                       {"TMPDIR=" + dir});
@@ -707,6 +708,14 @@ TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
   Output found = RunProgram({HD_CLI, "leaks", "--name", "shop_child", "--socket", m[1]}, dir);
   EXPECT_EQ(found.status, 0) << found.err;
   EXPECT_NE(found.out.find("shop_child[" + pid + "]"), std::string::npos) << found.out;
+  // A collector at the socket does not serve it either: the same pointer.
+  StartCollector();
+  Output elsewhere = Heapdump({"snapshot", "--name", "shop_child", "-o", "x.pb.gz"});
+  EXPECT_EQ(elsewhere.status, 4) << elsewhere.err;  // not found
+  EXPECT_NE(elsewhere.err.find("shop_child[" + pid + "] is served by another collector, at " +
+                               std::string(m[1]) + ": give --socket " + std::string(m[1])),
+            std::string::npos)
+      << elsewhere.err;
   run.Send("");
   EXPECT_EQ(run.Finish(), 0);
 }

@@ -284,13 +284,22 @@ int cli_take_live_snapshot(const cli_options *o, uint64_t pid, hd_reassembler *r
   }
   if (error == 0) return drop_unread(r);
   switch (error) {
-    case heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH:
+    case heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH: {
+      char who[64], other[108];
+      if (served_elsewhere(o, who, sizeof who, other, sizeof other)) {
+        cli_error(
+            "no process the collector at %s serves matches %s.\n"
+            "%s is served by another collector, at %s: give --socket %s.",
+            o->socket, what, who, other, other);
+        return EXIT_NOT_FOUND;
+      }
       cli_error(
           "no instrumented process of yours matches %s.\n"
           "Programs are instrumented when started with `heapdump run` or with "
           "LD_PRELOAD=libheapdump.so.",
           what);
       return EXIT_NOT_FOUND;
+    }
     case heapdump_client_CollectorError_PROCESS_SELECTOR_UNSUPPORTED:
       cli_error("the collector does not support selecting by %s", what);
       return EXIT_FAILURE_;
