@@ -720,6 +720,31 @@ TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
   EXPECT_EQ(run.Finish(), 0);
 }
 
+// The diff page of two live snapshots of one process marks BASE's moment on NEW's timeline:
+// stored snapshots are marked by their names, but `run --interval`'s live ones were not at all.
+TEST_F(CliTest, DiffTimelineMarksTheBase) {
+  Output o = Heapdump(
+      {"run", "--interval", "0.4", "--format", "raw", "--", HD_GROWTH_CHILD, "serve", "30", "50"});
+  ASSERT_EQ(o.status, 0) << o.err;
+  std::vector<std::pair<int, std::string>> snapshots;
+  for (const auto &f : Glob(dir, "heapdump.growth_child.")) {
+    std::smatch m;
+    if (std::regex_match(f, m,
+                         std::regex(R"(.*heapdump\.growth_child\.[0-9]+\.([0-9]+)\.heapdump)"))) {
+      snapshots.push_back({std::stoi(m[1]), f});
+    }
+  }
+  ASSERT_GE(snapshots.size(), 2u) << o.err;
+  std::sort(snapshots.begin(), snapshots.end());
+  Output d = Heapdump({"diff", snapshots.front().second, snapshots.back().second, "--format",
+                       "html", "-o", "timeline.html"});
+  ASSERT_EQ(d.status, 0) << d.err;
+  const std::string page = ReadFile(dir + "/timeline.html");
+  EXPECT_TRUE(
+      std::regex_search(page, std::regex(R"("markers":\[[^\]]*\{"t_ms":[0-9.]+,"name":"BASE"\})")))
+      << page.substr(0, 2000);
+}
+
 // A diff of two different programs is still made (sites match by name), and says so; of the
 // same program twice, it says nothing of the kind.
 TEST_F(CliTest, DiffOfTwoProgramsSaysSo) {

@@ -196,12 +196,15 @@ static void write_series(FILE *out, const char *key, const hd_snapshot *s, size_
   fputc(']', out);
 }
 
-static void write_timeline(const hd_snapshot *s, FILE *out) {
+/* The timeline of s; for a diff, base is the older snapshot of the process, whose moment is
+ * marked "BASE" where it falls in the newer one's series (unless a stored snapshot's name marks
+ * it already). */
+static void write_timeline(const hd_snapshot *s, const hd_snapshot *base, FILE *out) {
   if (s->sample_count == 0) {
     fputs("null", out);
     return;
   }
-  const int64_t start = s->samples[0].timestamp;
+  const int64_t start = s->samples[0].timestamp, end = s->samples[s->sample_count - 1].timestamp;
   fputs("{\"t_ms\":[", out);
   for (size_t i = 0; i < s->sample_count; i++) {
     fprintf(out, i ? ",%.1f" : "%.1f", ((double)s->samples[i].timestamp - (double)start) / 1e6);
@@ -212,7 +215,10 @@ static void write_timeline(const hd_snapshot *s, FILE *out) {
   write_series(out, "bytes_allocated", s, 2);
   write_series(out, "blocks_allocated", s, 3);
   fputs(",\"markers\":[", out);
-  bool comma = false;
+  const int64_t base_at = base != NULL && base->pid == s->pid && base->sample_count > 0
+                              ? base->samples[base->sample_count - 1].timestamp
+                              : INT64_MIN;
+  bool comma = false, base_marked = base_at < start || base_at > end;
   for (size_t i = 0; i < s->sample_count; i++) {
     if (!s->samples[i].has_snapshot_name) continue;
     fprintf(out, "%s{\"t_ms\":%.1f,\"name\":", comma ? "," : "",
@@ -220,6 +226,11 @@ static void write_timeline(const hd_snapshot *s, FILE *out) {
     hd_json_string_in_html(out, s->samples[i].snapshot_name);
     fputc('}', out);
     comma = true;
+    base_marked |= s->samples[i].timestamp == base_at;
+  }
+  if (!base_marked) {
+    fprintf(out, "%s{\"t_ms\":%.1f,\"name\":\"BASE\"}", comma ? "," : "",
+            ((double)base_at - (double)start) / 1e6);
   }
   fputs("]}", out);
 }
@@ -535,7 +546,7 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
   fputs(",\"stats\":", out);
   write_stats(s, out);
   fputs(",\"timeline\":", out);
-  write_timeline(s, out);
+  write_timeline(s, o->diff != NULL ? hd_diff_base_of(o->diff, pp->parts[0]) : NULL, out);
   /* Stacks are written first, into memory, as their frames fill the function table, which the
    * page wants before them. */
   char *stacks_text = NULL, *functions_text = NULL;

@@ -567,6 +567,10 @@ int hd_diff_write_report(const hd_diff *d, size_t top, size_t max_frames, bool j
 
 const hd_reassembler *hd_diff_profile_snapshots(const hd_diff *d) { return &d->profile; }
 
+const hd_snapshot *hd_diff_base_of(const hd_diff *d, size_t snapshot) {
+  return d->pairs[d->profile_pair[snapshot]].side[BASE];
+}
+
 bool hd_diff_trace_values(void *ctx, size_t snapshot, size_t trace, int64_t values[4]) {
   const hd_diff *d = ctx;
   const process_pair *p = &d->pairs[d->profile_pair[snapshot]];

@@ -59,6 +59,8 @@ typedef struct hd_diff_change {
   bool blocks_matched;
 } hd_diff_change;
 size_t hd_diff_profile_pair(const hd_diff *d, size_t snapshot);
+/* The BASE side of that pair (NULL: the process is only in NEW). */
+const hd_snapshot *hd_diff_base_of(const hd_diff *d, size_t snapshot);
 /* Added and removed of a change whose blocks were not matched: the net change's sign. */
 void hd_diff_net_split(hd_diff_change *c);
 bool hd_diff_stack_change(const hd_diff *d, size_t snapshot, size_t trace, hd_diff_change *out);
