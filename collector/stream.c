@@ -135,12 +135,11 @@ static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, cons
 static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
                                                bool only_if_allocated, hd_batch_writer *w) {
   size_t n = 0;
-  uint64_t blocks_allocated = 0, bytes_allocated = 0;
+  hd_trace_counters counters = {0};
   bool truncated = false;
-  bool known =
-      key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n, &blocks_allocated,
-                                      &bytes_allocated, &truncated) == HD_READ_OK;
-  if (only_if_allocated && (!known || blocks_allocated == 0)) return HD_OK;
+  bool known = key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n, &counters,
+                                               &truncated) == HD_READ_OK;
+  if (only_if_allocated && (!known || counters.allocated_blocks == 0)) return HD_OK;
   hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0, known && truncated);
   if (status == HD_OK && known) {
     heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
@@ -149,9 +148,11 @@ static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint
         (heapdump_client_StackTraceCounters){.has_stack_trace_key = true,
                                              .stack_trace_key = key,
                                              .has_allocated_blocks = true,
-                                             .allocated_blocks = blocks_allocated,
+                                             .allocated_blocks = counters.allocated_blocks,
                                              .has_allocated_bytes = true,
-                                             .allocated_bytes = bytes_allocated};
+                                             .allocated_bytes = counters.allocated_bytes,
+                                             .has_temporary_blocks = true,
+                                             .temporary_blocks = counters.temporary_blocks};
     status = hd_batch_add(w, &e);
   }
   return status;

@@ -534,8 +534,7 @@ static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t o
 }
 
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
-                                   size_t *count, uint64_t *alloc_blocks, uint64_t *alloc_bytes,
-                                   bool *truncated) {
+                                   size_t *count, hd_trace_counters *counters, bool *truncated) {
   if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
   *count = 0;
   uint64_t end = published_end(r);
@@ -554,8 +553,11 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
                        max < HD_MAX_FRAMES ? (unsigned)max : HD_MAX_FRAMES))
     return HD_READ_ERR_CORRUPT;
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
-  if (alloc_blocks) *alloc_blocks = LOAD(&live->alloc_blocks);
-  if (alloc_bytes) *alloc_bytes = LOAD(&live->alloc_bytes);
+  if (counters) {
+    counters->allocated_blocks = LOAD(&live->alloc_blocks);
+    counters->allocated_bytes = LOAD(&live->alloc_bytes);
+    counters->temporary_blocks = LOAD(&live->temporary_blocks);
+  }
   if (truncated) *truncated = (rec.flags & HD_STACK_TRUNCATED) != 0;
   *count = rec.frame_count;
   return rec.frame_count > max ? HD_READ_ERR_NO_SPACE : HD_READ_OK;

@@ -164,11 +164,15 @@ uint32_t hd_res_reader_pid(const hd_res_reader *r);
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
- * alloc_blocks/alloc_bytes (nullable): cumulative counters of the trace. truncated (nullable):
- * the library's walk was cut at its frame limit. */
+ * counters (nullable): the trace's cumulative counters. truncated (nullable): the library's
+ * walk was cut at its frame limit. */
+typedef struct hd_trace_counters {
+  uint64_t allocated_blocks, allocated_bytes;
+  uint64_t temporary_blocks; /* freed by their thread before its next allocation */
+} hd_trace_counters;
 HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames,
-                                                 size_t max, size_t *count, uint64_t *alloc_blocks,
-                                                 uint64_t *alloc_bytes,
+                                                 size_t max, size_t *count,
+                                                 hd_trace_counters *counters,
                                                  bool *truncated) HD_MUST_CHECK;
 HD_MUST_CHECK hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
                                                   hd_thread_info *out) HD_MUST_CHECK;

@@ -419,6 +419,7 @@ static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
   t->has_counters = true;
   t->allocated_blocks = c->allocated_blocks;
   t->allocated_bytes = c->allocated_bytes;
+  t->temporary_blocks = c->temporary_blocks;
   return HD_OK;
 }
 

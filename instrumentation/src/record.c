@@ -179,7 +179,20 @@ static uint32_t insert_info(const hd_alloc_info *info) {
     return HD_NO_NODE;
   }
   hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size);
+  w->last_alloc_address = info->address;
   return index;
+}
+
+/* A recorded block (old) is being freed by this thread, whose latest allocation before this
+ * moment was at last_alloc_address (0 once the thread freed anything after it): a temporary
+ * allocation if that was this very block: freed with no allocation nor free in between, as
+ * profilers usually define it, but per thread rather than across the process (a thread's
+ * sequence is what the code shows). */
+static void count_if_temporary(const hd_alloc_info *old, uint64_t last_alloc_address) {
+  /* The thread check keeps out a block of this address that another thread allocated after
+   * this thread's block was freed elsewhere. */
+  if (old->address != last_alloc_address || old->thread_key != hd_tls.thread_key) return;
+  hd_res_count_temporary(&hd_live_res, old->stack_key);
 }
 
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
@@ -202,20 +215,27 @@ static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info 
          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old);
 }
 
-static void free_recorded_at(void *p, size_t usable, const char *call) {
+/* last_alloc_address: this thread's latest allocation before the free (see
+ * count_if_temporary). */
+static void free_recorded_at(void *p, size_t usable, const char *call,
+                             uint64_t last_alloc_address) {
   hd_alloc_info old;
   /* Erased before the block goes back: its address cannot be reused while still recorded. */
   const bool recorded = take_record(p, usable, call, &old);
   tag_freed(p, usable);
+  hd_tls.writer.last_alloc_address = 0;
   if (recorded) {
     hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+    count_if_temporary(&old, last_alloc_address);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
   }
   hd_backend_free(p, 0, 0);
 }
 
-void hd_free_recorded(void *p) { free_recorded_at(p, hd_backend_usable(p), "free()"); }
+void hd_free_recorded(void *p) {
+  free_recorded_at(p, hd_backend_usable(p), "free()", hd_tls.writer.last_alloc_address);
+}
 
 void *hd_realloc_recorded(void *p, size_t size) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
@@ -236,7 +256,10 @@ void *hd_realloc_recorded(void *p, size_t size) {
       errno = ENOMEM;
       return NULL;
     }
-    if (had) hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+    if (had) {
+      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      count_if_temporary(&old, hd_tls.writer.last_alloc_address);
+    }
     hd_record_alloc(q, size, 0, hd_backend_usable(q));
     return q;
   }
@@ -257,13 +280,16 @@ void *hd_realloc_recorded(void *p, size_t size) {
     make_info(&info, p, size, 0);
     if (index != HD_NO_NODE && hd_alloc_table_replace(&hd_live_alloc, index, &info, &old)) {
       hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      count_if_temporary(&old, hd_tls.writer.last_alloc_address);
       hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size);
+      hd_tls.writer.last_alloc_address = info.address;
       hd_tag_set_at(p, resized_usable, index);
     } else {
       /* Not recorded, or its new size cannot be: its old record must not outlive it. */
       if (index != HD_NO_NODE &&
           hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old)) {
         hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+        count_if_temporary(&old, hd_tls.writer.last_alloc_address);
       }
       hd_tag_set_at(p, resized_usable, insert_info(&info));
     }
@@ -278,7 +304,10 @@ void *hd_realloc_recorded(void *p, size_t size) {
   const size_t old_usable = hd_backend_usable(p);
   const size_t old_size = old_usable - HD_TAG_BYTES;
   memcpy(q, p, old_size < size ? old_size : size);
+  /* A realloc is the old block's free, then the new block's allocation. */
+  const uint64_t last_alloc_address = hd_tls.writer.last_alloc_address;
   hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
-  free_recorded_at(p, old_usable, "realloc()");
+  free_recorded_at(p, old_usable, "realloc()", last_alloc_address);
+  hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)q; /* the realloc's last event */
   return q;
 }

@@ -426,6 +426,12 @@ void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size) {
   add_live(t, w, -(int64_t)size);
 }
 
+void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key) {
+  if (stack_key == 0) return;
+  hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
+  __atomic_fetch_add(&r->temporary_blocks, 1, __ATOMIC_RELAXED);
+}
+
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out) {
   const hd_stats_block *s = &t->hdr->stats;
   out->blocks_allocated = LOAD(&s->blocks_allocated);

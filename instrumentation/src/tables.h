@@ -38,6 +38,9 @@ typedef struct hd_writer_thread {
   uint32_t node_count;   /* entries of `nodes` in use */
   int64_t live_delta;    /* bytes allocated minus freed not yet added to the process total */
   bool retired;          /* the thread is exiting: shared paths only from now on */
+  /* The address of this thread's latest recorded allocation, until the thread frees anything:
+   * a free of it then is a temporary allocation (record.c, count_if_temporary). */
+  uint64_t last_alloc_address;
   uint32_t nodes[HD_THREAD_NODE_CACHE]; /* free node indices owned by this thread */
 } hd_writer_thread;
 
@@ -216,6 +219,8 @@ bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
  * either, except the two per-trace counters and (rarely) the peak. w may be NULL. */
 void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
 void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
+/* A block of trace stack_key was freed by its thread before that thread's next allocation. */
+void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone
  * (hd_res_header.stacks_beyond_cfi). */

@@ -518,7 +518,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   const uint8_t bytes[24] = {1, 2, 3, 0, 5};
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
   auto counters = Element(heapdump_client_SnapshotElement_stack_trace_counters_tag);
-  counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000};
+  counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000, true, 31};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
   stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,
@@ -580,6 +580,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_TRUE(st->has_counters);
   EXPECT_EQ(st->allocated_blocks, 1000u);
   EXPECT_EQ(st->allocated_bytes, 24000u);
+  EXPECT_EQ(st->temporary_blocks, 31u);
   ASSERT_TRUE(s->has_stats);
   EXPECT_EQ(s->stats.peak_live_bytes, 30u);
   EXPECT_EQ(s->stats.dropped_resources, 6u);

@@ -95,7 +95,7 @@ static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
     if (cursor <= last) abort(); /* the walk must move forward */
     last = cursor;
     if (e.type == HD_ENTRY_STACK &&
-        hd_res_reader_stack(r, e.key, frames, HD_MAX_FRAMES, &n, NULL, NULL, NULL) == HD_READ_OK &&
+        hd_res_reader_stack(r, e.key, frames, HD_MAX_FRAMES, &n, NULL, NULL) == HD_READ_OK &&
         n > HD_MAX_FRAMES)
       abort();
     if (e.type == HD_ENTRY_THREAD && e.u.thread.name[sizeof(e.u.thread.name) - 1] != 0) abort();
@@ -104,10 +104,10 @@ static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
       abort();
   }
   for (size_t i = 0; i < count && i < kMaxBlocksResolved; i++) {
-    uint64_t blocks_allocated, bytes_allocated;
+    hd_trace_counters counters;
     hd_thread_info thread;
-    hd_read_status stack = hd_res_reader_stack(r, blocks[i].stack_key, frames, 4, &n,
-                                               &blocks_allocated, &bytes_allocated, NULL);
+    hd_read_status stack =
+        hd_res_reader_stack(r, blocks[i].stack_key, frames, 4, &n, &counters, NULL);
     if ((stack == HD_READ_OK && n > 4) || (stack == HD_READ_ERR_NO_SPACE && n <= 4)) abort();
     if (hd_res_reader_thread(r, blocks[i].thread_key, &thread) == HD_READ_OK &&
         thread.name[sizeof(thread.name) - 1] != 0)

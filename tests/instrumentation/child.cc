@@ -1136,6 +1136,32 @@ static void scenario_callers() {
   }
 }
 
+// Temporary allocations (freed by their thread before it allocates or frees anything else), one
+// size per case: 5101 always temporary; 5102 freed after 5103 was allocated, then 5103 after
+// that free (neither); 5104 moved by realloc right after its allocation (always: a realloc is
+// the old block's free, then an allocation), and the moved block freed at once (always);
+// 5105 freed by another thread (never).
+static const int kTemporaryRounds = 1000;
+static void *free_elsewhere(void *p) {
+  free(p);
+  return nullptr;
+}
+
+static void scenario_temporary() {
+  for (int i = 0; i < kTemporaryRounds; i++) free(opaque(malloc(5101)));
+  for (int i = 0; i < kTemporaryRounds; i++) {
+    void *a = opaque(malloc(5102)), *b = opaque(malloc(5103));
+    free(a);
+    free(b);
+  }
+  for (int i = 0; i < kTemporaryRounds; i++) free(opaque(realloc(opaque(malloc(5104)), 1 << 20)));
+  for (int i = 0; i < 50; i++) {
+    pthread_t t;
+    CHECK(pthread_create(&t, nullptr, free_elsewhere, opaque(malloc(5105))) == 0);
+    CHECK(pthread_join(t, nullptr) == 0);
+  }
+}
+
 static void scenario_dlopen(const char *lib) {
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
@@ -1318,6 +1344,8 @@ int main(int argc, char **argv) {
     scenario_paths();
   else if (mode == "callers")
     scenario_callers();
+  else if (mode == "temporary")
+    scenario_temporary();
   else if (mode == "roots")
     scenario_roots();
   else if (mode == "api") {

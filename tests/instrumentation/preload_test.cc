@@ -161,7 +161,7 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
     EXPECT_EQ(names[b->thread_key], "worker-" + std::to_string(th));
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr, nullptr),
+    ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, nullptr, nullptr),
               HD_READ_OK);
     ASSERT_GE(n, 1u);
     // The innermost frame is the caller of malloc, in the child's own executable.
@@ -174,12 +174,13 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   EXPECT_EQ(s.dropped_allocations, 0u);
   // Cumulative counters: the 8 workers share one trace, which allocated 8 x 20000 blocks.
   const hd_live_block *b = t.FindSize(7700);
-  uint64_t frames[64], blocks = 0, bytes = 0;
+  uint64_t frames[64];
+  hd_trace_counters counters{};
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &blocks, &bytes, nullptr),
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &counters, nullptr),
             HD_READ_OK);
-  EXPECT_EQ(blocks, 8u * 20000);
-  EXPECT_EQ(bytes, 20000u * (8 * 7700 + 28));
+  EXPECT_EQ(counters.allocated_blocks, 8u * 20000);
+  EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
 }
 
 // Each thread that allocates records where its stack and thread pointer are, for the collector's
@@ -282,9 +283,9 @@ TEST_P(Preload, TheUnwinderOpensNoDescriptors) {
   ASSERT_EQ(t.CountSize(7124), 20);
   uint64_t frames[64];
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, t.FindSize(7124)->stack_key, frames, 64, &n, nullptr,
-                                nullptr, nullptr),
-            HD_READ_OK);
+  ASSERT_EQ(
+      hd_res_reader_stack(t.res, t.FindSize(7124)->stack_key, frames, 64, &n, nullptr, nullptr),
+      HD_READ_OK);
   std::string trace;
   for (size_t i = 0; i < n; i++) trace += t.RegionOf(frames[i]) + "\n";
   const size_t in_module = trace.find("libhd_testlib_nohdr.so\n");
@@ -377,9 +378,9 @@ TEST_P(Preload, AModuleWithCorruptUnwindTablesIsRefusedNotFollowed) {
     EXPECT_EQ(t.stats.unwind_tables_refused, frame_pointers ? 0u : 1u);
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, t.FindSize(7125)->stack_key, frames, 64, &n, nullptr,
-                                  nullptr, nullptr),
-              HD_READ_OK);
+    ASSERT_EQ(
+        hd_res_reader_stack(t.res, t.FindSize(7125)->stack_key, frames, 64, &n, nullptr, nullptr),
+        HD_READ_OK);
     std::string trace;
     for (size_t i = 0; i < n; i++) trace += t.RegionOf(frames[i]) + "\n";
     const size_t in_module = trace.find(kind + ".so\n");
@@ -529,13 +530,13 @@ TEST_P(Preload, EachCallPathHasItsOwnTrace) {
     auto [it, fresh] = size_by_key.emplace(keys[0], size);
     EXPECT_TRUE(fresh) << "paths " << it->second - 11000 << " and " << size - 11000
                        << " share a trace";
-    uint64_t frames[64], blocks = 0, bytes = 0;
+    uint64_t frames[64];
+    hd_trace_counters counters{};
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &blocks, &bytes, nullptr),
-              HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, keys[0], frames, 64, &n, &counters, nullptr), HD_READ_OK);
     EXPECT_GE(n, 12u);  // malloc's caller and 11 levels of the path
-    EXPECT_EQ(blocks, 2u);
-    EXPECT_EQ(bytes, 2 * size);
+    EXPECT_EQ(counters.allocated_blocks, 2u);
+    EXPECT_EQ(counters.allocated_bytes, 2 * size);
   }
 }
 
@@ -550,15 +551,51 @@ TEST_P(Preload, EachCallerOfOneSiteCountsItsOwnAllocations) {
   hd_res_entry e;
   while (hd_res_reader_next(t.res, &cursor, &e) == HD_READ_OK) {
     if (e.type != HD_ENTRY_STACK) continue;
-    uint64_t frames[64], blocks = 0, bytes = 0;
+    uint64_t frames[64];
+    hd_trace_counters counters{};
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &blocks, &bytes, nullptr),
-              HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &counters, nullptr), HD_READ_OK);
+    const uint64_t blocks = counters.allocated_blocks, bytes = counters.allocated_bytes;
     if (bytes % kSize != 0 || blocks == 0 || bytes / blocks != kSize) continue;
     traces++;
     EXPECT_EQ(blocks, kRounds) << "trace " << e.key;
   }
   EXPECT_EQ(traces, 3u);
+}
+
+// Temporary allocations as heaptrack counts them, per thread (child.cc, scenario_temporary):
+// blocks freed before their thread's next allocation or free, a realloc counting as a free then
+// an allocation, and never a block another thread frees.
+TEST_P(Preload, TemporaryAllocationsAreFreedBeforeTheirThreadAllocatesOrFreesAgain) {
+  Tables t;
+  RunChild({"temporary"}, &t);
+  std::map<uint64_t, hd_trace_counters> by_size;
+  uint64_t cursor = 0;
+  hd_res_entry e;
+  while (hd_res_reader_next(t.res, &cursor, &e) == HD_READ_OK) {
+    if (e.type != HD_ENTRY_STACK) continue;
+    uint64_t frames[64];
+    hd_trace_counters c{};
+    size_t n;
+    ASSERT_EQ(hd_res_reader_stack(t.res, e.key, frames, 64, &n, &c, nullptr), HD_READ_OK);
+    if (c.allocated_blocks == 0 || c.allocated_bytes % c.allocated_blocks != 0) continue;
+    const uint64_t size = c.allocated_bytes / c.allocated_blocks;
+    if ((size < 5101 || size > 5105) && size != 1 << 20) continue;
+    EXPECT_EQ(by_size.count(size), 0u) << "two traces allocate " << size << " bytes";
+    by_size[size] = c;
+  }
+  const uint64_t rounds = 1000;
+  ASSERT_EQ(by_size.size(), 6u);
+  EXPECT_EQ(by_size[5101].allocated_blocks, rounds);
+  EXPECT_EQ(by_size[5101].temporary_blocks, rounds);
+  EXPECT_EQ(by_size[5102].temporary_blocks, 0u);
+  EXPECT_EQ(by_size[5103].allocated_blocks, rounds);
+  EXPECT_EQ(by_size[5103].temporary_blocks, 0u);
+  EXPECT_EQ(by_size[5104].temporary_blocks, rounds);
+  EXPECT_EQ(by_size[1 << 20].allocated_blocks, rounds);
+  EXPECT_EQ(by_size[1 << 20].temporary_blocks, rounds);
+  EXPECT_EQ(by_size[5105].allocated_blocks, 50u);
+  EXPECT_EQ(by_size[5105].temporary_blocks, 0u);
 }
 
 TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {
@@ -585,7 +622,7 @@ TEST_P(Preload, MemoryCapDropsRecordsAndTheProgramGoesOn) {
     if (b.stack_key == 0) continue;
     uint64_t frames[64];
     size_t n;
-    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr, nullptr),
+    ASSERT_EQ(hd_res_reader_stack(t.res, b.stack_key, frames, 64, &n, nullptr, nullptr),
               HD_READ_OK);
   }
 }

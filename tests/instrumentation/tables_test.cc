@@ -644,36 +644,35 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   EXPECT_EQ(keys.size(), 2000u);
   hd_res_count_alloc(&t, nullptr, ka, 100);
   hd_res_count_alloc(&t, nullptr, ka, 50);
-  uint64_t frames[64], blocks, bytes;
+  hd_res_count_temporary(&t, ka);
+  uint64_t frames[64];
+  hd_trace_counters counters{};
   size_t n;
-  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &blocks, &bytes, nullptr), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, &counters, nullptr), HD_READ_OK);
   ASSERT_EQ(n, a.size());
   for (size_t i = 0; i < n; i++) EXPECT_EQ(frames[i], a[i]);
-  EXPECT_EQ(blocks, 2u);
-  EXPECT_EQ(bytes, 150u);
+  EXPECT_EQ(counters.allocated_blocks, 2u);
+  EXPECT_EQ(counters.allocated_bytes, 150u);
+  EXPECT_EQ(counters.temporary_blocks, 1u);
   bool truncated = true;
-  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, nullptr, nullptr, &truncated), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(r, ka, frames, 64, &n, nullptr, &truncated), HD_READ_OK);
   EXPECT_FALSE(truncated);
-  ASSERT_EQ(hd_res_reader_stack(r, cut, frames, 64, &n, nullptr, nullptr, &truncated), HD_READ_OK);
+  ASSERT_EQ(hd_res_reader_stack(r, cut, frames, 64, &n, nullptr, &truncated), HD_READ_OK);
   EXPECT_TRUE(truncated);
   EXPECT_EQ(n, 4u);
-  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr, nullptr),
-            HD_READ_ERR_NO_SPACE);
-  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr, nullptr),
+  EXPECT_EQ(hd_res_reader_stack(r, ka, frames, 2, &n, nullptr, nullptr), HD_READ_ERR_NO_SPACE);
+  EXPECT_EQ(hd_res_reader_stack(r, ka + 8, frames, 64, &n, nullptr, nullptr),
             HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr, nullptr),
-            HD_READ_ERR_NOT_FOUND);
-  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr, nullptr),
+  EXPECT_EQ(hd_res_reader_stack(r, 3, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_NOT_FOUND);
+  EXPECT_EQ(hd_res_reader_stack(r, 1u << 30, frames, 64, &n, nullptr, nullptr),
             HD_READ_ERR_NOT_FOUND);
   // Damage the varint stream: the reader must notice.
   auto *rec = (hd_rec_stack *)(t.base + kb);
   rec->frame_count = 3;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr),
-            HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
   rec->frame_count = 1;
   rec->encoded_len = 100000;
-  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr, nullptr),
-            HD_READ_ERR_CORRUPT);
+  EXPECT_EQ(hd_res_reader_stack(r, kb, frames, 64, &n, nullptr, nullptr), HD_READ_ERR_CORRUPT);
 }
 
 TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
@@ -872,10 +871,9 @@ TEST(ResTableIndex, GrowsAndKeepsFindingEveryTrace) {
     uint64_t f[3];
     trace(i, f);
     ASSERT_EQ(hd_res_intern_stack(&t, f, 3, 0), keys[i]) << i;
-    uint64_t got[4], blocks, bytes;
+    uint64_t got[4];
     size_t count;
-    ASSERT_EQ(hd_res_reader_stack(r, keys[i], got, 4, &count, &blocks, &bytes, nullptr),
-              HD_READ_OK);
+    ASSERT_EQ(hd_res_reader_stack(r, keys[i], got, 4, &count, nullptr, nullptr), HD_READ_OK);
     ASSERT_EQ(count, 3u);
     ASSERT_TRUE(got[0] == f[0] && got[1] == f[1] && got[2] == f[2]) << i;
   }

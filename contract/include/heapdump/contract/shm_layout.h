@@ -90,7 +90,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 6u
+#define HD_LAYOUT_VERSION 7u
 #define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
 #define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
 
@@ -254,9 +254,12 @@ typedef struct hd_rec_stack {
   hd_rec_header h;
   uint64_t alloc_blocks; /* atomic: blocks allocated with this trace since start */
   uint64_t alloc_bytes;  /* atomic: bytes allocated with this trace since start */
-  uint16_t frame_count;  /* <= HD_MAX_FRAMES */
-  uint16_t flags;        /* HD_STACK_*; readers ignore bits they do not know */
-  uint32_t encoded_len;  /* bytes of varint data that follow */
+  /* atomic: blocks of this trace freed by the thread that allocated them before that thread's
+   * next allocation (temporary allocations) */
+  uint64_t temporary_blocks;
+  uint16_t frame_count; /* <= HD_MAX_FRAMES */
+  uint16_t flags;       /* HD_STACK_*; readers ignore bits they do not know */
+  uint32_t encoded_len; /* bytes of varint data that follow */
   /* uint8_t encoded[encoded_len]; then padding to 8 */
 } hd_rec_stack;
 /* The walk stopped at the frame limit with frames left: the root-most frames are missing. A
@@ -411,10 +414,11 @@ HD_PIN_SIZE(hd_rec_header, 8);
 HD_PIN(hd_rec_stack, h, 0);
 HD_PIN(hd_rec_stack, alloc_blocks, 8);
 HD_PIN(hd_rec_stack, alloc_bytes, 16);
-HD_PIN(hd_rec_stack, frame_count, 24);
-HD_PIN(hd_rec_stack, flags, 26);
-HD_PIN(hd_rec_stack, encoded_len, 28);
-HD_PIN_SIZE(hd_rec_stack, 32);
+HD_PIN(hd_rec_stack, temporary_blocks, 24);
+HD_PIN(hd_rec_stack, frame_count, 32);
+HD_PIN(hd_rec_stack, flags, 34);
+HD_PIN(hd_rec_stack, encoded_len, 36);
+HD_PIN_SIZE(hd_rec_stack, 40);
 
 HD_PIN(hd_rec_thread, h, 0);
 HD_PIN(hd_rec_thread, tid, 8);

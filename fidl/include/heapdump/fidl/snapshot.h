@@ -50,6 +50,8 @@ typedef struct hd_snapshot_stack_trace {
   bool truncated;
   bool has_counters; /* StackTraceCounters seen */
   uint64_t allocated_blocks, allocated_bytes;
+  /* Of the allocated blocks, those their thread freed before allocating again. */
+  uint64_t temporary_blocks;
 } hd_snapshot_stack_trace;
 
 typedef struct hd_snapshot_thread {
