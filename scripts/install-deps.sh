@@ -8,7 +8,7 @@ packages=(
   nanopb libnanopb-dev protobuf-compiler python3 python3-protobuf
   libunwind-dev libelf-dev libdw-dev libjemalloc-dev zlib1g-dev libgtest-dev libiberty-dev
   perl git file binutils dwz golang-go valgrind redis-server libmicrohttpd-dev prometheus
-  libjs-chart.js node-d3-hierarchy chromium
+  libjs-chart.js node-d3-hierarchy chromium heaptrack cppcheck googletest
 )
 
 missing=()

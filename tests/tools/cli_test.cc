@@ -722,6 +722,107 @@ TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
 
 // The diff page of two live snapshots of one process marks BASE's moment on NEW's timeline:
 // stored snapshots are marked by their names, but `run --interval`'s live ones were not at all.
+std::unique_ptr<hdtest::Browser> OpenPage(const std::string &dir, const std::string &name);
+double Number(hdtest::Browser &b, const std::string &expression);
+std::string Text(hdtest::Browser &b, const std::string &expression);
+
+// Churn as heaptrack reports it, on a real C++ program: cppcheck on one of googletest's sources,
+// run by docs/tools.md's lines as written. Both count every allocation call, and temporary
+// allocations by the same rule (freed with no allocation nor free in between; heaptrack matches
+// a free to the latest allocation by size and stack instead of by address, and across threads).
+TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
+  const std::string source = "/usr/src/googletest/googletest/src/gtest-filepath.cc";
+  for (const char *needed : {"/usr/bin/heaptrack", "/usr/bin/cppcheck", source.c_str()}) {
+    if (access(needed, R_OK) != 0) GTEST_SKIP() << needed << " is not installed";
+  }
+  const std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  const size_t start = doc.find("#### Which sites churn");
+  ASSERT_NE(start, std::string::npos);
+  std::istringstream section(doc.substr(start, doc.find("\n#", start + 1) - start));
+  std::string script = "cp " + source + " .\n";
+  std::string cppcheck;  // the doc's command under heapdump run
+  int commands = 0;
+  for (std::string line; std::getline(section, line);) {
+    if (line.rfind("    heapdump ", 0) != 0) continue;
+    script += line.substr(4) + "\n";
+    if (line.find(" -- ") != std::string::npos) cppcheck = line.substr(line.find(" -- ") + 4);
+    commands++;
+  }
+  ASSERT_EQ(commands, 2) << script;
+  ASSERT_EQ(cppcheck.rfind("cppcheck ", 0), 0u) << script;
+  const std::string bin = std::string(HD_CLI).substr(0, std::string(HD_CLI).rfind('/'));
+  const std::vector<std::string> env = {"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir};
+  hdtest::ShellOutput ours = hdtest::RunShell(script, dir, env);
+  ASSERT_EQ(ours.status, 0) << script << ours.out;
+  // Sites by temporary blocks, the heaviest holding nothing live at exit.
+  EXPECT_NE(ours.out.find("TEMPORARY  SITE\n             0            0"), std::string::npos)
+      << ours.out;
+
+  Output json =
+      Heapdump({"report", "check.heapdump", "--sort", "temporary", "--json", "--top", "1"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      json.out, m, std::regex("\"blocks_allocated\":(\\d+).*\"temporary_blocks\":(\\d+)\\}")))
+      << json.out;
+  const double our_calls = std::stod(m[1]), our_temporary = std::stod(m[2]);
+  ASSERT_TRUE(
+      std::regex_search(json.out, m,
+                        std::regex("\"sort\":\"temporary\",\"groups\":\\[\\{\"name\":\"([^\"]*)\""
+                                   ".*?\"temporary_blocks\":(\\d+)")))
+      << json.out;
+  const std::string our_top = m[1];
+  const double our_top_temporary = std::stod(m[2]);
+
+  // The HTML page of the same, sorted the same way: it opens on temporary blocks, the first
+  // site the report's.
+  Output html = Heapdump(
+      {"report", "check.heapdump", "--format", "html", "--sort", "temporary", "-o", "churn.html"});
+  ASSERT_EQ(html.status, 0) << html.err;
+  {
+    auto browser = OpenPage(dir, "churn.html");
+    ASSERT_NE(browser, nullptr);
+    hdtest::Browser &b = *browser;
+    EXPECT_EQ(Text(b, "heapdumpReport.state().metric"), "temp_blocks");
+    EXPECT_EQ(Text(b, "heapdumpReport.state().sort.key"), "temp_blocks");
+    EXPECT_EQ(Text(b, "document.getElementById('flame-metric').value"), "temp_blocks");
+    const std::string first = "document.querySelector('#sites-table tr.site-row')";
+    EXPECT_EQ(Text(b, first + ".dataset.name"), our_top);
+    EXPECT_EQ(Number(b, "+" + first + ".dataset.tempBlocks"), our_top_temporary);
+    EXPECT_EQ(Number(b, "+" + first + ".dataset.liveBytes"), 0);
+  }
+
+  hdtest::ShellOutput theirs = hdtest::RunShell(
+      "heaptrack -o ht " + cppcheck + " >/dev/null 2>&1\nheaptrack_print ht.zst", dir, env);
+  ASSERT_EQ(theirs.status, 0) << theirs.out;
+  ASSERT_TRUE(std::regex_search(theirs.out, m, std::regex("calls to allocation functions: (\\d+)")))
+      << theirs.out;
+  const double their_calls = std::stod(m[1]);
+  ASSERT_TRUE(std::regex_search(theirs.out, m, std::regex("temporary memory allocations: (\\d+)")))
+      << theirs.out;
+  const double their_temporary = std::stod(m[1]);
+  ASSERT_TRUE(std::regex_search(
+      theirs.out, m,
+      std::regex("MOST TEMPORARY ALLOCATIONS\n(\\d+) temporary allocations of \\d+ allocations "
+                 "in total \\([^)]*\\) from:?\n([^\n(]+)")))
+      << theirs.out;
+  const double their_top_temporary = std::stod(m[1]);
+  const std::string their_top = m[2];
+
+  EXPECT_EQ(our_calls, their_calls);
+  EXPECT_GT(their_temporary, 10000);  // enough for the comparison to mean something
+  EXPECT_NEAR(our_temporary, their_temporary, 0.02 * their_temporary);
+  // The same site first (heaptrack names it without parameters), with the same count.
+  EXPECT_EQ(our_top.substr(0, our_top.find('(')), their_top) << json.out << theirs.out;
+  EXPECT_NEAR(our_top_temporary, their_top_temporary, 0.02 * their_top_temporary);
+
+  Output by_thread =
+      Heapdump({"report", "check.heapdump", "--sort", "allocated", "--by", "thread"});
+  EXPECT_NE(by_thread.status, 0);
+  EXPECT_NE(by_thread.err.find("--sort allocated needs --by site or stack"), std::string::npos)
+      << by_thread.err;
+}
+
 TEST_F(CliTest, DiffTimelineMarksTheBase) {
   Output o = Heapdump(
       {"run", "--interval", "0.4", "--format", "raw", "--", HD_GROWTH_CHILD, "serve", "30", "50"});

@@ -72,6 +72,7 @@ typedef struct cli_options {
   size_t top;
   size_t max_frames; /* text: frames shown per group */
   hd_report_by by;
+  hd_report_sort sort;
   hd_pprof_sample sample;
   const char *debug_dirs[16];
   size_t debug_dir_count;

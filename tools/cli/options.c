@@ -214,6 +214,19 @@ static HD_MUST_CHECK int set_by(const cli_option *opt, const char *value, cli_op
   return CLI_GO_ON;
 }
 
+static HD_MUST_CHECK int set_sort(const cli_option *opt, const char *value, cli_options *o) {
+  (void)opt;
+  static const char *const kNames[] = {"live", "allocated", "temporary", NULL};
+  static const int kValues[] = {HD_REPORT_SORT_LIVE, HD_REPORT_SORT_ALLOCATED,
+                                HD_REPORT_SORT_TEMPORARY};
+  int sort;
+  if (!pick_keyword(value, kNames, kValues, &sort)) {
+    return cli_usage_error("--sort wants live, allocated or temporary, not '%s'", value);
+  }
+  o->sort = (hd_report_sort)sort;
+  return CLI_GO_ON;
+}
+
 static HD_MUST_CHECK int set_children(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
   static const char kProgramNameChars[] =
@@ -317,6 +330,11 @@ static const cli_option kOptions[] = {
      .help = "text: group by site (default), stack or thread",
      .help_for = {{ON(CLI_REPORT) | ON(CLI_LEAKS), "group by site (default), stack or thread"},
                   {ON(CLI_DIFF), "group by site (default) or stack"}}},
+    {"sort", 0, "S", OUTPUTS & ~(ON(CLI_DIFF) | ON(CLI_LEAKS)), .apply = set_sort,
+     .where = SECTION_OUTPUT,
+     .help = "text, JSON, html: sites or stacks by live bytes (live, the default), bytes "
+             "allocated since start (allocated) or temporary blocks (temporary: freed by their "
+             "thread before it allocated again); the last two list sites with nothing live too"},
     {"tags", 0, NULL, WRITERS, SWITCH(tags, true), .where = SECTION_OUTPUT,
      .help = "pprof: one sample per block, labelled address, bytes, timestamp, thread"},
     {"sample-index", 0, "T", WRITERS | ON(CLI_DIFF), .apply = set_sample, .where = SECTION_OUTPUT,

@@ -310,7 +310,8 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
                             .source = o->source,
                             .command_line = o->command_line,
                             .command_pid = o->command_pid,
-                            .categories = o->leak_categories};
+                            .categories = o->leak_categories,
+                            .sort = o->sort};
       rc = hd_html_write(r, &ho, out->file, error, sizeof error);
       break;
     }
@@ -319,6 +320,7 @@ int cli_write(const cli_options *o, const hd_reassembler *r, cli_format f, cli_o
     case FORMAT_NONE: {
       hd_report_options ro = {.symbolizer = sym,
                               .by = o->by,
+                              .sort = o->sort,
                               .top = o->top,
                               .max_frames = o->max_frames,
                               .json = o->json || f == FORMAT_JSON,

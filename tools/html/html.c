@@ -257,7 +257,12 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
  * heapdump leaks names them, without parameter lists. */
 static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names,
                                      FILE *out) {
-  hd_report_options ro = {.symbolizer = sym, .by = HD_REPORT_BY_SITE, .short_names = short_names};
+  /* Sorted as allocated only so that sites with nothing live are listed too: the page orders
+   * its table by live bytes, the report's default. */
+  hd_report_options ro = {.symbolizer = sym,
+                          .by = HD_REPORT_BY_SITE,
+                          .sort = HD_REPORT_SORT_ALLOCATED,
+                          .short_names = short_names};
   hd_report_group *groups = NULL;
   size_t count = 0;
   size_t *site_of = malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *site_of);
@@ -270,7 +275,7 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
   if (rc == 0) {
     for (size_t i = 0; i < count; i++) first[i] = SIZE_MAX;
     for (size_t t = s->stack_trace_count; t-- > 0;) {
-      if (site_of[t] == SIZE_MAX) continue; /* no live blocks: not a site of the report */
+      if (site_of[t] == SIZE_MAX) continue; /* nothing live nor counted: in no site */
       next[t] = first[site_of[t]];
       first[site_of[t]] = t;
     }
@@ -285,8 +290,10 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
       fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
               g->live_blocks);
       if (g->has_counters) {
-        fprintf(out, ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64, g->allocated_bytes,
-                g->allocated_blocks);
+        fprintf(out,
+                ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64
+                ",\"temp_blocks\":%" PRIu64,
+                g->allocated_bytes, g->allocated_blocks, g->temporary_blocks);
       }
       fputs(",\"stacks\":[", out);
       for (size_t t = first[i]; t != SIZE_MAX; t = next[t]) {
@@ -478,8 +485,9 @@ static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part,
     fprintf(stacks, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, live[t].live_bytes,
             live[t].live_blocks);
     if (trace->has_counters) {
-      fprintf(stacks, ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64,
-              trace->allocated_bytes, trace->allocated_blocks);
+      fprintf(stacks,
+              ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64 ",\"temp_blocks\":%" PRIu64,
+              trace->allocated_bytes, trace->allocated_blocks, trace->temporary_blocks);
     }
     fputc('}', stacks);
   }
@@ -649,6 +657,7 @@ int hd_html_write(const hd_reassembler *r, const hd_html_options *o, FILE *out, 
   write_title(r, count, diff, out, true);
   fputs(",\"source\":", out);
   hd_json_string_in_html(out, o->source ? o->source : "");
+  if (!diff) fprintf(out, ",\"sort\":\"%s\"", hd_report_sort_name(o->sort));
   fputs(",\"processes\":[", out);
   int rc = 0;
   for (size_t i = 0; i < count && rc == 0; i++) {

@@ -67,6 +67,7 @@
     { key: 'live_blocks', label: 'Live blocks', src: 'live_blocks' },
     { key: 'alloc_bytes', label: 'Allocated bytes', src: 'alloc_bytes', isBytes: true },
     { key: 'alloc_blocks', label: 'Allocated blocks', src: 'alloc_blocks' },
+    { key: 'temp_blocks', label: 'Temporary blocks', src: 'temp_blocks' },
   ];
   const METRIC = {};
   METRICS.forEach((m) => { METRIC[m.key] = m; });
@@ -85,13 +86,16 @@
     { key: 'live_blocks', label: 'Live blocks', fmt: 'count' },
     { key: 'alloc_bytes', label: 'Allocated bytes', fmt: 'bytes' },
     { key: 'alloc_blocks', label: 'Allocated blocks', fmt: 'count' },
+    { key: 'temp_blocks', label: 'Temporary blocks', fmt: 'count' },
   ];
   const LEAK_CATS = ['definitely_lost', 'indirectly_lost', 'possibly_lost', 'still_reachable'];
   const catWords = (c) => String(c).replace('_', ' ');
 
+  // `heapdump report --sort`: what the flame graph and the sites table show first.
+  const FIRST = { allocated: 'alloc_bytes', temporary: 'temp_blocks' }[DATA.sort];
   const state = {
-    proc: -1, P: null, metric: METRICS[0].key, zoom: 0, search: '',
-    sort: { key: null, desc: true }, sitesAll: false, expandedSites: new Set(), expandedLeaks: new Set(),
+    proc: -1, P: null, metric: FIRST || METRICS[0].key, zoom: 0, search: '',
+    sort: { key: FIRST || null, desc: true }, sitesAll: false, expandedSites: new Set(), expandedLeaks: new Set(),
   };
   const prepared = [];
   let chart = null;
@@ -811,6 +815,7 @@
   $('process-picker').hidden = PROCS.length < 2;
   sel.addEventListener('change', () => selectProcess(sel.value));
   $('flame-metric').innerHTML = METRICS.map((m) => '<option value="' + m.key + '">' + m.label + '</option>').join('');
+  $('flame-metric').value = state.metric;
   $('flame-metric').addEventListener('change', (e) => setMetric(e.target.value));
   $('flame-reset').addEventListener('click', resetZoom);
   // Typing re-lays out the whole graph: wait for a pause in the keystrokes.

@@ -103,7 +103,9 @@ static HD_MUST_CHECK hd_status write_traces(const hd_snapshot *s, hd_batch_write
                                              .has_allocated_blocks = true,
                                              .allocated_blocks = t->allocated_blocks,
                                              .has_allocated_bytes = true,
-                                             .allocated_bytes = t->allocated_bytes};
+                                             .allocated_bytes = t->allocated_bytes,
+                                             .has_temporary_blocks = true,
+                                             .temporary_blocks = t->temporary_blocks};
     status = hd_batch_add(w, &e);
   }
   return status;

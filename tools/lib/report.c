@@ -1,6 +1,7 @@
 /* The report (see report.h): the live allocations of each process by stack trace first, merged
  * into groups (sites, stacks or threads), each named by its heaviest stack, written as text or
  * JSON. The stacks themselves as text, and folded stacks, are stack_text.c's. */
+#define _GNU_SOURCE /* qsort_r */
 #include "heapdump/tools/report.h"
 
 #include <errno.h>
@@ -48,9 +49,22 @@ static trace_totals *totals_by_trace(const hd_snapshot *s, const uint8_t *catego
 
 hd_trace_totals *hd_trace_totals_of(const hd_snapshot *s) { return totals_by_trace(s, NULL, -1); }
 
-static int compare_groups(const void *a, const void *b) {
+/* The groups' order under sort (a const hd_report_sort *): heaviest first, ties by live bytes
+ * and blocks, then by name. */
+static int compare_groups(const void *a, const void *b, void *sort) {
   const group *x = a, *y = b;
   if (x->category != y->category) return x->category < y->category ? -1 : 1;
+  switch (*(const hd_report_sort *)sort) {
+    case HD_REPORT_SORT_ALLOCATED:
+      if (x->allocated_bytes != y->allocated_bytes)
+        return x->allocated_bytes > y->allocated_bytes ? -1 : 1;
+      break;
+    case HD_REPORT_SORT_TEMPORARY:
+      if (x->temporary_blocks != y->temporary_blocks)
+        return x->temporary_blocks > y->temporary_blocks ? -1 : 1;
+      break;
+    case HD_REPORT_SORT_LIVE: break;
+  }
   if (x->live_bytes != y->live_bytes) return x->live_bytes > y->live_bytes ? -1 : 1;
   if (x->live_blocks != y->live_blocks) return x->live_blocks > y->live_blocks ? -1 : 1;
   return strcmp(x->name, y->name);
@@ -95,6 +109,7 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
     g->has_counters = true;
     g->allocated_bytes += trace->allocated_bytes;
     g->allocated_blocks += trace->allocated_blocks;
+    g->temporary_blocks += trace->temporary_blocks;
   }
   if (g->heaviest_trace == SIZE_MAX || tt->live_bytes > g->heaviest_bytes) {
     g->heaviest_trace = index;
@@ -138,7 +153,10 @@ static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_option
   } else {
     for (size_t i = 0; i < s->stack_trace_count && rc == 0; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
-      if (totals[i].live_blocks == 0) continue;
+      /* Sorted by what was allocated, a site that holds nothing now is as much the answer. */
+      const bool counted = categories == NULL && o->sort != HD_REPORT_SORT_LIVE &&
+                           trace->has_counters && trace->allocated_blocks > 0;
+      if (totals[i].live_blocks == 0 && !counted) continue;
       char name[512], site[480];
       if (o->short_names) {
         hd_site_short_name(o->symbolizer, s, trace, site, sizeof site);
@@ -166,15 +184,16 @@ static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_option
   return rc;
 }
 
-static int compare_group_pointers(const void *a, const void *b) {
-  return compare_groups(*(const group *const *)a, *(const group *const *)b);
+static int compare_group_pointers(const void *a, const void *b, void *sort) {
+  return compare_groups(*(const group *const *)a, *(const group *const *)b, sort);
 }
 
 /* Sorts the groups into the report's order; trace_group's entries (group indices) follow them. */
-static HD_MUST_CHECK int sort_groups(group_list *l, size_t *trace_group, size_t traces) {
+static HD_MUST_CHECK int sort_groups(group_list *l, hd_report_sort sort, size_t *trace_group,
+                                     size_t traces) {
   if (l->count == 0) return 0;
   if (trace_group == NULL) {
-    qsort(l->items, l->count, sizeof *l->items, compare_groups);
+    qsort_r(l->items, l->count, sizeof *l->items, compare_groups, &sort);
     return 0;
   }
   const group **order = malloc(l->count * sizeof *order);
@@ -183,7 +202,7 @@ static HD_MUST_CHECK int sort_groups(group_list *l, size_t *trace_group, size_t 
   int rc = order == NULL || sorted == NULL || moved_to == NULL ? -ENOMEM : 0;
   if (rc == 0) {
     for (size_t k = 0; k < l->count; k++) order[k] = &l->items[k];
-    qsort(order, l->count, sizeof *order, compare_group_pointers);
+    qsort_r(order, l->count, sizeof *order, compare_group_pointers, &sort);
     for (size_t k = 0; k < l->count; k++) {
       sorted[k] = *order[k];
       moved_to[order[k] - l->items] = k;
@@ -218,7 +237,7 @@ static HD_MUST_CHECK int build_groups(const hd_snapshot *s, const hd_report_opti
       rc = add_groups(s, o, categories, c, &l, trace_group);
     }
   }
-  if (rc == 0) rc = sort_groups(&l, trace_group, s->stack_trace_count);
+  if (rc == 0) rc = sort_groups(&l, o->sort, trace_group, s->stack_trace_count);
   if (rc != 0) {
     free(l.items);
     return rc;
@@ -403,10 +422,22 @@ static void write_alloc_fns_json(const hd_report_options *o, FILE *out) {
   fputc(']', out);
 }
 
+/* The temporary blocks of every trace; false if no trace has counters. */
+static bool temporary_total(const hd_snapshot *s, uint64_t *blocks) {
+  bool counted = false;
+  *blocks = 0;
+  for (size_t i = 0; i < s->stack_trace_count; i++) {
+    counted |= s->stack_traces[i].has_counters;
+    *blocks += s->stack_traces[i].temporary_blocks;
+  }
+  return counted;
+}
+
 /* A process's line of totals, what was lost recording it, and its timeline. */
 static void write_text_summary(const hd_snapshot *s, const hd_report_options *o, FILE *out) {
-  uint64_t live_bytes = 0, live_blocks = 0;
+  uint64_t live_bytes = 0, live_blocks = 0, temporary = 0;
   live_totals(s, &live_bytes, &live_blocks);
+  const bool has_temporary = temporary_total(s, &temporary);
   if (s->pid != 0) {
     fprintf(out, "%s[%" PRIu64 "]: ", s->process_name, s->pid);
   } else if (s->process_name[0]) {
@@ -415,10 +446,11 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
   fprintf(out, "%" PRIu64 " live blocks, %" PRIu64 " live bytes", live_blocks, live_bytes);
   if (s->has_stats) {
     const heapdump_client_ProcessStats *st = &s->stats;
-    fprintf(out,
-            "; since start %" PRIu64 " blocks and %" PRIu64 " bytes allocated, %" PRIu64
-            " blocks freed; peak %" PRIu64 " live bytes",
-            st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->peak_live_bytes);
+    fprintf(out, "; since start %" PRIu64 " blocks and %" PRIu64 " bytes allocated",
+            st->blocks_allocated, st->bytes_allocated);
+    if (has_temporary) fprintf(out, " (%" PRIu64 " blocks temporary)", temporary);
+    fprintf(out, ", %" PRIu64 " blocks freed; peak %" PRIu64 " live bytes", st->blocks_freed,
+            st->peak_live_bytes);
   }
   fputc('\n', out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
@@ -483,20 +515,22 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
   }
   if (l->count == 0) return;
   bool by_thread = o->by == HD_REPORT_BY_THREAD;
-  fprintf(out, "%14s %12s %14s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
-          by_thread ? "" : "ALLOC BYTES", by_thread ? "" : "ALLOC BLOCKS", group_kind(o->by));
+  fprintf(out, "%14s %12s %14s %12s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
+          by_thread ? "" : "ALLOC BYTES", by_thread ? "" : "ALLOC BLOCKS",
+          by_thread ? "" : "TEMPORARY", group_kind(o->by));
   size_t shown = o->top && o->top < l->count ? o->top : l->count;
   for (size_t i = 0; i < shown; i++) {
     const group *g = &l->items[i];
-    char ab[32] = "-", an[32] = "-";
+    char ab[32] = "-", an[32] = "-", tn[32] = "-";
     if (g->has_counters) {
       snprintf(ab, sizeof ab, "%" PRIu64, g->allocated_bytes);
       snprintf(an, sizeof an, "%" PRIu64, g->allocated_blocks);
+      snprintf(tn, sizeof tn, "%" PRIu64, g->temporary_blocks);
     } else if (by_thread) {
-      ab[0] = an[0] = '\0';
+      ab[0] = an[0] = tn[0] = '\0';
     }
-    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s  %s\n", g->live_bytes, g->live_blocks, ab,
-            an, g->name);
+    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14s %12s %12s  %s\n", g->live_bytes, g->live_blocks,
+            ab, an, tn, g->name);
     print_group_text(out, s, o, g);
   }
   if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
@@ -582,8 +616,9 @@ void hd_report_frames_json(FILE *out, hd_symbolizer *sym, const hd_snapshot *s,
 
 static void write_json(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
                        const leak_summary *leaks, FILE *out) {
-  uint64_t live_bytes = 0, live_blocks = 0;
+  uint64_t live_bytes = 0, live_blocks = 0, temporary = 0;
   live_totals(s, &live_bytes, &live_blocks);
+  const bool has_temporary = temporary_total(s, &temporary);
   fputs("{\"process_name\":", out);
   hd_json_string(out, s->process_name);
   fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64, s->pid,
@@ -596,11 +631,13 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             ",\"dropped_allocations\":%" PRIu64 ",\"dropped_stack_traces\":%" PRIu64
             ",\"dropped_resources\":%" PRIu64 ",\"stacks_beyond_cfi\":%" PRIu64
             ",\"writes_past_block_end\":%" PRIu64 ",\"mapping_records_lost\":%" PRIu64
-            ",\"unwind_tables_refused\":%" PRIu64 "}",
+            ",\"unwind_tables_refused\":%" PRIu64,
             st->blocks_allocated, st->bytes_allocated, st->blocks_freed, st->bytes_freed,
             st->peak_live_bytes, st->dropped_allocations, st->dropped_stack_traces,
             st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
             st->mapping_records_lost, st->unwind_tables_refused);
+    if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
+    fputc('}', out);
   }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);
@@ -618,10 +655,11 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             unread_regions);
   }
   write_alloc_fns_json(o, out);
-  fprintf(out, ",\"by\":\"%s\",\"groups\":[",
+  fprintf(out, ",\"by\":\"%s\",\"sort\":\"%s\",\"groups\":[",
           o->by == HD_REPORT_BY_SITE    ? "site"
           : o->by == HD_REPORT_BY_STACK ? "stack"
-                                        : "thread");
+                                        : "thread",
+          hd_report_sort_name(o->sort));
   size_t shown = o->top && o->top < l->count ? o->top : l->count;
   for (size_t i = 0; i < shown; i++) {
     const group *g = &l->items[i];
@@ -638,8 +676,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
       fprintf(out, ",\"oldest_age_s\":%.3f", (double)(o->now_ns - (uint64_t)g->oldest) / 1e9);
     }
     if (g->has_counters) {
-      fprintf(out, ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64,
-              g->allocated_bytes, g->allocated_blocks);
+      fprintf(out,
+              ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64
+              ",\"temporary_blocks\":%" PRIu64,
+              g->allocated_bytes, g->allocated_blocks, g->temporary_blocks);
     }
     fputs(",\"frames\":", out);
     if (g->heaviest_trace != SIZE_MAX) {
@@ -657,8 +697,23 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   fprintf(out, "],\"groups_total\":%zu}", l->count);
 }
 
+const char *hd_report_sort_name(hd_report_sort sort) {
+  switch (sort) {
+    case HD_REPORT_SORT_ALLOCATED: return "allocated";
+    case HD_REPORT_SORT_TEMPORARY: return "temporary";
+    case HD_REPORT_SORT_LIVE: break;
+  }
+  return "live";
+}
+
 int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *out, char *error,
                     size_t error_size) {
+  if (o->sort != HD_REPORT_SORT_LIVE && o->by == HD_REPORT_BY_THREAD) {
+    return hd_tool_fail(error, error_size, -EINVAL,
+                        "--sort %s needs --by site or stack: what a stack allocated is not kept "
+                        "per thread",
+                        hd_report_sort_name(o->sort));
+  }
   errno = 0;
   if (o->json) fputs("{\"processes\":[", out);
   for (size_t i = 0; i < r->snapshot_count; i++) {
@@ -674,7 +729,9 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
           leaks.unconfirmed_blocks += s->allocations[k].count;
         }
       }
-    } else if (hd_reach_possible(s)) {
+    } else if (o->sort == HD_REPORT_SORT_LIVE && hd_reach_possible(s)) {
+      /* Sorted by what was allocated, the report answers what churns, not what leaks: the
+       * counters cannot be split by leak category. */
       classified = malloc(s->allocation_count ? s->allocation_count : 1);
       if (classified == NULL ||
           hd_reach_classify(s, classified, &leaks.blocks_without_contents) != 0) {

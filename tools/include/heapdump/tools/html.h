@@ -13,6 +13,7 @@
 #include "heapdump/contract/must_check.h"
 #include "heapdump/fidl/snapshot.h"
 #include "heapdump/tools/diff.h"
+#include "heapdump/tools/report.h"
 #include "heapdump/tools/symbolize.h"
 
 #ifdef __cplusplus
@@ -31,6 +32,8 @@ typedef struct hd_html_options {
   /* A diff's page: r is then hd_diff_profile_snapshots(diff), and the flame graph and table show
    * each stack's change (net, added, removed) instead of its totals. */
   const hd_diff *diff;
+  /* What the flame graph and the sites table show first (a snapshot's page). */
+  hd_report_sort sort;
 } hd_html_options;
 
 /* Writes the page of r's snapshots (one process selector entry each). 0, or a negative errno

@@ -21,11 +21,20 @@ typedef enum hd_report_by {
   HD_REPORT_BY_THREAD,   /* the allocating thread */
 } hd_report_by;
 
+/* What orders the groups (the report lists the heaviest first). */
+typedef enum hd_report_sort {
+  HD_REPORT_SORT_LIVE = 0,  /* live bytes; only groups with live blocks are listed */
+  HD_REPORT_SORT_ALLOCATED, /* bytes allocated since start; groups with nothing live too */
+  HD_REPORT_SORT_TEMPORARY, /* temporary blocks (freed by their thread before it allocated or
+                               freed anything else); groups with nothing live too */
+} hd_report_sort;
+
 typedef struct hd_report_options {
   hd_symbolizer *symbolizer; /* NULL: addresses as module+0xoffset */
   hd_report_by by;
-  size_t top;        /* groups shown per process; 0 = all */
-  size_t max_frames; /* frames shown per group; 0 = all */
+  hd_report_sort sort; /* by site or stack only: a trace's counters are not kept per thread */
+  size_t top;          /* groups shown per process; 0 = all */
+  size_t max_frames;   /* frames shown per group; 0 = all */
   bool json;
   /* A snapshot with roots is reported as a leak check (heapdump/tools/reach.h): groups by
    * category, then site; the text lists the lost ones, and possibly lost and still reachable in
@@ -58,6 +67,7 @@ typedef struct hd_report_group {
   const char *module;
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks; /* of its traces' counters, when has_counters */
+  uint64_t temporary_blocks;                  /* the same */
   int64_t oldest;                             /* the earliest allocation timestamp of its blocks */
   bool has_counters;
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
@@ -72,6 +82,9 @@ typedef struct hd_report_group {
 HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options *o,
                                    const uint8_t *categories, hd_report_group **groups,
                                    size_t *count, size_t *trace_group);
+
+/* "live", "allocated" or "temporary". */
+const char *hd_report_sort_name(hd_report_sort sort);
 
 /* Returns 0, or a negative errno value with a message in error. */
 HD_MUST_CHECK int hd_report_write(const hd_reassembler *r, const hd_report_options *options,
