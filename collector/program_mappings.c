@@ -30,8 +30,7 @@ static bool thread_stack(const gather *g, const mapping *m) {
   return false;
 }
 
-/* Whether a live block lies in [start, end) (addresses sorted). */
-static bool holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
+bool hd_roots_holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
   size_t lo = 0, hi = count;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -110,7 +109,8 @@ void hd_roots_add_program_mappings(hd_process *p, gather *g, const range_set *ta
     const bool heap = strcmp(m->path, "[heap]") == 0;
     if (m->path[0] == '[' && !heap && strncmp(m->path, "[anon:", 6) != 0) continue;
     if ((heap && g->brk_heap) || thread_stack(g, m)) continue;
-    if (g->blocks_mapped && holds_block(addresses, address_count, m->start, m->end)) continue;
+    if (g->blocks_mapped && hd_roots_holds_block(addresses, address_count, m->start, m->end))
+      continue;
     pieces.count = 0;
     if (!hd_range_set_add(&pieces, m->start, m->end)) {
       g->out_of_memory = true;

@@ -240,8 +240,7 @@ static void apply_mapping_record(gather *g, const hd_mapping_change *m) {
   if (!ok) g->out_of_memory = true;
 }
 
-/* The thread records, and the records of memory that is not the program's. */
-static void read_records(hd_process *p, gather *g) {
+void hd_roots_read_records(hd_process *p, gather *g) {
   hd_res_entry *entry = malloc(sizeof *entry);
   if (entry == NULL) {
     g->out_of_memory = true;
@@ -515,7 +514,7 @@ static HD_MUST_CHECK hd_status emit_root(void *ctx, uint64_t address, const uint
 static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
                          gather *g) {
   if (!read_maps(p->pid, g)) return;
-  read_records(p, g);
+  hd_roots_read_records(p, g);
   add_module_data(p->pid, g);
   add_threads(p, g);
   remove_overlaps(g);

@@ -36,6 +36,15 @@ extern "C" {
 HD_MUST_CHECK hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_count,
                                      uint64_t max_total, bool *cut, hd_batch_writer *w);
 
+/* Adds p's ResidentMemory: its resident bytes (the Rss of every mapping in /proc/PID/smaps) as
+ * the allocator's (its recorded mappings; with glibc, the break's heap and the anonymous
+ * mappings that hold one of `blocks`), heapdump's (its tables and recorded memory), other
+ * anonymous memory and file-backed memory, a kernel mapping that holds several of them split by
+ * its resident pages (/proc/PID/pagemap). Nothing when p has exited or its memory cannot be
+ * read whole. Returns HD_OK or the writer's error. */
+HD_MUST_CHECK hd_status hd_add_resident_memory(hd_process *p, const hd_live_block *blocks,
+                                               size_t block_count, hd_batch_writer *w);
+
 #ifdef __cplusplus
 }
 #endif

@@ -92,11 +92,17 @@ void hd_roots_add_root_as(gather *g, uint64_t start, uint64_t end, heapdump_clie
                           uint64_t tid, const char *name, bool not_read);
 void hd_roots_add_root(gather *g, uint64_t start, uint64_t end, heapdump_client_RootKind kind,
                        uint64_t tid, const char *name);
+/* The thread records, and the records of memory that is not the program's (allocator,
+ * heapdump, heapdump_tls, brk_heap, blocks_mapped). */
+void hd_roots_read_records(hd_process *p, gather *g);
 /* Adds or removes [start, end) of s (kept sorted and disjoint); false when out of memory. */
 bool hd_range_set_add(range_set *s, uint64_t start, uint64_t end);
 bool hd_range_set_remove(range_set *s, uint64_t start, uint64_t end);
 
 /* ---- program_mappings.c ---- */
+
+/* Whether a live block lies in [start, end) (addresses sorted). */
+bool hd_roots_holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end);
 
 /* Every writable mapping that is neither a module's data, a thread's stack, the allocator's nor
  * heapdump's own, as roots: `taken` holds the roots found so far; addresses are the live blocks'

@@ -285,6 +285,7 @@ static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
   if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, w, moment);
+  if (status == HD_OK && !out_of_memory) status = hd_add_resident_memory(p, blocks, count, w);
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
     bool cut = false;

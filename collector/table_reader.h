@@ -162,14 +162,16 @@ void hd_res_reader_close(hd_res_reader *r);
 uint32_t hd_res_reader_pid(const hd_res_reader *r);
 /* Statistics (each counter read atomically; together approximate). */
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
+/* A trace's cumulative counters. */
+typedef struct hd_trace_counters {
+  uint64_t allocated_blocks, allocated_bytes;
+  /* freed by their thread before it allocated or freed anything else */
+  uint64_t temporary_blocks;
+} hd_trace_counters;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
  * counters (nullable): the trace's cumulative counters. truncated (nullable): the library's
  * walk was cut at its frame limit. */
-typedef struct hd_trace_counters {
-  uint64_t allocated_blocks, allocated_bytes;
-  uint64_t temporary_blocks; /* freed by their thread before its next allocation */
-} hd_trace_counters;
 HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames,
                                                  size_t max, size_t *count,
                                                  hd_trace_counters *counters,

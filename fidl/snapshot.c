@@ -419,6 +419,7 @@ static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
   t->has_counters = true;
   t->allocated_blocks = c->allocated_blocks;
   t->allocated_bytes = c->allocated_bytes;
+  t->has_temporary = c->has_temporary_blocks;
   t->temporary_blocks = c->temporary_blocks;
   return HD_OK;
 }
@@ -473,6 +474,11 @@ hd_status hd_reassembler_add(void *reassembler, const hd_element *e) {
       if (s->has_stats) return fail(r, HD_ERR_REASSEMBLY, "duplicate process stats");
       s->has_stats = true;
       s->stats = el->element.process_stats;
+      return HD_OK;
+    case heapdump_client_SnapshotElement_resident_memory_tag:
+      if (s->has_resident) return fail(r, HD_ERR_REASSEMBLY, "duplicate resident memory");
+      s->has_resident = true;
+      s->resident = el->element.resident_memory;
       return HD_OK;
     case heapdump_client_SnapshotElement_stats_sample_tag:
       if (!el->element.stats_sample.has_timestamp) {

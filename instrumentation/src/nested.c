@@ -123,6 +123,7 @@ void hd_drain_pending(void) {
                               .thread_key = op.thread_key,
                               .stack_key = op.stack_key,
                               .flags = op.lg_align};
+        hd_tls.writer.last_alloc_address = info.address; /* the thread's latest allocation */
         if (hd_alloc_table_fill(&hd_live_alloc, &hd_tls.writer, op.node, &info)) {
           hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, info.size);
         } else {

@@ -174,12 +174,13 @@ static uint32_t node_of(void *p, const char *call) {
 static uint32_t insert_info(const hd_alloc_info *info) {
   hd_writer_thread *w = &hd_tls.writer;
   uint32_t index;
+  /* An allocation even if it cannot be recorded: the block before it is not the latest. */
+  w->last_alloc_address = info->address;
   if (hd_alloc_table_insert(&hd_live_alloc, w, info, &index) != HD_INSERT_NEW) {
     hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
     return HD_NO_NODE;
   }
   hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size);
-  w->last_alloc_address = info->address;
   return index;
 }
 
@@ -269,6 +270,8 @@ void *hd_realloc_recorded(void *p, size_t size) {
   }
   /* The tag moves with the block's end: read it before the resize. */
   const uint32_t index = on ? node_of(p, "realloc()") : HD_NO_NODE;
+  /* Read before make_info, which may apply what a signal handler queued. */
+  const uint64_t last_alloc_address = hd_tls.writer.last_alloc_address;
   const size_t resized_usable = hd_backend_resize_in_place(p, size);
   if (resized_usable != 0) {
     if (!on) {
@@ -280,7 +283,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
     make_info(&info, p, size, 0);
     if (index != HD_NO_NODE && hd_alloc_table_replace(&hd_live_alloc, index, &info, &old)) {
       hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
-      count_if_temporary(&old, hd_tls.writer.last_alloc_address);
+      count_if_temporary(&old, last_alloc_address);
       hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size);
       hd_tls.writer.last_alloc_address = info.address;
       hd_tag_set_at(p, resized_usable, index);
@@ -289,7 +292,7 @@ void *hd_realloc_recorded(void *p, size_t size) {
       if (index != HD_NO_NODE &&
           hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old)) {
         hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
-        count_if_temporary(&old, hd_tls.writer.last_alloc_address);
+        count_if_temporary(&old, last_alloc_address);
       }
       hd_tag_set_at(p, resized_usable, insert_info(&info));
     }
@@ -305,7 +308,6 @@ void *hd_realloc_recorded(void *p, size_t size) {
   const size_t old_size = old_usable - HD_TAG_BYTES;
   memcpy(q, p, old_size < size ? old_size : size);
   /* A realloc is the old block's free, then the new block's allocation. */
-  const uint64_t last_alloc_address = hd_tls.writer.last_alloc_address;
   hd_record_alloc(q, size, 0, usable); /* new block recorded before the old one is released */
   free_recorded_at(p, old_usable, "realloc()", last_alloc_address);
   hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)q; /* the realloc's last event */

@@ -124,9 +124,8 @@ extern int hd_use_system HD_HIDDEN; /* backend chosen at init: 1 = glibc, 0 = je
 /* Once, at init: chooses the backend (jemalloc, linked into this library, or glibc's if asked
  * for) and looks up what the other calls rely on. */
 void hd_backend_init(bool want_system) HD_HIDDEN;
-/* Every block holds HD_TAG_BYTES more than asked for, at the end of its usable size (record.c,
- * the block's tag); sizes given to these functions are the program's. */
-#define HD_TAG_BYTES 8u
+/* Every block holds HD_TAG_BYTES (shm_layout.h) more than asked for, at the end of its usable
+ * size (record.c, the block's tag); sizes given to these functions are the program's. */
 /* jemalloc's flags (part of its ABI), which its API takes and the backend passes on. */
 #define HD_MALLOCX_LG_ALIGN_MASK 0x3f
 #define HD_MALLOCX_ZERO 0x40

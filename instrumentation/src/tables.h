@@ -219,7 +219,8 @@ bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
  * either, except the two per-trace counters and (rarely) the peak. w may be NULL. */
 void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
 void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
-/* A block of trace stack_key was freed by its thread before that thread's next allocation. */
+/* A block of trace stack_key was freed by its thread before that thread allocated or freed
+ * anything else. */
 void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone

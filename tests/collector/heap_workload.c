@@ -8,6 +8,8 @@
  *   churn FILE        the consistency workload: see below
  *   grow              nothing yet; commands "grow N" allocate N blocks of GROW_BLOCK bytes in
  *                     grow_site(), "free" frees them all: each answered "ok" once done
+ *   resident M A      M MiB in blocks of 1 MiB from malloc and A MiB of anonymous memory
+ *                     mapped by the program itself, every page of both written
  *
  * churn: first allocates kept blocks (sizes 1000..1999, each size used by kept blocks only) and
  * writes "address size" of each to FILE, then allocates and frees kFreedEarly blocks of size
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define SMALL_BLOCK 64
@@ -147,6 +150,18 @@ static int run_grow(void) {
   return 0;
 }
 
+static void make_resident(long malloc_mib, long mapped_mib) {
+  for (long i = 0; i < malloc_mib; i++) {
+    char *block = malloc(1 << 20);
+    memset(block, 'm', 1 << 20);
+    sink = block;
+  }
+  const size_t mapped = (size_t)mapped_mib << 20;
+  char *own = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (own == MAP_FAILED) abort();
+  memset(own, 'a', mapped);
+}
+
 static void wait_for_end_of_input(void) {
   char line[64];
   while (fgets(line, sizeof line, stdin) != NULL) continue;
@@ -163,8 +178,11 @@ int main(int argc, char **argv) {
     return run_churn(argv[2]);
   } else if (argc == 2 && strcmp(argv[1], "grow") == 0) {
     return run_grow();
+  } else if (argc == 4 && strcmp(argv[1], "resident") == 0) {
+    make_resident(atol(argv[2]), atol(argv[3]));
   } else {
-    fprintf(stderr, "usage: heap_workload deep DEPTH BYTES | many N | churn FILE | grow\n");
+    fprintf(stderr,
+            "usage: heap_workload deep DEPTH BYTES | many N | churn FILE | grow | resident M A\n");
     return 2;
   }
   printf("ready %d\n", (int)getpid());

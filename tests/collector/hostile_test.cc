@@ -750,8 +750,9 @@ TEST_F(HostileTest, AClientWithNothingRunningGoesBeforeAnothersBacklog) {
   ASSERT_TRUE(
       WaitUntil([&] { return StatusField(collector.pid, "Threads") == threads_before + 32; }, 10));
   // Each request read before the next client's (the collector holds its connection and each
-  // request's receiver), so that the queue holds the backlog first.
-  const size_t fds_held = collector.Fds().size();
+  // request's receiver), so that the queue holds the backlog first. Counted once the streams
+  // have settled: a snapshot being made holds files of /proc open for a moment.
+  const size_t fds_held = collector.SettledFdCount();
   Call backlog(collector.socket, kAnotherClient);
   const std::vector<int> queued = RequestMany(&backlog, &selector, 20);
   ASSERT_TRUE(WaitUntil([&] { return collector.Fds().size() == fds_held + 21; }, 10));

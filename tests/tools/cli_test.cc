@@ -240,6 +240,11 @@ std::string SiteTable(const std::string &report) {
                                   "(stack)");
 }
 
+// The same, without the TEMPORARY column, which a pprof profile does not keep ("-").
+std::string SiteTableOfProfile(const std::string &report) {
+  return std::regex_replace(SiteTable(report), std::regex(R"( +([0-9]+|-)  (\S))"), "  $2");
+}
+
 // The lines of a report table that head a group (its values and name), without the frames.
 std::vector<std::string> GroupLines(const std::string &table) {
   std::vector<std::string> out;
@@ -270,9 +275,10 @@ TEST_F(CliTest, ReportAndConvertReadPprofProfiles) {
       // A profile's stacks start at the allocation site (pprof leaves the allocator's frames
       // out): by stack, the groups and values are the same, the frames above the site are not.
       if (std::string(by) == "site") {
-        EXPECT_EQ(SiteTable(from.out), SiteTable(raw.out)) << profile;
+        EXPECT_EQ(SiteTableOfProfile(from.out), SiteTableOfProfile(raw.out)) << profile;
       } else {
-        EXPECT_EQ(GroupLines(SiteTable(from.out)), GroupLines(SiteTable(raw.out))) << profile;
+        EXPECT_EQ(GroupLines(SiteTableOfProfile(from.out)), GroupLines(SiteTableOfProfile(raw.out)))
+            << profile;
       }
       EXPECT_NE(from.out.find("truncated at 64 frames"), std::string::npos) << from.out;
     }
@@ -726,6 +732,105 @@ std::unique_ptr<hdtest::Browser> OpenPage(const std::string &dir, const std::str
 double Number(hdtest::Browser &b, const std::string &expression);
 std::string Text(hdtest::Browser &b, const std::string &expression);
 
+// The sites of a text report in their order, each with its five numbers (LIVE BYTES ... TEMPORARY).
+std::vector<std::pair<std::string, std::vector<std::string>>> SiteRows(const std::string &report) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> rows;
+  bool table = false;
+  for (const auto &line : Lines(report)) {
+    if (line.find("TEMPORARY  SITE") != std::string::npos) {
+      table = true;
+      continue;
+    }
+    if (!table || line.rfind("        at ", 0) == 0 || line.rfind("        ...", 0) == 0) continue;
+    std::istringstream in(line);
+    std::vector<std::string> numbers(5);
+    std::string name;
+    for (auto &n : numbers) in >> n;
+    std::getline(in >> std::ws, name);
+    rows.emplace_back(name, numbers);
+  }
+  return rows;
+}
+
+// What each site of churn_child holds, allocated and threw away, in each sort of the report:
+// by live bytes only what is live (keep_tables); by bytes allocated build_index, parse_lines,
+// keep_tables; by temporary blocks parse_lines first; the JSON and the HTML page the same, and
+// where the process's resident memory was.
+TEST_F(CliTest, ReportSortsSitesByWhatTheyHoldAllocateAndThrowAway) {
+  Output run = Heapdump({"run", "-o", "churn.heapdump", "--", HD_CHURN_CHILD});
+  ASSERT_EQ(run.status, 0) << run.err;
+  using Row = std::vector<std::string>;
+  // By live bytes a snapshot with roots is a leak check; its profile has none.
+  ASSERT_EQ(Heapdump({"convert", "churn.heapdump", "-o", "churn.pb.gz"}).status, 0);
+  auto rows = SiteRows(Heapdump({"report", "churn.pb.gz", "--sort", "live"}).out);
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows[0],
+            std::make_pair(std::string("keep_tables"), Row{"65536", "16", "65536", "16", "-"}));
+  for (const auto &[name, numbers] : rows) EXPECT_NE(numbers[0], "0") << name;
+
+  Output allocated = Heapdump({"report", "churn.heapdump", "--sort", "allocated"});
+  ASSERT_EQ(allocated.status, 0) << allocated.err;
+  rows = SiteRows(allocated.out);
+  ASSERT_GE(rows.size(), 3u) << allocated.out;
+  EXPECT_EQ(rows[0],
+            std::make_pair(std::string("build_index"), Row{"0", "0", "4000000", "2000", "0"}));
+  EXPECT_EQ(rows[1],
+            std::make_pair(std::string("parse_lines"), Row{"0", "0", "3000000", "3000", "3000"}));
+  EXPECT_EQ(rows[2].first, "keep_tables");
+
+  Output temporary = Heapdump({"report", "churn.heapdump", "--sort", "temporary", "--json"});
+  ASSERT_EQ(temporary.status, 0) << temporary.err;
+  EXPECT_NE(temporary.out.find("\"sort\":\"temporary\",\"groups\":[{\"name\":\"parse_lines\","),
+            std::string::npos)
+      << temporary.out;
+  EXPECT_NE(temporary.out.find("\"allocated_bytes\":3000000,\"allocated_blocks\":3000,"
+                               "\"temporary_blocks\":3000,"),
+            std::string::npos)
+      << temporary.out;
+  // The exit snapshot of a run with its leak check is taken while the process is there.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      temporary.out, m,
+      std::regex("\"resident\":\\{\"bytes\":(\\d+),\"allocator\":(\\d+),\"heapdump\":(\\d+),"
+                 "\"other_anonymous\":(\\d+),\"files\":(\\d+),\"tags\":(\\d+)\\}")))
+      << temporary.out;
+  const uint64_t parts =
+      std::stoull(m[2]) + std::stoull(m[3]) + std::stoull(m[4]) + std::stoull(m[5]);
+  EXPECT_EQ(parts, std::stoull(m[1]));
+  EXPECT_GE(std::stoull(m[2]), 65536u);
+  Output text = Heapdump({"report", "churn.heapdump"});
+  EXPECT_TRUE(std::regex_search(
+      text.out,
+      std::regex("\nresident [0-9]+ bytes: allocator [0-9]+ \\(live blocks as requested "
+                 "[0-9]+, heapdump's tags [0-9]+, the allocator's own [0-9]+\\), heapdump "
+                 "[0-9]+, other anonymous memory [0-9]+, files [0-9]+\n")))
+      << text.out;
+
+  // A pprof profile keeps what was allocated, not what was temporary: said, not shown as zeros.
+  Output from_pprof = Heapdump({"report", "churn.pb.gz", "--sort", "temporary"});
+  EXPECT_EQ(from_pprof.status, 1);
+  EXPECT_NE(from_pprof.err.find("has no count of temporary allocations"), std::string::npos)
+      << from_pprof.err;
+  rows = SiteRows(Heapdump({"report", "churn.pb.gz", "--sort", "allocated"}).out);
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows[0],
+            std::make_pair(std::string("build_index"), Row{"0", "0", "4000000", "2000", "-"}));
+
+  // The page lists every site, live ones first as the report does, the others after them.
+  ASSERT_EQ(Heapdump({"convert", "churn.heapdump", "-o", "churn.html"}).status, 0);
+  auto browser = OpenPage(dir, "churn.html");
+  ASSERT_NE(browser, nullptr);
+  hdtest::Browser &b = *browser;
+  const std::string names =
+      "[...document.querySelectorAll('#sites-table tr.site-row')].map(r => r.dataset.name)";
+  EXPECT_EQ(Text(b, names + "[0]"), "keep_tables");
+  EXPECT_GE(Number(b, names + ".indexOf('build_index')"), 1);
+  EXPECT_GE(Number(b, names + ".indexOf('parse_lines')"), 1);
+  EXPECT_EQ(Text(b, "heapdumpReport.state().metric"), "live_bytes");
+  ASSERT_TRUE(b.Eval("heapdumpReport.sortSites('temp_blocks', true)")) << b.error();
+  EXPECT_EQ(Text(b, names + "[0]"), "parse_lines");
+}
+
 // Churn as heaptrack reports it, on a real C++ program: cppcheck on one of googletest's sources,
 // run by docs/tools.md's lines as written. Both count every allocation call, and temporary
 // allocations by the same rule (freed with no allocation nor free in between; heaptrack matches
@@ -790,6 +895,10 @@ TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
     EXPECT_EQ(Text(b, first + ".dataset.name"), our_top);
     EXPECT_EQ(Number(b, "+" + first + ".dataset.tempBlocks"), our_top_temporary);
     EXPECT_EQ(Number(b, "+" + first + ".dataset.liveBytes"), 0);
+    // The exit snapshot of a run with its leak check is taken while the process is still there:
+    // where its resident memory was is in the header.
+    EXPECT_NE(Text(b, "document.getElementById('resident-parts').textContent").find("allocator "),
+              std::string::npos);
   }
 
   hdtest::ShellOutput theirs = hdtest::RunShell(

@@ -45,6 +45,7 @@ std::map<std::string, size_t> Kinds(const hd_reassembler &r) {
     n["executable_region"] += s->region_count;
     n["allocation"] += s->allocation_count;
     n["process_stats"] += s->has_stats;
+    n["resident_memory"] += s->has_resident;
     n["stats_sample"] += s->sample_count;
     n["root_region"] += s->root_count;
     n["block_contents"] += s->block_count;
@@ -64,7 +65,7 @@ bool Read(const std::string &path, hd_reassembler *r, std::string *why) {
 
 TEST(RawfileTest, RealFilesKeepEveryElementThroughAWriteAndARead) {
   std::map<std::string, size_t> seen;
-  for (const char *name : {"leaky_run", "root_regions", "timeline"}) {
+  for (const char *name : {"leaky_run", "root_regions", "timeline", "resident"}) {
     const std::string path = std::string(HD_SOURCE_DIR) + "/tests/fuzz/corpus/rawfile/" + name;
     hd_reassembler first, second;
     hd_reassembler_init(&first);
@@ -88,7 +89,7 @@ TEST(RawfileTest, RealFilesKeepEveryElementThroughAWriteAndARead) {
   }
   // The files hold every kind, or this test would not show that each one survives.
   for (const auto &[kind, count] : seen) EXPECT_GT(count, 0u) << kind;
-  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(seen.size(), 11u);
 }
 
 }  // namespace

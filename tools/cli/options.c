@@ -334,7 +334,8 @@ static const cli_option kOptions[] = {
      .where = SECTION_OUTPUT,
      .help = "text, JSON, html: sites or stacks by live bytes (live, the default), bytes "
              "allocated since start (allocated) or temporary blocks (temporary: freed by their "
-             "thread before it allocated again); the last two list sites with nothing live too"},
+             "thread before it allocated or freed anything else); the last two list sites with "
+             "nothing live too"},
     {"tags", 0, NULL, WRITERS, SWITCH(tags, true), .where = SECTION_OUTPUT,
      .help = "pprof: one sample per block, labelled address, bytes, timestamp, thread"},
     {"sample-index", 0, "T", WRITERS | ON(CLI_DIFF), .apply = set_sample, .where = SECTION_OUTPUT,

@@ -257,11 +257,11 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
  * heapdump leaks names them, without parameter lists. */
 static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names,
                                      FILE *out) {
-  /* Sorted as allocated only so that sites with nothing live are listed too: the page orders
-   * its table by live bytes, the report's default. */
+  /* In the report's default order (live bytes), sites with nothing live included: the table can
+   * be sorted by what they allocated. */
   hd_report_options ro = {.symbolizer = sym,
                           .by = HD_REPORT_BY_SITE,
-                          .sort = HD_REPORT_SORT_ALLOCATED,
+                          .freed_groups_too = true,
                           .short_names = short_names};
   hd_report_group *groups = NULL;
   size_t count = 0;
@@ -290,11 +290,10 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
       fprintf(out, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, g->live_bytes,
               g->live_blocks);
       if (g->has_counters) {
-        fprintf(out,
-                ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64
-                ",\"temp_blocks\":%" PRIu64,
-                g->allocated_bytes, g->allocated_blocks, g->temporary_blocks);
+        fprintf(out, ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64, g->allocated_bytes,
+                g->allocated_blocks);
       }
+      if (g->has_temporary) fprintf(out, ",\"temp_blocks\":%" PRIu64, g->temporary_blocks);
       fputs(",\"stacks\":[", out);
       for (size_t t = first[i]; t != SIZE_MAX; t = next[t]) {
         fprintf(out, t == first[i] ? "%zu" : ",%zu", t);
@@ -485,9 +484,11 @@ static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part,
     fprintf(stacks, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, live[t].live_bytes,
             live[t].live_blocks);
     if (trace->has_counters) {
-      fprintf(stacks,
-              ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64 ",\"temp_blocks\":%" PRIu64,
-              trace->allocated_bytes, trace->allocated_blocks, trace->temporary_blocks);
+      fprintf(stacks, ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64,
+              trace->allocated_bytes, trace->allocated_blocks);
+    }
+    if (trace->has_temporary) {
+      fprintf(stacks, ",\"temp_blocks\":%" PRIu64, trace->temporary_blocks);
     }
     fputc('}', stacks);
   }
@@ -553,6 +554,14 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
   }
   fputs(",\"stats\":", out);
   write_stats(s, out);
+  if (s->has_resident) {
+    const heapdump_client_ResidentMemory *m = &s->resident;
+    fprintf(out,
+            ",\"resident\":{\"bytes\":%" PRIu64 ",\"allocator\":%" PRIu64 ",\"heapdump\":%" PRIu64
+            ",\"other_anonymous\":%" PRIu64 ",\"files\":%" PRIu64 ",\"tags\":%" PRIu64 "}",
+            m->resident_bytes, m->allocator_bytes, m->heapdump_bytes, m->other_anonymous_bytes,
+            m->file_bytes, m->tag_bytes);
+  }
   fputs(",\"timeline\":", out);
   write_timeline(s, o->diff != NULL ? hd_diff_base_of(o->diff, pp->parts[0]) : NULL, out);
   /* Stacks are written first, into memory, as their frames fill the function table, which the

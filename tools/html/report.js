@@ -280,6 +280,13 @@
         cards.push(card('Allocated', hBytes(st.bytes_allocated), plural(num(st.blocks_allocated), 'block')));
         cards.push(card('Freed', hBytes(st.bytes_freed), plural(num(st.blocks_freed), 'block')));
       }
+      // Where the process's resident memory was: the parts add up to it.
+      const rs = p.resident && typeof p.resident === 'object' ? p.resident : null;
+      if (rs) {
+        cards.push(card('Resident', hBytes(rs.bytes), '<span id="resident-parts">allocator ' + hBytes(rs.allocator) +
+          ' (live ' + hBytes(live) + ') \u00b7 heapdump ' + hBytes(rs.heapdump) + ' \u00b7 other anonymous ' +
+          hBytes(rs.other_anonymous) + ' \u00b7 files ' + hBytes(rs.files) + '</span>'));
+      }
     }
     cards.push(card('Duration', dur, p.timeline ? plural(arr(p.timeline.t_ms).length, 'sample') : 'no timeline'));
     cards.push(card('Sites', count(p.sites.length), plural(p.stacks.length, 'stack') + ', ' + plural(p.functions.length, 'function')));
@@ -573,7 +580,8 @@
     const rows = DIFF
       ? line('Net', ['net_bytes', 'net_blocks']) + line('Growth', ['delta_bytes', 'delta_blocks']) +
         line('Added', ['added_bytes']) + line('Removed', ['removed_bytes'])
-      : line('Live', ['live_bytes', 'live_blocks']) + line('Allocated', ['alloc_bytes', 'alloc_blocks']);
+      : line('Live', ['live_bytes', 'live_blocks']) + line('Allocated', ['alloc_bytes', 'alloc_blocks']) +
+        line('Temporary', ['temp_blocks']);
     let self = V[cur][i];
     for (let c = i + 1; c < T.end[i]; c = T.end[c]) self -= V[cur][c];
     const unit = METRIC[cur].isBytes ? bytes(self) : count(self) + ' blocks';

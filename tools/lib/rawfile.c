@@ -104,7 +104,7 @@ static HD_MUST_CHECK hd_status write_traces(const hd_snapshot *s, hd_batch_write
                                              .allocated_blocks = t->allocated_blocks,
                                              .has_allocated_bytes = true,
                                              .allocated_bytes = t->allocated_bytes,
-                                             .has_temporary_blocks = true,
+                                             .has_temporary_blocks = t->has_temporary,
                                              .temporary_blocks = t->temporary_blocks};
     status = hd_batch_add(w, &e);
   }
@@ -147,6 +147,14 @@ static HD_MUST_CHECK hd_status write_stats(const hd_snapshot *s, hd_batch_writer
   if (!s->has_stats) return HD_OK;
   heapdump_client_SnapshotElement e = element_of(heapdump_client_SnapshotElement_process_stats_tag);
   e.element.process_stats = s->stats;
+  return hd_batch_add(w, &e);
+}
+
+static HD_MUST_CHECK hd_status write_resident(const hd_snapshot *s, hd_batch_writer *w) {
+  if (!s->has_resident) return HD_OK;
+  heapdump_client_SnapshotElement e =
+      element_of(heapdump_client_SnapshotElement_resident_memory_tag);
+  e.element.resident_memory = s->resident;
   return hd_batch_add(w, &e);
 }
 
@@ -207,6 +215,7 @@ static const struct {
     {write_regions, {heapdump_client_SnapshotElement_executable_region_tag}},
     {write_allocations, {heapdump_client_SnapshotElement_allocation_tag}},
     {write_stats, {heapdump_client_SnapshotElement_process_stats_tag}},
+    {write_resident, {heapdump_client_SnapshotElement_resident_memory_tag}},
     {write_samples, {heapdump_client_SnapshotElement_stats_sample_tag}},
     {write_roots, {heapdump_client_SnapshotElement_root_region_tag}},
     {write_contents, {heapdump_client_SnapshotElement_block_contents_tag}},

@@ -109,6 +109,7 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
     g->has_counters = true;
     g->allocated_bytes += trace->allocated_bytes;
     g->allocated_blocks += trace->allocated_blocks;
+    g->has_temporary |= trace->has_temporary;
     g->temporary_blocks += trace->temporary_blocks;
   }
   if (g->heaviest_trace == SIZE_MAX || tt->live_bytes > g->heaviest_bytes) {
@@ -154,7 +155,8 @@ static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_option
     for (size_t i = 0; i < s->stack_trace_count && rc == 0; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
       /* Sorted by what was allocated, a site that holds nothing now is as much the answer. */
-      const bool counted = categories == NULL && o->sort != HD_REPORT_SORT_LIVE &&
+      const bool counted = categories == NULL &&
+                           (o->sort != HD_REPORT_SORT_LIVE || o->freed_groups_too) &&
                            trace->has_counters && trace->allocated_blocks > 0;
       if (totals[i].live_blocks == 0 && !counted) continue;
       char name[512], site[480];
@@ -422,12 +424,35 @@ static void write_alloc_fns_json(const hd_report_options *o, FILE *out) {
   fputc(']', out);
 }
 
-/* The temporary blocks of every trace; false if no trace has counters. */
+/* Where the process's resident memory was (ResidentMemory): the allocator's part split into
+ * the live blocks as requested, heapdump's tags and the allocator's own. */
+static void write_resident_text(const hd_snapshot *s, uint64_t live_bytes, FILE *out) {
+  if (!s->has_resident) return;
+  const heapdump_client_ResidentMemory *m = &s->resident;
+  fprintf(out, "resident %" PRIu64 " bytes: allocator %" PRIu64, m->resident_bytes,
+          m->allocator_bytes);
+  if (live_bytes <= m->allocator_bytes && m->tag_bytes <= m->allocator_bytes - live_bytes) {
+    fprintf(out,
+            " (live blocks as requested %" PRIu64 ", heapdump's tags %" PRIu64
+            ", the allocator's own %" PRIu64 ")",
+            live_bytes, m->tag_bytes, m->allocator_bytes - live_bytes - m->tag_bytes);
+  } else {
+    /* Pages of a block the program has not touched yet are not resident. */
+    fprintf(out,
+            " (less than the live blocks as requested, %" PRIu64 ", and heapdump's tags, %" PRIu64
+            ": some of their pages were never touched)",
+            live_bytes, m->tag_bytes);
+  }
+  fprintf(out, ", heapdump %" PRIu64 ", other anonymous memory %" PRIu64 ", files %" PRIu64 "\n",
+          m->heapdump_bytes, m->other_anonymous_bytes, m->file_bytes);
+}
+
+/* The temporary blocks of every trace; false if no trace counted them. */
 static bool temporary_total(const hd_snapshot *s, uint64_t *blocks) {
   bool counted = false;
   *blocks = 0;
   for (size_t i = 0; i < s->stack_trace_count; i++) {
-    counted |= s->stack_traces[i].has_counters;
+    counted |= s->stack_traces[i].has_temporary;
     *blocks += s->stack_traces[i].temporary_blocks;
   }
   return counted;
@@ -453,6 +478,7 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             st->peak_live_bytes);
   }
   fputc('\n', out);
+  write_resident_text(s, live_bytes, out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
                        s->stats.dropped_resources)) {
     fprintf(
@@ -525,7 +551,7 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     if (g->has_counters) {
       snprintf(ab, sizeof ab, "%" PRIu64, g->allocated_bytes);
       snprintf(an, sizeof an, "%" PRIu64, g->allocated_blocks);
-      snprintf(tn, sizeof tn, "%" PRIu64, g->temporary_blocks);
+      if (g->has_temporary) snprintf(tn, sizeof tn, "%" PRIu64, g->temporary_blocks);
     } else if (by_thread) {
       ab[0] = an[0] = tn[0] = '\0';
     }
@@ -639,6 +665,14 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
     fputc('}', out);
   }
+  if (s->has_resident) {
+    const heapdump_client_ResidentMemory *m = &s->resident;
+    fprintf(out,
+            ",\"resident\":{\"bytes\":%" PRIu64 ",\"allocator\":%" PRIu64 ",\"heapdump\":%" PRIu64
+            ",\"other_anonymous\":%" PRIu64 ",\"files\":%" PRIu64 ",\"tags\":%" PRIu64 "}",
+            m->resident_bytes, m->allocator_bytes, m->heapdump_bytes, m->other_anonymous_bytes,
+            m->file_bytes, m->tag_bytes);
+  }
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);
     for (int c = 0; c < HD_REACH_CATEGORIES; c++) {
@@ -676,10 +710,9 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
       fprintf(out, ",\"oldest_age_s\":%.3f", (double)(o->now_ns - (uint64_t)g->oldest) / 1e9);
     }
     if (g->has_counters) {
-      fprintf(out,
-              ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64
-              ",\"temporary_blocks\":%" PRIu64,
-              g->allocated_bytes, g->allocated_blocks, g->temporary_blocks);
+      fprintf(out, ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64,
+              g->allocated_bytes, g->allocated_blocks);
+      if (g->has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, g->temporary_blocks);
     }
     fputs(",\"frames\":", out);
     if (g->heaviest_trace != SIZE_MAX) {
@@ -739,6 +772,15 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
         return hd_tool_fail(error, error_size, -ENOMEM, "out of memory");
       }
       categories = classified;
+    }
+    uint64_t temporary;
+    if (o->sort == HD_REPORT_SORT_TEMPORARY && !temporary_total(s, &temporary)) {
+      free(classified);
+      return hd_tool_fail(error, error_size, -EINVAL,
+                          "--sort temporary: %s[%" PRIu64
+                          "] has no count of temporary allocations (a pprof profile, or a file "
+                          "from an older heapdump, keeps none)",
+                          s->process_name, s->pid);
     }
     group_list l = {0};
     int rc = build_groups(s, o, categories, &l, NULL);

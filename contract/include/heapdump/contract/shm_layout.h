@@ -91,6 +91,10 @@ extern "C" {
 #endif
 
 #define HD_LAYOUT_VERSION 7u
+/* Every live block the library records holds this many bytes more than the program asked for,
+ * at the end of its usable size: the tag that links it to its node (instrumentation/src/record.c).
+ * They are heapdump's own memory inside the allocator's. */
+#define HD_TAG_BYTES 8u
 #define HD_ALLOC_MAGIC UINT64_C(0x31434f4c4c414448) /* "HDALLOC1" little-endian */
 #define HD_RES_MAGIC UINT64_C(0x3153455243534448)   /* "HDSCRES1" little-endian */
 
@@ -254,8 +258,8 @@ typedef struct hd_rec_stack {
   hd_rec_header h;
   uint64_t alloc_blocks; /* atomic: blocks allocated with this trace since start */
   uint64_t alloc_bytes;  /* atomic: bytes allocated with this trace since start */
-  /* atomic: blocks of this trace freed by the thread that allocated them before that thread's
-   * next allocation (temporary allocations) */
+  /* atomic: blocks of this trace freed by the thread that allocated them before that thread
+   * allocated or freed anything else (temporary allocations) */
   uint64_t temporary_blocks;
   uint16_t frame_count; /* <= HD_MAX_FRAMES */
   uint16_t flags;       /* HD_STACK_*; readers ignore bits they do not know */

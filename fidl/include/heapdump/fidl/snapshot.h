@@ -50,7 +50,9 @@ typedef struct hd_snapshot_stack_trace {
   bool truncated;
   bool has_counters; /* StackTraceCounters seen */
   uint64_t allocated_blocks, allocated_bytes;
-  /* Of the allocated blocks, those their thread freed before allocating again. */
+  /* Of the allocated blocks, those their thread freed before it allocated or freed anything
+   * else, when has_temporary (the counters of a pprof profile or of an older file have none). */
+  bool has_temporary;
   uint64_t temporary_blocks;
 } hd_snapshot_stack_trace;
 
@@ -106,6 +108,8 @@ typedef struct hd_snapshot {
   bool has_header;
   bool has_stats;
   heapdump_client_ProcessStats stats;
+  bool has_resident; /* ResidentMemory seen */
+  heapdump_client_ResidentMemory resident;
   char process_name[HD_NAME_SIZE];
   uint64_t pid;
   char *command_line; /* from the SnapshotHeader (live snapshots); NULL if it has none */

@@ -33,8 +33,11 @@ typedef struct hd_report_options {
   hd_symbolizer *symbolizer; /* NULL: addresses as module+0xoffset */
   hd_report_by by;
   hd_report_sort sort; /* by site or stack only: a trace's counters are not kept per thread */
-  size_t top;          /* groups shown per process; 0 = all */
-  size_t max_frames;   /* frames shown per group; 0 = all */
+  /* By site or stack, without a leak check: also the groups whose blocks were all freed (what
+   * --sort allocated and temporary list anyway). */
+  bool freed_groups_too;
+  size_t top;        /* groups shown per process; 0 = all */
+  size_t max_frames; /* frames shown per group; 0 = all */
   bool json;
   /* A snapshot with roots is reported as a leak check (heapdump/tools/reach.h): groups by
    * category, then site; the text lists the lost ones, and possibly lost and still reachable in
@@ -67,9 +70,9 @@ typedef struct hd_report_group {
   const char *module;
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks; /* of its traces' counters, when has_counters */
-  uint64_t temporary_blocks;                  /* the same */
+  uint64_t temporary_blocks;                  /* the same, when has_temporary */
   int64_t oldest;                             /* the earliest allocation timestamp of its blocks */
-  bool has_counters;
+  bool has_counters, has_temporary;
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
   uint64_t heaviest_bytes;
 } hd_report_group;
