@@ -731,6 +731,8 @@ TEST_F(CliTest, LeaksOfARunProgramSaysWhereItsCollectorIs) {
 std::unique_ptr<hdtest::Browser> OpenPage(const std::string &dir, const std::string &name);
 double Number(hdtest::Browser &b, const std::string &expression);
 std::string Text(hdtest::Browser &b, const std::string &expression);
+double FlameValue(hdtest::Browser &b, const std::string &name);
+uint64_t LiveBytes(const std::string &json);
 
 // The sites of a text report in their order, each with its five numbers (LIVE BYTES ... TEMPORARY).
 std::vector<std::pair<std::string, std::vector<std::string>>> SiteRows(const std::string &report) {
@@ -1646,6 +1648,64 @@ std::string Text(hdtest::Browser &b, const std::string &expression) {
   auto v = b.EvalString(expression);
   EXPECT_TRUE(v.has_value()) << expression << ": " << b.error();
   return v.value_or("");
+}
+
+// The page of a compiler's exit snapshot (cc1plus on googletest's gtest-all.cc: about 10^5
+// distinct stacks, 40 MB of page when each was drawn) stays small: a stack too small to see is
+// cut below its deepest caller that is not, under a "(smaller stacks)" there, and every site's
+// totals, and the flame graph's, stay exact. Its writing time and first view are bench/run's.
+TEST_F(CliTest, APageOfAHundredThousandStacksDrawsTheBigOnesAndSumsTheRest) {
+  const std::string gtest = "/usr/src/googletest/googletest";
+  for (const std::string &needed : {std::string("/usr/bin/g++"), gtest + "/src/gtest-all.cc"}) {
+    if (access(needed.c_str(), R_OK) != 0) GTEST_SKIP() << needed << " is not installed";
+  }
+  const std::string bin = std::string(HD_CLI).substr(0, std::string(HD_CLI).rfind('/'));
+  hdtest::ShellOutput made =
+      hdtest::RunShell("cc1=$(g++ -### -I " + gtest + "/include -I " + gtest +
+                           " -O0 -std=c++17 -S -o /dev/null " + gtest +
+                           "/src/gtest-all.cc 2>&1 | grep '/cc1plus ' | head -n1 | tr -d '\"')\n"
+                           "heapdump run --no-leak-check -o cc1.heapdump -- $cc1 > /dev/null\n"
+                           "heapdump convert cc1.heapdump -o cc1.html\n",
+                       dir, {"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir});
+  ASSERT_EQ(made.status, 0) << made.out;
+  struct stat page;
+  ASSERT_EQ(stat((dir + "/cc1.html").c_str(), &page), 0);
+  EXPECT_LT(page.st_size, 5 << 20);
+  Output json = Heapdump({"report", "cc1.heapdump", "--json", "--top", "1"});
+  ASSERT_EQ(json.status, 0) << json.err;
+  const uint64_t live = LiveBytes(json.out);
+  EXPECT_GT(live, 1u << 20);
+
+  auto browser = OpenPage(dir, "cc1.html");
+  ASSERT_NE(browser, nullptr);
+  hdtest::Browser &b = *browser;
+  const std::string p =
+      "JSON.parse(document.getElementById('heapdump-data').textContent).processes[0]";
+  EXPECT_GT(Number(b, p + ".stacks.length"), 50000);
+  // Drawn as they are: a few thousand.
+  EXPECT_LT(Number(b, p + ".stacks.filter(s => s && !s.smaller).length"), 10000);
+  const double cut = Number(b, p + ".stacks.filter(s => s && s.smaller).length");
+  EXPECT_GT(cut, 0);
+  // The cut stacks keep their callers: most are deeper than the root's child.
+  EXPECT_GT(Number(b, p + ".stacks.filter(s => s && s.smaller && s.frames.length > 3).length"),
+            cut / 2);
+  // Each site is exactly the sum of the stacks it lists and of its smaller ones, in every metric.
+  const std::string metrics =
+      "['live_bytes', 'live_blocks', 'alloc_bytes', 'alloc_blocks', 'temp_blocks']";
+  EXPECT_EQ(Number(b, "(P => P.sites.filter(site => " + metrics +
+                          ".some(k => site.stacks.reduce((a, i) => a + (P.stacks[i][k] || 0), "
+                          "(site.smaller && site.smaller[k]) || 0) !== (site[k] || 0))).length)(" +
+                          p + ")"),
+            0);
+  // The stacks, cut or not, hold what the sites hold, and the sites what the snapshot holds.
+  EXPECT_EQ(Number(b, "(P => " + metrics +
+                          ".filter(k => P.stacks.reduce((a, s) => a + ((s && s[k]) || 0), 0) !== "
+                          "P.sites.reduce((a, s) => a + (s[k] || 0), 0)).length)(" +
+                          p + ")"),
+            0);
+  EXPECT_EQ(Number(b, p + ".sites.reduce((a, site) => a + site.live_bytes, 0)"),
+            static_cast<double>(live));
+  EXPECT_GT(FlameValue(b, "(smaller stacks)"), 0);
 }
 
 // A site's stacks open heaviest first by the flame graph's metric, not in recording order:

@@ -127,8 +127,26 @@ static bool add_frame(frame_list *l, size_t function, uint32_t line) {
  * inlined frames expanded; a truncated trace starts at a root of its own. Written as
  * "frames" (function indices) and "lines" (each frame's line in this stack, 0 if unknown):
  * the flame graph merges frames by function, the stack lists show each one's own line. */
-static bool write_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
-                         const hd_snapshot_stack_trace *trace, frame_list *l, FILE *out) {
+/* The page's frames of each address met: the stacks of a program share most of their frames,
+ * and an address's frames (its inlined ones, symbolized, demangled, in the function table) are
+ * then looked up once. `frames` holds, per address, a count then that many frames. */
+typedef struct frame_cache {
+  hd_u64_map where; /* address -> its count's index in frames */
+  frame_list frames;
+} frame_cache;
+
+static void frame_cache_free(frame_cache *c) {
+  hd_u64_map_free(&c->where);
+  free(c->frames.items);
+}
+
+static bool add_address_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
+                               uint64_t address, frame_list *l);
+
+/* The frames of a trace (see below), with cache (nullable) for its addresses' frames. */
+static bool collect_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
+                           const hd_snapshot_stack_trace *trace, frame_cache *cache,
+                           frame_list *l) {
   l->count = 0;
   bool ok = true;
   if (trace->truncated) {
@@ -138,29 +156,60 @@ static bool write_frames(function_table *ft, hd_symbolizer *sym, const hd_snapsh
   }
   const size_t site = hd_site_frame(sym, s, trace);
   for (size_t k = trace->count; ok && k-- > site;) {
-    hd_location_info loc;
-    hd_locate(sym, s, trace->addresses[k], true, &loc);
-    if (loc.frame_count == 0) {
-      char name[300];
-      hd_location_name(&loc, trace->addresses[k], name, sizeof name);
-      ok = add_frame(l, function_index(ft, name, loc.module, NULL), 0);
+    if (cache == NULL) {
+      ok = add_address_frames(ft, sym, s, trace->addresses[k], l);
       continue;
     }
-    for (size_t i = loc.frame_count; ok && i-- > 0;) {
-      const hd_source_frame *fr = &loc.frames[i];
-      ok = add_frame(
-          l,
-          function_index(ft, fr->function ? hd_demangle(fr->function) : "??", loc.module, fr->file),
-          fr->line);
+    size_t at;
+    if (!hd_u64_map_find(&cache->where, trace->addresses[k], &at)) {
+      at = cache->frames.count;
+      ok = add_frame(&cache->frames, 0, 0) &&
+           add_address_frames(ft, sym, s, trace->addresses[k], &cache->frames) &&
+           hd_u64_map_put(&cache->where, trace->addresses[k], at);
+      if (!ok) break;
+      cache->frames.items[at].function = cache->frames.count - at - 1;
+    }
+    const size_t n = cache->frames.items[at].function;
+    for (size_t i = 1; ok && i <= n; i++) {
+      ok = add_frame(l, cache->frames.items[at + i].function, cache->frames.items[at + i].line);
     }
   }
-  if (!ok) return false;
+  return ok;
+}
+
+/* The frames of one address, its inlined ones expanded, outermost first. */
+static bool add_address_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
+                               uint64_t address, frame_list *l) {
+  hd_location_info loc;
+  hd_locate(sym, s, address, true, &loc);
+  if (loc.frame_count == 0) {
+    char name[300];
+    hd_location_name(&loc, address, name, sizeof name);
+    return add_frame(l, function_index(ft, name, loc.module, NULL), 0);
+  }
+  bool ok = true;
+  for (size_t i = loc.frame_count; ok && i-- > 0;) {
+    const hd_source_frame *fr = &loc.frames[i];
+    ok = add_frame(
+        l,
+        function_index(ft, fr->function ? hd_demangle(fr->function) : "??", loc.module, fr->file),
+        fr->line);
+  }
+  return ok;
+}
+
+static void print_frames(const page_frame *frames, size_t count, FILE *out) {
   fputs("\"frames\":[", out);
-  for (size_t i = 0; i < l->count; i++) fprintf(out, i ? ",%zu" : "%zu", l->items[i].function);
+  for (size_t i = 0; i < count; i++) fprintf(out, i ? ",%zu" : "%zu", frames[i].function);
   fputs("],\"lines\":[", out);
-  for (size_t i = 0; i < l->count; i++)
-    fprintf(out, i ? ",%" PRIu32 : "%" PRIu32, l->items[i].line);
+  for (size_t i = 0; i < count; i++) fprintf(out, i ? ",%" PRIu32 : "%" PRIu32, frames[i].line);
   fputc(']', out);
+}
+
+static bool write_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
+                         const hd_snapshot_stack_trace *trace, frame_list *l, FILE *out) {
+  if (!collect_frames(ft, sym, s, trace, NULL, l)) return false;
+  print_frames(l->items, l->count, out);
   return true;
 }
 
@@ -253,29 +302,317 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
   fprintf(out, ",\"line\":%" PRIu32, fr->line);
 }
 
-/* The sites of the text report, each with the stacks it is made of; short_names: named as
- * heapdump leaks names them, without parameter lists. */
-static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names,
-                                     FILE *out) {
-  /* In the report's default order (live bytes), sites with nothing live included: the table can
-   * be sorted by what they allocated. */
+/* ---- a snapshot's sites, and which of its stacks the page draws ---- */
+
+/* The page draws a stack as it is when it holds at least this share of some metric's total;
+ * a smaller one is cut below the deepest of its callers that holds that share (with every
+ * stack through it), where one "(smaller stacks)" stands for all those cut there. The flame
+ * graph keeps its shape down to what can be seen and every total stays exact, while a
+ * compiler's hundred thousand stacks no longer make the page tens of megabytes. */
+#define DRAWN_SHARE_INVERSE 10000u
+#define SMALLER_STACKS "(smaller stacks)"
+enum { METRIC_COUNT = 5 };
+
+typedef struct stack_values {
+  uint64_t v[METRIC_COUNT]; /* live bytes, live blocks, allocated bytes and blocks, temporary */
+} stack_values;
+
+static const char *const kMetricKeys[METRIC_COUNT] = {"live_bytes", "live_blocks", "alloc_bytes",
+                                                      "alloc_blocks", "temp_blocks"};
+
+static stack_values values_of(const hd_snapshot_stack_trace *trace, const hd_trace_totals *live) {
+  stack_values sv = {{live->live_bytes, live->live_blocks, 0, 0, 0}};
+  if (trace->has_counters) {
+    sv.v[2] = trace->allocated_bytes;
+    sv.v[3] = trace->allocated_blocks;
+  }
+  if (trace->has_temporary) sv.v[4] = trace->temporary_blocks;
+  return sv;
+}
+
+static void add_values(stack_values *to, const stack_values *from) {
+  for (int m = 0; m < METRIC_COUNT; m++) to->v[m] += from->v[m];
+}
+
+/* has_counters, has_temporary: whether the allocated and temporary values are known. */
+static void print_values(const stack_values *sv, bool has_counters, bool has_temporary, FILE *out) {
+  for (int m = 0; m < METRIC_COUNT; m++) {
+    if ((m == 2 || m == 3) && !has_counters) continue;
+    if (m == 4 && !has_temporary) continue;
+    fprintf(out, ",\"%s\":%" PRIu64, kMetricKeys[m], sv->v[m]);
+  }
+}
+
+typedef struct site_plan {
+  hd_report_group *groups; /* the sites, in the report's order */
+  size_t count;
+  size_t *site_of;       /* per trace: its site, SIZE_MAX if in none */
+  bool *drawn;           /* per trace: written as it is */
+  stack_values *smaller; /* per site: what its stacks that were cut add up to */
+  size_t *smaller_count; /* per site: how many they are */
+} site_plan;
+
+static void site_plan_free(site_plan *p) {
+  free(p->groups);
+  free(p->site_of);
+  free(p->drawn);
+  free(p->smaller);
+  free(p->smaller_count);
+}
+
+/* The sites of s as the text report finds them (short_names: as heapdump leaks names them),
+ * sites with nothing live included. */
+static HD_MUST_CHECK int plan_sites(const hd_snapshot *s, hd_symbolizer *sym, bool short_names,
+                                    site_plan *p) {
+  *p = (site_plan){0};
+  const size_t traces = s->stack_trace_count ? s->stack_trace_count : 1;
   hd_report_options ro = {.symbolizer = sym,
                           .by = HD_REPORT_BY_SITE,
                           .freed_groups_too = true,
                           .short_names = short_names};
-  hd_report_group *groups = NULL;
-  size_t count = 0;
-  size_t *site_of = malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *site_of);
-  int rc = site_of == NULL ? -ENOMEM : hd_report_groups(s, &ro, NULL, &groups, &count, site_of);
+  p->site_of = malloc(traces * sizeof *p->site_of);
+  p->drawn = calloc(traces, sizeof *p->drawn);
+  int rc = p->site_of == NULL || p->drawn == NULL
+               ? -ENOMEM
+               : hd_report_groups(s, &ro, NULL, &p->groups, &p->count, p->site_of);
+  if (rc != 0) return rc;
+  p->smaller = calloc(p->count ? p->count : 1, sizeof *p->smaller);
+  p->smaller_count = calloc(p->count ? p->count : 1, sizeof *p->smaller_count);
+  return p->smaller == NULL || p->smaller_count == NULL ? -ENOMEM : 0;
+}
+
+/* The call tree of the stacks, root first, as the page's flame graph merges them (a node per
+ * function under its parent), with what the stacks through each node add up to. */
+typedef struct call_tree {
+  uint32_t *parent, *function; /* per node; node 0 is the root */
+  stack_values *sum;
+  size_t count, capacity;
+  uint64_t *slots; /* open addressing: (parent << 32 | function) + 1 -> node, in `nodes` */
+  uint32_t *nodes;
+  size_t slot_count;
+} call_tree;
+
+static void call_tree_free(call_tree *t) {
+  free(t->parent);
+  free(t->function);
+  free(t->sum);
+  free(t->slots);
+  free(t->nodes);
+}
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= UINT64_C(0xff51afd7ed558ccd);
+  return x ^ (x >> 33);
+}
+
+static bool call_tree_rehash(call_tree *t, size_t slot_count) {
+  uint64_t *slots = calloc(slot_count, sizeof *slots);
+  uint32_t *nodes = malloc(slot_count * sizeof *nodes);
+  if (slots == NULL || nodes == NULL) {
+    free(slots);
+    free(nodes);
+    return false;
+  }
+  for (size_t n = 1; n < t->count; n++) {
+    const uint64_t key = ((uint64_t)t->parent[n] << 32 | t->function[n]) + 1;
+    size_t j = mix(key) & (slot_count - 1);
+    while (slots[j] != 0) j = (j + 1) & (slot_count - 1);
+    slots[j] = key;
+    nodes[j] = (uint32_t)n;
+  }
+  free(t->slots);
+  free(t->nodes);
+  t->slots = slots;
+  t->nodes = nodes;
+  t->slot_count = slot_count;
+  return true;
+}
+
+/* A tree of the root alone (node 0, in no slot); false when out of memory. */
+static bool call_tree_init(call_tree *t) {
+  *t = (call_tree){0};
+  t->capacity = 4096;
+  t->parent = malloc(t->capacity * sizeof *t->parent);
+  t->function = malloc(t->capacity * sizeof *t->function);
+  t->sum = malloc(t->capacity * sizeof *t->sum);
+  if (t->parent == NULL || t->function == NULL || t->sum == NULL) return false;
+  t->parent[0] = t->function[0] = 0;
+  t->sum[0] = (stack_values){{0}};
+  t->count = 1;
+  return true;
+}
+
+/* The child of `parent` for `function`, made if new; UINT32_MAX when out of memory. */
+static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function) {
+  if (function >= UINT32_MAX) return UINT32_MAX;
+  const uint64_t key = ((uint64_t)parent << 32 | function) + 1;
+  if (2 * (t->count + 1) > t->slot_count &&
+      !call_tree_rehash(t, t->slot_count ? 2 * t->slot_count : 4096)) {
+    return UINT32_MAX;
+  }
+  size_t j = mix(key) & (t->slot_count - 1);
+  for (; t->slots[j] != 0; j = (j + 1) & (t->slot_count - 1)) {
+    if (t->slots[j] == key) return t->nodes[j];
+  }
+  if (t->count == t->capacity || t->count >= UINT32_MAX - 1) {
+    const size_t capacity = t->capacity ? 2 * t->capacity : 4096;
+    uint32_t *parents = realloc(t->parent, capacity * sizeof *parents);
+    if (parents != NULL) t->parent = parents;
+    uint32_t *functions = realloc(t->function, capacity * sizeof *functions);
+    if (functions != NULL) t->function = functions;
+    stack_values *sums = realloc(t->sum, capacity * sizeof *sums);
+    if (sums != NULL) t->sum = sums;
+    if (parents == NULL || functions == NULL || sums == NULL || t->count >= UINT32_MAX - 1)
+      return UINT32_MAX;
+    t->capacity = capacity;
+  }
+  const uint32_t n = (uint32_t)t->count++;
+  t->parent[n] = parent;
+  t->function[n] = (uint32_t)function;
+  t->sum[n] = (stack_values){{0}};
+  t->slots[j] = key;
+  t->nodes[j] = n;
+  return n;
+}
+
+/* A snapshot's stacks (the page's indices 0 to the trace count; null where a trace is in no
+ * site or was cut), then one "(smaller stacks)" per node where stacks were cut. A stack is
+ * drawn when some metric of its own reaches the share above, when it is its site's heaviest,
+ * and, with a leak check, when it holds live blocks (the leaks list their stacks). */
+static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symbolizer *sym,
+                                               site_plan *p, bool leak_check,
+                                               const hd_trace_totals *live, function_table *ft,
+                                               FILE *stacks) {
+  const size_t traces = s->stack_trace_count;
+  size_t *first = malloc((traces + 1) * sizeof *first); /* each trace's frames in `all` */
+  frame_list all = {0}, one = {0};
+  frame_cache cache = {0};
+  call_tree tree = {0};
+  stack_values *cut = NULL; /* per node: the stacks cut below it */
+  uint32_t *leaf = malloc((traces ? traces : 1) * sizeof *leaf);
+  int rc = first == NULL || leaf == NULL || !call_tree_init(&tree) ? -ENOMEM : 0;
+  stack_values totals = {{0}};
+  for (size_t t = 0; t < traces && rc == 0; t++) {
+    first[t] = all.count;
+    if (p->site_of[t] == SIZE_MAX) continue;
+    if (!collect_frames(ft, sym, s, &s->stack_traces[t], &cache, &one)) {
+      rc = -ENOMEM;
+      break;
+    }
+    const stack_values sv = values_of(&s->stack_traces[t], &live[t]);
+    add_values(&totals, &sv);
+    add_values(&tree.sum[0], &sv);
+    uint32_t node = 0;
+    for (size_t k = 0; k < one.count && rc == 0; k++) {
+      if (!add_frame(&all, one.items[k].function, one.items[k].line) ||
+          (node = call_tree_child(&tree, node, one.items[k].function)) == UINT32_MAX) {
+        rc = -ENOMEM;
+        break;
+      }
+      add_values(&tree.sum[node], &sv);
+    }
+    leaf[t] = node;
+  }
+  if (rc == 0) first[traces] = all.count;
+  if (rc == 0 && (cut = calloc(tree.count ? tree.count : 1, sizeof *cut)) == NULL) rc = -ENOMEM;
+  uint64_t threshold[METRIC_COUNT];
+  for (int m = 0; m < METRIC_COUNT; m++) threshold[m] = totals.v[m] / DRAWN_SHARE_INVERSE;
+    /* A node is big when some metric of what passes through it reaches the share. */
+#define BIG(values)                                                  \
+  ((values)->v[0] > threshold[0] || (values)->v[1] > threshold[1] || \
+   (values)->v[2] > threshold[2] || (values)->v[3] > threshold[3] || \
+   (values)->v[4] > threshold[4])
+  for (size_t t = 0; t < traces && rc == 0; t++) {
+    const size_t site = p->site_of[t];
+    if (site == SIZE_MAX) continue;
+    const stack_values sv = values_of(&s->stack_traces[t], &live[t]);
+    p->drawn[t] = BIG(&sv) || p->groups[site].heaviest_trace == t || (leak_check && sv.v[1] > 0);
+    if (p->drawn[t]) continue;
+    /* The deepest big caller: nodes only get bigger toward the root, which always is. */
+    uint32_t node = leaf[t];
+    while (node != 0 && !BIG(&tree.sum[node])) node = tree.parent[node];
+    add_values(&cut[node], &sv);
+    add_values(&p->smaller[site], &sv);
+    p->smaller_count[site]++;
+  }
+#undef BIG
+  for (size_t t = 0; t < traces && rc == 0; t++) {
+    if (t) fputc(',', stacks);
+    if (!p->drawn[t]) {
+      fputs("null", stacks);
+      continue;
+    }
+    const hd_snapshot_stack_trace *trace = &s->stack_traces[t];
+    const stack_values sv = values_of(trace, &live[t]);
+    fputc('{', stacks);
+    print_frames(all.items + first[t], first[t + 1] - first[t], stacks);
+    print_values(&sv, trace->has_counters, trace->has_temporary, stacks);
+    fputc('}', stacks);
+  }
+  /* The cut stacks, under their callers. Counters are known for them as for the snapshot. */
+  bool has_counters = false, has_temporary = false;
+  for (size_t i = 0; i < p->count; i++) {
+    has_counters |= p->groups[i].has_counters;
+    has_temporary |= p->groups[i].has_temporary;
+  }
+  size_t smaller = SIZE_MAX, written = traces;
+  one.count = 0;
+  for (size_t n = 0; n < tree.count && rc == 0; n++) {
+    bool any = false;
+    for (int m = 0; m < METRIC_COUNT; m++) any |= cut[n].v[m] != 0;
+    if (!any) continue;
+    if (smaller == SIZE_MAX &&
+        (smaller = function_index(ft, SMALLER_STACKS, "", NULL)) == SIZE_MAX) {
+      rc = -ENOMEM;
+      break;
+    }
+    /* Its path, root first: the node's callers, then the stand-in. */
+    one.count = 0;
+    for (uint32_t k = (uint32_t)n; k != 0 && rc == 0; k = tree.parent[k]) {
+      if (!add_frame(&one, tree.function[k], 0)) rc = -ENOMEM;
+    }
+    if (rc != 0 || !add_frame(&one, smaller, 0)) {
+      rc = -ENOMEM;
+      break;
+    }
+    for (size_t a = 0, b = one.count - 2; one.count > 1 && a < b; a++, b--) {
+      const page_frame swap = one.items[a];
+      one.items[a] = one.items[b];
+      one.items[b] = swap;
+    }
+    if (written) fputc(',', stacks);
+    fputc('{', stacks);
+    print_frames(one.items, one.count, stacks);
+    print_values(&cut[n], has_counters, has_temporary, stacks);
+    fputs(",\"smaller\":true}", stacks);
+    written++;
+  }
+  free(first);
+  free(leaf);
+  free(cut);
+  free(all.items);
+  free(one.items);
+  frame_cache_free(&cache);
+  call_tree_free(&tree);
+  return rc;
+}
+
+/* The sites of the text report, each with the stacks it is made of on the page. */
+static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const site_plan *p,
+                                     FILE *out) {
+  const hd_report_group *groups = p->groups;
+  const size_t count = p->count;
+  const size_t *site_of = p->site_of;
+  int rc = 0;
   /* Each site's stacks, as lists threaded through `next` (one entry per stack), in trace order. */
-  size_t *first = rc == 0 ? malloc((count ? count : 1) * sizeof *first) : NULL;
-  size_t *next =
-      rc == 0 ? malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next) : NULL;
-  if (rc == 0 && (first == NULL || next == NULL)) rc = -ENOMEM;
+  size_t *first = malloc((count ? count : 1) * sizeof *first);
+  size_t *next = malloc((s->stack_trace_count ? s->stack_trace_count : 1) * sizeof *next);
+  if (first == NULL || next == NULL) rc = -ENOMEM;
   if (rc == 0) {
     for (size_t i = 0; i < count; i++) first[i] = SIZE_MAX;
     for (size_t t = s->stack_trace_count; t-- > 0;) {
-      if (site_of[t] == SIZE_MAX) continue; /* nothing live nor counted: in no site */
+      if (site_of[t] == SIZE_MAX || !p->drawn[t]) continue; /* in no site, or summed */
       next[t] = first[site_of[t]];
       first[site_of[t]] = t;
     }
@@ -298,14 +635,19 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, b
       for (size_t t = first[i]; t != SIZE_MAX; t = next[t]) {
         fprintf(out, t == first[i] ? "%zu" : ",%zu", t);
       }
-      fputs("]}", out);
+      fputc(']', out);
+      /* Its stacks too small to draw: drawn cut, under "(smaller stacks)" of their callers. */
+      if (p->smaller_count[i] > 0) {
+        fprintf(out, ",\"smaller\":{\"stacks\":%zu", p->smaller_count[i]);
+        print_values(&p->smaller[i], g->has_counters, g->has_temporary, out);
+        fputc('}', out);
+      }
+      fputc('}', out);
     }
     fputc(']', out);
   }
-  free(site_of);
   free(first);
   free(next);
-  free(groups);
   return rc;
 }
 
@@ -435,34 +777,26 @@ typedef struct page_process {
   size_t part_count;
 } page_process;
 
-/* The stacks of one part, appended to `stacks` (page index = first + trace index, null where
- * the trace is left out). In a diff, each written stack's site goes to *changes. */
-static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part,
-                                           const hd_html_options *o, function_table *ft,
-                                           FILE *stacks, size_t first, site_change **changes,
-                                           size_t *change_count) {
+/* The stacks of one part of a diff, appended to `stacks` (page index = first + trace index,
+ * null where the trace did not change); each written stack's site goes to *changes. */
+static HD_MUST_CHECK int write_diff_part_stacks(const hd_reassembler *r, size_t part,
+                                                const hd_html_options *o, function_table *ft,
+                                                FILE *stacks, size_t first, site_change **changes,
+                                                size_t *change_count) {
   const hd_snapshot *s = r->snapshots[part];
-  hd_trace_totals *live = o->diff == NULL ? hd_trace_totals_of(s) : NULL;
-  if (o->diff == NULL && live == NULL) return -ENOMEM;
   frame_list frames = {0};
   int rc = 0;
   for (size_t t = 0; t < s->stack_trace_count && rc == 0; t++) {
     const hd_snapshot_stack_trace *trace = &s->stack_traces[t];
     if (first + t) fputc(',', stacks);
     hd_diff_change change;
-    bool shown;
-    if (o->diff != NULL) {
-      shown = hd_diff_stack_change(o->diff, part, t, &change);
-    } else {
-      shown = live[t].live_blocks > 0 || (trace->has_counters && trace->allocated_blocks > 0);
-    }
-    if (!shown) {
+    if (!hd_diff_stack_change(o->diff, part, t, &change)) {
       fputs("null", stacks);
       continue;
     }
     fputc('{', stacks);
     if (!write_frames(ft, o->symbolizer, s, trace, &frames, stacks)) rc = -ENOMEM;
-    if (o->diff != NULL) {
+    {
       fprintf(stacks,
               ",\"delta_bytes\":%" PRId64 ",\"delta_blocks\":%" PRId64 ",\"added_bytes\":%" PRIu64
               ",\"added_blocks\":%" PRIu64 ",\"removed_bytes\":%" PRIu64
@@ -479,21 +813,9 @@ static HD_MUST_CHECK int write_part_stacks(const hd_reassembler *r, size_t part,
       hd_site_name(o->symbolizer, s, trace, c->name, sizeof c->name);
       c->stack = first + t;
       c->change = change;
-      continue;
     }
-    fprintf(stacks, ",\"live_bytes\":%" PRIu64 ",\"live_blocks\":%" PRIu64, live[t].live_bytes,
-            live[t].live_blocks);
-    if (trace->has_counters) {
-      fprintf(stacks, ",\"alloc_bytes\":%" PRIu64 ",\"alloc_blocks\":%" PRIu64,
-              trace->allocated_bytes, trace->allocated_blocks);
-    }
-    if (trace->has_temporary) {
-      fprintf(stacks, ",\"temp_blocks\":%" PRIu64, trace->temporary_blocks);
-    }
-    fputc('}', stacks);
   }
   free(frames.items);
-  free(live);
   return rc;
 }
 
@@ -574,8 +896,19 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
   site_change *changes = NULL;
   size_t change_count = 0;
   int rc = stacks == NULL || ft.out == NULL ? -ENOMEM : 0;
-  for (size_t k = 0, first = 0; k < pp->part_count && rc == 0; k++) {
-    rc = write_part_stacks(r, pp->parts[k], o, &ft, stacks, first, &changes, &change_count);
+  /* A snapshot's page: its sites, and which stacks are drawn, first. */
+  site_plan plan = {0};
+  hd_trace_totals *live = NULL;
+  if (o->diff == NULL && rc == 0) {
+    live = hd_trace_totals_of(s);
+    const bool leak_check =
+        (o->categories != NULL && o->categories[pp->parts[0]] != NULL) || hd_reach_possible(s);
+    if (live == NULL) rc = -ENOMEM;
+    if (rc == 0) rc = plan_sites(s, o->symbolizer, o->categories != NULL, &plan);
+    if (rc == 0) rc = write_snapshot_stacks(s, o->symbolizer, &plan, leak_check, live, &ft, stacks);
+  }
+  for (size_t k = 0, first = 0; o->diff != NULL && k < pp->part_count && rc == 0; k++) {
+    rc = write_diff_part_stacks(r, pp->parts[k], o, &ft, stacks, first, &changes, &change_count);
     first += r->snapshots[pp->parts[k]]->stack_trace_count;
   }
   if (stacks != NULL && fclose(stacks) != 0 && rc == 0) rc = -ENOMEM;
@@ -586,12 +919,14 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
       rc = write_diff_sites(changes, change_count, out);
       if (rc == 0) fputs(",\"leaks\":null", out);
     } else {
-      rc = write_sites(s, o->symbolizer, o->categories != NULL, out);
+      rc = write_sites(s, o->symbolizer, &plan, out);
       if (rc == 0) write_alloc_fns(o->symbolizer, out);
       if (rc == 0) rc = write_leak_section(r, pp->parts[0], o, out);
     }
   }
   fputc('}', out);
+  site_plan_free(&plan);
+  free(live);
   function_table_free(&ft);
   free(functions_text);
   free(stacks_text);

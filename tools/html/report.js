@@ -655,6 +655,15 @@
   };
   const dataAttr = (k) => 'data-' + k.replace(/_/g, '-');
 
+  // A site's stacks too small to draw one by one: summed under "(smaller stacks)" of their
+  // callers in the flame graph, and said here so that the site's list adds up.
+  function smallerNote(s) {
+    const sm = s && s.smaller;
+    if (!sm || !num(sm.stacks)) return '';
+    return '<p class="note smaller-stacks">And ' + plural(num(sm.stacks), 'smaller stack') + ': ' +
+      esc(stackValues(sm)) + ' (in the flame graph under \u201c(smaller stacks)\u201d).</p>';
+  }
+
   function sitesOrder() {
     const sites = state.P.p.sites, idx = sites.map((_, i) => i), key = state.sort.key;
     if (!key) return idx;
@@ -688,7 +697,7 @@
       r += '</tr>';
       if (state.expandedSites.has(i)) {
         r += '<tr class="stacks-row site-stacks" data-index="' + i + '"><td colspan="' + SITE_COLS.length + '">' +
-          stacksHtml(P, arr(s.stacks), false, true) + '</td></tr>';
+          stacksHtml(P, arr(s.stacks), false, true) + smallerNote(s) + '</td></tr>';
       }
       return r;
     });
