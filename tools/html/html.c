@@ -122,11 +122,6 @@ static bool add_frame(frame_list *l, size_t function, uint32_t line) {
   return true;
 }
 
-/* The frames of a trace for the flame graph, root first, from its root down to its allocation
- * site (the allocator's own frames, which every stack shares, are left out, as in the report),
- * inlined frames expanded; a truncated trace starts at a root of its own. Written as
- * "frames" (function indices) and "lines" (each frame's line in this stack, 0 if unknown):
- * the flame graph merges frames by function, the stack lists show each one's own line. */
 /* The page's frames of each address met: the stacks of a program share most of their frames,
  * and an address's frames (its inlined ones, symbolized, demangled, in the function table) are
  * then looked up once. `frames` holds, per address, a count then that many frames. */
@@ -143,7 +138,12 @@ static void frame_cache_free(frame_cache *c) {
 static bool add_address_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
                                uint64_t address, frame_list *l);
 
-/* The frames of a trace (see below), with cache (nullable) for its addresses' frames. */
+/* The frames of a trace for the flame graph, root first, from its root down to its allocation
+ * site (the allocator's own frames, which every stack shares, are left out, as in the report),
+ * inlined frames expanded; a truncated trace starts at a root of its own. Written as
+ * "frames" (function indices) and "lines" (each frame's line in this stack, 0 if unknown):
+ * the flame graph merges frames by function, the stack lists show each one's own line. cache
+ * (nullable): the frames of the addresses met before. */
 static bool collect_frames(function_table *ft, hd_symbolizer *sym, const hd_snapshot *s,
                            const hd_snapshot_stack_trace *trace, frame_cache *cache,
                            frame_list *l) {
@@ -385,6 +385,7 @@ static HD_MUST_CHECK int plan_sites(const hd_snapshot *s, hd_symbolizer *sym, bo
  * function under its parent), with what the stacks through each node add up to. */
 typedef struct call_tree {
   uint32_t *parent, *function; /* per node; node 0 is the root */
+  uint32_t *line;              /* per node: the line of the first stack through it */
   stack_values *sum;
   size_t count, capacity;
   uint64_t *slots; /* open addressing: (parent << 32 | function) + 1 -> node, in `nodes` */
@@ -395,6 +396,7 @@ typedef struct call_tree {
 static void call_tree_free(call_tree *t) {
   free(t->parent);
   free(t->function);
+  free(t->line);
   free(t->sum);
   free(t->slots);
   free(t->nodes);
@@ -435,16 +437,18 @@ static bool call_tree_init(call_tree *t) {
   t->capacity = 4096;
   t->parent = malloc(t->capacity * sizeof *t->parent);
   t->function = malloc(t->capacity * sizeof *t->function);
+  t->line = malloc(t->capacity * sizeof *t->line);
   t->sum = malloc(t->capacity * sizeof *t->sum);
-  if (t->parent == NULL || t->function == NULL || t->sum == NULL) return false;
-  t->parent[0] = t->function[0] = 0;
+  if (t->parent == NULL || t->function == NULL || t->line == NULL || t->sum == NULL) return false;
+  t->parent[0] = t->function[0] = t->line[0] = 0;
   t->sum[0] = (stack_values){{0}};
   t->count = 1;
   return true;
 }
 
-/* The child of `parent` for `function`, made if new; UINT32_MAX when out of memory. */
-static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function) {
+/* The child of `parent` for `function` (at `line`, if new), made if new; UINT32_MAX when out
+ * of memory. */
+static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function, uint32_t line) {
   if (function >= UINT32_MAX) return UINT32_MAX;
   const uint64_t key = ((uint64_t)parent << 32 | function) + 1;
   if (2 * (t->count + 1) > t->slot_count &&
@@ -461,15 +465,19 @@ static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function) 
     if (parents != NULL) t->parent = parents;
     uint32_t *functions = realloc(t->function, capacity * sizeof *functions);
     if (functions != NULL) t->function = functions;
+    uint32_t *lines = realloc(t->line, capacity * sizeof *lines);
+    if (lines != NULL) t->line = lines;
     stack_values *sums = realloc(t->sum, capacity * sizeof *sums);
     if (sums != NULL) t->sum = sums;
-    if (parents == NULL || functions == NULL || sums == NULL || t->count >= UINT32_MAX - 1)
+    if (parents == NULL || functions == NULL || lines == NULL || sums == NULL ||
+        t->count >= UINT32_MAX - 1)
       return UINT32_MAX;
     t->capacity = capacity;
   }
   const uint32_t n = (uint32_t)t->count++;
   t->parent[n] = parent;
   t->function[n] = (uint32_t)function;
+  t->line[n] = line;
   t->sum[n] = (stack_values){{0}};
   t->slots[j] = key;
   t->nodes[j] = n;
@@ -478,12 +486,12 @@ static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function) 
 
 /* A snapshot's stacks (the page's indices 0 to the trace count; null where a trace is in no
  * site or was cut), then one "(smaller stacks)" per node where stacks were cut. A stack is
- * drawn when some metric of its own reaches the share above, when it is its site's heaviest,
- * and, with a leak check, when it holds live blocks (the leaks list their stacks). */
+ * drawn when some metric of its own is past the share above, when it is its site's heaviest,
+ * and when it is in leak_stacks (the stacks the leak check's groups show). */
 static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symbolizer *sym,
-                                               site_plan *p, bool leak_check,
-                                               const hd_trace_totals *live, function_table *ft,
-                                               FILE *stacks) {
+                                               site_plan *p, const size_t *leak_stacks,
+                                               size_t leak_stack_count, const hd_trace_totals *live,
+                                               function_table *ft, FILE *stacks) {
   const size_t traces = s->stack_trace_count;
   size_t *first = malloc((traces + 1) * sizeof *first); /* each trace's frames in `all` */
   frame_list all = {0}, one = {0};
@@ -506,7 +514,8 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
     uint32_t node = 0;
     for (size_t k = 0; k < one.count && rc == 0; k++) {
       if (!add_frame(&all, one.items[k].function, one.items[k].line) ||
-          (node = call_tree_child(&tree, node, one.items[k].function)) == UINT32_MAX) {
+          (node = call_tree_child(&tree, node, one.items[k].function, one.items[k].line)) ==
+              UINT32_MAX) {
         rc = -ENOMEM;
         break;
       }
@@ -523,11 +532,14 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
   ((values)->v[0] > threshold[0] || (values)->v[1] > threshold[1] || \
    (values)->v[2] > threshold[2] || (values)->v[3] > threshold[3] || \
    (values)->v[4] > threshold[4])
+  for (size_t i = 0; i < leak_stack_count; i++) {
+    if (leak_stacks[i] < traces) p->drawn[leak_stacks[i]] = true;
+  }
   for (size_t t = 0; t < traces && rc == 0; t++) {
     const size_t site = p->site_of[t];
     if (site == SIZE_MAX) continue;
     const stack_values sv = values_of(&s->stack_traces[t], &live[t]);
-    p->drawn[t] = BIG(&sv) || p->groups[site].heaviest_trace == t || (leak_check && sv.v[1] > 0);
+    p->drawn[t] = p->drawn[t] || BIG(&sv) || p->groups[site].heaviest_trace == t;
     if (p->drawn[t]) continue;
     /* The deepest big caller: nodes only get bigger toward the root, which always is. */
     uint32_t node = leaf[t];
@@ -567,10 +579,11 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
       rc = -ENOMEM;
       break;
     }
-    /* Its path, root first: the node's callers, then the stand-in. */
+    /* Its path, root first: the node's callers (at the lines the tree has for them, so that the
+     * flame graph's frames keep theirs), then the stand-in. */
     one.count = 0;
     for (uint32_t k = (uint32_t)n; k != 0 && rc == 0; k = tree.parent[k]) {
-      if (!add_frame(&one, tree.function[k], 0)) rc = -ENOMEM;
+      if (!add_frame(&one, tree.function[k], tree.line[k])) rc = -ENOMEM;
     }
     if (rc != 0 || !add_frame(&one, smaller, 0)) {
       rc = -ENOMEM;
@@ -830,27 +843,35 @@ static void write_alloc_fns(hd_symbolizer *sym, FILE *out) {
   fputc(']', out);
 }
 
-static HD_MUST_CHECK int write_leak_section(const hd_reassembler *r, size_t index,
-                                            const hd_html_options *o, FILE *out) {
+/* The leak check of snapshot `index` (the caller's, or made here when the snapshot has roots):
+ * *categories per allocation, NULL without one; *classified is what to free. *stacks (free
+ * it): the stacks its groups show, as write_leaks shows them. */
+static HD_MUST_CHECK int leak_check_of(const hd_reassembler *r, size_t index,
+                                       const hd_html_options *o, const uint8_t **categories,
+                                       uint8_t **classified, size_t **stacks, size_t *count) {
   const hd_snapshot *s = r->snapshots[index];
-  uint8_t *classified = NULL;
-  const uint8_t *categories = o->categories != NULL ? o->categories[index] : NULL;
-  int rc = 0;
-  if (categories == NULL && hd_reach_possible(s)) {
+  *categories = o->categories != NULL ? o->categories[index] : NULL;
+  *classified = NULL;
+  *stacks = NULL;
+  *count = 0;
+  if (*categories == NULL && hd_reach_possible(s)) {
     size_t without_contents;
-    classified = malloc(s->allocation_count ? s->allocation_count : 1);
-    if (classified == NULL || hd_reach_classify(s, classified, &without_contents) != 0) {
-      rc = -ENOMEM;
+    *classified = malloc(s->allocation_count ? s->allocation_count : 1);
+    if (*classified == NULL || hd_reach_classify(s, *classified, &without_contents) != 0) {
+      return -ENOMEM;
     }
-    categories = classified;
+    *categories = *classified;
   }
-  if (rc == 0 && categories != NULL) {
-    rc = write_leaks(s, o->symbolizer, categories, o->categories != NULL, out);
-  } else if (rc == 0) {
-    fputs(",\"leaks\":null", out);
-  }
-  free(classified);
-  return rc;
+  if (*categories == NULL) return 0;
+  hd_report_options ro = {
+      .symbolizer = o->symbolizer, .by = HD_REPORT_BY_SITE, .short_names = o->categories != NULL};
+  hd_report_group *groups;
+  int rc = hd_report_groups(s, &ro, *categories, &groups, count, NULL);
+  if (rc != 0) return rc;
+  *stacks = malloc((*count ? *count : 1) * sizeof **stacks);
+  for (size_t i = 0; *stacks != NULL && i < *count; i++) (*stacks)[i] = groups[i].heaviest_trace;
+  free(groups);
+  return *stacks == NULL ? -ENOMEM : 0;
 }
 
 static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_process *pp,
@@ -899,13 +920,21 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
   /* A snapshot's page: its sites, and which stacks are drawn, first. */
   site_plan plan = {0};
   hd_trace_totals *live = NULL;
+  const uint8_t *categories = NULL;
+  uint8_t *classified = NULL;
+  size_t *leak_stacks = NULL, leak_stack_count = 0;
   if (o->diff == NULL && rc == 0) {
     live = hd_trace_totals_of(s);
-    const bool leak_check =
-        (o->categories != NULL && o->categories[pp->parts[0]] != NULL) || hd_reach_possible(s);
     if (live == NULL) rc = -ENOMEM;
+    if (rc == 0) {
+      rc = leak_check_of(r, pp->parts[0], o, &categories, &classified, &leak_stacks,
+                         &leak_stack_count);
+    }
     if (rc == 0) rc = plan_sites(s, o->symbolizer, o->categories != NULL, &plan);
-    if (rc == 0) rc = write_snapshot_stacks(s, o->symbolizer, &plan, leak_check, live, &ft, stacks);
+    if (rc == 0) {
+      rc = write_snapshot_stacks(s, o->symbolizer, &plan, leak_stacks, leak_stack_count, live, &ft,
+                                 stacks);
+    }
   }
   for (size_t k = 0, first = 0; o->diff != NULL && k < pp->part_count && rc == 0; k++) {
     rc = write_diff_part_stacks(r, pp->parts[k], o, &ft, stacks, first, &changes, &change_count);
@@ -921,12 +950,18 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
     } else {
       rc = write_sites(s, o->symbolizer, &plan, out);
       if (rc == 0) write_alloc_fns(o->symbolizer, out);
-      if (rc == 0) rc = write_leak_section(r, pp->parts[0], o, out);
+      if (rc == 0 && categories != NULL) {
+        rc = write_leaks(s, o->symbolizer, categories, o->categories != NULL, out);
+      } else if (rc == 0) {
+        fputs(",\"leaks\":null", out);
+      }
     }
   }
   fputc('}', out);
   site_plan_free(&plan);
   free(live);
+  free(classified);
+  free(leak_stacks);
   function_table_free(&ft);
   free(functions_text);
   free(stacks_text);

@@ -289,7 +289,9 @@
       }
     }
     cards.push(card('Duration', dur, p.timeline ? plural(arr(p.timeline.t_ms).length, 'sample') : 'no timeline'));
-    cards.push(card('Sites', count(p.sites.length), plural(p.stacks.length, 'stack') + ', ' + plural(p.functions.length, 'function')));
+    // The snapshot's stacks: the page's less its "(smaller stacks)" stand-ins.
+    const traces = p.stacks.filter((st) => !(st && st.smaller)).length;
+    cards.push(card('Sites', count(p.sites.length), plural(traces, 'stack') + ', ' + plural(p.functions.length, 'function')));
     if (p.leaks) {
       const lost = lostOf(p);
       cards.push(card('Lost', lost.bytes ? '<a href="#leaks">' + hBytes(lost.bytes) + '</a>' : '0 B',
@@ -870,7 +872,7 @@
     const tr = more ? e.target.closest('tr.stacks-row').previousElementSibling : e.target.closest('tr.site-row');
     if (!tr) return;
     const i = Number(tr.dataset.index), s = state.P.p.sites[i] || {};
-    toggleStacks(tr, state.expandedSites, i, 'site-stacks', (all) => stacksHtml(state.P, arr(s.stacks), all, true), !!more);
+    toggleStacks(tr, state.expandedSites, i, 'site-stacks', (all) => stacksHtml(state.P, arr(s.stacks), all, true) + smallerNote(s), !!more);
   });
   $('sites-more').addEventListener('click', () => { state.sitesAll = true; renderSites(); });
   $('leaks-table').tBodies[0].addEventListener('click', (e) => {
