@@ -897,14 +897,7 @@ static HD_MUST_CHECK int write_process(const hd_reassembler *r, const page_proce
   }
   fputs(",\"stats\":", out);
   write_stats(s, out);
-  if (s->has_resident) {
-    const heapdump_client_ResidentMemory *m = &s->resident;
-    fprintf(out,
-            ",\"resident\":{\"bytes\":%" PRIu64 ",\"allocator\":%" PRIu64 ",\"heapdump\":%" PRIu64
-            ",\"other_anonymous\":%" PRIu64 ",\"files\":%" PRIu64 ",\"tags\":%" PRIu64 "}",
-            m->resident_bytes, m->allocator_bytes, m->heapdump_bytes, m->other_anonymous_bytes,
-            m->file_bytes, m->tag_bytes);
-  }
+  hd_report_resident_json(s, out);
   fputs(",\"timeline\":", out);
   write_timeline(s, o->diff != NULL ? hd_diff_base_of(o->diff, pp->parts[0]) : NULL, out);
   /* Stacks are written first, into memory, as their frames fill the function table, which the

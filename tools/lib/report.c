@@ -447,6 +447,16 @@ static void write_resident_text(const hd_snapshot *s, uint64_t live_bytes, FILE 
           m->heapdump_bytes, m->other_anonymous_bytes, m->file_bytes);
 }
 
+void hd_report_resident_json(const hd_snapshot *s, FILE *out) {
+  if (!s->has_resident) return;
+  const heapdump_client_ResidentMemory *m = &s->resident;
+  fprintf(out,
+          ",\"resident\":{\"bytes\":%" PRIu64 ",\"allocator\":%" PRIu64 ",\"heapdump\":%" PRIu64
+          ",\"other_anonymous\":%" PRIu64 ",\"files\":%" PRIu64 ",\"tags\":%" PRIu64 "}",
+          m->resident_bytes, m->allocator_bytes, m->heapdump_bytes, m->other_anonymous_bytes,
+          m->file_bytes, m->tag_bytes);
+}
+
 /* The temporary blocks of every trace; false if no trace counted them. */
 static bool temporary_total(const hd_snapshot *s, uint64_t *blocks) {
   bool counted = false;
@@ -665,14 +675,7 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
     fputc('}', out);
   }
-  if (s->has_resident) {
-    const heapdump_client_ResidentMemory *m = &s->resident;
-    fprintf(out,
-            ",\"resident\":{\"bytes\":%" PRIu64 ",\"allocator\":%" PRIu64 ",\"heapdump\":%" PRIu64
-            ",\"other_anonymous\":%" PRIu64 ",\"files\":%" PRIu64 ",\"tags\":%" PRIu64 "}",
-            m->resident_bytes, m->allocator_bytes, m->heapdump_bytes, m->other_anonymous_bytes,
-            m->file_bytes, m->tag_bytes);
-  }
+  hd_report_resident_json(s, out);
   if (leaks != NULL) {
     fputs(",\"leak_summary\":{", out);
     for (int c = 0; c < HD_REACH_CATEGORIES; c++) {

@@ -86,6 +86,10 @@ HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options
                                    const uint8_t *categories, hd_report_group **groups,
                                    size_t *count, size_t *trace_group);
 
+/* ,"resident":{...} of s's ResidentMemory (nothing if it has none), as the JSON report and the
+ * HTML page give it. */
+void hd_report_resident_json(const hd_snapshot *s, FILE *out);
+
 /* "live", "allocated" or "temporary". */
 const char *hd_report_sort_name(hd_report_sort sort);
 
