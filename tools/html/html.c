@@ -388,9 +388,7 @@ typedef struct call_tree {
   uint32_t *line;              /* per node: the line of the first stack through it */
   stack_values *sum;
   size_t count, capacity;
-  uint64_t *slots; /* open addressing: (parent << 32 | function) + 1 -> node, in `nodes` */
-  uint32_t *nodes;
-  size_t slot_count;
+  hd_u64_map children; /* parent << 32 | function -> node (the root is in none) */
 } call_tree;
 
 static void call_tree_free(call_tree *t) {
@@ -398,40 +396,10 @@ static void call_tree_free(call_tree *t) {
   free(t->function);
   free(t->line);
   free(t->sum);
-  free(t->slots);
-  free(t->nodes);
+  hd_u64_map_free(&t->children);
 }
 
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= UINT64_C(0xff51afd7ed558ccd);
-  return x ^ (x >> 33);
-}
-
-static bool call_tree_rehash(call_tree *t, size_t slot_count) {
-  uint64_t *slots = calloc(slot_count, sizeof *slots);
-  uint32_t *nodes = malloc(slot_count * sizeof *nodes);
-  if (slots == NULL || nodes == NULL) {
-    free(slots);
-    free(nodes);
-    return false;
-  }
-  for (size_t n = 1; n < t->count; n++) {
-    const uint64_t key = ((uint64_t)t->parent[n] << 32 | t->function[n]) + 1;
-    size_t j = mix(key) & (slot_count - 1);
-    while (slots[j] != 0) j = (j + 1) & (slot_count - 1);
-    slots[j] = key;
-    nodes[j] = (uint32_t)n;
-  }
-  free(t->slots);
-  free(t->nodes);
-  t->slots = slots;
-  t->nodes = nodes;
-  t->slot_count = slot_count;
-  return true;
-}
-
-/* A tree of the root alone (node 0, in no slot); false when out of memory. */
+/* A tree of the root alone (node 0); false when out of memory. */
 static bool call_tree_init(call_tree *t) {
   *t = (call_tree){0};
   t->capacity = 4096;
@@ -450,17 +418,11 @@ static bool call_tree_init(call_tree *t) {
  * of memory. */
 static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function, uint32_t line) {
   if (function >= UINT32_MAX) return UINT32_MAX;
-  const uint64_t key = ((uint64_t)parent << 32 | function) + 1;
-  if (2 * (t->count + 1) > t->slot_count &&
-      !call_tree_rehash(t, t->slot_count ? 2 * t->slot_count : 4096)) {
-    return UINT32_MAX;
-  }
-  size_t j = mix(key) & (t->slot_count - 1);
-  for (; t->slots[j] != 0; j = (j + 1) & (t->slot_count - 1)) {
-    if (t->slots[j] == key) return t->nodes[j];
-  }
+  const uint64_t key = (uint64_t)parent << 32 | function;
+  size_t found;
+  if (hd_u64_map_find(&t->children, key, &found)) return (uint32_t)found;
   if (t->count == t->capacity || t->count >= UINT32_MAX - 1) {
-    const size_t capacity = t->capacity ? 2 * t->capacity : 4096;
+    const size_t capacity = 2 * t->capacity;
     uint32_t *parents = realloc(t->parent, capacity * sizeof *parents);
     if (parents != NULL) t->parent = parents;
     uint32_t *functions = realloc(t->function, capacity * sizeof *functions);
@@ -474,13 +436,13 @@ static uint32_t call_tree_child(call_tree *t, uint32_t parent, size_t function, 
       return UINT32_MAX;
     t->capacity = capacity;
   }
-  const uint32_t n = (uint32_t)t->count++;
+  const uint32_t n = (uint32_t)t->count;
+  if (!hd_u64_map_put(&t->children, key, n)) return UINT32_MAX;
+  t->count++;
   t->parent[n] = parent;
   t->function[n] = (uint32_t)function;
   t->line[n] = line;
   t->sum[n] = (stack_values){{0}};
-  t->slots[j] = key;
-  t->nodes[j] = n;
   return n;
 }
 
