@@ -31,17 +31,21 @@
 /* ---- a small set of u32 keys, in first-seen order ---- */
 
 typedef struct key_set {
-  uint32_t *slots; /* key + 1; 0 = empty */
+  uint32_t *slots; /* index in order + 1; 0 = empty */
   size_t capacity;
   uint32_t *order;
   size_t count;
 } key_set;
 
-static bool key_set_contains(const key_set *s, uint32_t key) {
+/* Whether key is in s, and where in s->order (index nullable). */
+static bool key_set_find(const key_set *s, uint32_t key, size_t *index) {
   if (s->capacity == 0) return false;
   for (size_t j = (key * 2654435761u) & (s->capacity - 1); s->slots[j] != 0;
        j = (j + 1) & (s->capacity - 1)) {
-    if (s->slots[j] == key + 1) return true;
+    if (s->order[s->slots[j] - 1] == key) {
+      if (index != NULL) *index = s->slots[j] - 1;
+      return true;
+    }
   }
   return false;
 }
@@ -60,7 +64,7 @@ static bool key_set_add(key_set *s, uint32_t key) {
     for (size_t i = 0; i < s->count; i++) {
       size_t j = (s->order[i] * 2654435761u) & (capacity - 1);
       while (slots[j] != 0) j = (j + 1) & (capacity - 1);
-      slots[j] = s->order[i] + 1;
+      slots[j] = (uint32_t)i + 1;
     }
     free(s->slots);
     s->slots = slots;
@@ -68,11 +72,11 @@ static bool key_set_add(key_set *s, uint32_t key) {
   }
   size_t j = (key * 2654435761u) & (s->capacity - 1);
   while (s->slots[j] != 0) {
-    if (s->slots[j] == key + 1) return true;
+    if (s->order[s->slots[j] - 1] == key) return true;
     j = (j + 1) & (s->capacity - 1);
   }
-  s->slots[j] = key + 1;
-  s->order[s->count++] = key;
+  s->order[s->count] = key;
+  s->slots[j] = (uint32_t)++s->count;
   return true;
 }
 
@@ -83,11 +87,50 @@ static void key_set_free(key_set *s) {
 
 /* ---- producing elements ---- */
 
+/* What was live at the process's latest peak mark (shm_layout.h), per stack trace: the live
+ * blocks allocated by the mark, plus the blocks each trace's counters say were live at the mark
+ * and freed since. */
+typedef struct peak_parts {
+  uint64_t mark; /* read before the live blocks; 0: no mark, nothing attributed */
+  uint64_t start_time_ns;
+  uint64_t *live_blocks, *live_bytes; /* per index of the snapshot's stack key set */
+  uint64_t blocks, bytes;             /* the sums of what the traces sent carry */
+} peak_parts;
+
+/* Sums the live blocks allocated by the mark per stack trace. false: out of memory. */
+static bool peak_parts_count(peak_parts *peak, const hd_live_block *blocks, size_t count,
+                             const key_set *stacks) {
+  if (peak->mark == 0) return true;
+  peak->live_blocks = calloc(stacks->count + 1, sizeof *peak->live_blocks);
+  peak->live_bytes = calloc(stacks->count + 1, sizeof *peak->live_bytes);
+  if (peak->live_blocks == NULL || peak->live_bytes == NULL) return false;
+  for (size_t i = 0; i < count; i++) {
+    size_t index;
+    if (hd_peak_allocated_by(blocks[i].timestamp, peak->start_time_ns, peak->mark) &&
+        key_set_find(stacks, blocks[i].stack_key, &index)) {
+      peak->live_blocks[index]++;
+      peak->live_bytes[index] += blocks[i].size;
+    }
+  }
+  return true;
+}
+
+static void peak_parts_free(peak_parts *peak) {
+  free(peak->live_blocks);
+  free(peak->live_bytes);
+}
+
+/* A trace's count of blocks live at the mark and freed since, if it is of this mark. */
+static uint64_t freed_since_mark(uint64_t tagged, uint64_t mark) {
+  return hd_peak_mark_number(tagged) == hd_peak_mark_number(mark) ? hd_peak_mark_value(tagged) : 0;
+}
+
 /* The process's statistics, and its series up to now ending with this snapshot's own moment,
  * named `name`, with the same statistics. Unreadable statistics (a corrupt table) leave both
  * out: the snapshot goes on without them. */
 static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *name,
-                                                    hd_batch_writer *w, hd_series_moment *moment) {
+                                                    const peak_parts *peak, hd_batch_writer *w,
+                                                    hd_series_moment *moment) {
   hd_table_stats st;
   if (hd_res_reader_stats(p->res, &st) != HD_READ_OK) return HD_OK;
   heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
@@ -121,6 +164,15 @@ static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *n
                                      .mapping_records_lost = st.mapping_records_lost,
                                      .has_unwind_tables_refused = true,
                                      .unwind_tables_refused = st.unwind_tables_refused};
+  /* A mark set while the snapshot was read would mix two moments: nothing is attributed. */
+  if (peak->mark != 0 && st.peak_mark == peak->mark) {
+    heapdump_client_ProcessStats *ps = &e.element.process_stats;
+    ps->has_peak_mark_time = ps->has_peak_mark_bytes = ps->has_peak_mark_blocks = true;
+    ps->peak_mark_time =
+        (int64_t)(peak->start_time_ns + (hd_peak_mark_value(peak->mark) << HD_PEAK_TIME_SHIFT));
+    ps->peak_mark_bytes = peak->bytes;
+    ps->peak_mark_blocks = peak->blocks;
+  }
   hd_status status = hd_batch_add(w, &e);
   return status == HD_OK ? hd_series_write(&p->series, &st, name, w, moment) : status;
 }
@@ -131,9 +183,11 @@ static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, cons
 }
 
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
- * nothing was allocated from it (nothing to report without live blocks). */
+ * nothing was allocated from it (nothing to report without live blocks). live_index: the
+ * trace's index in the snapshot's stack key set, or SIZE_MAX if no live block names it. */
 static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
-                                               bool only_if_allocated, hd_batch_writer *w) {
+                                               bool only_if_allocated, size_t live_index,
+                                               peak_parts *peak, hd_batch_writer *w) {
   size_t n = 0;
   hd_trace_counters counters = {0};
   bool truncated = false;
@@ -153,6 +207,18 @@ static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint
                                              .allocated_bytes = counters.allocated_bytes,
                                              .has_temporary_blocks = true,
                                              .temporary_blocks = counters.temporary_blocks};
+    if (peak->mark != 0) {
+      heapdump_client_StackTraceCounters *tc = &e.element.stack_trace_counters;
+      tc->peak_blocks = freed_since_mark(counters.peak_freed_blocks, peak->mark);
+      tc->peak_bytes = freed_since_mark(counters.peak_freed_bytes, peak->mark);
+      if (live_index != SIZE_MAX) {
+        tc->peak_blocks += peak->live_blocks[live_index];
+        tc->peak_bytes += peak->live_bytes[live_index];
+      }
+      tc->has_peak_blocks = tc->has_peak_bytes = tc->peak_blocks != 0;
+      peak->blocks += tc->peak_blocks;
+      peak->bytes += tc->peak_bytes;
+    }
     status = hd_batch_add(w, &e);
   }
   return status;
@@ -163,13 +229,24 @@ static bool stop_requested(void *collector) {
 }
 
 /* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc) within the read
- * timeout; 0, or -EIO (logged). */
-/* Copies the live blocks of p's table (or of its sealed copy snapshot_alloc). Returns 0, or
- * -EIO with why (for a person) in why. */
+ * timeout, and notes the peak mark before (*peak zeroed, then its mark and start time). Returns
+ * 0, or -EIO with why (for a person) in why. */
 static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p,
                                           hd_alloc_reader *snapshot_alloc, hd_live_block **blocks,
-                                          size_t *count, char *why, size_t why_size) {
+                                          size_t *count, peak_parts *peak, char *why,
+                                          size_t why_size) {
   hd_alloc_reader *table = snapshot_alloc ? snapshot_alloc : p->alloc;
+  *peak = (peak_parts){0};
+  hd_table_stats before;
+  hd_alloc_table_info copy;
+  if (hd_res_reader_stats(p->res, &before) == HD_READ_OK) {
+    peak->mark = before.peak_mark;
+    peak->start_time_ns = before.start_time_ns;
+    /* A copy's blocks go with the mark of when it was made: a mark set since then is a change
+     * (add_stats_and_series). */
+    if (snapshot_alloc != NULL && hd_alloc_reader_info(snapshot_alloc, &copy) == HD_READ_OK)
+      peak->mark = copy.snapshot_peak_mark;
+  }
   /* A sealed copy cannot change, nor can the table of a process that has exited (a process
    * killed inside the library leaves a slot locked forever): both are read as they are. */
   hd_read_limits limits = {
@@ -252,18 +329,19 @@ static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *th
  * names any more (they still carry allocation counters: what was allocated since start, pprof's
  * alloc_space) and every executable region. */
 static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_set *stacks,
-                                                      hd_batch_writer *w) {
+                                                      peak_parts *peak, hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
-    status = add_stack_trace(p, stacks->order[i], frames, false, w);
+    status = add_stack_trace(p, stacks->order[i], frames, false, i, peak, w);
   }
   hd_res_entry *entry = malloc(sizeof *entry);
   if (entry == NULL) return HD_ERR_NO_MEMORY;
   uint64_t cursor = 0;
   while (status == HD_OK && hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
-    if (entry->type == HD_ENTRY_STACK && entry->key != 0 && !key_set_contains(stacks, entry->key)) {
-      status = add_stack_trace(p, entry->key, frames, true, w);
+    if (entry->type == HD_ENTRY_STACK && entry->key != 0 &&
+        !key_set_find(stacks, entry->key, NULL)) {
+      status = add_stack_trace(p, entry->key, frames, true, SIZE_MAX, peak, w);
     } else if (entry->type == HD_ENTRY_REGION) {
       const hd_region *g = &entry->u.region;
       status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
@@ -276,15 +354,17 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
 
 /* The snapshot of p whose live blocks were read (blocks, count: taken and freed here). */
 static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_live_block *blocks,
-                                             size_t count, const char *name, bool with_contents,
-                                             hd_batch_writer *w, hd_snapshot_totals *totals,
-                                             hd_series_moment *moment) {
+                                             size_t count, peak_parts *peak, const char *name,
+                                             bool with_contents, hd_batch_writer *w,
+                                             hd_snapshot_totals *totals, hd_series_moment *moment) {
   key_set stacks = {0}, threads = {0};
   bool out_of_memory = false;
   hd_status status = add_allocations(blocks, count, w, totals, &stacks, &threads, &out_of_memory);
+  if (status == HD_OK && !out_of_memory)
+    out_of_memory = !peak_parts_count(peak, blocks, count, &stacks);
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
-  if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, w);
-  if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, w, moment);
+  if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, peak, w);
+  if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, peak, w, moment);
   if (status == HD_OK && !out_of_memory) status = hd_add_resident_memory(p, blocks, count, w);
   /* With contents come the roots a leak check scans them from. */
   if (with_contents && status == HD_OK && !out_of_memory) {
@@ -307,6 +387,7 @@ static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_
     }
   }
   free(blocks);
+  peak_parts_free(peak);
   key_set_free(&stacks);
   key_set_free(&threads);
   if (out_of_memory) return -ENOMEM;
@@ -319,9 +400,10 @@ int hd_produce_snapshot(hd_collector *c, hd_process *p, hd_alloc_reader *snapsho
   hd_live_block *blocks = NULL;
   size_t count = 0;
   char why[160];
-  int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count, why, sizeof why);
+  peak_parts peak;
+  int rc = read_live_blocks(c, p, snapshot_alloc, &blocks, &count, &peak, why, sizeof why);
   if (rc != 0) return rc;
-  return produce_from_blocks(c, p, blocks, count, name, with_contents, w, totals, moment);
+  return produce_from_blocks(c, p, blocks, count, &peak, name, with_contents, w, totals, moment);
 }
 
 /* ---- stream threads ---- */
@@ -393,11 +475,12 @@ static void stream_live(hd_stream_job *job, hd_batch_channel *ch, hd_batch_write
     hd_live_block *blocks = NULL;
     size_t block_count = 0;
     char why[160] = "";
-    const int read = read_live_blocks(c, p, NULL, &blocks, &block_count, why, sizeof why);
+    peak_parts peak;
+    const int read = read_live_blocks(c, p, NULL, &blocks, &block_count, &peak, why, sizeof why);
     rc = send_header(c, p, read == 0 ? NULL : why, w);
     if (rc == 0 && read == 0) {
-      rc =
-          produce_from_blocks(c, p, blocks, block_count, "live", job->with_contents, w, NULL, NULL);
+      rc = produce_from_blocks(c, p, blocks, block_count, &peak, "live", job->with_contents, w,
+                               NULL, NULL);
     } else {
       free(blocks);
     }

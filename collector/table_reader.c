@@ -162,6 +162,7 @@ hd_read_status hd_alloc_reader_info(hd_alloc_reader *r, hd_alloc_table_info *out
   out->node_capacity = r->h.node_capacity;
   out->node_high_water = LOAD(&h->node_high_water);
   out->total_size = r->size;
+  out->snapshot_peak_mark = LOAD(&h->snapshot_peak_mark);
   return HD_READ_OK;
 }
 
@@ -491,6 +492,9 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->writes_past_block_end = LOAD(&h->overwritten_tags);
   out->mapping_records_lost = LOAD(&h->mapping_records_lost);
   out->unwind_tables_refused = LOAD(&h->unwind_tables_refused);
+  out->peak_mark = LOAD(&h->peak_mark);
+  out->peak_mark_bytes = LOAD(&h->peak_mark_bytes);
+  out->start_time_ns = LOAD(&h->start_time_ns);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);
@@ -557,6 +561,8 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
     counters->allocated_blocks = LOAD(&live->alloc_blocks);
     counters->allocated_bytes = LOAD(&live->alloc_bytes);
     counters->temporary_blocks = LOAD(&live->temporary_blocks);
+    counters->peak_freed_blocks = LOAD(&live->peak_freed_blocks);
+    counters->peak_freed_bytes = LOAD(&live->peak_freed_bytes);
   }
   if (truncated) *truncated = (rec.flags & HD_STACK_TRUNCATED) != 0;
   *count = rec.frame_count;

@@ -60,6 +60,7 @@ typedef struct hd_alloc_table_info {
   uint32_t node_capacity;
   uint32_t node_high_water;
   uint64_t total_size;
+  uint64_t snapshot_peak_mark; /* a frozen copy: the peak mark it goes with (0: none) */
 } hd_alloc_table_info;
 
 /* Maps fd read-only (the fd is not kept; close it when you like) and validates the header. */
@@ -109,6 +110,10 @@ typedef struct hd_table_stats {
   uint64_t writes_past_block_end; /* frees whose block's tag the program had overwritten */
   uint64_t mapping_records_lost;  /* hd_rec_mapping records the writer could not write */
   uint64_t unwind_tables_refused; /* modules whose unwind tables were inconsistent */
+  /* The latest peak mark (hd_res_header.peak_mark; 0: none) and the live bytes then, and the
+   * time the marks count from (a block allocated at t is "by the mark" when
+   * hd_peak_allocated_by(t, start_time_ns, peak_mark)). */
+  uint64_t peak_mark, peak_mark_bytes, start_time_ns;
 } hd_table_stats;
 
 typedef struct hd_thread_info {
@@ -167,6 +172,9 @@ typedef struct hd_trace_counters {
   uint64_t allocated_blocks, allocated_bytes;
   /* freed by their thread before it allocated or freed anything else */
   uint64_t temporary_blocks;
+  /* blocks and bytes live at a peak mark and freed since, each tagged with that mark's number
+   * (hd_peak_mark_number; a count whose mark is not the latest is 0) */
+  uint64_t peak_freed_blocks, peak_freed_bytes;
 } hd_trace_counters;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).

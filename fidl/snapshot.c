@@ -421,6 +421,8 @@ static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
   t->allocated_bytes = c->allocated_bytes;
   t->has_temporary = c->has_temporary_blocks;
   t->temporary_blocks = c->temporary_blocks;
+  t->peak_blocks = c->peak_blocks;
+  t->peak_bytes = c->peak_bytes;
   return HD_OK;
 }
 
@@ -536,6 +538,14 @@ const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, 
   size_t i;
   return hd_u64_map_find(&s->allocation_index, address, &i) ? &s->allocations[i] : NULL;
 }
+bool hd_snapshot_has_peak(const hd_snapshot *s) {
+  if (s->has_stats) return s->stats.has_peak_mark_time;
+  for (size_t i = 0; i < s->stack_trace_count; i++) {
+    if (s->stack_traces[i].peak_blocks != 0) return true;
+  }
+  return false;
+}
+
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key) {
   size_t i;
   return hd_u64_map_find(&s->stack_trace_index, key, &i) ? &s->stack_traces[i] : NULL;

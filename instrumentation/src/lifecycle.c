@@ -252,6 +252,9 @@ int hd_snapshot_copy_live(hd_owned_fd *out) {
   hd_alloc_table snap;
   hd_alloc_table_lock_all(&hd_live_alloc);
   int rc = hd_alloc_table_clone_locked(&hd_live_alloc, &snap, 0, HD_MEMFD_SNAPSHOT);
+  /* The mark the copy's blocks go with: the collector reads the trace counters later. */
+  if (rc == 0)
+    snap.hdr->snapshot_peak_mark = __atomic_load_n(&hd_live_res.hdr->peak_mark, __ATOMIC_RELAXED);
   hd_alloc_table_unlock_all(&hd_live_alloc);
   if (rc == 0) {
     rc = hd_alloc_table_freeze(&snap);

@@ -30,7 +30,7 @@ static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable)
                       .size = size,
                       .lg_align = lg_align & HD_NODE_ALIGN_MASK,
                       .thread_key = hd_tls.thread_key,
-                      .timestamp = hd_now_ns(),
+                      .timestamp = hd_res_timestamp_after_mark(&hd_live_res, hd_now_ns()),
                       .node = hd_alloc_table_reserve(&hd_live_alloc)};
   if (op.node == HD_NO_NODE) {
     hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
@@ -125,7 +125,8 @@ void hd_drain_pending(void) {
                               .flags = op.lg_align};
         hd_tls.writer.last_alloc_address = info.address; /* the thread's latest allocation */
         if (hd_alloc_table_fill(&hd_live_alloc, &hd_tls.writer, op.node, &info)) {
-          hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, info.size);
+          hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, info.size,
+                             info.timestamp);
         } else {
           hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
         }

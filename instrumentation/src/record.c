@@ -83,7 +83,7 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
     if (known_key != NULL) *known_key = info->stack_key;
   }
   info->thread_key = current_thread_key();
-  info->timestamp = hd_now_ns();
+  info->timestamp = hd_res_timestamp_after_mark(&hd_live_res, hd_now_ns());
   info->flags = lg_align & HD_NODE_ALIGN_MASK;
   /* No lock is held here, and the capture above is where a hook spends most of its time, so
    * where signal handlers are most likely to have queued work: apply it now, not only at the
@@ -180,7 +180,7 @@ static uint32_t insert_info(const hd_alloc_info *info) {
     hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
     return HD_NO_NODE;
   }
-  hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size);
+  hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size, info->timestamp);
   return index;
 }
 
@@ -226,7 +226,7 @@ static void free_recorded_at(void *p, size_t usable, const char *call,
   tag_freed(p, usable);
   hd_tls.writer.last_alloc_address = 0;
   if (recorded) {
-    hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+    hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
     count_if_temporary(&old, last_alloc_address);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
@@ -252,13 +252,13 @@ void *hd_realloc_recorded(void *p, size_t size) {
       uint32_t again = HD_NO_NODE;
       if (had &&
           hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
-        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
       hd_tag_set(p, again);
       errno = ENOMEM;
       return NULL;
     }
     if (had) {
-      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
       count_if_temporary(&old, hd_tls.writer.last_alloc_address);
     }
     hd_record_alloc(q, size, 0, hd_backend_usable(q));
@@ -282,16 +282,16 @@ void *hd_realloc_recorded(void *p, size_t size) {
     hd_alloc_info info, old;
     make_info(&info, p, size, 0);
     if (index != HD_NO_NODE && hd_alloc_table_replace(&hd_live_alloc, index, &info, &old)) {
-      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
       count_if_temporary(&old, last_alloc_address);
-      hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size);
+      hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size, info.timestamp);
       hd_tls.writer.last_alloc_address = info.address;
       hd_tag_set_at(p, resized_usable, index);
     } else {
       /* Not recorded, or its new size cannot be: its old record must not outlive it. */
       if (index != HD_NO_NODE &&
           hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old)) {
-        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size);
+        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
         count_if_temporary(&old, last_alloc_address);
       }
       hd_tag_set_at(p, resized_usable, insert_info(&info));

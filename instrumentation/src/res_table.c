@@ -95,6 +95,7 @@ static HD_MUST_CHECK int res_create(hd_res_table *t, uint64_t max_bytes, const c
   h->records_offset = ALIGN_UP(sizeof(*h), 64);
   h->pid = (uint32_t)getpid();
   h->start_time_ns = hd_table_now_ns();
+  t->start_time_ns = h->start_time_ns;
   __atomic_store_n(&h->used, h->records_offset, __ATOMIC_RELEASE);
   pthread_mutex_init(&t->lock, NULL);
   return 0;
@@ -125,6 +126,15 @@ int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const 
   memcpy(dst->base, src->base, used);
   dst->hdr->pid = (uint32_t)getpid();
   dst->live_bytes = LOAD(&src->live_bytes);
+  /* The copies of the mark from the header copied above (a thread may have been setting a mark
+   * in src: the header is what readers of dst go by). */
+  dst->start_time_ns = dst->hdr->start_time_ns;
+  dst->peak_mark = LOAD(&dst->hdr->peak_mark);
+  dst->peak_mark_bytes = LOAD(&dst->hdr->peak_mark_bytes);
+  dst->peak_mark_end_ns =
+      dst->peak_mark == 0
+          ? 0
+          : dst->start_time_ns + ((hd_peak_mark_value(dst->peak_mark) + 1) << HD_PEAK_TIME_SHIFT);
   dst->dedup_count = src->dedup_count;
   dst->counters_pool = src->counters_pool;
   return 0;
@@ -373,10 +383,74 @@ static hd_rec_counters *own_counters(hd_res_table *t, const hd_writer_thread *w)
   return w && w->counters_key ? (hd_rec_counters *)(t->base + w->counters_key) : NULL;
 }
 
+/* The live bytes rose to live, from an allocation at timestamp: a new peak mark if that is 1%
+ * past the last one. A thread that finds another setting a mark leaves it to that one (their
+ * values differ by what is in flight). */
+static void mark_peak(hd_res_table *t, uint64_t live, uint64_t timestamp) {
+  uint32_t idle = 0;
+  if (!__atomic_compare_exchange_n(&t->marking, &idle, 1, false, __ATOMIC_ACQUIRE,
+                                   __ATOMIC_RELAXED))
+    return;
+  const uint64_t last_bytes = LOAD(&t->peak_mark_bytes);
+  if (live > last_bytes + last_bytes / 100) {
+    const uint64_t last = LOAD(&t->peak_mark);
+    uint64_t number = hd_peak_mark_number(last) % 0xffffu + 1; /* 1..65535, never 0 */
+    uint64_t units = hd_peak_time_units(timestamp, t->start_time_ns);
+    /* Marks only move forward in time, even if this block's clock read lags the last mark. */
+    if (units < hd_peak_mark_value(last)) units = hd_peak_mark_value(last);
+    const uint64_t mark = number << 48 | units;
+    STORE(&t->peak_mark_bytes, live);
+    STORE(&t->peak_mark, mark);
+    /* Release: a thread that sees the new end sees the new mark's number (count_free). */
+    __atomic_store_n(&t->peak_mark_end_ns, t->start_time_ns + ((units + 1) << HD_PEAK_TIME_SHIFT),
+                     __ATOMIC_RELEASE);
+    STORE(&t->hdr->peak_mark_bytes, live);
+    STORE(&t->hdr->peak_mark, mark);
+  }
+  __atomic_store_n(&t->marking, 0, __ATOMIC_RELEASE);
+}
+
+/* Whether mark number a is later than b (numbers wrap past 65535 to 1, and marks are never
+ * far apart in number where a count could lag). */
+static bool later_mark(uint32_t a, uint32_t b) { return a != b && (uint16_t)(a - b) < 0x8000; }
+
+/* A block of trace stack_key allocated by the peak mark `number` is freed: one more in the
+ * trace's count of blocks live at the mark and freed since. A count of an older mark starts
+ * over; a count already of a later mark (another thread's free saw it first) takes the block
+ * too: allocated by the older mark, it was allocated by the later one, and freed after both. */
+static void add_to_mark(uint64_t *count, uint32_t number, uint64_t n) {
+  uint64_t old = LOAD(count), next;
+  const uint32_t have = hd_peak_mark_number(old);
+  if (have == number || later_mark(have, number)) {
+    __atomic_fetch_add(count, n, __ATOMIC_RELAXED);
+    return;
+  }
+  do {
+    const uint32_t now = hd_peak_mark_number(old);
+    next = now == number || later_mark(now, number) ? old + n : (uint64_t)number << 48 | n;
+  } while (
+      !__atomic_compare_exchange_n(count, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+/* A block of trace stack_key that was live at the peak mark is freed. Out of line: most frees
+ * are not of such blocks, and their path stays free of the registers this one needs. */
+__attribute__((noinline, cold)) static void count_freed_since_mark(hd_res_table *t,
+                                                                   uint32_t stack_key,
+                                                                   uint64_t size) {
+  const uint64_t mark = LOAD(&t->peak_mark);
+  hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
+  add_to_mark(&r->peak_freed_blocks, hd_peak_mark_number(mark), 1);
+  add_to_mark(&r->peak_freed_bytes, hd_peak_mark_number(mark), size);
+}
+
 /* Moves the process's live bytes by delta and raises the peak. A thread holds back its share
  * while the total cannot be at a new peak because of it (so a single thread's peak is exact;
- * with several, each holds back less than HD_LIVE_DELTA_FLUSH). */
-static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta) {
+ * with several, each holds back less than HD_LIVE_DELTA_FLUSH). alloc_timestamp: the block's
+ * if this is an allocation, which may set a peak mark at its time; 0 for a free, which never
+ * does (a thread's held-back share can make its free raise the total, but the free has no
+ * moment of its own to mark: the next allocation marks). */
+static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta,
+                     uint64_t alloc_timestamp) {
   hd_stats_block *s = &t->hdr->stats;
   int64_t d = delta;
   if (w && !w->retired) {
@@ -395,9 +469,13 @@ static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta) {
          !__atomic_compare_exchange_n(&s->peak_live_bytes, &peak, (uint64_t)live, true,
                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
+  const uint64_t last_bytes = LOAD(&t->peak_mark_bytes);
+  if (alloc_timestamp != 0 && (uint64_t)live > last_bytes + last_bytes / 100)
+    mark_peak(t, (uint64_t)live, alloc_timestamp);
 }
 
-void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size) {
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size,
+                        uint64_t timestamp) {
   if (stack_key != 0) {
     hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
     __atomic_fetch_add(&r->alloc_blocks, 1, __ATOMIC_RELAXED);
@@ -411,10 +489,15 @@ void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key
     __atomic_fetch_add(&t->hdr->stats.blocks_allocated, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&t->hdr->stats.bytes_allocated, size, __ATOMIC_RELAXED);
   }
-  add_live(t, w, (int64_t)size);
+  add_live(t, w, (int64_t)size, timestamp);
 }
 
-void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size) {
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size, uint32_t stack_key,
+                       uint64_t timestamp) {
+  /* Allocated by the mark (hd_peak_allocated_by), in one comparison. A mark set since the end
+   * was read is later: the block was allocated by it too. */
+  if (timestamp < __atomic_load_n(&t->peak_mark_end_ns, __ATOMIC_ACQUIRE) && stack_key != 0)
+    count_freed_since_mark(t, stack_key, size);
   hd_rec_counters *c = own_counters(t, w);
   if (c) {
     counter_add(&c->blocks_freed, 1);
@@ -423,7 +506,7 @@ void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size) {
     __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
   }
-  add_live(t, w, -(int64_t)size);
+  add_live(t, w, -(int64_t)size, 0); /* last: a tail call */
 }
 
 void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key) {

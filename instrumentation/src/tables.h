@@ -132,6 +132,15 @@ typedef struct hd_res_table {
   uint32_t counters_pool;   /* under lock: counters records of exited threads, linked through
                                writer_private */
   int64_t live_bytes;       /* atomic; process total of the threads' flushed live_delta */
+  /* The peak mark, on a line of its own: every allocation and free reads peak_mark_end_ns, and
+   * only a new mark (rare: each is 1% above the last) writes them. peak_mark_end_ns: the first
+   * CLOCK_MONOTONIC time past the mark's units (0 before the first mark), so that "allocated by
+   * the mark" (hd_peak_allocated_by) is one comparison: timestamp < peak_mark_end_ns. */
+  uint64_t peak_mark_end_ns __attribute__((aligned(64))); /* atomic */
+  uint64_t peak_mark;                                     /* atomic; the header's copy */
+  uint64_t peak_mark_bytes;                               /* atomic; the header's copy */
+  uint64_t start_time_ns;                                 /* the header's */
+  uint32_t marking; /* atomic: a thread is setting a mark (the others do not wait) */
 } hd_res_table;
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
@@ -216,9 +225,23 @@ uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *r);
  * the table is full, and w keeps counting into the header's base. */
 bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
 /* Statistics and per-trace counters: no lock; with w's counters record, no locked instruction
- * either, except the two per-trace counters and (rarely) the peak. w may be NULL. */
-void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size);
-void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size);
+ * either, except the trace's two allocation counters, its two counts of blocks live at the peak
+ * mark (a free of such a block) and (rarely) the peak. w may be NULL. */
+/* timestamp: the block's (hd_alloc_info, never 0); the one that sets a new peak mark gives it
+ * its time. */
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size,
+                        uint64_t timestamp);
+/* stack_key, timestamp: the freed block's (a block allocated by the peak mark is counted in
+ * its trace's peak_freed_*). */
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size, uint32_t stack_key,
+                       uint64_t timestamp);
+/* A new block's timestamp: now, or just after the peak mark if now is not later by the mark's
+ * units (a coarse clock can read the same tick), so that no block allocated after a mark counts
+ * as live at it. */
+static inline uint64_t hd_res_timestamp_after_mark(const hd_res_table *t, uint64_t now) {
+  const uint64_t after = __atomic_load_n(&t->peak_mark_end_ns, __ATOMIC_RELAXED);
+  return now < after ? after : now;
+}
 /* A block of trace stack_key was freed by its thread before that thread allocated or freed
  * anything else. */
 void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key);

@@ -518,12 +518,13 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   const uint8_t bytes[24] = {1, 2, 3, 0, 5};
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
   auto counters = Element(heapdump_client_SnapshotElement_stack_trace_counters_tag);
-  counters.element.stack_trace_counters = {true, 7, true, 1000, true, 24000, true, 31};
+  counters.element.stack_trace_counters = {true, 7,  true, 1000, true, 24000,
+                                           true, 31, true, 3,    true, 72};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
-  stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,
-                                 true, 2,  true, 30, true, 4,  true, 5,  true, 6,
-                                 true, 11, true, 12, true, 13, true, 14};
+  stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,  true, 2,
+                                 true, 30, true, 4,  true, 5,  true, 6,  true, 11, true, 12,
+                                 true, 13, true, 14, true, 77, true, 72, true, 3};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
@@ -581,12 +582,17 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(st->allocated_blocks, 1000u);
   EXPECT_EQ(st->allocated_bytes, 24000u);
   EXPECT_EQ(st->temporary_blocks, 31u);
+  EXPECT_EQ(st->peak_blocks, 3u);
+  EXPECT_EQ(st->peak_bytes, 72u);
   ASSERT_TRUE(s->has_stats);
   EXPECT_EQ(s->stats.peak_live_bytes, 30u);
   EXPECT_EQ(s->stats.dropped_resources, 6u);
   EXPECT_EQ(s->stats.stacks_beyond_cfi, 11u);
   EXPECT_EQ(s->stats.mapping_records_lost, 13u);
   EXPECT_EQ(s->stats.unwind_tables_refused, 14u);
+  EXPECT_EQ(s->stats.peak_mark_time, 77);
+  EXPECT_EQ(s->stats.peak_mark_bytes, 72u);
+  EXPECT_EQ(s->stats.peak_mark_blocks, 3u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

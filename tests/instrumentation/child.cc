@@ -1162,6 +1162,40 @@ static void scenario_temporary() {
   }
 }
 
+// A peak and what comes after it: 2000 blocks of 6001 bytes and 1000 of 6002 live together,
+// then the 6001s freed, the 6002s moved by realloc to 6003 bytes, and 500 of 6004 allocated:
+// what was live at the peak is no longer live at the end.
+static void scenario_peak() {
+  static void *first[2000], *second[1000];
+  for (auto &p : first) p = opaque(malloc(6001));
+  for (auto &p : second) p = opaque(malloc(6002));
+  for (auto &p : first) free(p);
+  for (auto &p : second) keep(p = opaque(realloc(p, 6003)));
+  for (int i = 0; i < 500; i++) keep(opaque(malloc(6004)));
+}
+
+// The peak of four threads: each holds 500 blocks of 4000 + its number bytes until all do, then
+// frees them and keeps 100 of 7000 + its number.
+static pthread_barrier_t g_peak_barrier;
+
+static void *peak_thread(void *arg) {
+  const size_t n = (size_t)(uintptr_t)arg;
+  static thread_local void *held[500];
+  for (auto &p : held) p = opaque(malloc(4000 + n));
+  pthread_barrier_wait(&g_peak_barrier);
+  for (auto &p : held) free(p);
+  for (int i = 0; i < 100; i++) keep(opaque(malloc(7000 + n)));
+  return nullptr;
+}
+
+static void scenario_peak_threads() {
+  CHECK(pthread_barrier_init(&g_peak_barrier, nullptr, 4) == 0);
+  pthread_t threads[4];
+  for (uintptr_t n = 0; n < 4; n++)
+    CHECK(pthread_create(&threads[n], nullptr, peak_thread, (void *)n) == 0);
+  for (auto &t : threads) CHECK(pthread_join(t, nullptr) == 0);
+}
+
 static void scenario_dlopen(const char *lib) {
   void *h = dlopen(lib, RTLD_NOW);
   CHECK(h);
@@ -1346,6 +1380,10 @@ int main(int argc, char **argv) {
     scenario_callers();
   else if (mode == "temporary")
     scenario_temporary();
+  else if (mode == "peak")
+    scenario_peak();
+  else if (mode == "peak-threads")
+    scenario_peak_threads();
   else if (mode == "roots")
     scenario_roots();
   else if (mode == "api") {

@@ -73,6 +73,8 @@ int OpenMemfd(pid_t pid, const char *name) {
 struct Tables {
   std::vector<hd_live_block> blocks;
   hd_table_stats stats{};  // read right after the snapshot, while the child waits
+  // Every trace's counters, read then too (the child's exit frees blocks and moves them).
+  std::map<uint32_t, hd_trace_counters> counters;
   hd_res_reader *res = nullptr;
   ~Tables() { hd_res_reader_close(res); }
   int CountSize(uint64_t size) const {
@@ -119,6 +121,16 @@ void ReadTables(pid_t pid, Tables *t) {
   hd_alloc_reader_close(a);
   ASSERT_EQ(hd_res_reader_open(rfd, &t->res), HD_READ_OK);
   ASSERT_EQ(hd_res_reader_stats(t->res, &t->stats), HD_READ_OK);
+  uint64_t cursor = 0;
+  hd_res_entry e;
+  while (hd_res_reader_next(t->res, &cursor, &e) == HD_READ_OK) {
+    if (e.type != HD_ENTRY_STACK) continue;
+    uint64_t frames[HD_MAX_FRAMES];
+    size_t count;
+    ASSERT_EQ(hd_res_reader_stack(t->res, e.key, frames, HD_MAX_FRAMES, &count, &t->counters[e.key],
+                                  nullptr),
+              HD_READ_OK);
+  }
   close(afd);
   close(rfd);
 }
@@ -596,6 +608,77 @@ TEST_P(Preload, TemporaryAllocationsAreFreedBeforeTheirThreadAllocatesOrFreesAga
   EXPECT_EQ(by_size[1 << 20].temporary_blocks, rounds);
   EXPECT_EQ(by_size[5105].allocated_blocks, 50u);
   EXPECT_EQ(by_size[5105].temporary_blocks, 0u);
+}
+
+// What was live at the peak mark, as a reader finds it (child.cc, scenario_peak): the live
+// blocks allocated by the mark, and each trace's count of blocks live then and freed since.
+TEST_P(Preload, ThePeakMarkKnowsWhatWasLiveAtThePeakAfterItWasFreed) {
+  Tables t;
+  RunChild({"peak"}, &t);
+  ASSERT_NE(hd_peak_mark_number(t.stats.peak_mark), 0u);
+  std::map<uint64_t, uint64_t> at_peak;  // by block size (each size has one trace here)
+  uint64_t total = 0;
+  for (const auto &[key, c] : t.counters) {
+    if (hd_peak_mark_number(c.peak_freed_bytes) != hd_peak_mark_number(t.stats.peak_mark)) continue;
+    const uint64_t blocks = hd_peak_mark_value(c.peak_freed_blocks);
+    const uint64_t bytes = hd_peak_mark_value(c.peak_freed_bytes);
+    total += bytes;
+    if (blocks != 0 && bytes % blocks == 0) at_peak[bytes / blocks] += blocks;
+  }
+  for (auto &b : t.blocks) {
+    if (!hd_peak_allocated_by(b.timestamp, t.stats.start_time_ns, t.stats.peak_mark)) continue;
+    total += b.size;
+    at_peak[b.size]++;
+  }
+  // The mark: within 1% below the highest live bytes, and what the tables add up to then.
+  EXPECT_LE(t.stats.peak_mark_bytes, t.stats.peak_live_bytes);
+  EXPECT_GE(t.stats.peak_mark_bytes, t.stats.peak_live_bytes * 99 / 100);
+  std::string sizes;
+  for (auto &[size, blocks] : at_peak)
+    sizes += std::to_string(size) + "x" + std::to_string(blocks) + " ";
+  EXPECT_EQ(total, t.stats.peak_mark_bytes) << sizes;
+  // All the 6001s, all but the last 1% of the 6002s (one thread: the mark is where the live
+  // bytes rose past 1% above the last one), none of what came after.
+  EXPECT_EQ(at_peak[6001], 2000u);
+  EXPECT_GE(at_peak[6002], 1000u - (t.stats.peak_live_bytes / 100) / 6002 - 1);
+  EXPECT_LE(at_peak[6002], 1000u);
+  EXPECT_EQ(at_peak[6003], 0u);
+  EXPECT_EQ(at_peak[6004], 0u);
+  EXPECT_EQ(t.CountSize(6003), 1000);
+}
+
+// The same with four threads, each of which may hold back its share of the live bytes (up to
+// HD_LIVE_DELTA_FLUSH) from the total the marks are taken from (child.cc, scenario_peak_threads).
+TEST_P(Preload, ThePeakMarkOfFourThreadsIsWithinWhatTheyHoldBack) {
+  Tables t;
+  RunChild({"peak-threads"}, &t);
+  ASSERT_NE(hd_peak_mark_number(t.stats.peak_mark), 0u);
+  const uint64_t held_back = 5 * (64u << 10);  // four threads and the main one
+  std::map<uint64_t, uint64_t> at_peak;
+  uint64_t total = 0;
+  for (const auto &[key, c] : t.counters) {
+    if (hd_peak_mark_number(c.peak_freed_bytes) != hd_peak_mark_number(t.stats.peak_mark)) continue;
+    const uint64_t blocks = hd_peak_mark_value(c.peak_freed_blocks);
+    const uint64_t bytes = hd_peak_mark_value(c.peak_freed_bytes);
+    total += bytes;
+    if (blocks != 0) at_peak[bytes / blocks] += blocks;  // one trace: the four threads' sizes
+  }
+  for (auto &b : t.blocks) {
+    if (!hd_peak_allocated_by(b.timestamp, t.stats.start_time_ns, t.stats.peak_mark)) continue;
+    total += b.size;
+    at_peak[b.size]++;
+  }
+  EXPECT_GE(t.stats.peak_mark_bytes + held_back, t.stats.peak_live_bytes * 99 / 100);
+  EXPECT_NEAR(static_cast<double>(total), static_cast<double>(t.stats.peak_mark_bytes),
+              static_cast<double>(held_back));
+  uint64_t held = 0, kept = 0;
+  for (uint64_t n = 0; n < 4; n++) {
+    held += at_peak[4000 + n];
+    kept += at_peak[7000 + n];
+  }
+  EXPECT_LE(held, 2000u);
+  EXPECT_GE(held, 2000u - (t.stats.peak_live_bytes / 100 + held_back) / 4000);
+  EXPECT_EQ(kept, 0u);
 }
 
 TEST_P(Preload, ThreadsExitingDuringAllocationStorms) {

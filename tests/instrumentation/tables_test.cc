@@ -642,8 +642,8 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
     keys.insert(k);
   }
   EXPECT_EQ(keys.size(), 2000u);
-  hd_res_count_alloc(&t, nullptr, ka, 100);
-  hd_res_count_alloc(&t, nullptr, ka, 50);
+  hd_res_count_alloc(&t, nullptr, ka, 100, 0);
+  hd_res_count_alloc(&t, nullptr, ka, 50, 0);
   hd_res_count_temporary(&t, ka);
   uint64_t frames[64];
   hd_trace_counters counters{};
@@ -709,9 +709,9 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   EXPECT_EQ(st, HD_READ_END);
   // The table's first record is its own: where its dedup index is (not the program's memory).
   EXPECT_EQ(types, (std::vector<int>{HD_ENTRY_MAPPING, HD_ENTRY_THREAD, HD_ENTRY_REGION}));
-  hd_res_count_alloc(&t, nullptr, 0, 100);
-  hd_res_count_alloc(&t, nullptr, 0, 300);
-  hd_res_count_free(&t, nullptr, 300);
+  hd_res_count_alloc(&t, nullptr, 0, 100, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 300, 0);
+  hd_res_count_free(&t, nullptr, 300, 0, 0);
   hd_table_stats s;
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_allocated, 2u);
@@ -723,6 +723,63 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   while ((st = hd_res_reader_next(r, &cursor, &e)) == HD_READ_OK)
     EXPECT_NE(e.type, HD_ENTRY_THREAD);
   EXPECT_EQ(st, HD_READ_ERR_CORRUPT);
+}
+
+// Peak marks: a new one each time the live bytes rise 1% past the last; a block allocated by the
+// mark and freed after it is counted to its trace under the mark's number, and a count of an
+// older mark starts over.
+TEST_F(ResTable, PeakMarksAndTheBlocksLiveAtThemThatAreFreedSince) {
+  const uint64_t f[2] = {0x401000, 0x402000};
+  const uint32_t key = hd_res_intern_stack(&t, f, 2, 0);
+  ASSERT_NE(key, 0u);
+  const uint64_t start = t.start_time_ns;
+  auto stats = [&] {
+    hd_table_stats s;
+    EXPECT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
+    return s;
+  };
+  auto freed_since = [&](uint64_t *blocks, uint64_t *bytes) {
+    uint64_t frames[4];
+    size_t n;
+    hd_trace_counters c{};
+    EXPECT_EQ(hd_res_reader_stack(r, key, frames, 4, &n, &c, nullptr), HD_READ_OK);
+    *blocks = c.peak_freed_blocks;
+    *bytes = c.peak_freed_bytes;
+  };
+  EXPECT_EQ(stats().peak_mark, 0u);
+  hd_res_count_alloc(&t, nullptr, key, 1000, start + 1000);
+  const uint64_t first = stats().peak_mark;
+  EXPECT_EQ(hd_peak_mark_number(first), 1u);
+  EXPECT_EQ(hd_peak_mark_value(first), 1000u >> HD_PEAK_TIME_SHIFT);
+  EXPECT_EQ(stats().peak_mark_bytes, 1000u);
+  // Less than 1% more: no new mark; a block allocated after the mark gets a later time.
+  hd_res_count_alloc(&t, nullptr, key, 9, start + 1000);
+  EXPECT_EQ(stats().peak_mark, first);
+  EXPECT_TRUE(hd_peak_allocated_by(start + 1000, start, first));
+  EXPECT_FALSE(hd_peak_allocated_by(hd_res_timestamp_after_mark(&t, start + 1000), start, first));
+  EXPECT_EQ(hd_res_timestamp_after_mark(&t, start + 90000), start + 90000);
+  // Past 1% more, but without an allocation's time (0: what a free passes): no mark.
+  hd_res_count_alloc(&t, nullptr, key, 20, 0);
+  EXPECT_EQ(stats().peak_mark, first);
+  // The first block, freed: live at the mark; so was the one of time 0, before it. The second
+  // was not.
+  hd_res_count_free(&t, nullptr, 1000, key, start + 1000);
+  hd_res_count_free(&t, nullptr, 9, key, hd_res_timestamp_after_mark(&t, start + 1000));
+  hd_res_count_free(&t, nullptr, 20, key, 0);
+  uint64_t blocks, bytes;
+  freed_since(&blocks, &bytes);
+  EXPECT_EQ(hd_peak_mark_number(blocks), 1u);
+  EXPECT_EQ(hd_peak_mark_value(blocks), 2u);
+  EXPECT_EQ(hd_peak_mark_value(bytes), 1020u);
+  // A higher peak: mark 2, whose freed count starts from zero.
+  hd_res_count_alloc(&t, nullptr, key, 5000, start + 50000);
+  EXPECT_EQ(hd_peak_mark_number(stats().peak_mark), 2u);
+  EXPECT_EQ(stats().peak_mark_bytes, 5000u);
+  hd_res_count_free(&t, nullptr, 5000, key, start + 50000);
+  freed_since(&blocks, &bytes);
+  EXPECT_EQ(hd_peak_mark_number(bytes), 2u);
+  EXPECT_EQ(hd_peak_mark_value(blocks), 1u);
+  EXPECT_EQ(hd_peak_mark_value(bytes), 5000u);
 }
 
 TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
@@ -742,10 +799,10 @@ TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
 }
 
 TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
-  hd_res_count_alloc(&t, nullptr, 0, 100);
-  hd_res_count_alloc(&t, nullptr, 0, 50);
-  hd_res_count_alloc(&t, nullptr, 0, 10);
-  hd_res_count_free(&t, nullptr, 10);
+  hd_res_count_alloc(&t, nullptr, 0, 100, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 50, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 10, 0);
+  hd_res_count_free(&t, nullptr, 10, 0, 0);
   // A copy whose live set has one more block than the counters say (a count not yet made)...
   hd_res_reconcile_live(&t, 3, 170);
   hd_table_stats stats;
@@ -811,10 +868,10 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
   hd_writer_thread a{}, b{};
   ASSERT_TRUE(hd_res_attach_counters(&t, &a));
   ASSERT_NE(a.counters_key, 0u);
-  hd_res_count_alloc(&t, &a, 0, 1000);
-  hd_res_count_alloc(&t, &a, 0, 24);
-  hd_res_count_free(&t, &a, 1000);
-  hd_res_count_alloc(&t, nullptr, 0, 5);  // a thread without a record counts into the base
+  hd_res_count_alloc(&t, &a, 0, 1000, 0);
+  hd_res_count_alloc(&t, &a, 0, 24, 0);
+  hd_res_count_free(&t, &a, 1000, 0, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 5, 0);  // a thread without a record counts into the base
   hd_table_stats s;
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_allocated, 3u);
@@ -834,7 +891,7 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
   ASSERT_TRUE(hd_res_attach_counters(&t, &b));
   EXPECT_EQ(b.counters_key, key);
   EXPECT_EQ(t.hdr->used, used);
-  hd_res_count_free(&t, &b, 24);
+  hd_res_count_free(&t, &b, 24, 0, 0);
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_freed, 2u);
   EXPECT_EQ(s.live_bytes, 5u);

@@ -90,7 +90,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 7u
+#define HD_LAYOUT_VERSION 8u
 /* Every live block the library records holds this many bytes more than the program asked for,
  * at the end of its usable size: the tag that links it to its node (instrumentation/src/record.c).
  * They are heapdump's own memory inside the allocator's. */
@@ -137,7 +137,10 @@ typedef struct hd_alloc_header {
   uint64_t time_base;    /* CLOCK_MONOTONIC ns that every node's time offset is added to */
   uint32_t pid;          /* process that wrote the table */
   uint32_t reserved0;
-  uint64_t reserved[6];
+  /* A frozen copy (HD_ALLOC_FLAG_SNAPSHOT): the resources table's peak_mark when the copy was
+   * made, so that a reader pairs the copy's blocks with that mark (0: none, and in a live table) */
+  uint64_t snapshot_peak_mark;
+  uint64_t reserved[5];
 } hd_alloc_header;
 
 /* One live block in 32 bytes. Addresses and sizes below 2^48 are recorded (user space on x86-64
@@ -177,6 +180,23 @@ static inline uint64_t hd_node_address_word(uint64_t address, uint64_t size) {
 }
 static inline uint64_t hd_node_timestamp(uint64_t time_word, uint64_t time_base) {
   return time_base + (time_word & HD_NODE_TIME_MASK);
+}
+
+/* Peak marks (hd_res_header.peak_mark) and the counts tagged with a mark's number. */
+#define HD_PEAK_TIME_SHIFT 8u
+#define HD_PEAK_VALUE_MASK ((UINT64_C(1) << 48) - 1)
+static inline uint32_t hd_peak_mark_number(uint64_t word) { return (uint32_t)(word >> 48); }
+static inline uint64_t hd_peak_mark_value(uint64_t word) { return word & HD_PEAK_VALUE_MASK; }
+/* A timestamp (CLOCK_MONOTONIC ns) in the units of a mark's time. */
+static inline uint64_t hd_peak_time_units(uint64_t timestamp, uint64_t start_time_ns) {
+  uint64_t units =
+      timestamp < start_time_ns ? 0 : (timestamp - start_time_ns) >> HD_PEAK_TIME_SHIFT;
+  return units > HD_PEAK_VALUE_MASK ? HD_PEAK_VALUE_MASK : units;
+}
+/* Whether a block allocated at timestamp counts as live at the mark (if it was live then). */
+static inline int hd_peak_allocated_by(uint64_t timestamp, uint64_t start_time_ns, uint64_t mark) {
+  return hd_peak_mark_number(mark) != 0 &&
+         hd_peak_time_units(timestamp, start_time_ns) <= hd_peak_mark_value(mark);
 }
 static inline uint32_t hd_node_align_log2(uint64_t time_word) {
   return (uint32_t)(time_word >> 56);
@@ -235,7 +255,15 @@ typedef struct hd_res_header {
    * them. Zero in a table whose writer did not know the field (it was reserved, so zero). */
   uint32_t unwind_tables_refused;
   uint32_t reserved1;
-  uint64_t reserved[4];
+  /* The latest peak mark (hd_peak_mark_*): the moment the live bytes last rose 1% past the
+   * previous mark, so that the highest live bytes ever are within 1% of the mark's. Bits 48..63:
+   * the mark's number (1, 2, ...; wraps past 65535 to 1; 0 = no mark yet); bits 0..47: its time,
+   * in units of 2^HD_PEAK_TIME_SHIFT ns since start_time_ns. The blocks live at the mark are those
+   * allocated at or before it (by the same units) that were live then: the live ones a reader
+   * finds with such a timestamp, and those each hd_rec_stack counts in peak_freed_*. Atomic. */
+  uint64_t peak_mark;
+  uint64_t peak_mark_bytes; /* atomic: the live bytes when the mark was set */
+  uint64_t reserved[2];
 } hd_res_header;
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
@@ -261,6 +289,10 @@ typedef struct hd_rec_stack {
   /* atomic: blocks of this trace freed by the thread that allocated them before that thread
    * allocated or freed anything else (temporary allocations) */
   uint64_t temporary_blocks;
+  /* atomic: blocks (bytes) of this trace live at the peak mark whose number is in bits 48..63
+   * and freed since (bits 0..47); a count tagged with an older mark's number is 0 */
+  uint64_t peak_freed_blocks;
+  uint64_t peak_freed_bytes;
   uint16_t frame_count; /* <= HD_MAX_FRAMES */
   uint16_t flags;       /* HD_STACK_*; readers ignore bits they do not know */
   uint32_t encoded_len; /* bytes of varint data that follow */
@@ -371,7 +403,8 @@ HD_PIN(hd_alloc_header, nodes_offset, 72);
 HD_PIN(hd_alloc_header, time_base, 80);
 HD_PIN(hd_alloc_header, pid, 88);
 HD_PIN(hd_alloc_header, reserved0, 92);
-HD_PIN(hd_alloc_header, reserved, 96);
+HD_PIN(hd_alloc_header, snapshot_peak_mark, 96);
+HD_PIN(hd_alloc_header, reserved, 104);
 HD_PIN_SIZE(hd_alloc_header, 144);
 
 HD_PIN(hd_alloc_node, next, 0);
@@ -407,7 +440,9 @@ HD_PIN(hd_res_header, mapping_records_lost, 124);
 HD_PIN(hd_res_header, stacks_beyond_cfi, 128);
 HD_PIN(hd_res_header, overwritten_tags, 136);
 HD_PIN(hd_res_header, unwind_tables_refused, 144);
-HD_PIN(hd_res_header, reserved, 152);
+HD_PIN(hd_res_header, peak_mark, 152);
+HD_PIN(hd_res_header, peak_mark_bytes, 160);
+HD_PIN(hd_res_header, reserved, 168);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);
@@ -419,10 +454,12 @@ HD_PIN(hd_rec_stack, h, 0);
 HD_PIN(hd_rec_stack, alloc_blocks, 8);
 HD_PIN(hd_rec_stack, alloc_bytes, 16);
 HD_PIN(hd_rec_stack, temporary_blocks, 24);
-HD_PIN(hd_rec_stack, frame_count, 32);
-HD_PIN(hd_rec_stack, flags, 34);
-HD_PIN(hd_rec_stack, encoded_len, 36);
-HD_PIN_SIZE(hd_rec_stack, 40);
+HD_PIN(hd_rec_stack, peak_freed_blocks, 32);
+HD_PIN(hd_rec_stack, peak_freed_bytes, 40);
+HD_PIN(hd_rec_stack, frame_count, 48);
+HD_PIN(hd_rec_stack, flags, 50);
+HD_PIN(hd_rec_stack, encoded_len, 52);
+HD_PIN_SIZE(hd_rec_stack, 56);
 
 HD_PIN(hd_rec_thread, h, 0);
 HD_PIN(hd_rec_thread, tid, 8);

@@ -54,6 +54,9 @@ typedef struct hd_snapshot_stack_trace {
    * else, when has_temporary (the counters of a pprof profile or of an older file have none). */
   bool has_temporary;
   uint64_t temporary_blocks;
+  /* Blocks and bytes of this trace live at the process's peak mark: meaningful when the
+   * snapshot's stats have has_peak_mark_time (0 for a trace with none live then). */
+  uint64_t peak_blocks, peak_bytes;
 } hd_snapshot_stack_trace;
 
 typedef struct hd_snapshot_thread {
@@ -184,6 +187,11 @@ HD_MUST_CHECK hd_status hd_snapshot_receive(int channel, bool multi_process, hd_
 
 const hd_snapshot_allocation *hd_snapshot_find_allocation(const hd_snapshot *s, uint64_t address);
 const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s, uint64_t key);
+/* Whether the stack traces' peak_blocks and peak_bytes say what was live at the peak mark: a
+ * snapshot from the collector when its stats have the mark (without it, the mark moved while
+ * it was read, and those values mean nothing), a pprof profile (no stats) when some trace has
+ * them. */
+bool hd_snapshot_has_peak(const hd_snapshot *s);
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
 const hd_snapshot_root *hd_snapshot_find_root(const hd_snapshot *s, uint64_t address);
