@@ -234,10 +234,12 @@ TEST_F(CliTest, RunWritesRawAndTheReportReadsIt) {
 // keep the recording's).
 std::string SiteTable(const std::string &report) {
   size_t header = report.find("    LIVE BYTES");
-  return header == std::string::npos
-             ? ""
-             : std::regex_replace(report.substr(header), std::regex(R"(\(stack [0-9]+\))"),
-                                  "(stack)");
+  if (header == std::string::npos) return "";
+  // The peak's lines come after it (a pprof profile has no moment of the peak, so none).
+  size_t peak = report.find("\npeak: ", header);
+  return std::regex_replace(
+      report.substr(header, peak == std::string::npos ? std::string::npos : peak + 1 - header),
+      std::regex(R"(\(stack [0-9]+\))"), "(stack)");
 }
 
 // The same, without the TEMPORARY column, which a pprof profile does not keep ("-").
@@ -837,25 +839,27 @@ TEST_F(CliTest, ReportSortsSitesByWhatTheyHoldAllocateAndThrowAway) {
 // run by docs/tools.md's lines as written. Both count every allocation call, and temporary
 // allocations by the same rule (freed with no allocation nor free in between; heaptrack matches
 // a free to the latest allocation by size and stack instead of by address, and across threads).
-TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
+TEST_F(CliTest, TemporaryAllocationsAndThePeakAgreeWithHeaptrackOnCppcheck) {
   const std::string source = "/usr/src/googletest/googletest/src/gtest-filepath.cc";
   for (const char *needed : {"/usr/bin/heaptrack", "/usr/bin/cppcheck", source.c_str()}) {
     if (access(needed, R_OK) != 0) GTEST_SKIP() << needed << " is not installed";
   }
   const std::string doc = ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
-  const size_t start = doc.find("#### Which sites churn");
-  ASSERT_NE(start, std::string::npos);
-  std::istringstream section(doc.substr(start, doc.find("\n#", start + 1) - start));
   std::string script = "cp " + source + " .\n";
   std::string cppcheck;  // the doc's command under heapdump run
   int commands = 0;
-  for (std::string line; std::getline(section, line);) {
-    if (line.rfind("    heapdump ", 0) != 0) continue;
-    script += line.substr(4) + "\n";
-    if (line.find(" -- ") != std::string::npos) cppcheck = line.substr(line.find(" -- ") + 4);
-    commands++;
+  for (const char *title : {"#### Which sites churn", "#### What was live at the peak"}) {
+    const size_t start = doc.find(title);
+    ASSERT_NE(start, std::string::npos) << title;
+    std::istringstream section(doc.substr(start, doc.find("\n#", start + 1) - start));
+    for (std::string line; std::getline(section, line);) {
+      if (line.rfind("    heapdump ", 0) != 0) continue;
+      script += line.substr(4) + "\n";
+      if (line.find(" -- ") != std::string::npos) cppcheck = line.substr(line.find(" -- ") + 4);
+      commands++;
+    }
   }
-  ASSERT_EQ(commands, 2) << script;
+  ASSERT_EQ(commands, 3) << script;
   ASSERT_EQ(cppcheck.rfind("cppcheck ", 0), 0u) << script;
   const std::string bin = std::string(HD_CLI).substr(0, std::string(HD_CLI).rfind('/'));
   const std::vector<std::string> env = {"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir};
@@ -864,13 +868,18 @@ TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
   // Sites by temporary blocks, the heaviest holding nothing live at exit.
   EXPECT_NE(ours.out.find("TEMPORARY  SITE\n             0            0"), std::string::npos)
       << ours.out;
+  // Sites by what they held at the peak mark.
+  EXPECT_NE(ours.out.find("PEAK BYTES  PEAK BLOCKS     LIVE BYTES  LIVE BLOCKS  SITE\n"),
+            std::string::npos)
+      << ours.out;
 
   Output json =
       Heapdump({"report", "check.heapdump", "--sort", "temporary", "--json", "--top", "1"});
   ASSERT_EQ(json.status, 0) << json.err;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
-      json.out, m, std::regex("\"blocks_allocated\":(\\d+).*\"temporary_blocks\":(\\d+)\\}")))
+      json.out, m,
+      std::regex("\"stats\":\\{\"blocks_allocated\":(\\d+)[^}]*\"temporary_blocks\":(\\d+)")))
       << json.out;
   const double our_calls = std::stod(m[1]), our_temporary = std::stod(m[2]);
   ASSERT_TRUE(
@@ -880,6 +889,21 @@ TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
       << json.out;
   const std::string our_top = m[1];
   const double our_top_temporary = std::stod(m[2]);
+  Output peak = Heapdump({"report", "check.heapdump", "--sort", "peak", "--json", "--top", "1"});
+  ASSERT_EQ(peak.status, 0) << peak.err;
+  ASSERT_TRUE(
+      std::regex_search(peak.out, m,
+                        std::regex("\"peak_live_bytes\":(\\d+).*\"peak_mark\":\\{\"at_s\":[0-9.]+,"
+                                   "\"bytes\":(\\d+)")))
+      << peak.out;
+  const double our_peak = std::stod(m[1]), our_mark = std::stod(m[2]);
+  ASSERT_TRUE(std::regex_search(
+      peak.out, m,
+      std::regex(
+          "\"sort\":\"peak\",\"groups\":\\[\\{\"name\":\"([^\"]*)\".*?\"peak_bytes\":(\\d+)")))
+      << peak.out;
+  const std::string our_peak_top = m[1];
+  const double our_peak_top_bytes = std::stod(m[2]);
 
   // The HTML page of the same, sorted the same way: it opens on temporary blocks, the first
   // site the report's.
@@ -919,6 +943,22 @@ TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
       << theirs.out;
   const double their_top_temporary = std::stod(m[1]);
   const std::string their_top = m[2];
+  // heaptrack prints 10,000,000 bytes as "10.00M".
+  auto bytes_of = [](const std::string &number, const std::string &unit) {
+    const double scale = unit == "K" ? 1e3 : unit == "M" ? 1e6 : unit == "G" ? 1e9 : 1;
+    return std::stod(number) * scale;
+  };
+  ASSERT_TRUE(std::regex_search(theirs.out, m,
+                                std::regex("peak heap memory consumption: ([0-9.]+)([KMG]?)")))
+      << theirs.out;
+  const double their_peak = bytes_of(m[1], m[2]);
+  ASSERT_TRUE(std::regex_search(
+      theirs.out, m,
+      std::regex("PEAK MEMORY CONSUMERS\n([0-9.]+)([KMG]?) peak memory consumed over \\d+ calls "
+                 "from:?\n([^\n(]+)")))
+      << theirs.out;
+  const double their_peak_top_bytes = bytes_of(m[1], m[2]);
+  const std::string their_peak_top = m[3];
 
   EXPECT_EQ(our_calls, their_calls);
   EXPECT_GT(their_temporary, 10000);  // enough for the comparison to mean something
@@ -926,6 +966,15 @@ TEST_F(CliTest, TemporaryAllocationsAgreeWithHeaptrackOnCppcheck) {
   // The same site first (heaptrack names it without parameters), with the same count.
   EXPECT_EQ(our_top.substr(0, our_top.find('(')), their_top) << json.out << theirs.out;
   EXPECT_NEAR(our_top_temporary, their_top_temporary, 0.02 * their_top_temporary);
+  // The peak: the same highest live bytes; the mark at most 1% below it; the same site first,
+  // holding then what heaptrack says it held at its peak, within that 1% of the whole (and the
+  // rounding of heaptrack's two decimals).
+  EXPECT_NEAR(our_peak, their_peak, 0.005 * their_peak + 5e3);
+  EXPECT_LE(our_mark, our_peak);
+  EXPECT_GE(our_mark, 0.99 * our_peak);
+  EXPECT_EQ(our_peak_top.substr(0, our_peak_top.find('(')), their_peak_top)
+      << peak.out << theirs.out;
+  EXPECT_NEAR(our_peak_top_bytes, their_peak_top_bytes, 0.01 * their_peak + 5e3);
 
   Output by_thread =
       Heapdump({"report", "check.heapdump", "--sort", "allocated", "--by", "thread"});
@@ -1676,6 +1725,39 @@ TEST_F(CliTest, APageOfAHundredThousandStacksDrawsTheBigOnesAndSumsTheRest) {
   const uint64_t live = LiveBytes(json.out);
   EXPECT_GT(live, 1u << 20);
 
+  // The same compiler under heaptrack: as many calls, as many temporary ones, the same peak
+  // (heaptrack names the wrappers, xcalloc and xmalloc, as sites, which heapdump skips for their
+  // callers: the sites are compared on cppcheck).
+  if (access("/usr/bin/heaptrack", X_OK) == 0) {
+    hdtest::ShellOutput theirs = hdtest::RunShell(
+        "cc1=$(g++ -### -I " + gtest + "/include -I " + gtest + " -O0 -std=c++17 -S -o /dev/null " +
+            gtest +
+            "/src/gtest-all.cc 2>&1 | grep '/cc1plus ' | head -n1 | tr -d '\"')\n"
+            "heaptrack -o ht $cc1 > /dev/null 2>&1\n"
+            "heaptrack_print ht.zst | grep -E '^(calls to allocation functions|temporary memory "
+            "allocations|peak heap memory consumption):'\n",
+        dir, {"PATH=/usr/bin:/bin", "HOME=" + dir});
+    ASSERT_EQ(theirs.status, 0) << theirs.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(
+        theirs.out, m,
+        std::regex("calls to allocation functions: (\\d+).*\ntemporary memory allocations: (\\d+)"
+                   ".*\npeak heap memory consumption: ([0-9.]+)M")))
+        << theirs.out;
+    const double their_calls = std::stod(m[1]), their_temporary = std::stod(m[2]),
+                 their_peak = std::stod(m[3]) * 1e6;
+    ASSERT_TRUE(std::regex_search(
+        json.out, m,
+        std::regex(
+            "\"stats\":\\{\"blocks_allocated\":(\\d+)[^}]*\"peak_live_bytes\":(\\d+)[^}]*"
+            "\"temporary_blocks\":(\\d+),\"peak_mark\":\\{\"at_s\":[0-9.]+,\"bytes\":(\\d+)")))
+        << json.out.substr(0, 2000);
+    EXPECT_NEAR(std::stod(m[1]), their_calls, 0.001 * their_calls);
+    EXPECT_NEAR(std::stod(m[3]), their_temporary, 0.02 * their_temporary);
+    EXPECT_NEAR(std::stod(m[2]), their_peak, 0.01 * their_peak);
+    EXPECT_GE(std::stod(m[4]), 0.99 * std::stod(m[2]));
+  }
+
   auto browser = OpenPage(dir, "cc1.html");
   ASSERT_NE(browser, nullptr);
   hdtest::Browser &b = *browser;
@@ -1691,7 +1773,7 @@ TEST_F(CliTest, APageOfAHundredThousandStacksDrawsTheBigOnesAndSumsTheRest) {
             cut / 2);
   // Each site is exactly the sum of the stacks it lists and of its smaller ones, in every metric.
   const std::string metrics =
-      "['live_bytes', 'live_blocks', 'alloc_bytes', 'alloc_blocks', 'temp_blocks']";
+      "['live_bytes', 'live_blocks', 'alloc_bytes', 'alloc_blocks', 'temp_blocks', 'peak_bytes']";
   EXPECT_EQ(Number(b, "(P => P.sites.filter(site => " + metrics +
                           ".some(k => site.stacks.reduce((a, i) => a + (P.stacks[i][k] || 0), "
                           "(site.smaller && site.smaller[k]) || 0) !== (site[k] || 0))).length)(" +
@@ -1706,6 +1788,22 @@ TEST_F(CliTest, APageOfAHundredThousandStacksDrawsTheBigOnesAndSumsTheRest) {
   EXPECT_EQ(Number(b, p + ".sites.reduce((a, site) => a + site.live_bytes, 0)"),
             static_cast<double>(live));
   EXPECT_GT(FlameValue(b, "(smaller stacks)"), 0);
+  // What was live at the peak mark, by site, adds up to the mark's bytes (one thread).
+  EXPECT_EQ(Number(b, p + ".sites.reduce((a, site) => a + (site.peak_bytes || 0), 0)"),
+            Number(b, p + ".timeline.peak_mark.bytes"));
+  // One peak: the timeline's is the process's own count.
+  EXPECT_EQ(Number(b, "+document.getElementById('timeline').dataset.peakBytes"),
+            Number(b, p + ".stats.peak_live_bytes"));
+  // The heaviest site's stacks open heaviest first.
+  const std::string row = "#sites-table tr.site-row";
+  ASSERT_TRUE(b.ClickOn(row)) << b.error();
+  ASSERT_TRUE(b.WaitFor("document.querySelector('" + row + " + tr.site-stacks')"));
+  const std::string shown = "[...document.querySelectorAll('" + row +
+                            " + tr.site-stacks .stack')].map(d => " + p +
+                            ".stacks[+d.dataset.stack]).filter(s => s).map(s => s.live_bytes)";
+  EXPECT_GE(Number(b, shown + ".length"), 2);
+  EXPECT_EQ(Text(b, "JSON.stringify(" + shown + ")"),
+            Text(b, "JSON.stringify(" + shown + ".slice().sort((x, y) => y - x))"));
 }
 
 // A site's stacks open heaviest first by the flame graph's metric, not in recording order:
@@ -1862,6 +1960,17 @@ TEST_F(CliTest, HtmlReportOfARunShowsTheProgramInABrowser) {
       << b.error();
   ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.metric === 'alloc_bytes'"));
   EXPECT_EQ(FlameValue(b, "grow_cache"), 16 << 20);
+  // What was live at the peak mark: all sixteen steps, marked as the last was allocated, which
+  // the timeline shows before the program's last second of pauses.
+  ASSERT_TRUE(
+      b.Eval("(s => { s.value = 'peak_bytes'; s.dispatchEvent(new Event('change')); "
+             "return true; })(document.getElementById('flame-metric'))"))
+      << b.error();
+  ASSERT_TRUE(b.WaitFor("document.getElementById('flame').dataset.metric === 'peak_bytes'"));
+  EXPECT_EQ(FlameValue(b, "grow_cache"), 16 << 20);
+  const double mark_ms = Number(b, "+document.getElementById('timeline').dataset.peakMarkMs");
+  EXPECT_GT(mark_ms, 0);
+  EXPECT_LT(mark_ms, life_ms - 800);
 
   // The sites table: the text report's sites, sorted by a click on a column.
   EXPECT_EQ(Number(b, "document.querySelectorAll('#sites-table tr.site-row').length"),

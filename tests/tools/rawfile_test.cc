@@ -65,7 +65,7 @@ bool Read(const std::string &path, hd_reassembler *r, std::string *why) {
 
 TEST(RawfileTest, RealFilesKeepEveryElementThroughAWriteAndARead) {
   std::map<std::string, size_t> seen;
-  for (const char *name : {"leaky_run", "root_regions", "timeline", "resident"}) {
+  for (const char *name : {"leaky_run", "root_regions", "timeline", "resident", "peak"}) {
     const std::string path = std::string(HD_SOURCE_DIR) + "/tests/fuzz/corpus/rawfile/" + name;
     hd_reassembler first, second;
     hd_reassembler_init(&first);
@@ -83,6 +83,23 @@ TEST(RawfileTest, RealFilesKeepEveryElementThroughAWriteAndARead) {
     fclose(in);
     free(bytes);
     EXPECT_EQ(Kinds(second), Kinds(first)) << name;
+    // What was live at the peak mark, per trace and in all, comes back as it was.
+    ASSERT_EQ(second.snapshot_count, first.snapshot_count);
+    for (size_t i = 0; i < first.snapshot_count; i++) {
+      const hd_snapshot *a = first.snapshots[i], *b = second.snapshots[i];
+      EXPECT_EQ(b->stats.has_peak_mark_time, a->stats.has_peak_mark_time) << name;
+      EXPECT_EQ(b->stats.peak_mark_time, a->stats.peak_mark_time) << name;
+      EXPECT_EQ(b->stats.peak_mark_bytes, a->stats.peak_mark_bytes) << name;
+      uint64_t peak_a = 0, peak_b = 0;
+      for (size_t t = 0; t < a->stack_trace_count; t++) peak_a += a->stack_traces[t].peak_bytes;
+      for (size_t t = 0; t < b->stack_trace_count; t++) peak_b += b->stack_traces[t].peak_bytes;
+      EXPECT_EQ(peak_b, peak_a) << name;
+      if (std::string(name) == "peak") {
+        EXPECT_TRUE(a->stats.has_peak_mark_time);
+        EXPECT_EQ(peak_a, a->stats.peak_mark_bytes);
+        EXPECT_GT(peak_a, 12000000u);
+      }
+    }
     for (const auto &[kind, count] : Kinds(first)) seen[kind] += count;
     hd_reassembler_destroy(&first);
     hd_reassembler_destroy(&second);

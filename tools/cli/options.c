@@ -216,12 +216,12 @@ static HD_MUST_CHECK int set_by(const cli_option *opt, const char *value, cli_op
 
 static HD_MUST_CHECK int set_sort(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
-  static const char *const kNames[] = {"live", "allocated", "temporary", NULL};
+  static const char *const kNames[] = {"live", "allocated", "temporary", "peak", NULL};
   static const int kValues[] = {HD_REPORT_SORT_LIVE, HD_REPORT_SORT_ALLOCATED,
-                                HD_REPORT_SORT_TEMPORARY};
+                                HD_REPORT_SORT_TEMPORARY, HD_REPORT_SORT_PEAK};
   int sort;
   if (!pick_keyword(value, kNames, kValues, &sort)) {
-    return cli_usage_error("--sort wants live, allocated or temporary, not '%s'", value);
+    return cli_usage_error("--sort wants live, allocated, temporary or peak, not '%s'", value);
   }
   o->sort = (hd_report_sort)sort;
   return CLI_GO_ON;
@@ -333,9 +333,9 @@ static const cli_option kOptions[] = {
     {"sort", 0, "S", OUTPUTS & ~(ON(CLI_DIFF) | ON(CLI_LEAKS)), .apply = set_sort,
      .where = SECTION_OUTPUT,
      .help = "text, JSON, html: sites or stacks by live bytes (live, the default), bytes "
-             "allocated since start (allocated) or temporary blocks (temporary: freed by their "
-             "thread before it allocated or freed anything else); the last two list sites with "
-             "nothing live too"},
+             "allocated since start (allocated), temporary blocks (temporary: freed by their "
+             "thread before it allocated or freed anything else) or bytes live at the peak "
+             "(peak); all but live list sites with nothing live too"},
     {"tags", 0, NULL, WRITERS, SWITCH(tags, true), .where = SECTION_OUTPUT,
      .help = "pprof: one sample per block, labelled address, bytes, timestamp, thread"},
     {"sample-index", 0, "T", WRITERS | ON(CLI_DIFF), .apply = set_sample, .where = SECTION_OUTPUT,

@@ -281,7 +281,14 @@ static void write_timeline(const hd_snapshot *s, const hd_snapshot *base, FILE *
     fprintf(out, "%s{\"t_ms\":%.1f,\"name\":\"BASE\"}", comma ? "," : "",
             ((double)base_at - (double)start) / 1e6);
   }
-  fputs("]}", out);
+  fputc(']', out);
+  /* The moment the sites' "bytes at peak" are of (a diff's page has no such metric). */
+  if (base == NULL && s->has_stats && s->stats.has_peak_mark_time) {
+    const int64_t at = s->stats.peak_mark_time < start ? start : s->stats.peak_mark_time;
+    fprintf(out, ",\"peak_mark\":{\"t_ms\":%.1f,\"bytes\":%" PRIu64 "}",
+            ((double)at - (double)start) / 1e6, s->stats.peak_mark_bytes);
+  }
+  fputc('}', out);
 }
 
 /* Where a site is: the file and line of its frame in its heaviest stack, as the text report's
@@ -311,17 +318,21 @@ static void write_site_location(const hd_snapshot *s, hd_symbolizer *sym, const 
  * compiler's hundred thousand stacks no longer make the page tens of megabytes. */
 #define DRAWN_SHARE_INVERSE 10000u
 #define SMALLER_STACKS "(smaller stacks)"
-enum { METRIC_COUNT = 5 };
+enum { METRIC_COUNT = 6 };
 
 typedef struct stack_values {
-  uint64_t v[METRIC_COUNT]; /* live bytes, live blocks, allocated bytes and blocks, temporary */
+  /* live bytes, live blocks, allocated bytes and blocks, temporary blocks, bytes at the peak */
+  uint64_t v[METRIC_COUNT];
 } stack_values;
 
-static const char *const kMetricKeys[METRIC_COUNT] = {"live_bytes", "live_blocks", "alloc_bytes",
-                                                      "alloc_blocks", "temp_blocks"};
+static const char *const kMetricKeys[METRIC_COUNT] = {"live_bytes",   "live_blocks", "alloc_bytes",
+                                                      "alloc_blocks", "temp_blocks", "peak_bytes"};
+
+/* Which metrics beyond the live ones a snapshot knows. */
+enum { KNOWN_COUNTERS = 1, KNOWN_TEMPORARY = 2, KNOWN_PEAK = 4 };
 
 static stack_values values_of(const hd_snapshot_stack_trace *trace, const hd_trace_totals *live) {
-  stack_values sv = {{live->live_bytes, live->live_blocks, 0, 0, 0}};
+  stack_values sv = {{live->live_bytes, live->live_blocks, 0, 0, 0, trace->peak_bytes}};
   if (trace->has_counters) {
     sv.v[2] = trace->allocated_bytes;
     sv.v[3] = trace->allocated_blocks;
@@ -330,15 +341,22 @@ static stack_values values_of(const hd_snapshot_stack_trace *trace, const hd_tra
   return sv;
 }
 
+/* The metrics known for a group of s (has_counters, has_temporary: the group's). */
+static unsigned known_metrics(const hd_snapshot *s, bool has_counters, bool has_temporary) {
+  return (has_counters ? KNOWN_COUNTERS : 0u) | (has_temporary ? KNOWN_TEMPORARY : 0u) |
+         (hd_snapshot_has_peak(s) ? KNOWN_PEAK : 0u);
+}
+
 static void add_values(stack_values *to, const stack_values *from) {
   for (int m = 0; m < METRIC_COUNT; m++) to->v[m] += from->v[m];
 }
 
-/* has_counters, has_temporary: whether the allocated and temporary values are known. */
-static void print_values(const stack_values *sv, bool has_counters, bool has_temporary, FILE *out) {
+/* known: KNOWN_* of the values beyond the live ones. */
+static void print_values(const stack_values *sv, unsigned known, FILE *out) {
   for (int m = 0; m < METRIC_COUNT; m++) {
-    if ((m == 2 || m == 3) && !has_counters) continue;
-    if (m == 4 && !has_temporary) continue;
+    if ((m == 2 || m == 3) && !(known & KNOWN_COUNTERS)) continue;
+    if (m == 4 && !(known & KNOWN_TEMPORARY)) continue;
+    if (m == 5 && !(known & KNOWN_PEAK)) continue;
     fprintf(out, ",\"%s\":%" PRIu64, kMetricKeys[m], sv->v[m]);
   }
 }
@@ -521,7 +539,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
     const stack_values sv = values_of(trace, &live[t]);
     fputc('{', stacks);
     print_frames(all.items + first[t], first[t + 1] - first[t], stacks);
-    print_values(&sv, trace->has_counters, trace->has_temporary, stacks);
+    print_values(&sv, known_metrics(s, trace->has_counters, trace->has_temporary), stacks);
     fputc('}', stacks);
   }
   /* The cut stacks, under their callers. Counters are known for them as for the snapshot. */
@@ -559,7 +577,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
     if (written) fputc(',', stacks);
     fputc('{', stacks);
     print_frames(one.items, one.count, stacks);
-    print_values(&cut[n], has_counters, has_temporary, stacks);
+    print_values(&cut[n], known_metrics(s, has_counters, has_temporary), stacks);
     fputs(",\"smaller\":true}", stacks);
     written++;
   }
@@ -606,6 +624,7 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, c
                 g->allocated_blocks);
       }
       if (g->has_temporary) fprintf(out, ",\"temp_blocks\":%" PRIu64, g->temporary_blocks);
+      if (hd_snapshot_has_peak(s)) fprintf(out, ",\"peak_bytes\":%" PRIu64, g->peak_bytes);
       fputs(",\"stacks\":[", out);
       for (size_t t = first[i]; t != SIZE_MAX; t = next[t]) {
         fprintf(out, t == first[i] ? "%zu" : ",%zu", t);
@@ -614,7 +633,7 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, c
       /* Its stacks too small to draw: drawn cut, under "(smaller stacks)" of their callers. */
       if (p->smaller_count[i] > 0) {
         fprintf(out, ",\"smaller\":{\"stacks\":%zu", p->smaller_count[i]);
-        print_values(&p->smaller[i], g->has_counters, g->has_temporary, out);
+        print_values(&p->smaller[i], known_metrics(s, g->has_counters, g->has_temporary), out);
         fputc('}', out);
       }
       fputc('}', out);

@@ -68,6 +68,7 @@
     { key: 'alloc_bytes', label: 'Allocated bytes', src: 'alloc_bytes', isBytes: true },
     { key: 'alloc_blocks', label: 'Allocated blocks', src: 'alloc_blocks' },
     { key: 'temp_blocks', label: 'Temporary blocks', src: 'temp_blocks' },
+    { key: 'peak_bytes', label: 'Bytes at peak', src: 'peak_bytes', isBytes: true },
   ];
   const METRIC = {};
   METRICS.forEach((m) => { METRIC[m.key] = m; });
@@ -87,12 +88,13 @@
     { key: 'alloc_bytes', label: 'Allocated bytes', fmt: 'bytes' },
     { key: 'alloc_blocks', label: 'Allocated blocks', fmt: 'count' },
     { key: 'temp_blocks', label: 'Temporary blocks', fmt: 'count' },
+    { key: 'peak_bytes', label: 'Bytes at peak', fmt: 'bytes' },
   ];
   const LEAK_CATS = ['definitely_lost', 'indirectly_lost', 'possibly_lost', 'still_reachable'];
   const catWords = (c) => String(c).replace('_', ' ');
 
   // `heapdump report --sort`: what the flame graph and the sites table show first.
-  const FIRST = { allocated: 'alloc_bytes', temporary: 'temp_blocks' }[DATA.sort];
+  const FIRST = { allocated: 'alloc_bytes', temporary: 'temp_blocks', peak: 'peak_bytes' }[DATA.sort];
   const state = {
     proc: -1, P: null, metric: FIRST || METRICS[0].key, zoom: 0, search: '',
     sort: { key: FIRST || null, desc: true }, sitesAll: false, expandedSites: new Set(), expandedLeaks: new Set(),
@@ -379,9 +381,14 @@
     box.dataset.peakIndex = String(peak);
     box.dataset.peakBytes = exact(peakBytes);
     box.dataset.markers = String(markers.length);
+    // The peak mark: the moment the sites' "bytes at peak" are of.
+    const mark = tl.peak_mark;
+    if (mark) box.dataset.peakMarkMs = exact(mark.t_ms); else delete box.dataset.peakMarkMs;
+    const drawn = mark ? markers.concat([{ t_ms: mark.t_ms, name: 'peak mark' }]) : markers;
     list.innerHTML = markers.map((m) => '<li data-t-ms="' + exact(m && m.t_ms) + '">' + esc(m && m.name != null ? m.name : '') +
       ' at ' + (num(m && m.t_ms) / 1000).toFixed(2) + ' s</li>').join('') +
-      '<li class="peak">peak ' + hBytes(peakBytes) + (between ? ' near ' : ' at ') + (num(t[peak]) / 1000).toFixed(2) + ' s</li>';
+      '<li class="peak">peak ' + hBytes(peakBytes) + (between ? ' near ' : ' at ') + (num(t[peak]) / 1000).toFixed(2) + ' s</li>' +
+      (mark ? '<li class="peak-mark">what was live at the peak: ' + hBytes(num(mark.bytes)) + ' at ' + (num(mark.t_ms) / 1000).toFixed(2) + ' s (the "Bytes at peak" metric)</li>' : '');
 
     if (typeof Chart === 'undefined') { box.innerHTML = '<p class="note">Chart library missing.</p>'; return; }
     box.innerHTML = '<canvas></canvas>';
@@ -414,7 +421,7 @@
               label: (c) => c.dataset.label + ': ' + bytes(c.parsed.y) + (c.datasetIndex === 1 ? '/s' : '') + ' (' + count(Math.round(c.parsed.y)) + ')',
             },
           },
-          heapdumpMarkers: { color: cssVar('--marker'), markers: markers.map((m) => ({ t: num(m && m.t_ms) / 1000, name: String(m && m.name != null ? m.name : '') })) },
+          heapdumpMarkers: { color: cssVar('--marker'), markers: drawn.map((m) => ({ t: num(m && m.t_ms) / 1000, name: String(m && m.name != null ? m.name : '') })) },
         },
       },
       plugins: [markerPlugin],

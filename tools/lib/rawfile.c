@@ -105,7 +105,11 @@ static HD_MUST_CHECK hd_status write_traces(const hd_snapshot *s, hd_batch_write
                                              .has_allocated_bytes = true,
                                              .allocated_bytes = t->allocated_bytes,
                                              .has_temporary_blocks = t->has_temporary,
-                                             .temporary_blocks = t->temporary_blocks};
+                                             .temporary_blocks = t->temporary_blocks,
+                                             .has_peak_blocks = t->peak_blocks != 0,
+                                             .peak_blocks = t->peak_blocks,
+                                             .has_peak_bytes = t->peak_blocks != 0,
+                                             .peak_bytes = t->peak_bytes};
     status = hd_batch_add(w, &e);
   }
   return status;

@@ -20,6 +20,9 @@ typedef hd_trace_totals trace_totals;
 
 typedef hd_report_group group;
 
+/* Sites the peak line lists under the report's summary (--sort peak lists them all). */
+#define PEAK_SITES_SHOWN 5
+
 static void live_totals(const hd_snapshot *s, uint64_t *bytes, uint64_t *blocks) {
   for (size_t i = 0; i < s->allocation_count; i++) {
     *bytes += s->allocations[i].size;
@@ -62,6 +65,9 @@ static int compare_groups(const void *a, const void *b, void *sort) {
     case HD_REPORT_SORT_TEMPORARY:
       if (x->temporary_blocks != y->temporary_blocks)
         return x->temporary_blocks > y->temporary_blocks ? -1 : 1;
+      break;
+    case HD_REPORT_SORT_PEAK:
+      if (x->peak_bytes != y->peak_bytes) return x->peak_bytes > y->peak_bytes ? -1 : 1;
       break;
     case HD_REPORT_SORT_LIVE: break;
   }
@@ -111,6 +117,8 @@ static void add_trace(group *g, const hd_snapshot_stack_trace *trace, size_t ind
     g->allocated_blocks += trace->allocated_blocks;
     g->has_temporary |= trace->has_temporary;
     g->temporary_blocks += trace->temporary_blocks;
+    g->peak_bytes += trace->peak_bytes;
+    g->peak_blocks += trace->peak_blocks;
   }
   if (g->heaviest_trace == SIZE_MAX || tt->live_bytes > g->heaviest_bytes) {
     g->heaviest_trace = index;
@@ -155,9 +163,10 @@ static HD_MUST_CHECK int add_groups(const hd_snapshot *s, const hd_report_option
     for (size_t i = 0; i < s->stack_trace_count && rc == 0; i++) {
       const hd_snapshot_stack_trace *trace = &s->stack_traces[i];
       /* Sorted by what was allocated, a site that holds nothing now is as much the answer. */
-      const bool counted = categories == NULL &&
-                           (o->sort != HD_REPORT_SORT_LIVE || o->freed_groups_too) &&
-                           trace->has_counters && trace->allocated_blocks > 0;
+      const bool counted =
+          categories == NULL && (o->sort != HD_REPORT_SORT_LIVE || o->freed_groups_too) &&
+          trace->has_counters &&
+          (o->sort == HD_REPORT_SORT_PEAK ? trace->peak_blocks > 0 : trace->allocated_blocks > 0);
       if (totals[i].live_blocks == 0 && !counted) continue;
       char name[512], site[480];
       if (o->short_names) {
@@ -542,14 +551,72 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
   }
 }
 
-static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
-                       const leak_summary *leaks, FILE *out) {
-  write_text_summary(s, o, out);
-  if (leaks != NULL) {
-    write_leaks_text(s, o, l, leaks, out);
+/* Sites (or stacks) by what they held at the peak mark. */
+static void write_peak_table(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                             FILE *out) {
+  fprintf(out, "%14s %12s %14s %12s  %s\n", "PEAK BYTES", "PEAK BLOCKS", "LIVE BYTES",
+          "LIVE BLOCKS", group_kind(o->by));
+  size_t shown = o->top && o->top < l->count ? o->top : l->count;
+  for (size_t i = 0; i < shown; i++) {
+    const group *g = &l->items[i];
+    fprintf(out, "%14" PRIu64 " %12" PRIu64 " %14" PRIu64 " %12" PRIu64 "  %s\n", g->peak_bytes,
+            g->peak_blocks, g->live_bytes, g->live_blocks, g->name);
+    print_group_text(out, s, o, g);
+  }
+  if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
+}
+
+/* Seconds from the start of the snapshot's timeline (or from its earliest block) to t. */
+static double seconds_into(const hd_snapshot *s, int64_t t) {
+  int64_t start = s->sample_count > 0 ? s->samples[0].timestamp : t;
+  for (size_t i = 0; s->sample_count == 0 && i < s->allocation_count; i++) {
+    if (s->allocations[i].timestamp < start) start = s->allocations[i].timestamp;
+  }
+  return t > start ? ((double)t - (double)start) / 1e9 : 0.0;
+}
+
+/* The peak mark's line and, unless the table below is sorted by it, the sites that held the
+ * most then. */
+static void write_peak_text(const hd_snapshot *s, const hd_report_options *o, FILE *out) {
+  if (!s->has_stats || !s->stats.has_peak_mark_time) return;
+  const heapdump_client_ProcessStats *st = &s->stats;
+  fprintf(out,
+          "peak: %" PRIu64 " live bytes in %" PRIu64
+          " blocks at %.2f s (marked within 1%% of the highest, %" PRIu64 " bytes)",
+          st->peak_mark_bytes, st->peak_mark_blocks, seconds_into(s, st->peak_mark_time),
+          st->peak_live_bytes);
+  if (o->sort == HD_REPORT_SORT_PEAK || st->peak_mark_blocks == 0) {
+    fputc('\n', out);
     return;
   }
+  hd_report_options by_peak = *o;
+  by_peak.sort = HD_REPORT_SORT_PEAK;
+  by_peak.by = HD_REPORT_BY_SITE;
+  group_list l = {0};
+  if (build_groups(s, &by_peak, NULL, &l, NULL) != 0) {
+    fputs("\n", out);
+    return;
+  }
+  /* Lines that do not look like a table's rows: scripts that read the tables above by their
+   * columns are not misled by these. */
+  fputs("; the sites that held the most then:\n", out);
+  for (size_t i = 0; i < l.count && i < PEAK_SITES_SHOWN && l.items[i].peak_bytes > 0; i++) {
+    fprintf(out, "  %s: %" PRIu64 " bytes in %" PRIu64 " blocks\n", l.items[i].name,
+            l.items[i].peak_bytes, l.items[i].peak_blocks);
+  }
+  if (l.count > PEAK_SITES_SHOWN && l.items[PEAK_SITES_SHOWN].peak_bytes > 0)
+    fputs("  ... (--sort peak lists them all)\n", out);
+  free(l.items);
+}
+
+/* The table of groups by live bytes (or by what the sort says). */
+static void write_groups_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                              FILE *out) {
   if (l->count == 0) return;
+  if (o->sort == HD_REPORT_SORT_PEAK) {
+    write_peak_table(s, o, l, out);
+    return;
+  }
   bool by_thread = o->by == HD_REPORT_BY_THREAD;
   fprintf(out, "%14s %12s %14s %12s %12s  %s\n", "LIVE BYTES", "LIVE BLOCKS",
           by_thread ? "" : "ALLOC BYTES", by_thread ? "" : "ALLOC BLOCKS",
@@ -570,6 +637,20 @@ static void write_text(const hd_snapshot *s, const hd_report_options *o, const g
     print_group_text(out, s, o, g);
   }
   if (shown < l->count) fprintf(out, "... %zu more (use --top 0 for all)\n", l->count - shown);
+}
+
+/* The summary, then what is live (or lost), then what was live at the peak: a table sorted by
+ * the peak comes under its line. */
+static void write_text(const hd_snapshot *s, const hd_report_options *o, const group_list *l,
+                       const leak_summary *leaks, FILE *out) {
+  write_text_summary(s, o, out);
+  if (o->sort == HD_REPORT_SORT_PEAK) write_peak_text(s, o, out);
+  if (leaks != NULL) {
+    write_leaks_text(s, o, l, leaks, out);
+  } else {
+    write_groups_text(s, o, l, out);
+  }
+  if (o->sort != HD_REPORT_SORT_PEAK) write_peak_text(s, o, out);
 }
 
 /* ---- JSON ---- */
@@ -655,6 +736,7 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   uint64_t live_bytes = 0, live_blocks = 0, temporary = 0;
   live_totals(s, &live_bytes, &live_blocks);
   const bool has_temporary = temporary_total(s, &temporary);
+  const bool with_peak = hd_snapshot_has_peak(s);
   fputs("{\"process_name\":", out);
   hd_json_string(out, s->process_name);
   fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64, s->pid,
@@ -673,6 +755,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
             st->mapping_records_lost, st->unwind_tables_refused);
     if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
+    if (st->has_peak_mark_time) {
+      fprintf(out, ",\"peak_mark\":{\"at_s\":%.3f,\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
+              seconds_into(s, st->peak_mark_time), st->peak_mark_bytes, st->peak_mark_blocks);
+    }
     fputc('}', out);
   }
   hd_report_resident_json(s, out);
@@ -716,6 +802,10 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
       fprintf(out, ",\"allocated_bytes\":%" PRIu64 ",\"allocated_blocks\":%" PRIu64,
               g->allocated_bytes, g->allocated_blocks);
       if (g->has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, g->temporary_blocks);
+      if (with_peak) {
+        fprintf(out, ",\"peak_bytes\":%" PRIu64 ",\"peak_blocks\":%" PRIu64, g->peak_bytes,
+                g->peak_blocks);
+      }
     }
     fputs(",\"frames\":", out);
     if (g->heaviest_trace != SIZE_MAX) {
@@ -737,6 +827,7 @@ const char *hd_report_sort_name(hd_report_sort sort) {
   switch (sort) {
     case HD_REPORT_SORT_ALLOCATED: return "allocated";
     case HD_REPORT_SORT_TEMPORARY: return "temporary";
+    case HD_REPORT_SORT_PEAK: return "peak";
     case HD_REPORT_SORT_LIVE: break;
   }
   return "live";
@@ -783,6 +874,14 @@ int hd_report_write(const hd_reassembler *r, const hd_report_options *o, FILE *o
                           "--sort temporary: %s[%" PRIu64
                           "] has no count of temporary allocations (a pprof profile, or a file "
                           "from an older heapdump, keeps none)",
+                          s->process_name, s->pid);
+    }
+    if (o->sort == HD_REPORT_SORT_PEAK && !hd_snapshot_has_peak(s)) {
+      free(classified);
+      return hd_tool_fail(error, error_size, -EINVAL,
+                          "--sort peak: %s[%" PRIu64
+                          "] says nothing of its peak (a file from an older heapdump, or a "
+                          "snapshot read while the process marked a new peak)",
                           s->process_name, s->pid);
     }
     group_list l = {0};

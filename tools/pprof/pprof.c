@@ -118,10 +118,10 @@ static void add_label(label_list *list, int64_t key, int64_t str, int64_t num, i
   list->labels[list->count++] = (perftools_profiles_Label){key, str, num, unit};
 }
 
-/* Which of our sample types (inuse_objects, inuse_space, alloc_objects, alloc_space) goes at
- * position i of the profile. */
+/* Which of our sample types (inuse_objects, inuse_space, alloc_objects, alloc_space, then the
+ * peak's) goes at position i of the profile. */
 static int type_at(const writer *w, int i) {
-  return w->options.go_order ? (i + 2) % kSampleTypeCount : i;
+  return w->options.go_order && i < kPeaklessSampleTypes ? (i + 2) % kPeaklessSampleTypes : i;
 }
 
 static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *w, const process *p,
@@ -159,8 +159,8 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
   }
   packed_u64 stack = {w->stack, depth};
   uint64_t ordered[kSampleTypeCount];
-  for (int v = 0; v < kSampleTypeCount; v++) ordered[v] = values[type_at(w, v)];
-  packed_u64 value = {ordered, kSampleTypeCount};
+  for (int v = 0; v < w->sample_type_count; v++) ordered[v] = values[type_at(w, v)];
+  packed_u64 value = {ordered, (size_t)w->sample_type_count};
   perftools_profiles_Sample sample = perftools_profiles_Sample_init_zero;
   sample.location_id.funcs.encode = encode_packed;
   sample.location_id.arg = &stack;
@@ -181,7 +181,7 @@ static bool write_tagged_samples(pb_ostream_t *stream, const pb_field_t *field, 
     const hd_snapshot_allocation *a = &s->allocations[i];
     const hd_snapshot_stack_trace *trace = hd_snapshot_find_stack_trace(s, a->stack_trace_key);
     const hd_snapshot_thread *thread = hd_snapshot_find_thread(s, a->thread_info_key);
-    const uint64_t values[kSampleTypeCount] = {a->count, a->size, 0, 0};
+    const uint64_t values[kSampleTypeCount] = {a->count, a->size, 0, 0, 0, 0};
     label_list labels = {.count = 0};
     add_label(&labels, w->known.address, 0, (int64_t)a->address, 0);
     add_label(&labels, w->known.bytes, 0, (int64_t)a->size, w->known.bytes);
@@ -194,8 +194,12 @@ static bool write_tagged_samples(pb_ostream_t *stream, const pb_field_t *field, 
     if (!trace->has_counters || (trace->allocated_blocks == 0 && trace->allocated_bytes == 0)) {
       continue;
     }
-    const uint64_t values[kSampleTypeCount] = {0, 0, trace->allocated_blocks,
-                                               trace->allocated_bytes};
+    const uint64_t values[kSampleTypeCount] = {0,
+                                               0,
+                                               trace->allocated_blocks,
+                                               trace->allocated_bytes,
+                                               trace->peak_blocks,
+                                               trace->peak_bytes};
     label_list labels = {.count = 0};
     if (!write_sample(stream, field, w, p, trace, values, &labels)) return false;
   }
@@ -212,7 +216,7 @@ static bool encode_samples(pb_ostream_t *stream, const pb_field_t *field, void *
     }
     const hd_snapshot *s = p->snapshot;
     for (size_t t = 0; t < s->stack_trace_count; t++) {
-      int64_t values[kSampleTypeCount];
+      int64_t values[kSampleTypeCount] = {0};
       if (!hd_pprof_trace_values(w, p, t, values)) continue;
       uint64_t encoded[kSampleTypeCount]; /* int64 values are varints of their two's complement */
       for (int v = 0; v < kSampleTypeCount; v++) encoded[v] = (uint64_t)values[v];
@@ -225,7 +229,7 @@ static bool encode_samples(pb_ostream_t *stream, const pb_field_t *field, void *
 
 static bool encode_sample_types(pb_ostream_t *stream, const pb_field_t *field, void *const *arg) {
   const writer *w = *arg;
-  for (int i = 0; i < kSampleTypeCount; i++) {
+  for (int i = 0; i < w->sample_type_count; i++) {
     /* Pairs of counts, then bytes. */
     const int t = type_at(w, i);
     perftools_profiles_ValueType type = {w->known.sample_types[t],
@@ -399,6 +403,13 @@ int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FIL
     w->r = r;
     w->out = out;
     if (options != NULL) w->options = *options;
+    /* What was live at the peak mark: where some snapshot knows it and the values are the
+     * snapshots' own; not in the shape of Go's heap profiles, whose scrapers expect its four. */
+    w->sample_type_count = kPeaklessSampleTypes;
+    for (size_t i = 0;
+         i < r->snapshot_count && w->options.trace_values == NULL && !w->options.go_order; i++) {
+      if (hd_snapshot_has_peak(r->snapshots[i])) w->sample_type_count = kSampleTypeCount;
+    }
     status = hd_pprof_build_model(w);
     if (status == 0) {
       /* gzip framing: windowBits 15 plus 16. */

@@ -83,8 +83,8 @@ static uint64_t function_id(writer *w, function_key key) {
 /* ---- building the model ---- */
 
 static HD_MUST_CHECK int intern_well_known(writer *w) {
-  static const char *const kSampleTypes[kSampleTypeCount] = {"inuse_objects", "inuse_space",
-                                                             "alloc_objects", "alloc_space"};
+  static const char *const kSampleTypes[kSampleTypeCount] = {
+      "inuse_objects", "inuse_space", "alloc_objects", "alloc_space", "peak_objects", "peak_space"};
   well_known *k = &w->known;
   /* profile.proto requires string_table[0] == "". */
   if (intern(w, "") != 0) return hd_pprof_out_of_memory(w);
@@ -120,6 +120,9 @@ bool hd_pprof_trace_values(const writer *w, const process *p, size_t t,
   values[1] = (int64_t)total->bytes;
   values[2] = trace->has_counters ? (int64_t)trace->allocated_blocks : 0;
   values[3] = trace->has_counters ? (int64_t)trace->allocated_bytes : 0;
+  const bool peak = hd_snapshot_has_peak(p->snapshot);
+  values[4] = peak ? (int64_t)trace->peak_blocks : 0;
+  values[5] = peak ? (int64_t)trace->peak_bytes : 0;
   return total->referenced ||
          (trace->has_counters && (trace->allocated_blocks != 0 || trace->allocated_bytes != 0));
 }

@@ -13,7 +13,9 @@
 #include "heapdump/tools/pprof.h"
 #include "heapdump/tools/util.h"
 
-enum { kSampleTypeCount = 4, kMaxLabels = 8 };
+/* inuse_objects, inuse_space, alloc_objects, alloc_space, and where the snapshots have a peak
+ * mark, peak_objects, peak_space (writer.sample_type_count says which). */
+enum { kSampleTypeCount = 6, kPeaklessSampleTypes = 4, kMaxLabels = 8 };
 
 /* ---- the model kept in memory while writing ---- */
 
@@ -106,6 +108,7 @@ typedef struct writer {
   uint64_t *comments; /* string indices */
   size_t comment_count, comment_capacity;
   well_known known;
+  int sample_type_count;          /* kPeakless... or kSampleTypeCount: the profile's sample types */
   uint64_t no_stack_location;     /* id of the stand-in for empty stack traces; 0 until needed */
   hd_u64_map truncation_location; /* frame count -> index of "... truncated at N frames" */
   uint64_t *stack;                /* location ids of the sample being written */

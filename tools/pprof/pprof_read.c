@@ -264,7 +264,7 @@ static bool index_by_id(hd_u64_map *map, const void *items, size_t count, size_t
 typedef struct builder {
   const profile *p;
   hd_reassembler *r;
-  long inuse_objects, inuse_space, alloc_objects, alloc_space;
+  long inuse_objects, inuse_space, alloc_objects, alloc_space, peak_objects, peak_space;
   char *error;
   size_t error_size;
 } builder;
@@ -313,7 +313,7 @@ static uint64_t hash_locations(const profile *p, const sample *s) {
 /* A stack trace of the snapshot: the samples with its locations share it. */
 typedef struct trace {
   size_t first_sample; /* its key is first_sample + 1 */
-  uint64_t alloc_objects, alloc_space;
+  uint64_t alloc_objects, alloc_space, peak_objects, peak_space;
 } trace;
 
 /* What one process's samples build up. Samples with the same locations share one stack trace (a
@@ -518,6 +518,10 @@ static HD_MUST_CHECK int add_sample(builder *b, process_state *ps, size_t i, hd_
           alloc_space = value_of(p, s, b->alloc_space);
   if (alloc_objects > 0) ps->traces[t].alloc_objects += (uint64_t)alloc_objects;
   if (alloc_space > 0) ps->traces[t].alloc_space += (uint64_t)alloc_space;
+  int64_t peak_objects = value_of(p, s, b->peak_objects),
+          peak_space = value_of(p, s, b->peak_space);
+  if (peak_objects > 0) ps->traces[t].peak_objects += (uint64_t)peak_objects;
+  if (peak_space > 0) ps->traces[t].peak_space += (uint64_t)peak_space;
   int64_t objects = value_of(p, s, b->inuse_objects), space = value_of(p, s, b->inuse_space);
   if (objects <= 0 && space <= 0) return 0;
   uint64_t thread_key;
@@ -581,7 +585,11 @@ static HD_MUST_CHECK int add_process(builder *b, size_t first, bool *done, bool 
                                              .has_allocated_blocks = true,
                                              .allocated_blocks = ps.traces[t].alloc_objects,
                                              .has_allocated_bytes = true,
-                                             .allocated_bytes = ps.traces[t].alloc_space};
+                                             .allocated_bytes = ps.traces[t].alloc_space,
+                                             .has_peak_blocks = ps.traces[t].peak_objects != 0,
+                                             .peak_blocks = ps.traces[t].peak_objects,
+                                             .has_peak_bytes = ps.traces[t].peak_objects != 0,
+                                             .peak_bytes = ps.traces[t].peak_space};
     status = add(b, &e, NULL, 0);
   }
   process_state_free(&ps);
@@ -624,7 +632,9 @@ int hd_pprof_read(const uint8_t *data, size_t size, const char *fallback_name,
                .inuse_objects = sample_type(&p, "inuse_objects"),
                .inuse_space = sample_type(&p, "inuse_space"),
                .alloc_objects = sample_type(&p, "alloc_objects"),
-               .alloc_space = sample_type(&p, "alloc_space")};
+               .alloc_space = sample_type(&p, "alloc_space"),
+               .peak_objects = sample_type(&p, "peak_objects"),
+               .peak_space = sample_type(&p, "peak_space")};
   if (b.inuse_space < 0 && b.alloc_space < 0) {
     char types[200] = "";
     for (size_t i = 0; i < p.sample_type_count; i++) {

@@ -27,6 +27,7 @@ typedef enum hd_report_sort {
   HD_REPORT_SORT_ALLOCATED, /* bytes allocated since start; groups with nothing live too */
   HD_REPORT_SORT_TEMPORARY, /* temporary blocks (freed by their thread before it allocated or
                                freed anything else); groups with nothing live too */
+  HD_REPORT_SORT_PEAK,      /* bytes live at the peak mark; groups with nothing live now too */
 } hd_report_sort;
 
 typedef struct hd_report_options {
@@ -71,7 +72,8 @@ typedef struct hd_report_group {
   uint64_t live_bytes, live_blocks;
   uint64_t allocated_bytes, allocated_blocks; /* of its traces' counters, when has_counters */
   uint64_t temporary_blocks;                  /* the same, when has_temporary */
-  int64_t oldest;                             /* the earliest allocation timestamp of its blocks */
+  uint64_t peak_bytes, peak_blocks; /* live at the peak mark (when the snapshot has one) */
+  int64_t oldest;                   /* the earliest allocation timestamp of its blocks */
   bool has_counters, has_temporary;
   size_t heaviest_trace; /* index into the snapshot's stack traces, or SIZE_MAX */
   uint64_t heaviest_bytes;
@@ -90,7 +92,7 @@ HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options
  * HTML page give it. */
 void hd_report_resident_json(const hd_snapshot *s, FILE *out);
 
-/* "live", "allocated" or "temporary". */
+/* "live", "allocated", "temporary" or "peak". */
 const char *hd_report_sort_name(hd_report_sort sort);
 
 /* Returns 0, or a negative errno value with a message in error. */
