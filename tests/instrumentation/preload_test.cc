@@ -610,26 +610,34 @@ TEST_P(Preload, TemporaryAllocationsAreFreedBeforeTheirThreadAllocatesOrFreesAga
   EXPECT_EQ(by_size[5105].temporary_blocks, 0u);
 }
 
+// What was live at the peak mark as a reader finds it, by block size: the live blocks allocated
+// by the mark, and each trace's blocks live then and freed since (counted at the average size of
+// the trace's, which is theirs where a trace allocates one size). *total: their bytes.
+std::map<uint64_t, uint64_t> AtPeak(const Tables &t, uint64_t *total) {
+  std::map<uint64_t, uint64_t> at_peak;
+  for (const auto &[key, c] : t.counters) {
+    if (hd_peak_mark_number(c.peak_freed_bytes) != hd_peak_mark_number(t.stats.peak_mark)) continue;
+    const uint64_t blocks = hd_peak_mark_value(c.peak_freed_blocks);
+    const uint64_t bytes = hd_peak_mark_value(c.peak_freed_bytes);
+    *total += bytes;
+    if (blocks != 0) at_peak[bytes / blocks] += blocks;
+  }
+  for (const auto &b : t.blocks) {
+    if (!hd_peak_allocated_by(b.timestamp, t.stats.start_time_ns, t.stats.peak_mark)) continue;
+    *total += b.size;
+    at_peak[b.size]++;
+  }
+  return at_peak;
+}
+
 // What was live at the peak mark, as a reader finds it (child.cc, scenario_peak): the live
 // blocks allocated by the mark, and each trace's count of blocks live then and freed since.
 TEST_P(Preload, ThePeakMarkKnowsWhatWasLiveAtThePeakAfterItWasFreed) {
   Tables t;
   RunChild({"peak"}, &t);
   ASSERT_NE(hd_peak_mark_number(t.stats.peak_mark), 0u);
-  std::map<uint64_t, uint64_t> at_peak;  // by block size (each size has one trace here)
   uint64_t total = 0;
-  for (const auto &[key, c] : t.counters) {
-    if (hd_peak_mark_number(c.peak_freed_bytes) != hd_peak_mark_number(t.stats.peak_mark)) continue;
-    const uint64_t blocks = hd_peak_mark_value(c.peak_freed_blocks);
-    const uint64_t bytes = hd_peak_mark_value(c.peak_freed_bytes);
-    total += bytes;
-    if (blocks != 0 && bytes % blocks == 0) at_peak[bytes / blocks] += blocks;
-  }
-  for (auto &b : t.blocks) {
-    if (!hd_peak_allocated_by(b.timestamp, t.stats.start_time_ns, t.stats.peak_mark)) continue;
-    total += b.size;
-    at_peak[b.size]++;
-  }
+  std::map<uint64_t, uint64_t> at_peak = AtPeak(t, &total);
   // The mark: within 1% below the highest live bytes, and what the tables add up to then.
   EXPECT_LE(t.stats.peak_mark_bytes, t.stats.peak_live_bytes);
   EXPECT_GE(t.stats.peak_mark_bytes, t.stats.peak_live_bytes * 99 / 100);
@@ -654,20 +662,8 @@ TEST_P(Preload, ThePeakMarkOfFourThreadsIsWithinWhatTheyHoldBack) {
   RunChild({"peak-threads"}, &t);
   ASSERT_NE(hd_peak_mark_number(t.stats.peak_mark), 0u);
   const uint64_t held_back = 5 * (64u << 10);  // four threads and the main one
-  std::map<uint64_t, uint64_t> at_peak;
   uint64_t total = 0;
-  for (const auto &[key, c] : t.counters) {
-    if (hd_peak_mark_number(c.peak_freed_bytes) != hd_peak_mark_number(t.stats.peak_mark)) continue;
-    const uint64_t blocks = hd_peak_mark_value(c.peak_freed_blocks);
-    const uint64_t bytes = hd_peak_mark_value(c.peak_freed_bytes);
-    total += bytes;
-    if (blocks != 0) at_peak[bytes / blocks] += blocks;  // one trace: the four threads' sizes
-  }
-  for (auto &b : t.blocks) {
-    if (!hd_peak_allocated_by(b.timestamp, t.stats.start_time_ns, t.stats.peak_mark)) continue;
-    total += b.size;
-    at_peak[b.size]++;
-  }
+  std::map<uint64_t, uint64_t> at_peak = AtPeak(t, &total);
   EXPECT_GE(t.stats.peak_mark_bytes + held_back, t.stats.peak_live_bytes * 99 / 100);
   EXPECT_NEAR(static_cast<double>(total), static_cast<double>(t.stats.peak_mark_bytes),
               static_cast<double>(held_back));
