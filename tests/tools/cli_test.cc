@@ -976,6 +976,27 @@ TEST_F(CliTest, TemporaryAllocationsAndThePeakAgreeWithHeaptrackOnCppcheck) {
       << peak.out << theirs.out;
   EXPECT_NEAR(our_peak_top_bytes, their_peak_top_bytes, 0.01 * their_peak + 5e3);
 
+  // A profile that opens on the peak, as pprof reads it: the same site first. A diff has no peak.
+  Output profile =
+      Heapdump({"convert", "check.heapdump", "-o", "peak.pb.gz", "--sample-index", "peak_space"});
+  ASSERT_EQ(profile.status, 0) << profile.err;
+  Output refused = Heapdump({"diff", "check.heapdump", "check.heapdump", "-o", "diff.pb.gz",
+                             "--sample-index", "peak_space"});
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("says nothing of the peak"), std::string::npos) << refused.err;
+  if (system("command -v go >/dev/null 2>&1") != 0) GTEST_SKIP() << "go (golang-go) not installed";
+  hdtest::ShellOutput top = hdtest::RunShell(
+      "GOCACHE=" + dir + "/.gocache go tool pprof -top -unit=B peak.pb.gz 2>&1", dir, env);
+  ASSERT_EQ(top.status, 0) << top.out;
+  EXPECT_NE(top.out.find("Type: peak_space"), std::string::npos) << top.out;
+  const size_t header = top.out.find("flat  flat%");
+  ASSERT_NE(header, std::string::npos) << top.out;
+  const std::string first_row =
+      top.out.substr(header, top.out.find('\n', top.out.find('\n', header) + 1) - header);
+  const std::string short_name = our_peak_top.substr(0, our_peak_top.find('('));
+  EXPECT_NE(first_row.find(short_name.substr(short_name.rfind(':') + 1)), std::string::npos)
+      << top.out;
+
   Output by_thread =
       Heapdump({"report", "check.heapdump", "--sort", "allocated", "--by", "thread"});
   EXPECT_NE(by_thread.status, 0);

@@ -182,10 +182,12 @@ static HD_MUST_CHECK int add_alloc_fn(const cli_option *opt, const char *value, 
 
 static HD_MUST_CHECK int set_sample(const cli_option *opt, const char *value, cli_options *o) {
   (void)opt;
-  static const char *const kNames[] = {"inuse_space", "inuse_objects", "alloc_space",
-                                       "alloc_objects", NULL};
-  static const int kValues[] = {HD_PPROF_INUSE_SPACE, HD_PPROF_INUSE_OBJECTS, HD_PPROF_ALLOC_SPACE,
-                                HD_PPROF_ALLOC_OBJECTS};
+  static const char *const kNames[] = {
+      "inuse_space", "inuse_objects", "alloc_space", "alloc_objects",
+      "peak_space",  "peak_objects",  NULL};
+  static const int kValues[] = {HD_PPROF_INUSE_SPACE, HD_PPROF_INUSE_OBJECTS,
+                                HD_PPROF_ALLOC_SPACE, HD_PPROF_ALLOC_OBJECTS,
+                                HD_PPROF_PEAK_SPACE,  HD_PPROF_PEAK_OBJECTS};
   int sample;
   if (!pick_keyword(value, kNames, kValues, &sample)) {
     return cli_usage_error("unknown sample type '%s'", value);
@@ -340,7 +342,7 @@ static const cli_option kOptions[] = {
      .help = "pprof: one sample per block, labelled address, bytes, timestamp, thread"},
     {"sample-index", 0, "T", WRITERS | ON(CLI_DIFF), .apply = set_sample, .where = SECTION_OUTPUT,
      .help = "pprof default sample type: inuse_space (default), inuse_objects, alloc_space, "
-             "alloc_objects"},
+             "alloc_objects, peak_space, peak_objects (what was live at the peak)"},
     {"symbolize", 0, NULL, OUTPUTS, SWITCH(symbolize, true), .where = SECTION_OUTPUT,
      .help = "function names, files, lines and inlined frames where symbols are found (the "
              "default)"},

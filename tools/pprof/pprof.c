@@ -339,6 +339,8 @@ static int64_t sample_type_index(const writer *w) {
     case HD_PPROF_INUSE_SPACE: return w->known.sample_types[1];
     case HD_PPROF_ALLOC_OBJECTS: return w->known.sample_types[2];
     case HD_PPROF_ALLOC_SPACE: return w->known.sample_types[3];
+    case HD_PPROF_PEAK_OBJECTS: return w->known.sample_types[4];
+    case HD_PPROF_PEAK_SPACE: return w->known.sample_types[5];
   }
   return -1;
 }
@@ -348,7 +350,9 @@ static bool known_sample_type(hd_pprof_sample sample) {
     case HD_PPROF_INUSE_SPACE:
     case HD_PPROF_INUSE_OBJECTS:
     case HD_PPROF_ALLOC_SPACE:
-    case HD_PPROF_ALLOC_OBJECTS: return true;
+    case HD_PPROF_ALLOC_OBJECTS:
+    case HD_PPROF_PEAK_SPACE:
+    case HD_PPROF_PEAK_OBJECTS: return true;
   }
   return false;
 }
@@ -410,7 +414,15 @@ int hd_pprof_write(const hd_reassembler *r, const hd_pprof_options *options, FIL
          i < r->snapshot_count && w->options.trace_values == NULL && !w->options.go_order; i++) {
       if (hd_snapshot_has_peak(r->snapshots[i])) w->sample_type_count = kSampleTypeCount;
     }
-    status = hd_pprof_build_model(w);
+    const bool peak_sample = w->options.default_sample == HD_PPROF_PEAK_SPACE ||
+                             w->options.default_sample == HD_PPROF_PEAK_OBJECTS;
+    status = peak_sample && w->sample_type_count < kSampleTypeCount
+                 ? hd_pprof_fail(w, -EINVAL,
+                                 "--sample-index %s: this profile says nothing of the peak (a "
+                                 "diff, Go's order, or a snapshot without a peak mark)",
+                                 w->options.default_sample == HD_PPROF_PEAK_SPACE ? "peak_space"
+                                                                                  : "peak_objects")
+                 : hd_pprof_build_model(w);
     if (status == 0) {
       /* gzip framing: windowBits 15 plus 16. */
       int rc =

@@ -23,6 +23,8 @@ typedef enum hd_pprof_sample {
   HD_PPROF_INUSE_OBJECTS,
   HD_PPROF_ALLOC_SPACE,
   HD_PPROF_ALLOC_OBJECTS,
+  HD_PPROF_PEAK_SPACE, /* only where the profile has the peak's sample types */
+  HD_PPROF_PEAK_OBJECTS,
 } hd_pprof_sample;
 
 typedef struct hd_pprof_options {
