@@ -341,10 +341,11 @@ static stack_values values_of(const hd_snapshot_stack_trace *trace, const hd_tra
   return sv;
 }
 
-/* The metrics known for a group of s (has_counters, has_temporary: the group's). */
-static unsigned known_metrics(const hd_snapshot *s, bool has_counters, bool has_temporary) {
+/* The metrics known for a group (has_counters, has_temporary: the group's; peak: the
+ * snapshot's hd_snapshot_has_peak, asked once per snapshot: it may look at every trace). */
+static unsigned known_metrics(bool has_counters, bool has_temporary, bool peak) {
   return (has_counters ? KNOWN_COUNTERS : 0u) | (has_temporary ? KNOWN_TEMPORARY : 0u) |
-         (hd_snapshot_has_peak(s) ? KNOWN_PEAK : 0u);
+         (peak ? KNOWN_PEAK : 0u);
 }
 
 static void add_values(stack_values *to, const stack_values *from) {
@@ -473,6 +474,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
                                                size_t leak_stack_count, const hd_trace_totals *live,
                                                function_table *ft, FILE *stacks) {
   const size_t traces = s->stack_trace_count;
+  const bool peak = hd_snapshot_has_peak(s);
   size_t *first = malloc((traces + 1) * sizeof *first); /* each trace's frames in `all` */
   frame_list all = {0}, one = {0};
   frame_cache cache = {0};
@@ -539,7 +541,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
     const stack_values sv = values_of(trace, &live[t]);
     fputc('{', stacks);
     print_frames(all.items + first[t], first[t + 1] - first[t], stacks);
-    print_values(&sv, known_metrics(s, trace->has_counters, trace->has_temporary), stacks);
+    print_values(&sv, known_metrics(trace->has_counters, trace->has_temporary, peak), stacks);
     fputc('}', stacks);
   }
   /* The cut stacks, under their callers. Counters are known for them as for the snapshot. */
@@ -577,7 +579,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
     if (written) fputc(',', stacks);
     fputc('{', stacks);
     print_frames(one.items, one.count, stacks);
-    print_values(&cut[n], known_metrics(s, has_counters, has_temporary), stacks);
+    print_values(&cut[n], known_metrics(has_counters, has_temporary, peak), stacks);
     fputs(",\"smaller\":true}", stacks);
     written++;
   }
@@ -595,6 +597,7 @@ static HD_MUST_CHECK int write_snapshot_stacks(const hd_snapshot *s, hd_symboliz
 static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, const site_plan *p,
                                      FILE *out) {
   const hd_report_group *groups = p->groups;
+  const bool peak = hd_snapshot_has_peak(s);
   const size_t count = p->count;
   const size_t *site_of = p->site_of;
   int rc = 0;
@@ -624,7 +627,7 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, c
                 g->allocated_blocks);
       }
       if (g->has_temporary) fprintf(out, ",\"temp_blocks\":%" PRIu64, g->temporary_blocks);
-      if (hd_snapshot_has_peak(s)) fprintf(out, ",\"peak_bytes\":%" PRIu64, g->peak_bytes);
+      if (peak) fprintf(out, ",\"peak_bytes\":%" PRIu64, g->peak_bytes);
       fputs(",\"stacks\":[", out);
       for (size_t t = first[i]; t != SIZE_MAX; t = next[t]) {
         fprintf(out, t == first[i] ? "%zu" : ",%zu", t);
@@ -633,7 +636,7 @@ static HD_MUST_CHECK int write_sites(const hd_snapshot *s, hd_symbolizer *sym, c
       /* Its stacks too small to draw: drawn cut, under "(smaller stacks)" of their callers. */
       if (p->smaller_count[i] > 0) {
         fprintf(out, ",\"smaller\":{\"stacks\":%zu", p->smaller_count[i]);
-        print_values(&p->smaller[i], known_metrics(s, g->has_counters, g->has_temporary), out);
+        print_values(&p->smaller[i], known_metrics(g->has_counters, g->has_temporary, peak), out);
         fputc('}', out);
       }
       fputc('}', out);

@@ -198,8 +198,8 @@ static bool write_tagged_samples(pb_ostream_t *stream, const pb_field_t *field, 
                                                0,
                                                trace->allocated_blocks,
                                                trace->allocated_bytes,
-                                               trace->peak_blocks,
-                                               trace->peak_bytes};
+                                               p->has_peak ? trace->peak_blocks : 0,
+                                               p->has_peak ? trace->peak_bytes : 0};
     label_list labels = {.count = 0};
     if (!write_sample(stream, field, w, p, trace, values, &labels)) return false;
   }

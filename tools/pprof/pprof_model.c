@@ -120,9 +120,8 @@ bool hd_pprof_trace_values(const writer *w, const process *p, size_t t,
   values[1] = (int64_t)total->bytes;
   values[2] = trace->has_counters ? (int64_t)trace->allocated_blocks : 0;
   values[3] = trace->has_counters ? (int64_t)trace->allocated_bytes : 0;
-  const bool peak = hd_snapshot_has_peak(p->snapshot);
-  values[4] = peak ? (int64_t)trace->peak_blocks : 0;
-  values[5] = peak ? (int64_t)trace->peak_bytes : 0;
+  values[4] = p->has_peak ? (int64_t)trace->peak_blocks : 0;
+  values[5] = p->has_peak ? (int64_t)trace->peak_bytes : 0;
   return total->referenced ||
          (trace->has_counters && (trace->allocated_blocks != 0 || trace->allocated_bytes != 0));
 }
@@ -135,6 +134,7 @@ static bool trace_used(const writer *w, const process *p, size_t t) {
 /* Sums the live blocks of each stack trace, checking every reference the samples will follow. */
 static HD_MUST_CHECK int add_totals(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
+  p->has_peak = hd_snapshot_has_peak(s);
   p->totals = calloc(s->stack_trace_count ? s->stack_trace_count : 1, sizeof *p->totals);
   if (p->totals == NULL) return hd_pprof_out_of_memory(w);
   for (size_t i = 0; i < s->allocation_count; i++) {

@@ -77,6 +77,7 @@ typedef struct process {
   trace_total *totals;
   int64_t *thread_labels; /* tags: string index of "name[tid]", indexed like snapshot->threads */
   int64_t name;           /* string index of the process name */
+  bool has_peak;          /* hd_snapshot_has_peak, asked once: it may look at every trace */
 } process;
 
 /* String indices interned first, so that the fields written after the string table
