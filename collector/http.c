@@ -297,6 +297,10 @@ static const process_metric kProcessMetrics[] = {
     {"heapdump_unwind_tables_refused", "gauge",
      "Modules whose unwind tables were inconsistent (unwound by frame pointers).",
      STAT(unwind_tables_refused)},
+    {"heapdump_sample_bytes", "gauge",
+     "Mean bytes allocated between two recorded blocks (0: every block recorded); when not 0, "
+     "every other heapdump_ value of the process is an estimate.",
+     STAT(sample_bytes)},
 };
 
 static void put_labels(FILE *f, const hd_process *p) {

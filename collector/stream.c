@@ -97,9 +97,15 @@ typedef struct peak_parts {
   uint64_t blocks, bytes;             /* the sums of what the traces sent carry */
 } peak_parts;
 
+/* The blocks and bytes a live block stands for: itself, or what its sampling weight makes it
+ * (hd_sample_weight, as the process counted it). */
+static uint64_t weight_of(const hd_live_block *b, uint64_t sample_bytes) {
+  return hd_sample_weight(b->address, b->size, sample_bytes);
+}
+
 /* Sums the live blocks allocated by the mark per stack trace. false: out of memory. */
 static bool peak_parts_count(peak_parts *peak, const hd_live_block *blocks, size_t count,
-                             const key_set *stacks) {
+                             const key_set *stacks, uint64_t sample_bytes) {
   if (peak->mark == 0) return true;
   peak->live_blocks = calloc(stacks->count + 1, sizeof *peak->live_blocks);
   peak->live_bytes = calloc(stacks->count + 1, sizeof *peak->live_bytes);
@@ -108,8 +114,9 @@ static bool peak_parts_count(peak_parts *peak, const hd_live_block *blocks, size
     size_t index;
     if (hd_peak_allocated_by(blocks[i].timestamp, peak->start_time_ns, peak->mark) &&
         key_set_find(stacks, blocks[i].stack_key, &index)) {
-      peak->live_blocks[index]++;
-      peak->live_bytes[index] += blocks[i].size;
+      const uint64_t k = weight_of(&blocks[i], sample_bytes);
+      peak->live_blocks[index] += k;
+      peak->live_bytes[index] += k * blocks[i].size;
     }
   }
   return true;
@@ -163,7 +170,9 @@ static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *n
                                      .has_mapping_records_lost = true,
                                      .mapping_records_lost = st.mapping_records_lost,
                                      .has_unwind_tables_refused = true,
-                                     .unwind_tables_refused = st.unwind_tables_refused};
+                                     .unwind_tables_refused = st.unwind_tables_refused,
+                                     .has_sample_bytes = st.sample_bytes != 0,
+                                     .sample_bytes = st.sample_bytes};
   /* A mark set while the snapshot was read would mix two moments: nothing is attributed. */
   if (peak->mark != 0 && st.peak_mark == peak->mark) {
     heapdump_client_ProcessStats *ps = &e.element.process_stats;
@@ -267,11 +276,12 @@ static HD_MUST_CHECK int read_live_blocks(hd_collector *c, hd_process *p,
 }
 
 /* One Allocation per block, noting the stack traces and threads they name. *out_of_memory when
- * a key could not be noted. */
+ * a key could not be noted. A sampled block is sent as the k blocks of its size it stands for
+ * (count k, size k times its own), as the protocol sends blocks aggregated. */
 static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size_t count,
-                                               hd_batch_writer *w, hd_snapshot_totals *totals,
-                                               key_set *stacks, key_set *threads,
-                                               bool *out_of_memory) {
+                                               uint64_t sample_bytes, hd_batch_writer *w,
+                                               hd_snapshot_totals *totals, key_set *stacks,
+                                               key_set *threads, bool *out_of_memory) {
   hd_status status = HD_OK;
   for (size_t i = 0; i < count && status == HD_OK; i++) {
     const hd_live_block *b = &blocks[i];
@@ -279,22 +289,25 @@ static HD_MUST_CHECK hd_status add_allocations(const hd_live_block *blocks, size
       *out_of_memory = true;
       break;
     }
+    const uint64_t k = weight_of(b, sample_bytes);
     const heapdump_client_Allocation a = {
         .has_address = true,
         .address = b->address,
         .has_size = true,
-        .size = b->size,
+        .size = k * b->size,
         .has_stack_trace_key = true,
         .stack_trace_key = b->stack_key,
         .has_timestamp = true,
         .timestamp = (int64_t)b->timestamp,
         .has_thread_info_key = true,
         .thread_info_key = b->thread_key,
+        .has_count = k != 1,
+        .count = k,
     };
     status = hd_batch_add_allocation(w, &a);
     if (totals != NULL) {
-      totals->live_bytes += b->size;
-      totals->live_blocks++;
+      totals->live_bytes += k * b->size;
+      totals->live_blocks += k;
     }
   }
   return status;
@@ -359,9 +372,11 @@ static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_
                                              hd_snapshot_totals *totals, hd_series_moment *moment) {
   key_set stacks = {0}, threads = {0};
   bool out_of_memory = false;
-  hd_status status = add_allocations(blocks, count, w, totals, &stacks, &threads, &out_of_memory);
+  const uint64_t sample_bytes = hd_res_reader_sample_bytes(p->res);
+  hd_status status =
+      add_allocations(blocks, count, sample_bytes, w, totals, &stacks, &threads, &out_of_memory);
   if (status == HD_OK && !out_of_memory)
-    out_of_memory = !peak_parts_count(peak, blocks, count, &stacks);
+    out_of_memory = !peak_parts_count(peak, blocks, count, &stacks, sample_bytes);
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
   if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, peak, w);
   if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, peak, w, moment);

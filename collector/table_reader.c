@@ -469,6 +469,12 @@ void hd_res_reader_close(hd_res_reader *r) {
 
 uint32_t hd_res_reader_pid(const hd_res_reader *r) { return r ? r->pid : 0; }
 
+uint64_t hd_res_reader_sample_bytes(const hd_res_reader *r) {
+  if (!r) return 0;
+  const uint64_t n = LOAD(&((const hd_res_header *)r->base)->sample_bytes);
+  return n > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : n;
+}
+
 static uint64_t published_end(const hd_res_reader *r);
 static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
                                               hd_rec_header *hdr);
@@ -495,6 +501,7 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->peak_mark = LOAD(&h->peak_mark);
   out->peak_mark_bytes = LOAD(&h->peak_mark_bytes);
   out->start_time_ns = LOAD(&h->start_time_ns);
+  out->sample_bytes = hd_res_reader_sample_bytes(r);
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);

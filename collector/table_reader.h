@@ -114,6 +114,7 @@ typedef struct hd_table_stats {
    * time the marks count from (a block allocated at t is "by the mark" when
    * hd_peak_allocated_by(t, start_time_ns, peak_mark)). */
   uint64_t peak_mark, peak_mark_bytes, start_time_ns;
+  uint64_t sample_bytes; /* hd_res_reader_sample_bytes */
 } hd_table_stats;
 
 typedef struct hd_thread_info {
@@ -165,6 +166,9 @@ typedef struct hd_res_entry {
 hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) HD_MUST_CHECK;
 void hd_res_reader_close(hd_res_reader *r);
 uint32_t hd_res_reader_pid(const hd_res_reader *r);
+/* The table's hd_res_header.sample_bytes (0: every block recorded), at most HD_MAX_SAMPLE_BYTES
+ * whatever the process wrote, so that a block's weight times its size cannot overflow. */
+uint64_t hd_res_reader_sample_bytes(const hd_res_reader *r);
 /* Statistics (each counter read atomically; together approximate). */
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
 /* A trace's cumulative counters. */

@@ -507,9 +507,10 @@ hd_status hd_reassembler_finish(hd_reassembler *r) {
         return fail(r, HD_ERR_REASSEMBLY, "contents for unknown block 0x%llx",
                     (unsigned long long)b->address);
       }
-      if (a->size != b->size) {
+      if (hd_snapshot_block_size(s, a) != b->size) {
         return fail(r, HD_ERR_REASSEMBLY, "block 0x%llx: %zu bytes of contents for size %llu",
-                    (unsigned long long)b->address, b->size, (unsigned long long)a->size);
+                    (unsigned long long)b->address, b->size,
+                    (unsigned long long)hd_snapshot_block_size(s, a));
       }
     }
     for (size_t i = 0; i < s->root_count; i++) {

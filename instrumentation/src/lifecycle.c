@@ -28,6 +28,7 @@ int hd_state;
 uint32_t hd_name_generation;
 hd_alloc_table hd_live_alloc;
 hd_res_table hd_live_res;
+uint64_t hd_sample_bytes;
 
 static char g_exe_name[HD_REGION_NAME_MAX];
 static int g_follow_children = 1;
@@ -195,6 +196,8 @@ void hd_init_slow(void) {
   uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
   const char *clock = early_getenv(HD_ENV_CLOCK);
   if (clock && strcmp(clock, "precise") == 0) hd_clock = CLOCK_MONOTONIC;
+  const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
+  hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
   const char *f = early_getenv(HD_ENV_FOLLOW_CHILDREN);
   g_follow_children = !(f && strcmp(f, "0") == 0);
   uintptr_t lo, hi;
@@ -206,6 +209,7 @@ void hd_init_slow(void) {
     /* Nodes keep their time as an offset from this: no allocation is timed before it. */
     hd_live_alloc.hdr->time_base = hd_now_ns();
     if (hd_res_table_create(&hd_live_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
+      hd_live_res.hdr->sample_bytes = hd_sample_bytes;
       hd_stack_configure(method, max_frames, lo, hi);
       state = HD_STATE_READY;
     } else {
@@ -320,6 +324,9 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
   hd_backend_after_fork_child();
+  /* Sampled recording: the child draws its own sample points, not the parent's sequence (the
+   * generator is seeded again from the child's tid at its next draw). */
+  hd_tls.sample_random = 0;
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();

@@ -26,6 +26,9 @@ static bool queue_pending(const hd_pending_op *op) {
  * record is written, the program may have freed the block, whose tag must then not be touched. */
 static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable) {
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  /* Sampled like a hook's allocation; a handler that interrupts the hook's own countdown
+   * update may lose or repeat one interval, which only moves the sample points. */
+  if (hd_sampled_out(size)) return;
   hd_pending_op op = {.ptr = p,
                       .size = size,
                       .lg_align = lg_align & HD_NODE_ALIGN_MASK,
@@ -125,8 +128,9 @@ void hd_drain_pending(void) {
                               .flags = op.lg_align};
         hd_tls.writer.last_alloc_address = info.address; /* the thread's latest allocation */
         if (hd_alloc_table_fill(&hd_live_alloc, &hd_tls.writer, op.node, &info)) {
-          hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, info.size,
-                             info.timestamp);
+          const uint64_t blocks = hd_sample_weight(info.address, info.size, hd_sample_bytes);
+          hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, blocks,
+                             blocks * info.size, info.timestamp);
         } else {
           hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
         }

@@ -92,6 +92,69 @@ static void make_info(hd_alloc_info *info, void *p, size_t size, unsigned lg_ali
     hd_drain_pending();
 }
 
+/* ---- sampled recording (HEAPDUMP_SAMPLE_BYTES, hd_sample_weight) */
+
+/* The next of this thread's random numbers (xorshift64*), seeded at its first use. */
+static uint64_t next_random(void) {
+  uint64_t x = hd_tls.sample_random;
+  if (HD_UNLIKELY(x == 0)) {
+    if (hd_tls.tid == 0) hd_tls.tid = (uint32_t)syscall(SYS_gettid);
+    x = (hd_now_ns() ^ (uint64_t)hd_tls.tid << 32 ^ (uint64_t)(uintptr_t)&hd_tls) | 1; /* never 0 */
+  }
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  hd_tls.sample_random = x;
+  return x * UINT64_C(0x2545F4914F6CDD1D);
+}
+
+/* ln(u) for 0 < u <= 1 without libm: u = m 2^e with 1/2 <= m < 1, and ln m = 2 atanh(t) with
+ * t = (m - 1) / (m + 1), |t| <= 1/3, whose series has converged to a double's precision by
+ * t^41. */
+static double log_unit(double u) {
+  int e = 0;
+  while (u < 0.5) {
+    u *= 2;
+    e--;
+  }
+  const double t = (u - 1) / (u + 1), t2 = t * t;
+  double power = t, sum = 0;
+  for (int i = 1; i <= 41; i += 2) {
+    sum += power / i;
+    power *= t2;
+  }
+  return 2 * sum + e * 0.69314718055994530942;
+}
+
+/* Bytes until the next recorded block: exponential of mean hd_sample_bytes, at least 1. */
+static int64_t draw_sample_interval(void) {
+  const double u = (double)((next_random() >> 11) + 1) * (1.0 / 9007199254740992.0); /* (0, 1] */
+  const double bytes = -log_unit(u) * (double)hd_sample_bytes;
+  return bytes < 1 ? 1 : bytes > 9e18 ? INT64_MAX : (int64_t)bytes;
+}
+
+/* Whether an allocation of size bytes is left unrecorded by sampling: this thread's countdown
+ * of bytes to its next sample point has not run out. The allocation that uses it up is
+ * recorded, and a new interval is drawn (the process is memoryless, so where the point fell
+ * inside the block does not matter). */
+bool hd_sampled_out(size_t size) {
+  if (HD_LIKELY(hd_sample_bytes == 0)) return false;
+  int64_t left = hd_tls.sample_countdown;
+  if (HD_UNLIKELY(left == 0)) left = draw_sample_interval(); /* the thread's first */
+  left -= (int64_t)size;
+  if (HD_LIKELY(left > 0)) {
+    hd_tls.sample_countdown = left;
+    return true;
+  }
+  hd_tls.sample_countdown = draw_sample_interval();
+  return false;
+}
+
+/* The blocks a recorded block stands for: 1, or its sampling weight. */
+static uint64_t blocks_of(const hd_alloc_info *info) {
+  return hd_sample_weight(info->address, info->size, hd_sample_bytes);
+}
+
 /* ---- the block's tag */
 
 /* The last HD_TAG_BYTES of every block's usable size, past what the program asked for (the
@@ -180,7 +243,9 @@ static uint32_t insert_info(const hd_alloc_info *info) {
     hd_res_count_drop(&hd_live_res, offsetof(hd_stats_block, dropped_allocations));
     return HD_NO_NODE;
   }
-  hd_res_count_alloc(&hd_live_res, w, info->stack_key, info->size, info->timestamp);
+  const uint64_t blocks = blocks_of(info);
+  hd_res_count_alloc(&hd_live_res, w, info->stack_key, blocks, blocks * info->size,
+                     info->timestamp);
   return index;
 }
 
@@ -189,16 +254,30 @@ static uint32_t insert_info(const hd_alloc_info *info) {
  * allocation if that was this very block: freed with no allocation nor free in between, as
  * profilers usually define it, but per thread rather than across the process (a thread's
  * sequence is what the code shows). */
-static void count_if_temporary(const hd_alloc_info *old, uint64_t last_alloc_address) {
+static void count_if_temporary(const hd_alloc_info *old, uint64_t blocks,
+                               uint64_t last_alloc_address) {
   /* The thread check keeps out a block of this address that another thread allocated after
    * this thread's block was freed elsewhere. */
   if (old->address != last_alloc_address || old->thread_key != hd_tls.thread_key) return;
-  hd_res_count_temporary(&hd_live_res, old->stack_key);
+  hd_res_count_temporary(&hd_live_res, old->stack_key, blocks);
+}
+
+/* Counts the free of a recorded block whose record was taken out (old). */
+static void count_freed(const hd_alloc_info *old, uint64_t last_alloc_address) {
+  const uint64_t blocks = blocks_of(old);
+  hd_res_count_free(&hd_live_res, &hd_tls.writer, blocks, blocks * old->size, old->stack_key,
+                    old->timestamp);
+  count_if_temporary(old, blocks, last_alloc_address);
 }
 
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
   hd_backend_publish_waiting_mappings(); /* what the allocator may have mapped for p */
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) {
+    hd_tag_set_at(p, usable, HD_NO_NODE);
+    return;
+  }
+  if (hd_sampled_out(size)) {
+    hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* see count_if_temporary */
     hd_tag_set_at(p, usable, HD_NO_NODE);
     return;
   }
@@ -226,8 +305,7 @@ static void free_recorded_at(void *p, size_t usable, const char *call,
   tag_freed(p, usable);
   hd_tls.writer.last_alloc_address = 0;
   if (recorded) {
-    hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
-    count_if_temporary(&old, last_alloc_address);
+    count_freed(&old, last_alloc_address);
     hd_backend_free(p, old.size ? old.size : 1, old.flags & HD_NODE_ALIGN_MASK);
     return;
   }
@@ -252,15 +330,12 @@ void *hd_realloc_recorded(void *p, size_t size) {
       uint32_t again = HD_NO_NODE;
       if (had &&
           hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
-        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
+        count_freed(&old, 0);
       hd_tag_set(p, again);
       errno = ENOMEM;
       return NULL;
     }
-    if (had) {
-      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
-      count_if_temporary(&old, hd_tls.writer.last_alloc_address);
-    }
+    if (had) count_freed(&old, hd_tls.writer.last_alloc_address);
     hd_record_alloc(q, size, 0, hd_backend_usable(q));
     return q;
   }
@@ -278,22 +353,30 @@ void *hd_realloc_recorded(void *p, size_t size) {
       hd_tag_set_at(p, resized_usable, HD_NO_NODE);
       return p;
     }
-    /* Same address: one record rewritten in one critical section. */
     hd_alloc_info info, old;
+    if (hd_sampled_out(size)) {
+      /* The block of the new size is not sampled: its old record, if any, goes. */
+      if (index != HD_NO_NODE &&
+          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, &old))
+        count_freed(&old, last_alloc_address);
+      hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p;
+      hd_tag_set_at(p, resized_usable, HD_NO_NODE);
+      return p;
+    }
+    /* Same address: one record rewritten in one critical section. */
     make_info(&info, p, size, 0);
     if (index != HD_NO_NODE && hd_alloc_table_replace(&hd_live_alloc, index, &info, &old)) {
-      hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
-      count_if_temporary(&old, last_alloc_address);
-      hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, size, info.timestamp);
+      count_freed(&old, last_alloc_address);
+      const uint64_t blocks = blocks_of(&info);
+      hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, blocks, blocks * size,
+                         info.timestamp);
       hd_tls.writer.last_alloc_address = info.address;
       hd_tag_set_at(p, resized_usable, index);
     } else {
       /* Not recorded, or its new size cannot be: its old record must not outlive it. */
       if (index != HD_NO_NODE &&
-          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old)) {
-        hd_res_count_free(&hd_live_res, &hd_tls.writer, old.size, old.stack_key, old.timestamp);
-        count_if_temporary(&old, last_alloc_address);
-      }
+          hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, info.address, &old))
+        count_freed(&old, last_alloc_address);
       hd_tag_set_at(p, resized_usable, insert_info(&info));
     }
     return p;

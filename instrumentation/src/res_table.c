@@ -436,11 +436,12 @@ static void add_to_mark(uint64_t *count, uint32_t number, uint64_t n) {
  * are not of such blocks, and their path stays free of the registers this one needs. */
 __attribute__((noinline, cold)) static void count_freed_since_mark(hd_res_table *t,
                                                                    uint32_t stack_key,
-                                                                   uint64_t size) {
+                                                                   uint64_t blocks,
+                                                                   uint64_t bytes) {
   const uint64_t mark = LOAD(&t->peak_mark);
   hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
-  add_to_mark(&r->peak_freed_blocks, hd_peak_mark_number(mark), 1);
-  add_to_mark(&r->peak_freed_bytes, hd_peak_mark_number(mark), size);
+  add_to_mark(&r->peak_freed_blocks, hd_peak_mark_number(mark), blocks);
+  add_to_mark(&r->peak_freed_bytes, hd_peak_mark_number(mark), bytes);
 }
 
 /* Moves the process's live bytes by delta and raises the peak. A thread holds back its share
@@ -474,45 +475,45 @@ static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta,
     mark_peak(t, (uint64_t)live, alloc_timestamp);
 }
 
-void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size,
-                        uint64_t timestamp) {
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t blocks,
+                        uint64_t bytes, uint64_t timestamp) {
   if (stack_key != 0) {
     hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
-    __atomic_fetch_add(&r->alloc_blocks, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->alloc_blocks, blocks, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->alloc_bytes, bytes, __ATOMIC_RELAXED);
   }
   hd_rec_counters *c = own_counters(t, w);
   if (c) {
-    counter_add(&c->blocks_allocated, 1);
-    counter_add(&c->bytes_allocated, size);
+    counter_add(&c->blocks_allocated, blocks);
+    counter_add(&c->bytes_allocated, bytes);
   } else {
-    __atomic_fetch_add(&t->hdr->stats.blocks_allocated, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&t->hdr->stats.bytes_allocated, size, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.blocks_allocated, blocks, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_allocated, bytes, __ATOMIC_RELAXED);
   }
-  add_live(t, w, (int64_t)size, timestamp);
+  add_live(t, w, (int64_t)bytes, timestamp);
 }
 
-void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size, uint32_t stack_key,
-                       uint64_t timestamp) {
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t blocks, uint64_t bytes,
+                       uint32_t stack_key, uint64_t timestamp) {
   /* Allocated by the mark (hd_peak_allocated_by), in one comparison. A mark set since the end
    * was read is later: the block was allocated by it too. */
   if (timestamp < __atomic_load_n(&t->peak_mark_end_ns, __ATOMIC_ACQUIRE) && stack_key != 0)
-    count_freed_since_mark(t, stack_key, size);
+    count_freed_since_mark(t, stack_key, blocks, bytes);
   hd_rec_counters *c = own_counters(t, w);
   if (c) {
-    counter_add(&c->blocks_freed, 1);
-    counter_add(&c->bytes_freed, size);
+    counter_add(&c->blocks_freed, blocks);
+    counter_add(&c->bytes_freed, bytes);
   } else {
-    __atomic_fetch_add(&t->hdr->stats.blocks_freed, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&t->hdr->stats.bytes_freed, size, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.blocks_freed, blocks, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&t->hdr->stats.bytes_freed, bytes, __ATOMIC_RELAXED);
   }
-  add_live(t, w, -(int64_t)size, 0); /* last: a tail call */
+  add_live(t, w, -(int64_t)bytes, 0); /* last: a tail call */
 }
 
-void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key) {
+void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key, uint64_t blocks) {
   if (stack_key == 0) return;
   hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
-  __atomic_fetch_add(&r->temporary_blocks, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&r->temporary_blocks, blocks, __ATOMIC_RELAXED);
 }
 
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out) {

@@ -70,6 +70,10 @@ typedef struct hd_thread_state {
   hd_trace_cache_entry traces[HD_TRACE_CACHE_ENTRIES]; /* used by hooks only, not by handlers */
   uint32_t pending_count; /* entries of `pending` in use; may exceed HD_PENDING_MAX */
   hd_pending_op pending[HD_PENDING_MAX];
+  /* Sampled recording: bytes this thread allocates before its next recorded block (0 = not
+   * drawn yet), and the generator its intervals are drawn from (0 = not seeded yet). */
+  int64_t sample_countdown;
+  uint64_t sample_random;
 } hd_thread_state;
 
 /* ---- lifecycle.c: configuration, lazy init, the live tables, fork, thread exit ---- */
@@ -80,6 +84,9 @@ extern uint32_t hd_name_generation HD_HIDDEN;
 /* The live tables; replaced only in a fork child (single-threaded then). */
 extern hd_alloc_table hd_live_alloc HD_HIDDEN;
 extern hd_res_table hd_live_res HD_HIDDEN;
+/* HEAPDUMP_SAMPLE_BYTES (hd_res_header.sample_bytes): 0 = every block recorded. Set before
+ * recording starts, never changed. */
+extern uint64_t hd_sample_bytes HD_HIDDEN;
 
 /* Makes sure the backend is chosen and recording set up (or switched off). */
 void hd_init_slow(void) HD_HIDDEN;
@@ -159,6 +166,9 @@ void hd_backend_after_fork_child(void) HD_HIDDEN;
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) HD_HIDDEN;
 /* Erases p's record (if any) and frees it through the backend. */
 void hd_free_recorded(void *p) HD_HIDDEN;
+/* Sampled recording: whether an allocation of size bytes goes unrecorded (always false when
+ * every block is recorded). Moves this thread's countdown. */
+bool hd_sampled_out(size_t size) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;
 /* Writes block p's tag: the node that records it (HD_NO_NODE: none). usable: the block's usable
  * size where the caller has it (hd_tag_set looks it up). */

@@ -227,14 +227,15 @@ bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
 /* Statistics and per-trace counters: no lock; with w's counters record, no locked instruction
  * either, except the trace's two allocation counters, its two counts of blocks live at the peak
  * mark (a free of such a block) and (rarely) the peak. w may be NULL. */
-/* timestamp: the block's (hd_alloc_info, never 0); the one that sets a new peak mark gives it
- * its time. */
-void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t size,
-                        uint64_t timestamp);
-/* stack_key, timestamp: the freed block's (a block allocated by the peak mark is counted in
- * its trace's peak_freed_*). */
-void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t size, uint32_t stack_key,
-                       uint64_t timestamp);
+/* blocks, bytes: what the block stands for (1 and its size, or a sampled block's
+ * hd_sample_weight k and k times its size). timestamp: the block's (hd_alloc_info, never 0); the
+ * one that sets a new peak mark gives it its time. */
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t blocks,
+                        uint64_t bytes, uint64_t timestamp);
+/* blocks, bytes: as the allocation counted them; stack_key, timestamp: the freed block's (a
+ * block allocated by the peak mark is counted in its trace's peak_freed_*). */
+void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t blocks, uint64_t bytes,
+                       uint32_t stack_key, uint64_t timestamp);
 /* A new block's timestamp: now, or just after the peak mark if now is not later by the mark's
  * units (a coarse clock can read the same tick), so that no block allocated after a mark counts
  * as live at it. */
@@ -244,7 +245,7 @@ static inline uint64_t hd_res_timestamp_after_mark(const hd_res_table *t, uint64
 }
 /* A block of trace stack_key was freed by its thread before that thread allocated or freed
  * anything else. */
-void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key);
+void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key, uint64_t blocks);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone
  * (hd_res_header.stacks_beyond_cfi). */

@@ -259,6 +259,34 @@ RawProfile GoPprofRaw(const std::string &source, const std::string &home) {
   return p;
 }
 
+// A sampled process (HEAPDUMP_SAMPLE_BYTES) says so to scrapers and profile readers: its rate
+// in /metrics and as the profile's period, its values the estimates a snapshot shows, and the
+// known site's estimate within five standard deviations of what it holds.
+TEST_F(HttpTest, ASampledProcessCarriesItsRateToScrapersAndReaders) {
+  StartCollector();
+  Workload w(collector.socket, {"grow"}, false, {"HEAPDUMP_SAMPLE_BYTES=4096"});
+  w.program->Send("grow 3000");
+  ASSERT_EQ(w.program->ReadLine(), "ok");
+  HttpReply r = Get(port, "/metrics");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Sample(r.body, "heapdump_sample_bytes", Labels(w.pid)), 4096) << r.body;
+  EXPECT_EQ(Sample(r.body, "heapdump_live_bytes", Labels(w.pid)),
+            static_cast<long long>(LiveBytes(collector.socket, w.pid)));
+  const std::string url =
+      "http://127.0.0.1:" + std::to_string(port) + "/debug/pprof/heap?pid=" + std::to_string(w.pid);
+  RawProfile p = GoPprofRaw(url, dir);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("Period: 4096\n"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("sampled: one block recorded per 4096 bytes"), std::string::npos) << p.out;
+  // 3000 blocks of 1000 bytes, each recorded with p = 1 - e^(-1000/4096): the estimate's
+  // standard deviation is 1000 * sqrt(3000 * ((1 - p) / p + p f (1 - f))), about 104 KB.
+  const std::vector<long long> &grow = p.by_leaf["grow_site"];
+  ASSERT_EQ(grow.size(), 4u) << p.out;
+  EXPECT_NEAR(grow[3], 3000000, 5 * 104500) << p.out;
+  EXPECT_EQ(grow[3] % 1000, 0) << p.out;  // whole blocks of the site's size
+  EXPECT_EQ(w.program->Finish(), 0);
+}
+
 // go tool pprof reads the profile straight from the collector: the known site exact, in Go's
 // shape, with a mapping behind every location, from ?pid= and from the per-process paths.
 TEST_F(HttpTest, GoToolPprofReadsTheKnownSitesFromEveryPath) {

@@ -497,7 +497,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
                                     true, "./proc --flag 'a b'", true, "its table stayed locked"};
   ASSERT_EQ(hd_batch_add(w.get(), &header), HD_OK);
   auto alloc = Element(heapdump_client_SnapshotElement_allocation_tag);
-  alloc.element.allocation = {true, 0x1000, true, 24, true, 7, true, -5, true, 3, true, 2};
+  // Sampled (the stats below say so): the block of 24 bytes stands for 2, 48 bytes.
+  alloc.element.allocation = {true, 0x1000, true, 48, true, 7, true, -5, true, 3, true, 2};
   ASSERT_EQ(hd_batch_add(w.get(), &alloc), HD_OK);
   auto thread = Element(heapdump_client_SnapshotElement_thread_info_tag);
   thread.element.thread_info = {true, 3, true, 999, true, "worker"};
@@ -524,7 +525,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
   stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,  true, 2,
                                  true, 30, true, 4,  true, 5,  true, 6,  true, 11, true, 12,
-                                 true, 13, true, 14, true, 77, true, 72, true, 3};
+                                 true, 13, true, 14, true, 77, true, 72, true, 3,  true, 524288};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
@@ -556,7 +557,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_STREQ(s->samples[1].snapshot_name, "at-peak");
   const hd_snapshot_allocation *a = hd_snapshot_find_allocation(s, 0x1000);
   ASSERT_NE(a, nullptr);
-  EXPECT_EQ(a->size, 24u);
+  EXPECT_EQ(a->size, 48u);
+  EXPECT_EQ(hd_snapshot_block_size(s, a), 24u);
   EXPECT_EQ(a->stack_trace_key, 7u);
   EXPECT_EQ(a->timestamp, -5);
   EXPECT_EQ(a->thread_info_key, 3u);
@@ -592,7 +594,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(s->stats.unwind_tables_refused, 14u);
   EXPECT_EQ(s->stats.peak_mark_time, 77);
   EXPECT_EQ(s->stats.peak_mark_bytes, 72u);
-  EXPECT_EQ(s->stats.peak_mark_blocks, 3u);
+  EXPECT_EQ(s->stats.sample_bytes, 524288u);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

@@ -20,6 +20,9 @@ MIN_GAP = 16
 PROGRAMS = {
     "sleep": ["sleep", "30"],
     "perl_strings": ["perl", "-e", "my @k = map { 'x' x $_ } 1..300; sleep 30"],
+    # sampled recording: weighted counters and a rate in the header
+    "perl_sampled": ["env", "HEAPDUMP_SAMPLE_BYTES=4096", "perl", "-e",
+                     "my @k = map { 'x' x $_ } 1..3000; sleep 30"],
 }
 
 

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -642,9 +643,9 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
     keys.insert(k);
   }
   EXPECT_EQ(keys.size(), 2000u);
-  hd_res_count_alloc(&t, nullptr, ka, 100, 0);
-  hd_res_count_alloc(&t, nullptr, ka, 50, 0);
-  hd_res_count_temporary(&t, ka);
+  hd_res_count_alloc(&t, nullptr, ka, 1, 100, 0);
+  hd_res_count_alloc(&t, nullptr, ka, 1, 50, 0);
+  hd_res_count_temporary(&t, ka, 1);
   uint64_t frames[64];
   hd_trace_counters counters{};
   size_t n;
@@ -709,9 +710,9 @@ TEST_F(ResTable, ThreadsRegionsStatsAndIteration) {
   EXPECT_EQ(st, HD_READ_END);
   // The table's first record is its own: where its dedup index is (not the program's memory).
   EXPECT_EQ(types, (std::vector<int>{HD_ENTRY_MAPPING, HD_ENTRY_THREAD, HD_ENTRY_REGION}));
-  hd_res_count_alloc(&t, nullptr, 0, 100, 0);
-  hd_res_count_alloc(&t, nullptr, 0, 300, 0);
-  hd_res_count_free(&t, nullptr, 300, 0, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 100, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 300, 0);
+  hd_res_count_free(&t, nullptr, 1, 300, 0, 0);
   hd_table_stats s;
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_allocated, 2u);
@@ -747,35 +748,35 @@ TEST_F(ResTable, PeakMarksAndTheBlocksLiveAtThemThatAreFreedSince) {
     *bytes = c.peak_freed_bytes;
   };
   EXPECT_EQ(stats().peak_mark, 0u);
-  hd_res_count_alloc(&t, nullptr, key, 1000, start + 1000);
+  hd_res_count_alloc(&t, nullptr, key, 1, 1000, start + 1000);
   const uint64_t first = stats().peak_mark;
   EXPECT_EQ(hd_peak_mark_number(first), 1u);
   EXPECT_EQ(hd_peak_mark_value(first), 1000u >> HD_PEAK_TIME_SHIFT);
   EXPECT_EQ(stats().peak_mark_bytes, 1000u);
   // Less than 1% more: no new mark; a block allocated after the mark gets a later time.
-  hd_res_count_alloc(&t, nullptr, key, 9, start + 1000);
+  hd_res_count_alloc(&t, nullptr, key, 1, 9, start + 1000);
   EXPECT_EQ(stats().peak_mark, first);
   EXPECT_TRUE(hd_peak_allocated_by(start + 1000, start, first));
   EXPECT_FALSE(hd_peak_allocated_by(hd_res_timestamp_after_mark(&t, start + 1000), start, first));
   EXPECT_EQ(hd_res_timestamp_after_mark(&t, start + 90000), start + 90000);
   // Past 1% more, but without an allocation's time (0: what a free passes): no mark.
-  hd_res_count_alloc(&t, nullptr, key, 20, 0);
+  hd_res_count_alloc(&t, nullptr, key, 1, 20, 0);
   EXPECT_EQ(stats().peak_mark, first);
   // The first block, freed: live at the mark; so was the one of time 0, before it. The second
   // was not.
-  hd_res_count_free(&t, nullptr, 1000, key, start + 1000);
-  hd_res_count_free(&t, nullptr, 9, key, hd_res_timestamp_after_mark(&t, start + 1000));
-  hd_res_count_free(&t, nullptr, 20, key, 0);
+  hd_res_count_free(&t, nullptr, 1, 1000, key, start + 1000);
+  hd_res_count_free(&t, nullptr, 1, 9, key, hd_res_timestamp_after_mark(&t, start + 1000));
+  hd_res_count_free(&t, nullptr, 1, 20, key, 0);
   uint64_t blocks, bytes;
   freed_since(&blocks, &bytes);
   EXPECT_EQ(hd_peak_mark_number(blocks), 1u);
   EXPECT_EQ(hd_peak_mark_value(blocks), 2u);
   EXPECT_EQ(hd_peak_mark_value(bytes), 1020u);
   // A higher peak: mark 2, whose freed count starts from zero.
-  hd_res_count_alloc(&t, nullptr, key, 5000, start + 50000);
+  hd_res_count_alloc(&t, nullptr, key, 1, 5000, start + 50000);
   EXPECT_EQ(hd_peak_mark_number(stats().peak_mark), 2u);
   EXPECT_EQ(stats().peak_mark_bytes, 5000u);
-  hd_res_count_free(&t, nullptr, 5000, key, start + 50000);
+  hd_res_count_free(&t, nullptr, 1, 5000, key, start + 50000);
   freed_since(&blocks, &bytes);
   EXPECT_EQ(hd_peak_mark_number(bytes), 2u);
   EXPECT_EQ(hd_peak_mark_value(blocks), 1u);
@@ -799,10 +800,10 @@ TEST_F(ResTable, NoWaitInternFindsKnownTracesAndDropsNewOnesWhileLocked) {
 }
 
 TEST_F(ResTable, ReconcileMakesCountersAgreeWithTheLiveSet) {
-  hd_res_count_alloc(&t, nullptr, 0, 100, 0);
-  hd_res_count_alloc(&t, nullptr, 0, 50, 0);
-  hd_res_count_alloc(&t, nullptr, 0, 10, 0);
-  hd_res_count_free(&t, nullptr, 10, 0, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 100, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 50, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 10, 0);
+  hd_res_count_free(&t, nullptr, 1, 10, 0, 0);
   // A copy whose live set has one more block than the counters say (a count not yet made)...
   hd_res_reconcile_live(&t, 3, 170);
   hd_table_stats stats;
@@ -868,10 +869,10 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
   hd_writer_thread a{}, b{};
   ASSERT_TRUE(hd_res_attach_counters(&t, &a));
   ASSERT_NE(a.counters_key, 0u);
-  hd_res_count_alloc(&t, &a, 0, 1000, 0);
-  hd_res_count_alloc(&t, &a, 0, 24, 0);
-  hd_res_count_free(&t, &a, 1000, 0, 0);
-  hd_res_count_alloc(&t, nullptr, 0, 5, 0);  // a thread without a record counts into the base
+  hd_res_count_alloc(&t, &a, 0, 1, 1000, 0);
+  hd_res_count_alloc(&t, &a, 0, 1, 24, 0);
+  hd_res_count_free(&t, &a, 1, 1000, 0, 0);
+  hd_res_count_alloc(&t, nullptr, 0, 1, 5, 0);  // a thread without a record counts into the base
   hd_table_stats s;
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_allocated, 3u);
@@ -891,7 +892,7 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
   ASSERT_TRUE(hd_res_attach_counters(&t, &b));
   EXPECT_EQ(b.counters_key, key);
   EXPECT_EQ(t.hdr->used, used);
-  hd_res_count_free(&t, &b, 24, 0, 0);
+  hd_res_count_free(&t, &b, 1, 24, 0, 0);
   ASSERT_EQ(hd_res_reader_stats(r, &s), HD_READ_OK);
   EXPECT_EQ(s.blocks_freed, 2u);
   EXPECT_EQ(s.live_bytes, 5u);
@@ -955,3 +956,24 @@ TEST(ResTableCap, FullTableDropsAndCounts) {
 }
 
 }  // namespace
+
+// Sampled recording's weights (shm_layout.h), which the library and the collector both compute:
+// the probability is 1 - e^(-s/N) to a double's precision, and the integer weights of blocks
+// average its inverse, so that a site's estimate is unbiased.
+TEST(SampleWeight, IntegerWeightsAverageTheInverseOfTheProbability) {
+  const uint64_t n = 524288;
+  for (uint64_t size : {1ull, 64ull, 4096ull, 300000ull, 1ull << 20, 1ull << 24, 1ull << 40}) {
+    const double p = -std::expm1(-static_cast<double>(size) / n);
+    EXPECT_NEAR(hd_sample_probability(size, n), p, p * 1e-13) << size;
+    double sum = 0;
+    const int blocks = 200000;
+    for (int i = 0; i < blocks; i++) {
+      const uint64_t k = hd_sample_weight(0x7f0000000000ull + 16ull * i, size, n);
+      EXPECT_TRUE(k == static_cast<uint64_t>(1 / p) || k == static_cast<uint64_t>(1 / p) + 1);
+      sum += static_cast<double>(k);
+    }
+    EXPECT_NEAR(sum / blocks, 1 / p, 0.005 / p + 0.005) << size;
+  }
+  EXPECT_EQ(hd_sample_weight(0x1000, 64, 0), 1u);  // every block recorded
+  EXPECT_EQ(hd_sample_weight(0x1000, 0, n), 1u);
+}

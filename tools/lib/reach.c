@@ -72,8 +72,8 @@ static HD_MUST_CHECK int build_index(const hd_snapshot *s, heap_index *h) {
     const hd_snapshot_allocation *a = &s->allocations[pairs[2 * k + 1]];
     h->starts[k] = a->address;
     /* A zero-size block is pointed to only by its address. */
-    h->ends[k] =
-        a->size > UINT64_MAX - a->address ? UINT64_MAX : a->address + (a->size ? a->size : 1);
+    const uint64_t size = hd_snapshot_block_size(s, a);
+    h->ends[k] = size > UINT64_MAX - a->address ? UINT64_MAX : a->address + (size ? size : 1);
     h->allocation[k] = (size_t)pairs[2 * k + 1];
     if (h->starts[k] < h->lowest) h->lowest = h->starts[k];
     if (h->ends[k] > h->highest) h->highest = h->ends[k];
@@ -105,10 +105,11 @@ static size_t find_block(const heap_index *h, uint64_t v, bool *start) {
 static bool is_thread_vector(const scan *sc, size_t allocation, uint64_t v) {
   const hd_snapshot_allocation *a = &sc->s->allocations[allocation];
   const uint8_t *bytes = sc->bytes[allocation];
-  if (bytes == NULL || v != a->address + 16 || a->size < 48 || a->size % 16 != 0) return false;
+  const uint64_t size = hd_snapshot_block_size(sc->s, a);
+  if (bytes == NULL || v != a->address + 16 || size < 48 || size % 16 != 0) return false;
   uint64_t count;
   memcpy(&count, bytes, 8);
-  return count == a->size / 16 - 2;
+  return count == size / 16 - 2;
 }
 
 /* Calls visit(sc, allocation, is_start) for every word of [bytes, bytes + size), at address,
@@ -149,7 +150,8 @@ static void reach_by_any(scan *sc, size_t target, bool start) {
 static void scan_block(scan *sc, size_t i, void (*visit)(scan *, size_t, bool)) {
   const uint8_t *bytes = sc->bytes[i];
   if (bytes == NULL) return;
-  uint64_t address = sc->s->allocations[i].address, size = sc->s->allocations[i].size;
+  uint64_t address = sc->s->allocations[i].address,
+           size = hd_snapshot_block_size(sc->s, &sc->s->allocations[i]);
   FOR_EACH_POINTER(sc, address, bytes, size, visit);
 }
 
@@ -194,8 +196,9 @@ int hd_reach_classify(const hd_snapshot *s, uint8_t *categories, size_t *blocks_
     size_t missing = 0;
     for (size_t i = 0; i < n; i++) {
       const hd_snapshot_block *b = hd_snapshot_find_block(s, s->allocations[i].address);
-      sc.bytes[i] = b != NULL && b->size == s->allocations[i].size ? b->bytes : NULL;
-      missing += sc.bytes[i] == NULL && s->allocations[i].size >= 8;
+      const uint64_t size = hd_snapshot_block_size(s, &s->allocations[i]);
+      sc.bytes[i] = b != NULL && b->size == size ? b->bytes : NULL;
+      missing += sc.bytes[i] == NULL && size >= 8;
     }
     if (blocks_without_contents != NULL) *blocks_without_contents = missing;
     scan_roots(&sc, reach_by_start);

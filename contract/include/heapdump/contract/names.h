@@ -32,6 +32,8 @@
 #define HD_ENV_MAX_FRAMES "HEAPDUMP_MAX_FRAMES"
 #define HD_ENV_MAX_MEMORY "HEAPDUMP_MAX_MEMORY" /* the tables' shared memory */
 #define HD_ENV_CLOCK "HEAPDUMP_CLOCK"
+/* mean bytes between recorded blocks (sampled recording); unset or 0: every block */
+#define HD_ENV_SAMPLE_BYTES "HEAPDUMP_SAMPLE_BYTES"
 #define HD_ENV_SNAPSHOT_TIMEOUT "HEAPDUMP_SNAPSHOT_TIMEOUT"
 #define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY" /* the library `run` preloads */
 

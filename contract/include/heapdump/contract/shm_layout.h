@@ -90,7 +90,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 8u
+#define HD_LAYOUT_VERSION 9u
 /* Every live block the library records holds this many bytes more than the program asked for,
  * at the end of its usable size: the tag that links it to its node (instrumentation/src/record.c).
  * They are heapdump's own memory inside the allocator's. */
@@ -182,6 +182,57 @@ static inline uint64_t hd_node_timestamp(uint64_t time_word, uint64_t time_base)
   return time_base + (time_word & HD_NODE_TIME_MASK);
 }
 
+/* Sampled recording (hd_res_header.sample_bytes = N > 0). Allocated bytes are sampled by a
+ * Poisson process of mean interval N, so an allocation of s bytes is recorded with probability
+ * p = 1 - e^(-s/N), and a recorded one stands for 1/p blocks (and s/p bytes): the unbiased
+ * (Horvitz-Thompson) estimate. It is counted as an integer k of blocks of s bytes, floor(1/p)
+ * or the next integer, chosen by a hash of the block's address so that k averages 1/p over
+ * blocks and the free of a block takes back exactly what its allocation added. Both the
+ * library and the collector compute it here, in plain double arithmetic (no libm, whose versions
+ * could round differently), so they agree on every block. N = 0: every block is recorded, k = 1. */
+static inline double hd_sample_probability(uint64_t size, uint64_t sample_bytes) {
+  const double x = (double)size / (double)sample_bytes;
+  if (x >= 40) return 1; /* e^-40 is below a double's precision next to 1 */
+  if (x < 0.5) {         /* 1 - e^-x = x - x^2/2! + x^3/3! - ...: no cancellation */
+    double term = x, sum = x;
+    for (int i = 2; i <= 18; i++) {
+      term *= -x / i;
+      sum += term;
+    }
+    return sum;
+  }
+  /* e^-x = 2^-n e^-r with x = n ln 2 + r, 0 <= r < ln 2 */
+  const double ln2 = 0.69314718055994530942;
+  const int n = (int)(x / ln2);
+  const double r = x - n * ln2;
+  double term = 1, e = 1;
+  for (int i = 1; i <= 20; i++) {
+    term *= -r / i;
+    e += term;
+  }
+  for (int i = 0; i < n; i++) e *= 0.5;
+  return 1 - e;
+}
+
+/* The largest sample_bytes: an interval far past any heap, with which a weight times a block's
+ * size (< 2^48) stays far from overflowing. */
+#define HD_MAX_SAMPLE_BYTES (UINT64_C(1) << 40)
+
+static inline uint64_t hd_sample_weight(uint64_t address, uint64_t size, uint64_t sample_bytes) {
+  if (sample_bytes == 0 || size == 0) return 1;
+  const double w = 1 / hd_sample_probability(size, sample_bytes);
+  if (w >= 18446744073709549568.0) return UINT64_MAX;
+  uint64_t k = (uint64_t)w;
+  const double frac = w - (double)k;
+  uint64_t h = (address ^ UINT64_C(0x9E3779B97F4A7C15)) * UINT64_C(0xBF58476D1CE4E5B9);
+  h ^= h >> 31;
+  h *= UINT64_C(0x94D049BB133111EB);
+  h ^= h >> 29;
+  /* 53 uniform bits against the fraction */
+  if ((double)(h >> 11) * (1.0 / 9007199254740992.0) < frac) k++;
+  return k;
+}
+
 /* Peak marks (hd_res_header.peak_mark) and the counts tagged with a mark's number. */
 #define HD_PEAK_TIME_SHIFT 8u
 #define HD_PEAK_VALUE_MASK ((UINT64_C(1) << 48) - 1)
@@ -263,7 +314,12 @@ typedef struct hd_res_header {
    * finds with such a timestamp, and those each hd_rec_stack counts in peak_freed_*. Atomic. */
   uint64_t peak_mark;
   uint64_t peak_mark_bytes; /* atomic: the live bytes when the mark was set */
-  uint64_t reserved[2];
+  /* Sampled recording (hd_sample_weight): the mean number of allocated bytes between two
+   * recorded blocks; 0 = every block recorded. Set before the first record, never changed. Every
+   * count of this table (stats, counters records, hd_rec_stack's) is then an estimate: each
+   * recorded block counted as the hd_sample_weight blocks it stands for. */
+  uint64_t sample_bytes;
+  uint64_t reserved;
 } hd_res_header;
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
@@ -442,7 +498,8 @@ HD_PIN(hd_res_header, overwritten_tags, 136);
 HD_PIN(hd_res_header, unwind_tables_refused, 144);
 HD_PIN(hd_res_header, peak_mark, 152);
 HD_PIN(hd_res_header, peak_mark_bytes, 160);
-HD_PIN(hd_res_header, reserved, 168);
+HD_PIN(hd_res_header, sample_bytes, 168);
+HD_PIN(hd_res_header, reserved, 176);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);

@@ -33,10 +33,14 @@ bool hd_u64_map_find(const hd_u64_map *m, uint64_t key, size_t *index);
 bool hd_u64_map_put(hd_u64_map *m, uint64_t key, size_t index);
 void hd_u64_map_free(hd_u64_map *m);
 
+/* One block, or count blocks aggregated (size is their total): a pprof sample, or a sampled
+ * block standing for the count blocks of its size it estimates (ProcessStats.sample_bytes). */
 typedef struct hd_snapshot_allocation {
   uint64_t address, size, stack_trace_key, thread_info_key, count;
   int64_t timestamp;
 } hd_snapshot_allocation;
+
+/* The size of the block at the allocation's address (hd_snapshot_block_size). */
 
 #define HD_TRUNCATED_FRAME_PREFIX "... truncated at "
 #define HD_TRUNCATED_FRAME_FORMAT HD_TRUNCATED_FRAME_PREFIX "%zu frames"
@@ -192,6 +196,13 @@ const hd_snapshot_stack_trace *hd_snapshot_find_stack_trace(const hd_snapshot *s
  * it was read, and those values mean nothing), a pprof profile (no stats) when some trace has
  * them. */
 bool hd_snapshot_has_peak(const hd_snapshot *s);
+/* The size of the block at an allocation's address: what its contents hold, and what a leak
+ * check scans. Its size, or in a sampled snapshot (stats.sample_bytes) its size divided by its
+ * count, the blocks it stands for. */
+static inline uint64_t hd_snapshot_block_size(const hd_snapshot *s,
+                                              const hd_snapshot_allocation *a) {
+  return s->has_stats && s->stats.has_sample_bytes && a->count > 1 ? a->size / a->count : a->size;
+}
 const hd_snapshot_thread *hd_snapshot_find_thread(const hd_snapshot *s, uint64_t key);
 const hd_snapshot_block *hd_snapshot_find_block(const hd_snapshot *s, uint64_t address);
 const hd_snapshot_root *hd_snapshot_find_root(const hd_snapshot *s, uint64_t address);
