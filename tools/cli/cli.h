@@ -53,6 +53,7 @@ typedef struct cli_options {
   const char *name;
   const char *children;     /* run: --children all|none|NAME[,NAME...] (NULL: all) */
   const char *children_dir; /* run: --children-dir */
+  const char *sample_bytes; /* run: --sample-bytes, checked (NULL: HEAPDUMP_SAMPLE_BYTES as set) */
   bool verbose;             /* run: --verbose */
   bool show_reachable;      /* report, leaks, run: --show-reachable */
   bool no_leak_check;       /* run: --no-leak-check */

@@ -243,6 +243,22 @@ static HD_MUST_CHECK int set_children(const cli_option *opt, const char *value, 
   return CLI_GO_ON;
 }
 
+static HD_MUST_CHECK int set_sample_bytes(const cli_option *opt, const char *value,
+                                          cli_options *o) {
+  (void)opt;
+  const size_t digits = strspn(value, "0123456789");
+  const char *suffix = value + digits;
+  if (digits == 0 || digits > 12 ||
+      (suffix[0] != '\0' && (strchr("kKmMgG", suffix[0]) == NULL || suffix[1] != '\0'))) {
+    return cli_usage_error(
+        "--sample-bytes wants a number of bytes, with K, M or G for KiB, MiB or GiB (0: record "
+        "every block), not '%s'",
+        value);
+  }
+  o->sample_bytes = value;
+  return CLI_GO_ON;
+}
+
 #define SWITCH(field_name, value) \
   .apply = set_switch, .field = offsetof(cli_options, field_name), .switch_value = (value)
 #define TEXT(field_name) .apply = set_text, .field = offsetof(cli_options, field_name)
@@ -283,6 +299,10 @@ static const cli_option kOptions[] = {
     {"children-dir", 0, "DIR", ON(CLI_RUN), TEXT(children_dir), .where = SECTION_COMMAND,
      .help = "where the snapshots of the processes COMMAND started go (default: FILE's stem "
              "with .d, e.g. heapdump.make.4242.d/)"},
+    {"sample-bytes", 0, "N", ON(CLI_RUN), .apply = set_sample_bytes, .where = SECTION_COMMAND,
+     .help = "record one block per N bytes allocated on average, each counted as the blocks it "
+             "stands for, so that every count is an estimate (512K is the production value); "
+             "default: every block (HEAPDUMP_SAMPLE_BYTES)"},
     {"verbose", 0, NULL, ON(CLI_RUN), SWITCH(verbose, true), .where = SECTION_COMMAND,
      .help = "list every file written for those processes"},
     {"no-leak-check", 0, NULL, ON(CLI_RUN), SWITCH(no_leak_check, true), .where = SECTION_COMMAND,

@@ -46,7 +46,7 @@ static void forward_signal(int sig) {
 /* Starts argv with the instrumentation. Reports exec failures through a close-on-exec pipe, so
  * "command not found" is told apart from a command that ran and failed. */
 static pid_t spawn(char **argv, const char *library, const char *socket, const char *children,
-                   bool leak_check, int *exec_errno) {
+                   const char *sample_bytes, bool leak_check, int *exec_errno) {
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0) return -1;
   pid_t pid = fork();
@@ -69,6 +69,7 @@ static pid_t spawn(char **argv, const char *library, const char *socket, const c
     setenv("LD_PRELOAD", preload, 1);
     setenv(HD_ENV_SOCKET, socket, 1);
     setenv(HD_ENV_EXIT_SNAPSHOT, "1", 1);
+    if (sample_bytes != NULL) setenv(HD_ENV_SAMPLE_BYTES, sample_bytes, 1);
     /* The command (across its execs, not its children) stores its exit snapshot itself, with
      * contents and roots: a leak check. HEAPDUMP_EXIT_CONTENTS in the environment decides
      * otherwise (0: off). */
@@ -643,7 +644,8 @@ int cmd_run(cli_options *o, int argc, char **argv) {
   uint32_t baseline = e.running ? 0 : newest_id(o);
 
   int exec_errno = 0;
-  pid_t pid = spawn(argv, library, o->socket, o->children, !o->no_leak_check, &exec_errno);
+  pid_t pid =
+      spawn(argv, library, o->socket, o->children, o->sample_bytes, !o->no_leak_check, &exec_errno);
   if (pid < 0) {
     cli_error("cannot start %s: %s", argv[0], strerror(errno));
     cli_embedded_stop(&e);

@@ -336,6 +336,13 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             sum->blocks[c], hd_reach_category_name((hd_reach_category)c));
   }
   fputc('\n', out);
+  if (s->has_stats && s->stats.has_sample_bytes) {
+    fputs(
+        "note: sampled recording: only the recorded blocks were scanned, so a recorded block "
+        "that only unrecorded blocks point to is counted as lost; confirm a leak with a run "
+        "that records every block\n",
+        out);
+  }
   if (sum->blocks_without_contents > 0) {
     fprintf(out,
             "note: %zu blocks had no contents in the snapshot (over its size limit, or freed "
@@ -497,6 +504,13 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             st->peak_live_bytes);
   }
   fputc('\n', out);
+  if (s->has_stats && s->stats.has_sample_bytes) {
+    fprintf(out,
+            "sampled: one block recorded per %" PRIu64
+            " bytes allocated on average, each counted as the blocks it stands for: every "
+            "count of blocks and bytes is an estimate\n",
+            s->stats.sample_bytes);
+  }
   write_resident_text(s, live_bytes, out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
                        s->stats.dropped_resources)) {
@@ -755,6 +769,7 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             st->dropped_resources, st->stacks_beyond_cfi, st->writes_past_block_end,
             st->mapping_records_lost, st->unwind_tables_refused);
     if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
+    if (st->has_sample_bytes) fprintf(out, ",\"sample_bytes\":%" PRIu64, st->sample_bytes);
     if (st->has_peak_mark_time) {
       fprintf(out, ",\"peak_mark\":{\"at_s\":%.3f,\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
               seconds_into(s, st->peak_mark_time), st->peak_mark_bytes, st->peak_mark_blocks);

@@ -370,10 +370,10 @@ static HD_MUST_CHECK int write_profile(writer *w) {
   profile.string_table = (pb_callback_t){{.encode = encode_strings}, w};
   profile.comment = (pb_callback_t){{.encode = encode_packed}, &comments};
   profile.time_nanos = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
-  /* Every allocation is recorded: one event is one byte allocated. */
+  /* One event per byte allocated when every block is recorded; sampled, the mean interval. */
   profile.has_period_type = true;
   profile.period_type = (perftools_profiles_ValueType){w->known.space, w->known.bytes};
-  profile.period = 1;
+  profile.period = w->sample_bytes ? (int64_t)w->sample_bytes : 1;
   profile.default_sample_type = sample_type_index(w);
 
   pb_ostream_t stream = {.callback = write_compressed, .state = w, .max_size = SIZE_MAX};

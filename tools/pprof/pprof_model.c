@@ -332,6 +332,14 @@ static HD_MUST_CHECK int add_locations(writer *w, process *p) {
   return 0;
 }
 
+/* Adds a comment line to the profile; 0, or -1 when out of memory. */
+static int add_comment(writer *w, const char *comment) {
+  const int64_t index = intern(w, comment);
+  if (index < 0 || !HD_RESERVE(w->comments, w->comment_count, w->comment_capacity)) return -1;
+  w->comments[w->comment_count++] = (uint64_t)index;
+  return 0;
+}
+
 static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   if (w->label_processes && (p->name = intern(w, s->process_name)) < 0)
@@ -346,20 +354,27 @@ static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
     }
   }
   const heapdump_client_ProcessStats *st = &s->stats;
+  char who[64] = "";
+  if (s->has_header) snprintf(who, sizeof who, "%s[%" PRIu64 "]: ", s->process_name, s->pid);
   if (s->has_stats &&
       (st->dropped_allocations || st->dropped_stack_traces || st->dropped_resources)) {
     char comment[256];
-    char who[64] = "";
-    if (s->has_header) snprintf(who, sizeof who, "%s[%" PRIu64 "]: ", s->process_name, s->pid);
     snprintf(comment, sizeof comment,
              "%sincomplete: the instrumentation's tables were full, %" PRIu64
              " allocations, %" PRIu64 " stack traces and %" PRIu64 " other records are missing",
              who, st->dropped_allocations, st->dropped_stack_traces, st->dropped_resources);
-    int64_t index = intern(w, comment);
-    if (index < 0 || !HD_RESERVE(w->comments, w->comment_count, w->comment_capacity)) {
-      return hd_pprof_out_of_memory(w);
-    }
-    w->comments[w->comment_count++] = (uint64_t)index;
+    if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
+  }
+  /* Values are already the estimates (as Go's runtime writes its sampled heap profiles): the
+   * period says the rate to readers that show it, the comment that they are estimates. */
+  if (s->has_stats && st->has_sample_bytes) {
+    char comment[256];
+    snprintf(comment, sizeof comment,
+             "%ssampled: one block recorded per %" PRIu64
+             " bytes allocated on average; every value is an estimate",
+             who, st->sample_bytes);
+    if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
+    if (st->sample_bytes > w->sample_bytes) w->sample_bytes = st->sample_bytes;
   }
   return 0;
 }

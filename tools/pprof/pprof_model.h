@@ -108,6 +108,9 @@ typedef struct writer {
   size_t mapping_count;
   uint64_t *comments; /* string indices */
   size_t comment_count, comment_capacity;
+  /* The largest sampling interval of the snapshots (ProcessStats.sample_bytes), the profile's
+   * period; 0: every block recorded (period 1). */
+  uint64_t sample_bytes;
   well_known known;
   int sample_type_count;          /* kPeakless... or kSampleTypeCount: the profile's sample types */
   uint64_t no_stack_location;     /* id of the stand-in for empty stack traces; 0 until needed */
