@@ -173,6 +173,8 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
                                                                 ? options->sample_interval_ms
                                                                 : HD_DEFAULT_SAMPLE_INTERVAL_MS) *
                                                      1000000u;
+  c->trigger_live_bytes = options->trigger_live_bytes;
+  c->trigger_limit_percent = options->trigger_limit_percent;
   c->read_timeout_ns = (uint64_t)(options->read_timeout_seconds ? options->read_timeout_seconds
                                                                 : HD_DEFAULT_READ_TIMEOUT_SECONDS) *
                        1000000000u;

@@ -57,6 +57,10 @@ typedef struct hd_process {
    * contents (0: none), which stands for the one the collector would take when it exits. */
   uint32_t exit_stored_id;
   hd_series series; /* its memory over time, sampled by the sampler thread (sampler.c) */
+  /* The trigger (sampler.c). Sync: the sampler thread only. */
+  bool trigger_fired;      /* stored over the threshold; again once below 9/10 of it */
+  bool memory_limit_known; /* memory_limit read (once: a cgroup's limit rarely moves) */
+  uint64_t memory_limit;   /* its cgroup's memory limit, 0: none */
   /* What the process gave as its command line when it registered (NULL: none, e.g. found by a
    * scan of /proc). Set before the entry is shared, or under hd_collector.lock when a
    * registration completes an entry a scan found; read under that lock. */
@@ -145,8 +149,10 @@ struct hd_collector {
   uint64_t exit_seq; /* the last record's seq. Sync: lock */
   /* Sync: fixed while the workers run (set before they start, cleared after they are joined). */
   struct hd_worker *worker;
-  struct hd_sampler *sampler;  /* NULL when sampling is off. Sync: as worker */
-  uint64_t sample_interval_ns; /* Sync: fixed */
+  struct hd_sampler *sampler;     /* NULL when sampling is off. Sync: as worker */
+  uint64_t sample_interval_ns;    /* Sync: fixed */
+  uint64_t trigger_live_bytes;    /* hd_collector_options. Sync: fixed */
+  uint32_t trigger_limit_percent; /* hd_collector_options. Sync: fixed */
   /* Sync: the pointer fixed; the table the poll thread's only (connections.h). */
   struct conn_table *conns;
   hd_message *scratch; /* Sync: the poll thread only */
@@ -204,6 +210,8 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
                                                                   uid_t uid);
 /* The live processes, retained, into out (HD_MAX_PROCESSES entries); returns how many. */
 size_t hd_live_processes(hd_collector *c, hd_process **out);
+/* cgroup.c: the lowest memory limit on the cgroup path of pid (v2 or v1), 0 if none. */
+uint64_t hd_cgroup_memory_limit(pid_t pid);
 /* Reads /proc/PID/comm into out. */
 bool hd_read_process_name(pid_t pid, char *out, size_t size);
 

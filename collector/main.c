@@ -28,6 +28,7 @@
 
 #include "heapdump/collector.h"
 #include "heapdump/contract/must_check.h"
+#include "heapdump/contract/names.h"
 #include "heapdump/heapdump.h"
 #include "http.h"
 
@@ -64,6 +65,7 @@ static void usage(FILE *out) {
           "                          [--max-storage-bytes B] [--foreground] [--log-file FILE]\n"
           "                          [--log-level L] [--idle-timeout S] [--read-timeout S]\n"
           "                          [--max-contents-bytes B] [--sample-interval MS]\n"
+          "                          [--trigger-live-bytes B] [--trigger-limit-percent P]\n"
           "                          [--http ADDR:PORT [--http-token-file FILE]]\n"
           "       heapdump-collector --stop [--socket PATH]\n"
           "\n"
@@ -93,6 +95,12 @@ static void usage(FILE *out) {
           "  --sample-interval MS   sample each process's live and total bytes and blocks every\n"
           "                         MS milliseconds (%d to %d; default %d; 0: never): the\n"
           "                         memory-over-time series its snapshots carry\n"
+          "  --trigger-live-bytes B store a snapshot named \"" HD_TRIGGER_SNAPSHOT_NAME
+          "\" of a\n"
+          "                         process whose live bytes reach B, checked at every sample;\n"
+          "                         again once they fell below 9/10 of B (default 0: never)\n"
+          "  --trigger-limit-percent P  the same at P%% of the memory limit of the process's\n"
+          "                         cgroup (1 to 100; the lower threshold wins; default 0: never)\n"
           "  --http ADDR:PORT       also serve over HTTP: Prometheus /metrics, pprof heap\n"
           "                         profiles at /debug/pprof/heap and per process, /targets\n"
           "                         for service discovery (docs/fleet.md). Off by default\n"
@@ -374,6 +382,8 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
                                            {"sample-interval", required_argument, 0, 'I'},
                                            {"http", required_argument, 0, 'H'},
                                            {"http-token-file", required_argument, 0, 'T'},
+                                           {"trigger-live-bytes", required_argument, 0, 'B'},
+                                           {"trigger-limit-percent", required_argument, 0, 'P'},
                                            {0, 0, 0, 0}};
   int opt;
   unsigned long long count;
@@ -406,6 +416,18 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
       case 'I':
         if (!parse_sample_interval(optarg, &a->options)) return 2;
         break;
+      case 'B':
+        if (!parse_bytes("trigger-live-bytes", optarg, &a->options.trigger_live_bytes)) return 2;
+        break;
+      case 'P':
+        if (!parse_count(optarg, 100, &count)) {
+          fprintf(stderr,
+                  "heapdump-collector: bad --trigger-limit-percent: %s (1 to 100; 0: never)\n",
+                  optarg);
+          return 2;
+        }
+        a->options.trigger_limit_percent = (uint32_t)count;
+        break;
       case 'H': a->http = optarg; break;
       case 'T': a->http_token_file = optarg; break;
       case 'f': a->foreground = true; break;
@@ -429,6 +451,13 @@ static HD_MUST_CHECK int parse_args(int argc, char **argv, arguments *a) {
   }
   if (a->http_token_file != NULL && a->http == NULL) {
     fprintf(stderr, "heapdump-collector: --http-token-file needs --http\n");
+    return 2;
+  }
+  if ((a->options.trigger_live_bytes != 0 || a->options.trigger_limit_percent != 0) &&
+      a->options.no_sampling) {
+    fprintf(stderr,
+            "heapdump-collector: a trigger is checked at every sample: it needs "
+            "--sample-interval above 0\n");
     return 2;
   }
   return CONTINUE;

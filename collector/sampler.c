@@ -2,6 +2,7 @@
  * process keeps in its shared tables anyway) go into its series. It only reads shared memory, so
  * the program pays nothing for its timeline; a process being snapshotted is sampled as usual. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -14,6 +15,38 @@ typedef struct hd_sampler {
   bool stopping;
 } hd_sampler;
 
+/* The live bytes at which p's trigger fires: the lower of the two thresholds set, 0 if none. */
+static uint64_t trigger_threshold(hd_collector *c, hd_process *p) {
+  uint64_t threshold = c->trigger_live_bytes;
+  if (c->trigger_limit_percent != 0) {
+    if (!p->memory_limit_known) {
+      p->memory_limit = hd_cgroup_memory_limit(p->pid);
+      p->memory_limit_known = true;
+    }
+    const uint64_t share = p->memory_limit / 100 * c->trigger_limit_percent;
+    if (share != 0 && (threshold == 0 || share < threshold)) threshold = share;
+  }
+  return threshold;
+}
+
+/* Stores a snapshot of p when its live bytes reach the trigger's threshold, so that a picture of
+ * the heap before an out-of-memory kill survives it; once per crossing. */
+static void check_trigger(hd_collector *c, hd_process *p, const hd_table_stats *st) {
+  const uint64_t threshold = trigger_threshold(c, p);
+  if (threshold == 0) return;
+  if (p->trigger_fired) {
+    if (st->live_bytes < threshold / 10 * 9) p->trigger_fired = false;
+    return;
+  }
+  if (st->live_bytes < threshold) return;
+  /* Busy with a snapshot the process asked for: tried again at the next sample. */
+  if (hd_queue_named_snapshot(c, p, HD_TRIGGER_SNAPSHOT_NAME, -1, false, -1, 0) != 0) return;
+  p->trigger_fired = true;
+  hd_log(c, HD_LOG_INFO,
+         "%s[%u]: %" PRIu64 " live bytes, over the trigger's %" PRIu64 ": storing a snapshot",
+         p->name, (unsigned)p->pid, st->live_bytes, threshold);
+}
+
 static void sample_live_processes(hd_collector *c) {
   hd_process **live = malloc(HD_MAX_PROCESSES * sizeof *live);
   if (live == NULL) return;
@@ -21,8 +54,10 @@ static void sample_live_processes(hd_collector *c) {
   const int64_t now = (int64_t)hd_monotonic_ns();
   for (size_t i = 0; i < n; i++) {
     hd_table_stats st;
-    if (hd_res_reader_stats(live[i]->res, &st) == HD_READ_OK)
+    if (hd_res_reader_stats(live[i]->res, &st) == HD_READ_OK) {
       hd_series_add(&live[i]->series, &st, now);
+      check_trigger(c, live[i], &st);
+    }
     hd_process_release(live[i]);
   }
   free(live);

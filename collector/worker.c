@@ -81,6 +81,7 @@ static void store_named(hd_collector *c, hd_message *scratch, job *j) {
   pthread_mutex_lock(&c->worker->lock);
   j->process->named_store_pending = false;
   pthread_mutex_unlock(&c->worker->lock);
+  if (j->reply_fd < 0) return; /* the collector's own (a trigger): nobody waits for an answer */
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
       heapdump_process_SnapshotSinkStoreNamedSnapshotResponse_init_zero;
   if (rc == 0) {

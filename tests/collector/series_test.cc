@@ -1,10 +1,13 @@
 // The memory-over-time series: the collector's sampling seen through snapshots (a real daemon, a
 // real program), and the series' thinning on its own (series.h, tested directly).
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -94,6 +97,104 @@ TEST(Series, LiveAndStoredSnapshotsCarryTheSeriesUpToTheirMoment) {
   EXPECT_EQ(NameOf(c->samples[c->sample_count - 1]), "checkpoint");
   EXPECT_LE(c->samples[c->sample_count - 1].timestamp, s->samples[0].timestamp + 2000000000LL);
   child.Finish();
+}
+
+// The snapshots the collector's trigger stored of pid, in the order stored.
+std::vector<Stored> Triggered(const std::string &socket, pid_t pid) {
+  std::vector<Stored> out;
+  for (const Stored &s : List(socket).items) {
+    if (s.name == HD_TRIGGER_SNAPSHOT_NAME && s.pid == static_cast<uint64_t>(pid)) out.push_back(s);
+  }
+  return out;
+}
+
+// --trigger-live-bytes: a process growing past the threshold is stored once, with what it held
+// then; after its live bytes fell below nine tenths of it, a second crossing is stored again.
+TEST(Trigger, AProcessGrowingPastTheThresholdIsStoredOncePerCrossing) {
+  std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
+  Collector collector(dir);
+  collector.args = {"--sample-interval", "20", "--trigger-live-bytes", "2000000"};
+  collector.Start();
+  Workload w(collector.socket, {"grow"});
+  auto grow = [&](const char *command) {
+    w.program->Send(command);
+    EXPECT_EQ(w.program->ReadLine(), "ok") << command;
+  };
+  grow("grow 1500");  // 1.5 MB: below
+  Sleep(0.3);
+  EXPECT_TRUE(Triggered(collector.socket, w.pid).empty());
+  grow("grow 1500");  // 3 MB
+  ASSERT_TRUE(WaitUntil([&] { return Triggered(collector.socket, w.pid).size() == 1; }));
+  std::vector<Stored> first = Triggered(collector.socket, w.pid);
+  EXPECT_GE(first[0].live_bytes, 2000000u);
+  grow("grow 500");  // still over: nothing new
+  Sleep(0.3);
+  EXPECT_EQ(Triggered(collector.socket, w.pid).size(), 1u);
+  grow("free");  // below 9/10: armed again
+  Sleep(0.3);
+  grow("grow 2500");
+  ASSERT_TRUE(WaitUntil([&] { return Triggered(collector.socket, w.pid).size() == 2; }));
+  Sleep(0.3);
+  EXPECT_EQ(Triggered(collector.socket, w.pid).size(), 2u);
+  EXPECT_EQ(w.program->Finish(), 0);
+}
+
+// --trigger-limit-percent: the threshold is a share of the memory limit of the process's cgroup
+// (a real one, made for the test where the machine lets it: cgroup v2's memory.max or v1's
+// memory.limit_in_bytes).
+TEST(Trigger, AShareOfTheCgroupMemoryLimitIsTheThreshold) {
+  struct Hierarchy {
+    std::string base, limit_file;
+  };
+  std::string group;
+  std::string limit_file;
+  for (const Hierarchy &h : {Hierarchy{"/sys/fs/cgroup/", "memory.max"},
+                             Hierarchy{"/sys/fs/cgroup/memory/", "memory.limit_in_bytes"}}) {
+    if (access((h.base + h.limit_file).c_str(), F_OK) != 0 &&
+        access((h.base + "cgroup.procs").c_str(), F_OK) != 0)
+      continue;
+    if (h.limit_file == "memory.max" && access("/sys/fs/cgroup/cgroup.controllers", F_OK) != 0)
+      continue;
+    const std::string candidate = h.base + "heapdump-test-" + std::to_string(getpid());
+    if (mkdir(candidate.c_str(), 0755) != 0) continue;
+    if (access((candidate + "/" + h.limit_file).c_str(), W_OK) == 0) {
+      group = candidate;
+      limit_file = h.limit_file;
+      break;
+    }
+    rmdir(candidate.c_str());
+  }
+  if (group.empty()) GTEST_SKIP() << "no memory cgroup can be made here";
+  {
+    std::ofstream(group + "/" + limit_file) << (64 << 20);  // 64 MiB: the trigger at 4%
+  }
+  std::string dir = TempDir();
+  RemoveWhenPassed cleanup{dir};
+  Collector collector(dir);
+  collector.args = {"--sample-interval", "20", "--trigger-limit-percent", "4"};
+  collector.Start();
+  // Into the cgroup before the program it runs registers (sh, instrumented too, registers and
+  // execs it; the collector reads a process's limit at its first sample).
+  std::vector<std::string> env = InstrumentedEnv(collector.socket, false);
+  Program program(
+      {"/bin/sh", "-c",
+       "echo $$ > " + group + "/cgroup.procs && exec " + std::string(HD_WORKLOAD) + " grow"},
+      env);
+  int pid = 0;
+  const std::string ready = program.ReadLine();
+  ASSERT_EQ(sscanf(ready.c_str(), "ready %d", &pid), 1) << ready;
+  auto grow = [&](const char *command) {
+    program.Send(command);
+    EXPECT_EQ(program.ReadLine(), "ok") << command;
+  };
+  grow("grow 2000");  // 2 MB: below 4% of 64 MiB (2.68 MB)
+  Sleep(0.3);
+  EXPECT_TRUE(Triggered(collector.socket, pid).empty());
+  grow("grow 1500");  // 3.5 MB: over
+  EXPECT_TRUE(WaitUntil([&] { return Triggered(collector.socket, pid).size() == 1; }));
+  EXPECT_EQ(program.Finish(), 0);
+  rmdir(group.c_str());
 }
 
 TEST(Series, NoSamplingLeavesOnlyTheSnapshotMoments) {

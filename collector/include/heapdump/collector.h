@@ -39,6 +39,12 @@ typedef struct hd_collector_options {
    * snapshots and their own). */
   uint32_t sample_interval_ms;
   bool no_sampling;
+  /* Triggers, checked at every sample: a snapshot named HD_TRIGGER_SNAPSHOT_NAME is stored when
+   * a process's live bytes reach trigger_live_bytes (0: never), or trigger_limit_percent of its
+   * cgroup's memory limit (0: never), whichever is lower; again only once they have fallen
+   * below nine tenths of it. */
+  uint64_t trigger_live_bytes;
+  uint32_t trigger_limit_percent;
 } hd_collector_options;
 
 #define HD_DEFAULT_SAMPLE_INTERVAL_MS 100

@@ -42,6 +42,8 @@
  * new image registers anew under the same pid, and gets its own exit snapshot). */
 #define HD_EXIT_SNAPSHOT_NAME "exit"
 #define HD_EXEC_SNAPSHOT_NAME "exec"
+/* What the collector names a snapshot its trigger stored (heapdump-collector --trigger-*). */
+#define HD_TRIGGER_SNAPSHOT_NAME "over-threshold"
 
 /* The longest process or snapshot name, in bytes (the protocol's MAX_NAME_LENGTH and the public
  * API's HEAPDUMP_SNAPSHOT_NAME_MAX, both checked against it where they meet), and the buffer
