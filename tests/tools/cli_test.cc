@@ -2292,4 +2292,12 @@ int main(void) {
       EXPECT_GE(inside, 90) << site.name << ": truth " << truth << ", sd " << sd;
     }
   }
+  // The HTML page says so too, above its recording statistics.
+  Output html = Heapdump({"report", "myserver.heapdump", "--format", "html", "-o", "sampled.html"});
+  ASSERT_EQ(html.status, 0) << html.err;
+  auto browser = OpenPage(dir, "sampled.html");
+  ASSERT_NE(browser, nullptr);
+  EXPECT_NE(Text(*browser, "document.getElementById('sampled-note').textContent")
+                .find("one block recorded per 524,288 bytes allocated on average"),
+            std::string::npos);
 }

@@ -228,10 +228,12 @@ static void write_stats(const hd_snapshot *s, FILE *out) {
           ",\"blocks_allocated\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 ",\"blocks_freed\":%" PRIu64
           ",\"peak_live_bytes\":%" PRIu64 ",\"dropped_allocations\":%" PRIu64
           ",\"dropped_stack_traces\":%" PRIu64 ",\"dropped_resources\":%" PRIu64
-          ",\"truncated_traces\":%zu}",
+          ",\"truncated_traces\":%zu",
           st->live_bytes, st->live_blocks, st->bytes_allocated, st->blocks_allocated,
           st->bytes_freed, st->blocks_freed, st->peak_live_bytes, st->dropped_allocations,
           st->dropped_stack_traces, st->dropped_resources, truncated);
+  if (st->has_sample_bytes) fprintf(out, ",\"sample_bytes\":%" PRIu64, st->sample_bytes);
+  fputc('}', out);
 }
 
 static void write_series(FILE *out, const char *key, const hd_snapshot *s, size_t field) {

@@ -320,6 +320,10 @@
     } else {
       rec = '<span class="muted">No recording statistics in this ' + (DIFF ? 'diff' : 'snapshot') + '.</span>';
     }
+    if (st && num(st.sample_bytes)) {
+      rec = '<div id="sampled-note">Sampled: one block recorded per ' + count(st.sample_bytes) +
+        ' bytes allocated on average, each counted as the blocks it stands for: every number here is an estimate.</div>' + rec;
+    }
     $('recording').innerHTML = rec;
   }
 
