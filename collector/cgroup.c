@@ -54,6 +54,8 @@ uint64_t hd_cgroup_memory_limit(pid_t pid) {
     if (group == NULL) continue;
     *group++ = '\0';
     controllers++;
+    /* A path outside the collector's cgroup namespace ("/../x") names nothing under its mount. */
+    if (strstr(group, "..") != NULL) continue;
     if (strcmp(line, "0") == 0 && controllers[0] == '\0') {
       limit = lowest_limit_on_path("/sys/fs/cgroup", group, "memory.max");
     } else {

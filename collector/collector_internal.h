@@ -50,9 +50,10 @@ typedef struct hd_process {
   char name[HD_NAME_SIZE];
   /* Protected by hd_collector.lock. */
   bool exit_snapshot;
-  bool live;                /* in the live set */
-  uint64_t exit_record;     /* its hd_exit_record's seq once it has left the live set */
-  bool named_store_pending; /* protected by the storage worker's lock: one store at a time */
+  bool live;                  /* in the live set */
+  uint64_t exit_record;       /* its hd_exit_record's seq once it has left the live set */
+  bool named_store_pending;   /* protected by the storage worker's lock: one store at a time */
+  bool trigger_store_pending; /* the same for the trigger's stores (sampler.c) */
   /* Protected by hd_collector.lock: the exit snapshot it stored itself from its exit path, with
    * contents (0: none), which stands for the one the collector would take when it exits. */
   uint32_t exit_stored_id;
@@ -322,6 +323,9 @@ unsigned hd_worker_exits_pending(hd_collector *c);
 HD_MUST_CHECK int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name,
                                           int memfd, bool exit_with_contents, int reply_fd,
                                           uint32_t txid);
+/* Queues storing a snapshot of p's live table named HD_TRIGGER_SNAPSHOT_NAME, answered to no
+ * one; one at a time per process (-EBUSY), apart from the process's own (named, exit). */
+HD_MUST_CHECK int hd_queue_trigger_snapshot(hd_collector *c, hd_process *p);
 /* Queues a rescan of /proc (rate-limited like every scan), unless one is already queued. */
 void hd_queue_discovery(hd_collector *c);
 

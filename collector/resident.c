@@ -186,6 +186,17 @@ static int compare_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Every block carries its tag, recorded or not: sampled, the blocks the recorded ones stand for
+ * (an estimate, as every count of such a process). */
+static uint64_t tag_bytes(hd_process *p, const hd_live_block *blocks, size_t block_count) {
+  const uint64_t sample_bytes = hd_res_reader_sample_bytes(p->res);
+  uint64_t tags = 0;
+  for (size_t i = 0; i < block_count; i++) {
+    tags += hd_sample_weight(blocks[i].address, blocks[i].timestamp, blocks[i].size, sample_bytes);
+  }
+  return tags * HD_TAG_BYTES;
+}
+
 hd_status hd_add_resident_memory(hd_process *p, const hd_live_block *blocks, size_t block_count,
                                  hd_batch_writer *w) {
   if (!hd_process_alive(p)) return HD_OK;
@@ -229,6 +240,6 @@ hd_status hd_add_resident_memory(hd_process *p, const hd_live_block *blocks, siz
                                        .has_file_bytes = true,
                                        .file_bytes = out.files,
                                        .has_tag_bytes = true,
-                                       .tag_bytes = (uint64_t)block_count * HD_TAG_BYTES};
+                                       .tag_bytes = tag_bytes(p, blocks, block_count)};
   return hd_batch_add(w, &e);
 }

@@ -39,8 +39,8 @@ static void check_trigger(hd_collector *c, hd_process *p, const hd_table_stats *
     return;
   }
   if (st->live_bytes < threshold) return;
-  /* Busy with a snapshot the process asked for: tried again at the next sample. */
-  if (hd_queue_named_snapshot(c, p, HD_TRIGGER_SNAPSHOT_NAME, -1, false, -1, 0) != 0) return;
+  /* Still storing the previous one, or out of memory: tried again at the next sample. */
+  if (hd_queue_trigger_snapshot(c, p) != 0) return;
   p->trigger_fired = true;
   hd_log(c, HD_LOG_INFO,
          "%s[%u]: %" PRIu64 " live bytes, over the trigger's %" PRIu64 ": storing a snapshot",

@@ -100,7 +100,7 @@ typedef struct peak_parts {
 /* The blocks and bytes a live block stands for: itself, or what its sampling weight makes it
  * (hd_sample_weight, as the process counted it). */
 static uint64_t weight_of(const hd_live_block *b, uint64_t sample_bytes) {
-  return hd_sample_weight(b->address, b->size, sample_bytes);
+  return hd_sample_weight(b->address, b->timestamp, b->size, sample_bytes);
 }
 
 /* Sums the live blocks allocated by the mark per stack trace. false: out of memory. */

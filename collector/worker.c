@@ -26,7 +26,7 @@ typedef struct job {
   char name[HD_NAME_SIZE];
   int memfd;               /* named snapshots: the frozen allocations copy */
   bool exit_with_contents; /* named snapshots: the process's own exit snapshot */
-  int reply_fd;            /* named snapshots: where to answer */
+  int reply_fd;            /* named snapshots: where to answer; -1: a trigger's, unanswered */
   uint32_t txid;
 } job;
 
@@ -39,13 +39,13 @@ typedef struct job_queue {
  * lock (hd_worker_reserve_exit is called under both, so that a census never misses an exit). */
 typedef struct hd_worker {
   pthread_t named_thread, exit_thread; /* Sync: the thread that starts and stops the worker */
-  pthread_mutex_t lock;     /* guards the fields below and hd_process.named_store_pending */
-  pthread_cond_t wake;      /* both threads wait on it, with lock */
-  job_queue named, at_exit; /* Sync: lock */
-  bool discovery_queued;    /* Sync: lock */
-  unsigned exits_pending;   /* exit snapshots queued or being stored. Sync: lock */
-  bool stopping;            /* Sync: lock */
-  hd_message *scratch;      /* Sync: the named-store thread only (made before it starts) */
+  pthread_mutex_t lock;                /* guards the fields below and hd_process.*_store_pending */
+  pthread_cond_t wake;                 /* both threads wait on it, with lock */
+  job_queue named, at_exit;            /* Sync: lock */
+  bool discovery_queued;               /* Sync: lock */
+  unsigned exits_pending;              /* exit snapshots queued or being stored. Sync: lock */
+  bool stopping;                       /* Sync: lock */
+  hd_message *scratch; /* Sync: the named-store thread only (made before it starts) */
 } hd_worker;
 
 static void push(job_queue *q, job *j) {
@@ -79,7 +79,10 @@ static void store_named(hd_collector *c, hd_message *scratch, job *j) {
   }
   /* Before the answer: the process may send its next request the moment it has it. */
   pthread_mutex_lock(&c->worker->lock);
-  j->process->named_store_pending = false;
+  if (j->reply_fd < 0)
+    j->process->trigger_store_pending = false;
+  else
+    j->process->named_store_pending = false;
   pthread_mutex_unlock(&c->worker->lock);
   if (j->reply_fd < 0) return; /* the collector's own (a trigger): nobody waits for an answer */
   heapdump_process_SnapshotSinkStoreNamedSnapshotResponse resp =
@@ -264,6 +267,27 @@ int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, in
   j->exit_with_contents = exit_with_contents;
   j->reply_fd = reply_fd;
   j->txid = txid;
+  enqueue(w, &w->named, j);
+  return 0;
+}
+
+int hd_queue_trigger_snapshot(hd_collector *c, hd_process *p) {
+  hd_worker *w = c->worker;
+  job *j = calloc(1, sizeof *j);
+  if (j == NULL) return -ENOMEM;
+  /* Its own flag: a trigger never makes the process's own named or exit snapshot busy. */
+  pthread_mutex_lock(&w->lock);
+  const bool busy = p->trigger_store_pending;
+  p->trigger_store_pending = true;
+  pthread_mutex_unlock(&w->lock);
+  if (busy) {
+    free(j);
+    return -EBUSY;
+  }
+  j->process = hd_process_retain(p);
+  snprintf(j->name, sizeof j->name, "%s", HD_TRIGGER_SNAPSHOT_NAME);
+  j->memfd = -1;
+  j->reply_fd = -1;
   enqueue(w, &w->named, j);
   return 0;
 }

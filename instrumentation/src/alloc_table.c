@@ -332,15 +332,20 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
   return 0;
 }
 
-void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes) {
+void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t sample_bytes, uint64_t *blocks,
+                               uint64_t *bytes) {
   *blocks = *bytes = 0;
   const uint32_t high_water = LOAD(&t->hdr->node_high_water);
   for (uint32_t idx = 0; idx < high_water; idx++) {
     const hd_alloc_node *n = &t->nodes[idx];
     const uint64_t address_word = LOAD(&n->address_word);
     if (address_word == 0) continue;
-    ++*blocks;
-    *bytes += hd_node_size(LOAD(&n->size_low), address_word);
+    const uint64_t size = hd_node_size(LOAD(&n->size_low), address_word);
+    const uint64_t k = hd_sample_weight(hd_node_address(address_word),
+                                        hd_node_timestamp(LOAD(&n->time_word), t->hdr->time_base),
+                                        size, sample_bytes);
+    *blocks += k;
+    *bytes += k * size;
   }
 }
 

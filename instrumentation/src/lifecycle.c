@@ -86,19 +86,29 @@ static const char *early_getenv(const char *name) {
   return NULL;
 }
 
+/* A size with an optional K, M or G suffix; dflt for none, 0 or anything else (an unknown
+ * suffix, trailing text). Too large saturates at UINT64_MAX, for the caller's cap. */
 static uint64_t parse_size(const char *s, uint64_t dflt) {
   if (!s || !*s) return dflt;
   uint64_t v = 0;
-  for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (uint64_t)(*s - '0');
-  switch (*s) {
-    case 'k':
-    case 'K': v <<= 10; break;
-    case 'm':
-    case 'M': v <<= 20; break;
-    case 'g':
-    case 'G': v <<= 30; break;
-    default: break;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
+      v = UINT64_MAX;
   }
+  unsigned shift = 0;
+  switch (*s) {
+    case '\0': break;
+    case 'k':
+    case 'K': shift = 10; break;
+    case 'm':
+    case 'M': shift = 20; break;
+    case 'g':
+    case 'G': shift = 30; break;
+    default: return dflt;
+  }
+  if (shift != 0 && s[1] != '\0') return dflt;
+  if (v > UINT64_MAX >> shift) return UINT64_MAX;
+  v <<= shift;
   return v ? v : dflt;
 }
 
@@ -302,7 +312,7 @@ static void fork_prepare(void) {
                                   HD_MEMFD_ALLOCATIONS) == 0) {
     if (hd_res_table_clone_locked(&hd_live_res, &g_fork_res, HD_MEMFD_RESOURCES) == 0) {
       uint64_t live_blocks, live_bytes;
-      hd_alloc_table_sum_locked(&g_fork_alloc, &live_blocks, &live_bytes);
+      hd_alloc_table_sum_locked(&g_fork_alloc, hd_sample_bytes, &live_blocks, &live_bytes);
       hd_res_reconcile_live(&g_fork_res, live_blocks, live_bytes);
       g_fork_copied = 1;
     } else {

@@ -128,7 +128,8 @@ void hd_drain_pending(void) {
                               .flags = op.lg_align};
         hd_tls.writer.last_alloc_address = info.address; /* the thread's latest allocation */
         if (hd_alloc_table_fill(&hd_live_alloc, &hd_tls.writer, op.node, &info)) {
-          const uint64_t blocks = hd_sample_weight(info.address, info.size, hd_sample_bytes);
+          const uint64_t blocks =
+              hd_sample_weight(info.address, info.timestamp, info.size, hd_sample_bytes);
           hd_res_count_alloc(&hd_live_res, &hd_tls.writer, info.stack_key, blocks,
                              blocks * info.size, info.timestamp);
         } else {

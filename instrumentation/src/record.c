@@ -152,7 +152,7 @@ bool hd_sampled_out(size_t size) {
 
 /* The blocks a recorded block stands for: 1, or its sampling weight. */
 static uint64_t blocks_of(const hd_alloc_info *info) {
-  return hd_sample_weight(info->address, info->size, hd_sample_bytes);
+  return hd_sample_weight(info->address, info->timestamp, info->size, hd_sample_bytes);
 }
 
 /* ---- the block's tag */

@@ -110,8 +110,10 @@ void hd_alloc_table_unlock_all(hd_alloc_table *t);
 HD_MUST_CHECK int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst,
                                               uint64_t max_bytes,
                                               const char *memfd_name) HD_MUST_CHECK;
-/* With t locked (or private): the number and total requested size of its live records. */
-void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t *blocks, uint64_t *bytes);
+/* With t locked (or private): the number and total requested size of the blocks its live
+ * records stand for (each weighted by hd_sample_weight at sample_bytes; 0: each one block). */
+void hd_alloc_table_sum_locked(const hd_alloc_table *t, uint64_t sample_bytes, uint64_t *blocks,
+                               uint64_t *bytes);
 /* Hands n of the thread's cached free nodes back to the table's shared free list. */
 void hd_alloc_cache_spill(hd_alloc_table *t, hd_writer_thread *w, uint32_t n);
 /* Turns t into a frozen snapshot: sets HD_ALLOC_FLAG_SNAPSHOT, unmaps, seals F_SEAL_WRITE too.

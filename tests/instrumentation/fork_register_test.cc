@@ -46,6 +46,7 @@ class ForkRegister : public ::testing::TestWithParam<Config> {
   hdtest::RemoveWhenPassed remove{dir};
   hdtest::Collector collector{dir};
   void SetUp() override { collector.Start(); }
+  void ForkAndCompare(const std::vector<std::string> &env);
   std::vector<std::string> Env() const {
     auto env = hdtest::InstrumentedEnv(collector.socket);
     env.push_back(std::string("HEAPDUMP_ALLOCATOR=") + GetParam().allocator);
@@ -53,7 +54,8 @@ class ForkRegister : public ::testing::TestWithParam<Config> {
   }
 };
 
-TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
+// fork-register with the environment given (NAME=VALUE) beside the library's.
+void ForkRegister::ForkAndCompare(const std::vector<std::string> &env) {
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe2(to_child, O_CLOEXEC), 0);
   ASSERT_EQ(pipe2(from_child, O_CLOEXEC), 0);
@@ -64,6 +66,7 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
     setenv("LD_PRELOAD", HD_PRELOAD_LIB, 1);
     setenv("HEAPDUMP_SOCKET", collector.socket.c_str(), 1);
     setenv("HEAPDUMP_ALLOCATOR", GetParam().allocator, 1);
+    for (const std::string &e : env) putenv(strdup(e.c_str()));
     execl(HD_CHILD, HD_CHILD, "fork-register", (char *)nullptr);
     _exit(127);
   }
@@ -86,8 +89,17 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
     EXPECT_EQ(CountSize(*child, 8811), 1);  // inherited from the parent's live set
     EXPECT_EQ(CountSize(*child, 8822), 1);  // its own
     EXPECT_EQ(CountSize(*child, 8833), 0);  // the parent's, after the fork
-    ASSERT_TRUE(child->ra.snapshots[0]->has_stats);
-    EXPECT_EQ(child->ra.snapshots[0]->stats.live_blocks, child->ra.snapshots[0]->allocation_count);
+    // The child's counters start from what it inherited: the blocks (and, sampled, the blocks
+    // they stand for) its snapshot shows.
+    const hd_snapshot *s = child->ra.snapshots[0];
+    ASSERT_TRUE(s->has_stats);
+    uint64_t blocks = 0, bytes = 0;
+    for (size_t i = 0; i < s->allocation_count; i++) {
+      blocks += s->allocations[i].count;
+      bytes += s->allocations[i].size;
+    }
+    EXPECT_EQ(s->stats.live_blocks, blocks);
+    EXPECT_EQ(s->stats.live_bytes, bytes);
 
     auto original = TakeLiveSnapshot(collector.socket, parent);
     ASSERT_EQ(original->status, HD_OK) << original->ra.error;
@@ -104,6 +116,14 @@ TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) {
   ASSERT_EQ(waitpid(parent, &status, 0), parent);
   EXPECT_GT(forked, 0) << out;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ": " << out;
+}
+
+TEST_P(ForkRegister, ChildRegistersAsANewProcessWithItsOwnLiveSet) { ForkAndCompare({}); }
+
+// Sampled (every block of the test's sizes is recorded at this rate, small ones are weighted):
+// the child's counters are the estimates its inherited blocks stand for.
+TEST_P(ForkRegister, ASampledChildStartsFromTheEstimatesItInherits) {
+  ForkAndCompare({"HEAPDUMP_SAMPLE_BYTES=256"});
 }
 
 // A daemon closes every descriptor after start (close_range) and opens its own files, which get

@@ -200,7 +200,7 @@ TEST_F(AllocTable, InsertEraseTwice) {
     EXPECT_EQ(Snapshot(t.memfd.fd).size(), 0u);
   }
   uint64_t blocks, bytes;
-  hd_alloc_table_sum_locked(&t, &blocks, &bytes);
+  hd_alloc_table_sum_locked(&t, 0, &blocks, &bytes);
   EXPECT_EQ(blocks, 0u);
 }
 
@@ -857,7 +857,7 @@ TEST_F(AllocTable, SumCountsEveryLiveRecord) {
   hd_alloc_info out;
   ASSERT_TRUE(Erase(&t, nullptr, 16 * 100, &out));
   uint64_t blocks, bytes;
-  hd_alloc_table_sum_locked(&t, &blocks, &bytes);
+  hd_alloc_table_sum_locked(&t, 0, &blocks, &bytes);
   EXPECT_EQ(blocks, 4999u);
   EXPECT_EQ(bytes, 5000u * 5001 / 2 - 100);
 }
@@ -968,12 +968,13 @@ TEST(SampleWeight, IntegerWeightsAverageTheInverseOfTheProbability) {
     double sum = 0;
     const int blocks = 200000;
     for (int i = 0; i < blocks; i++) {
-      const uint64_t k = hd_sample_weight(0x7f0000000000ull + 16ull * i, size, n);
+      const uint64_t k =
+          hd_sample_weight(0x7f0000000000ull + 16ull * (i % 64), 1000000ull * i, size, n);
       EXPECT_TRUE(k == static_cast<uint64_t>(1 / p) || k == static_cast<uint64_t>(1 / p) + 1);
       sum += static_cast<double>(k);
     }
     EXPECT_NEAR(sum / blocks, 1 / p, 0.005 / p + 0.005) << size;
   }
-  EXPECT_EQ(hd_sample_weight(0x1000, 64, 0), 1u);  // every block recorded
-  EXPECT_EQ(hd_sample_weight(0x1000, 0, n), 1u);
+  EXPECT_EQ(hd_sample_weight(0x1000, 7, 64, 0), 1u);  // every block recorded
+  EXPECT_EQ(hd_sample_weight(0x1000, 7, 0, n), 1u);
 }

@@ -309,7 +309,8 @@ static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size)
     for (size_t i = 0; i < count; i++) {
       const hd_snapshot_allocation *a = g->allocation[first + i];
       /* A zero-size block still owns its address, which a pointer to it holds. */
-      uint64_t size = a->size ? a->size : 1;
+      const uint64_t block = hd_snapshot_block_size(s, a);
+      const uint64_t size = block ? block : 1;
       ranges[i].start = a->address;
       ranges[i].end = a->address + size < a->address ? UINT64_MAX : a->address + size;
     }
@@ -318,10 +319,11 @@ static HD_MUST_CHECK int scan_contents(graph *g, char *error, size_t error_size)
       uint32_t id = first + (uint32_t)i;
       const hd_snapshot_allocation *a = g->allocation[id];
       const hd_snapshot_block *b = hd_snapshot_find_block(s, a->address);
-      if (b != NULL && b->size != a->size) {
+      if (b != NULL && b->size != hd_snapshot_block_size(s, a)) {
         rc = hd_tool_fail(error, error_size, -EINVAL,
                           "block 0x%llx: %zu bytes of contents for a block of %llu bytes",
-                          (unsigned long long)a->address, b->size, (unsigned long long)a->size);
+                          (unsigned long long)a->address, b->size,
+                          (unsigned long long)hd_snapshot_block_size(s, a));
       }
       if (b != NULL && rc == 0) {
         /* Only words aligned in the process's address space can hold a pointer the program

@@ -107,10 +107,12 @@ static bool same_stack(const hd_snapshot *a, const hd_snapshot_stack_trace *ta,
 
 /* Blocks can be matched one by one only if every allocation element is one block at its real
  * address (a pprof profile without tags has one element per stack, at a stand-in address with
- * the top bit set). */
+ * the top bit set); in a sampled snapshot an element of count k is one recorded block. */
 static bool records_blocks(const hd_snapshot *s) {
+  const bool sampled = s->has_stats && s->stats.has_sample_bytes;
   for (size_t i = 0; i < s->allocation_count; i++) {
-    if (s->allocations[i].count != 1 || (s->allocations[i].address >> 63) != 0) return false;
+    if ((s->allocations[i].count != 1 && !sampled) || (s->allocations[i].address >> 63) != 0)
+      return false;
   }
   return true;
 }

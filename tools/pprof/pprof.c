@@ -184,7 +184,8 @@ static bool write_tagged_samples(pb_ostream_t *stream, const pb_field_t *field, 
     const uint64_t values[kSampleTypeCount] = {a->count, a->size, 0, 0, 0, 0};
     label_list labels = {.count = 0};
     add_label(&labels, w->known.address, 0, (int64_t)a->address, 0);
-    add_label(&labels, w->known.bytes, 0, (int64_t)a->size, w->known.bytes);
+    /* The object's size, as Go's label means it (a sampled block's own, not its estimate). */
+    add_label(&labels, w->known.bytes, 0, (int64_t)hd_snapshot_block_size(s, a), w->known.bytes);
     add_label(&labels, w->known.timestamp, 0, a->timestamp, w->known.nanoseconds);
     add_label(&labels, w->known.thread, p->thread_labels[thread - s->threads], 0, 0);
     if (!write_sample(stream, field, w, p, trace, values, &labels)) return false;

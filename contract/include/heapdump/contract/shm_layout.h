@@ -186,8 +186,9 @@ static inline uint64_t hd_node_timestamp(uint64_t time_word, uint64_t time_base)
  * Poisson process of mean interval N, so an allocation of s bytes is recorded with probability
  * p = 1 - e^(-s/N), and a recorded one stands for 1/p blocks (and s/p bytes): the unbiased
  * (Horvitz-Thompson) estimate. It is counted as an integer k of blocks of s bytes, floor(1/p)
- * or the next integer, chosen by a hash of the block's address so that k averages 1/p over
- * blocks and the free of a block takes back exactly what its allocation added. Both the
+ * or the next integer, chosen by a hash of the block's address and allocation time (a loop that
+ * gets the same address back each time still rounds each block its own way) so that k averages
+ * 1/p over blocks, and the free of a block takes back exactly what its allocation added. Both the
  * library and the collector compute it here, in plain double arithmetic (no libm, whose versions
  * could round differently), so they agree on every block. N = 0: every block is recorded, k = 1. */
 static inline double hd_sample_probability(uint64_t size, uint64_t sample_bytes) {
@@ -218,13 +219,15 @@ static inline double hd_sample_probability(uint64_t size, uint64_t sample_bytes)
  * size (< 2^48) stays far from overflowing. */
 #define HD_MAX_SAMPLE_BYTES (UINT64_C(1) << 40)
 
-static inline uint64_t hd_sample_weight(uint64_t address, uint64_t size, uint64_t sample_bytes) {
+/* timestamp: the block's, as its node keeps it (hd_node_timestamp). */
+static inline uint64_t hd_sample_weight(uint64_t address, uint64_t timestamp, uint64_t size,
+                                        uint64_t sample_bytes) {
   if (sample_bytes == 0 || size == 0) return 1;
   const double w = 1 / hd_sample_probability(size, sample_bytes);
   if (w >= 18446744073709549568.0) return UINT64_MAX;
   uint64_t k = (uint64_t)w;
   const double frac = w - (double)k;
-  uint64_t h = (address ^ UINT64_C(0x9E3779B97F4A7C15)) * UINT64_C(0xBF58476D1CE4E5B9);
+  uint64_t h = (address ^ timestamp * UINT64_C(0x9E3779B97F4A7C15)) * UINT64_C(0xBF58476D1CE4E5B9);
   h ^= h >> 31;
   h *= UINT64_C(0x94D049BB133111EB);
   h ^= h >> 29;
