@@ -248,14 +248,16 @@ unsigned hd_worker_exits_pending(hd_collector *c) {
   return n;
 }
 
-int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
-                            bool exit_with_contents, int reply_fd, uint32_t txid) {
+/* Queues a store of p unless one of its kind (*pending, under the worker's lock) is queued or
+ * running: -EBUSY then, -ENOMEM if it could not be queued. */
+static int queue_store(hd_collector *c, hd_process *p, bool *pending, const char *name, int memfd,
+                       bool exit_with_contents, int reply_fd, uint32_t txid) {
   hd_worker *w = c->worker;
   job *j = calloc(1, sizeof *j);
   if (j == NULL) return -ENOMEM;
   pthread_mutex_lock(&w->lock);
-  const bool busy = p->named_store_pending;
-  p->named_store_pending = true;
+  const bool busy = *pending;
+  *pending = true;
   pthread_mutex_unlock(&w->lock);
   if (busy) {
     free(j);
@@ -271,25 +273,15 @@ int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, in
   return 0;
 }
 
+int hd_queue_named_snapshot(hd_collector *c, hd_process *p, const char *name, int memfd,
+                            bool exit_with_contents, int reply_fd, uint32_t txid) {
+  return queue_store(c, p, &p->named_store_pending, name, memfd, exit_with_contents, reply_fd,
+                     txid);
+}
+
 int hd_queue_trigger_snapshot(hd_collector *c, hd_process *p) {
-  hd_worker *w = c->worker;
-  job *j = calloc(1, sizeof *j);
-  if (j == NULL) return -ENOMEM;
   /* Its own flag: a trigger never makes the process's own named or exit snapshot busy. */
-  pthread_mutex_lock(&w->lock);
-  const bool busy = p->trigger_store_pending;
-  p->trigger_store_pending = true;
-  pthread_mutex_unlock(&w->lock);
-  if (busy) {
-    free(j);
-    return -EBUSY;
-  }
-  j->process = hd_process_retain(p);
-  snprintf(j->name, sizeof j->name, "%s", HD_TRIGGER_SNAPSHOT_NAME);
-  j->memfd = -1;
-  j->reply_fd = -1;
-  enqueue(w, &w->named, j);
-  return 0;
+  return queue_store(c, p, &p->trigger_store_pending, HD_TRIGGER_SNAPSHOT_NAME, -1, false, -1, 0);
 }
 
 void hd_queue_discovery(hd_collector *c) {
