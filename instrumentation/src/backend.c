@@ -296,3 +296,36 @@ bool hd_backend_grants(size_t size) {
   leave();
   return ok;
 }
+
+/* ---- the dormant library's calls (dormant.c): glibc's, with no tag, as if the library were
+ * not there. The thread is marked as inside the allocator, so that a signal handler that
+ * interrupts one does not arm the library from there. */
+
+void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) {
+  enter();
+  void *p = lg_align != 0 ? __libc_memalign((size_t)1 << lg_align, size)
+            : zero        ? __libc_calloc(1, size)
+                          : __libc_malloc(size);
+  if (p && zero && lg_align != 0) memset(p, 0, size);
+  leave();
+  return p;
+}
+
+void hd_backend_free_untagged(void *p) {
+  enter();
+  __libc_free(p);
+  leave();
+}
+
+void *hd_backend_realloc_untagged(void *p, size_t size) {
+  enter();
+  void *q = __libc_realloc(p, size);
+  leave();
+  return q;
+}
+
+size_t hd_backend_usable_untagged(void *p) { return g_libc_usable(p); }
+
+/* What glibc's statistics (mallinfo2: uordblks + hblkhd) count for a block of the system
+ * backend: its chunk, header and padding included. */
+size_t hd_backend_footprint(void *p) { return ((const size_t *)p)[-1] & ~(size_t)7; }

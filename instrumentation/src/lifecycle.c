@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -32,6 +33,11 @@ uint64_t hd_sample_bytes;
 
 static char g_exe_name[HD_REGION_NAME_MAX];
 static int g_follow_children = 1;
+/* The configuration the tables are made with: at init, or when a dormant process is armed. */
+static int g_unwind_method = HD_UNWIND_CFI;
+static unsigned g_max_frames = HD_MAX_FRAMES;
+static uint64_t g_max_memory;
+static uintptr_t g_own_text_lo, g_own_text_hi;
 /* Its destructor hands a thread's writer state back when the thread exits. */
 static pthread_key_t g_thread_exit_key;
 static bool g_thread_exit_key_made;
@@ -177,6 +183,33 @@ static void note_memory_not_the_programs(void) {
   hd_backend_publish_mappings();
 }
 
+/* The live tables, empty, and the unwinder set up to fill them. */
+static bool create_tables(void) {
+  if (hd_alloc_table_create(&hd_live_alloc, g_max_memory / 4 * 3, HD_MEMFD_ALLOCATIONS) != 0)
+    return false;
+  /* Nodes keep their time as an offset from this: no allocation is timed before it. */
+  hd_live_alloc.hdr->time_base = hd_now_ns();
+  if (hd_res_table_create(&hd_live_res, g_max_memory / 4, HD_MEMFD_RESOURCES) != 0) {
+    hd_alloc_table_destroy(&hd_live_alloc);
+    return false;
+  }
+  hd_live_res.hdr->sample_bytes = hd_sample_bytes;
+  if (hd_sample_bytes != 0)
+    __atomic_fetch_or(&hd_record_filter, HD_FILTER_SAMPLED, __ATOMIC_RELAXED);
+  hd_stack_configure(g_unwind_method, g_max_frames, g_own_text_lo, g_own_text_hi);
+  return true;
+}
+
+/* HEAPDUMP_DORMANT=1, or the library named in /etc/ld.so.preload (loaded into every process)
+ * and not in LD_PRELOAD (which `heapdump run` and users set to record from the start);
+ * HEAPDUMP_DORMANT=0 records from the start wherever the library was loaded from. */
+static bool dormant_wanted(void) {
+  const char *dormant = early_getenv(HD_ENV_DORMANT);
+  if (dormant != NULL) return strcmp(dormant, "1") == 0;
+  const char *preload = early_getenv("LD_PRELOAD");
+  return (preload == NULL || strstr(preload, "libheapdump") == NULL) && hd_preload_file_names_us();
+}
+
 void hd_init_slow(void) {
   if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
   /* Guard first: a signal handler allocating right after the state change below must forward,
@@ -195,36 +228,30 @@ void hd_init_slow(void) {
     }
     return;
   }
+  /* A dormant process's blocks are glibc's, untagged: recording, once armed, stays on glibc. */
+  const bool dormant = dormant_wanted();
   const char *a = early_getenv(HD_ENV_ALLOCATOR);
-  hd_backend_init(a && strcmp(a, "system") == 0);
+  hd_backend_init(dormant || (a && strcmp(a, "system") == 0));
   const char *u = early_getenv(HD_ENV_UNWIND);
-  int method = HD_UNWIND_CFI;
-  if (u != NULL && strcmp(u, "fp") == 0) method = HD_UNWIND_FP;
-  if (u != NULL && strcmp(u, "libunwind") == 0) method = HD_UNWIND_LIBUNWIND;
-  if (u != NULL && strcmp(u, "compare") == 0) method = HD_UNWIND_COMPARE;
-  unsigned max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
-  uint64_t max_mem = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
+  if (u != NULL && strcmp(u, "fp") == 0) g_unwind_method = HD_UNWIND_FP;
+  if (u != NULL && strcmp(u, "libunwind") == 0) g_unwind_method = HD_UNWIND_LIBUNWIND;
+  if (u != NULL && strcmp(u, "compare") == 0) g_unwind_method = HD_UNWIND_COMPARE;
+  g_max_frames = (unsigned)parse_size(early_getenv(HD_ENV_MAX_FRAMES), HD_MAX_FRAMES);
+  g_max_memory = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
   const char *clock = early_getenv(HD_ENV_CLOCK);
   if (clock && strcmp(clock, "precise") == 0) hd_clock = CLOCK_MONOTONIC;
   const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
   hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
   const char *f = early_getenv(HD_ENV_FOLLOW_CHILDREN);
   g_follow_children = !(f && strcmp(f, "0") == 0);
-  uintptr_t lo, hi;
-  own_text_range(&lo, &hi);
+  own_text_range(&g_own_text_lo, &g_own_text_hi);
   int state = HD_STATE_OFF;
-  if (!program_selected(getpid())) {
-    /* not chosen: stay off, tables never created */
-  } else if (hd_alloc_table_create(&hd_live_alloc, max_mem / 4 * 3, HD_MEMFD_ALLOCATIONS) == 0) {
-    /* Nodes keep their time as an offset from this: no allocation is timed before it. */
-    hd_live_alloc.hdr->time_base = hd_now_ns();
-    if (hd_res_table_create(&hd_live_res, max_mem / 4, HD_MEMFD_RESOURCES) == 0) {
-      hd_live_res.hdr->sample_bytes = hd_sample_bytes;
-      hd_stack_configure(method, max_frames, lo, hi);
-      state = HD_STATE_READY;
-    } else {
-      hd_alloc_table_destroy(&hd_live_alloc);
-    }
+  if (dormant) {
+    /* Off until armed: the tables are made then, with the rate the collector asks for. */
+    hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
+    __atomic_store_n(&hd_dormant, 1, __ATOMIC_RELEASE);
+  } else if (program_selected(getpid()) && create_tables()) {
+    state = HD_STATE_READY;
   }
   hd_tls.guard--;
   __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
@@ -334,6 +361,7 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
   hd_backend_after_fork_child();
+  hd_dormant_after_fork_child();
   /* Sampled recording: the child draws its own sample points, not the parent's sequence (the
    * generator is seeded again from the child's tid at its next draw). */
   hd_tls.sample_random = 0;
@@ -432,13 +460,11 @@ static void exit_leak_check(void *unused) {
   hd_owned_fd_close(&memfd);
 }
 
-__attribute__((constructor)) static void hd_constructor(void) {
-  hd_ensure_init();
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+/* What recording needs beyond the tables, set up once they exist: at start, or when armed. */
+static void start_services(void) {
   hd_tls.guard++;
   ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
   g_exe_name[n > 0 ? n : 0] = 0;
-  pthread_atfork(fork_prepare, fork_parent, fork_child);
   g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
   hd_tls.guard--;
   if (!g_follow_children) strip_from_ld_preload();
@@ -448,4 +474,55 @@ __attribute__((constructor)) static void hd_constructor(void) {
   hd_rescan_regions();
   hd_register_with_collector();
   if (hd_exit_with_contents_wanted()) __cxa_atexit(exit_leak_check, NULL, NULL);
+}
+
+__attribute__((constructor)) static void hd_constructor(void) {
+  hd_ensure_init();
+  const bool dormant = __atomic_load_n(&hd_dormant, __ATOMIC_ACQUIRE) != 0;
+  const bool ready = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  /* A dormant process too: a fork while another thread arms it must give the child tables of
+   * its own, never the parent's shared ones. */
+  if (dormant || ready) {
+    hd_tls.guard++;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    hd_tls.guard--;
+  }
+  if (!ready) return;
+  start_services();
+}
+
+/* From a dormant process's allocation (dormant.c), with no lock of ours held. Until hd_dormant
+ * is cleared, at the end, other threads go on forwarding to glibc untagged, as this one's own
+ * allocations do meanwhile (guard): all such blocks are the unattributed bytes, which glibc's
+ * statistics count last, just before recording starts. The tables say "armed" only then, so a
+ * client that saw it (`heapdump arm` waits for it) knows every later allocation is recorded. */
+bool hd_arm(uint64_t sample_bytes) {
+  hd_tls.guard++;
+  hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
+  const bool made = create_tables();
+  hd_tls.guard--;
+  if (!made) return false;
+  hd_note_untagged_blocks();
+  __atomic_store_n(&hd_state, HD_STATE_READY, __ATOMIC_RELEASE);
+  note_memory_not_the_programs();
+  start_services();
+  hd_tls.guard++;
+  const struct mallinfo2 glibc = mallinfo2();
+  hd_tls.guard--;
+  __atomic_store_n(&hd_live_res.hdr->unattributed_bytes, (uint64_t)(glibc.uordblks + glibc.hblkhd),
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&hd_dormant, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&hd_live_res.hdr->arm_state, HD_ARM_ARMED, __ATOMIC_RELEASE);
+  return true;
+}
+
+void hd_set_paused(bool paused) {
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (paused)
+    __atomic_fetch_or(&hd_record_filter, HD_FILTER_PAUSED, __ATOMIC_RELAXED);
+  else
+    __atomic_fetch_and(&hd_record_filter, ~(uint32_t)HD_FILTER_PAUSED, __ATOMIC_RELAXED);
+  /* After the filter: a client that sees the state knows every later allocation follows it. */
+  __atomic_store_n(&hd_live_res.hdr->arm_state, paused ? HD_ARM_DISARMED : HD_ARM_ARMED,
+                   __ATOMIC_RELEASE);
 }

@@ -28,7 +28,11 @@ static void defer_record(void *p, size_t size, unsigned lg_align, size_t usable)
   if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
   /* Sampled like a hook's allocation; a handler that interrupts the hook's own countdown
    * update may lose or repeat one interval, which only moves the sample points. */
-  if (hd_sampled_out(size)) return;
+  const hd_record_choice choice = hd_choose(size);
+  if (choice != HD_RECORD) {
+    if (choice == HD_UNATTRIBUTED) hd_leave_out(p, usable, choice);
+    return;
+  }
   hd_pending_op op = {.ptr = p,
                       .size = size,
                       .lg_align = lg_align & HD_NODE_ALIGN_MASK,

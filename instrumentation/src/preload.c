@@ -1,6 +1,7 @@
 /* The LD_PRELOAD shim of the allocation family: guard, forward to the backend, record. Nothing
  * else lives here. A call made while this thread is already inside the library (its own code, or
- * a signal handler that interrupted a hook) takes the nested path of runtime.h instead. */
+ * a signal handler that interrupted a hook) takes the nested path of runtime.h instead; a dormant
+ * library (dormant.c) forwards to glibc and does nothing else. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -15,8 +16,16 @@ static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
 static inline bool nested(void) { return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook) != 0); }
 
+static inline bool dormant(void) {
+  return HD_UNLIKELY(__atomic_load_n(&hd_dormant, __ATOMIC_ACQUIRE) != 0);
+}
+
 static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
   hd_ensure_init();
+  if (dormant()) {
+    hd_arm_poll(); /* may arm: then this allocation is the first recorded */
+    if (dormant()) return hd_backend_alloc_untagged(size, lg_align, zero);
+  }
   if (nested()) return hd_nested_alloc(size, lg_align, zero);
   hd_hook_enter();
   size_t usable;
@@ -54,6 +63,10 @@ EXPORT void *calloc(size_t n, size_t size) {
 EXPORT void free(void *p) {
   if (!p) return;
   hd_ensure_init();
+  if (dormant()) {
+    hd_backend_free_untagged(p);
+    return;
+  }
   if (nested()) {
     hd_nested_free(p);
     return;
@@ -82,6 +95,7 @@ EXPORT void *realloc(void *p, size_t size) {
     return NULL;
   }
   hd_ensure_init();
+  if (dormant()) return hd_backend_realloc_untagged(p, size);
   if (nested()) return hd_nested_realloc(p, size);
   hd_hook_enter();
   void *q = hd_realloc_recorded(p, size);
@@ -126,7 +140,10 @@ EXPORT void *pvalloc(size_t size) {
 EXPORT size_t malloc_usable_size(void *p) {
   if (!p) return 0;
   hd_ensure_init();
-  return hd_backend_usable(p) - HD_TAG_BYTES; /* the tag is not the program's */
+  if (dormant()) return hd_backend_usable_untagged(p);
+  /* The tag is not the program's (a block from before arming has none: it is told 8 bytes less
+   * than it has, which is safe). */
+  return hd_backend_usable(p) - HD_TAG_BYTES;
 }
 
 /* jemalloc's non-standard API, for the programs that call it themselves: folly does, once it

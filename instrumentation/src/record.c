@@ -133,21 +133,24 @@ static int64_t draw_sample_interval(void) {
   return bytes < 1 ? 1 : bytes > 9e18 ? INT64_MAX : (int64_t)bytes;
 }
 
-/* Whether an allocation of size bytes is left unrecorded by sampling: this thread's countdown
- * of bytes to its next sample point has not run out. The allocation that uses it up is
- * recorded, and a new interval is drawn (the process is memoryless, so where the point fell
- * inside the block does not matter). */
-bool hd_sampled_out(size_t size) {
-  if (HD_LIKELY(hd_sample_bytes == 0)) return false;
+uint32_t hd_record_filter;
+
+/* Paused: left out. Sampled: left out while this thread's countdown of bytes to its next sample
+ * point has not run out; the allocation that uses it up is recorded, and a new interval is
+ * drawn (the process is memoryless, so where the point fell inside the block does not matter). */
+hd_record_choice hd_choose_slow(size_t size) {
+  const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
+  if (filter & HD_FILTER_PAUSED) return HD_UNATTRIBUTED;
+  if (!(filter & HD_FILTER_SAMPLED)) return HD_RECORD;
   int64_t left = hd_tls.sample_countdown;
   if (HD_UNLIKELY(left == 0)) left = draw_sample_interval(); /* the thread's first */
   left -= (int64_t)size;
   if (HD_LIKELY(left > 0)) {
     hd_tls.sample_countdown = left;
-    return true;
+    return HD_SAMPLED_OUT;
   }
   hd_tls.sample_countdown = draw_sample_interval();
-  return false;
+  return HD_RECORD;
 }
 
 /* The blocks a recorded block stands for: 1, or its sampling weight. */
@@ -174,9 +177,21 @@ typedef struct block_tag {
   uint32_t link;
 } block_tag;
 
-/* The link of a freed block: no node has it (a table holds fewer than 2^32 - 1), so a second free
+/* The link of a freed block: no node has it (a table holds fewer than 2^32 - 2), so a second free
  * of the block, which finds it with a valid check, is a double free. */
 #define TAG_FREED UINT32_MAX
+/* The link of a block allocated while recording was paused: not recorded, its bytes counted as
+ * unattributed until it is freed. */
+#define TAG_UNATTRIBUTED (UINT32_MAX - 1)
+
+/* Set once a dormant process is armed: blocks without a tag (allocated before arming) may be
+ * freed from now on. A tag whose check fails is then most likely one of those (its bytes are
+ * the program's), and is counted as an overwrite only if its link does find the block's node. */
+static bool g_untagged_blocks;
+
+static void add_unattributed(int64_t bytes) {
+  __atomic_fetch_add(&hd_live_res.hdr->unattributed_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+}
 
 static uint32_t tag_check(uint64_t address, uint32_t link) {
   uint64_t h = (address ^ ((uint64_t)link << 32) ^ UINT64_C(0x2545F4914F6CDD1D)) *
@@ -197,6 +212,19 @@ void hd_tag_set_at(void *p, size_t usable, uint32_t index) {
 
 void hd_tag_set(void *p, uint32_t index) { hd_tag_set_at(p, hd_backend_usable(p), index); }
 
+void hd_leave_out(void *p, size_t usable, hd_record_choice choice) {
+  if (choice != HD_UNATTRIBUTED) {
+    hd_tag_set_at(p, usable, HD_NO_NODE);
+    return;
+  }
+  block_tag *tag = tag_at(p, usable);
+  tag->link = TAG_UNATTRIBUTED;
+  tag->check = tag_check((uint64_t)(uintptr_t)p, tag->link);
+  add_unattributed((int64_t)hd_backend_footprint(p));
+}
+
+void hd_note_untagged_blocks(void) { g_untagged_blocks = true; }
+
 /* A block freed twice: the program's heap is corrupt from here on (the allocator would hand the
  * block out twice), so it ends as glibc ends it, with a message and SIGABRT. */
 __attribute__((noreturn, cold)) static void double_free(const char *call, void *p) {
@@ -210,16 +238,25 @@ __attribute__((noreturn, cold)) static void double_free(const char *call, void *
 }
 
 /* The node recording block p (of the usable size given), or HD_NO_NODE if it is not recorded;
- * call names the program's call, for a double free. */
-static uint32_t node_of_at(void *p, size_t usable, const char *call) {
+ * call names the program's call, for a double free. *unattributed: the block's bytes are counted
+ * as unattributed if it has no record (a block of a paused process, or one without a tag). */
+static uint32_t node_of_at(void *p, size_t usable, const char *call, bool *unattributed) {
   const block_tag tag = *tag_at(p, usable);
   const uint64_t address = (uint64_t)(uintptr_t)p;
   if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
-    if (HD_UNLIKELY(tag.link == TAG_FREED)) double_free(call, p);
+    if (HD_UNLIKELY(tag.link >= TAG_UNATTRIBUTED)) {
+      /* A block from before arming may end in what reads as a freed block's tag. */
+      if (tag.link == TAG_FREED && !g_untagged_blocks) double_free(call, p);
+      *unattributed = true;
+      return HD_NO_NODE;
+    }
     return tag.link == 0 ? HD_NO_NODE : tag.link - 1;
   }
-  hd_res_count_overwritten_tag(&hd_live_res);
-  return tag.link == 0 || tag.link == TAG_FREED ? HD_NO_NODE : tag.link - 1;
+  if (g_untagged_blocks)
+    *unattributed = true;
+  else
+    hd_res_count_overwritten_tag(&hd_live_res);
+  return tag.link == 0 || tag.link >= TAG_UNATTRIBUTED ? HD_NO_NODE : tag.link - 1;
 }
 
 /* Marks block p freed, before it goes back to the allocator. */
@@ -230,7 +267,8 @@ static void tag_freed(void *p, size_t usable) {
 }
 
 static uint32_t node_of(void *p, const char *call) {
-  return node_of_at(p, hd_backend_usable(p), call);
+  bool unattributed = false; /* only the system backend, not this caller's, has such blocks */
+  return node_of_at(p, hd_backend_usable(p), call, &unattributed);
 }
 
 /* Records info in a node; the node, or HD_NO_NODE if the table could not (counted). */
@@ -276,9 +314,11 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
     return;
   }
-  if (hd_sampled_out(size)) {
+  hd_arm_poll(); /* an armed process's next request (one load; never moves for the others) */
+  const hd_record_choice choice = hd_choose(size);
+  if (choice != HD_RECORD) {
     hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* see count_if_temporary */
-    hd_tag_set_at(p, usable, HD_NO_NODE);
+    hd_leave_out(p, usable, choice);
     return;
   }
   hd_alloc_info info;
@@ -290,9 +330,15 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
  * *old filled if it had one. */
 static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info *old) {
   if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
-  const uint32_t index = node_of_at(p, usable, call);
-  return index != HD_NO_NODE &&
-         hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old);
+  bool unattributed = false;
+  const uint32_t index = node_of_at(p, usable, call, &unattributed);
+  if (index != HD_NO_NODE &&
+      hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old)) {
+    if (HD_UNLIKELY(unattributed)) hd_res_count_overwritten_tag(&hd_live_res); /* see above */
+    return true;
+  }
+  if (HD_UNLIKELY(unattributed)) add_unattributed(-(int64_t)hd_backend_footprint(p));
+  return false;
 }
 
 /* last_alloc_address: this thread's latest allocation before the free (see
@@ -356,13 +402,14 @@ void *hd_realloc_recorded(void *p, size_t size) {
       return p;
     }
     hd_alloc_info info, old;
-    if (hd_sampled_out(size)) {
+    const hd_record_choice choice = hd_choose(size);
+    if (choice != HD_RECORD) {
       /* The block of the new size is not sampled: its old record, if any, goes. */
       if (index != HD_NO_NODE &&
           hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, &old))
         count_freed(&old, last_alloc_address);
       hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p;
-      hd_tag_set_at(p, resized_usable, HD_NO_NODE);
+      hd_leave_out(p, resized_usable, choice);
       return p;
     }
     /* Same address: one record rewritten in one critical section. */

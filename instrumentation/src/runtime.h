@@ -159,6 +159,13 @@ static inline void hd_backend_publish_waiting_mappings(void) {
 }
 /* In a fork child: the queue of changes starts afresh (backend.c). */
 void hd_backend_after_fork_child(void) HD_HIDDEN;
+/* The dormant library's calls: glibc's own, no tag (the block is the program's alone). */
+void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) HD_HIDDEN;
+void hd_backend_free_untagged(void *p) HD_HIDDEN;
+void *hd_backend_realloc_untagged(void *p, size_t size) HD_HIDDEN;
+size_t hd_backend_usable_untagged(void *p) HD_HIDDEN;
+/* glibc's chunk size of a system-backend block, as its statistics (mallinfo2) count it. */
+size_t hd_backend_footprint(void *p) HD_HIDDEN;
 
 /* ---- record.c: the hot path ---- */
 
@@ -166,14 +173,59 @@ void hd_backend_after_fork_child(void) HD_HIDDEN;
 void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) HD_HIDDEN;
 /* Erases p's record (if any) and frees it through the backend. */
 void hd_free_recorded(void *p) HD_HIDDEN;
-/* Sampled recording: whether an allocation of size bytes goes unrecorded (always false when
- * every block is recorded). Moves this thread's countdown. */
-bool hd_sampled_out(size_t size) HD_HIDDEN;
+/* What becomes of a new block: recorded, left out by sampling, or left out while recording is
+ * paused (its bytes then counted as unattributed). hd_record_filter is 0 when every block is
+ * recorded (one load decides); its bits say sampling is on and recording is paused. */
+enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2 };
+extern uint32_t hd_record_filter HD_HIDDEN;
+typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_record_choice;
+hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
+/* Moves this thread's sampling countdown when sampling is on. */
+static inline hd_record_choice hd_choose(size_t size) {
+  if (HD_LIKELY(__atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == 0)) return HD_RECORD;
+  return hd_choose_slow(size);
+}
+/* A new block left out (choice not HD_RECORD): its tag written and, while paused, its bytes
+ * counted as unattributed. */
+void hd_leave_out(void *p, size_t usable, hd_record_choice choice) HD_HIDDEN;
+/* From arming on: frees may meet blocks without a tag (allocated while dormant). */
+void hd_note_untagged_blocks(void) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;
 /* Writes block p's tag: the node that records it (HD_NO_NODE: none). usable: the block's usable
  * size where the caller has it (hd_tag_set looks it up). */
 void hd_tag_set_at(void *p, size_t usable, uint32_t index) HD_HIDDEN;
 void hd_tag_set(void *p, uint32_t index) HD_HIDDEN;
+
+/* ---- dormant.c: the dormant library, armed and disarmed through the arm page ---- */
+
+/* 1 while the library only forwards to glibc (HEAPDUMP_DORMANT=1, or named in
+ * /etc/ld.so.preload and not in LD_PRELOAD) and no collector has armed it; 0 otherwise, and
+ * for good once armed. Set at init, cleared (release) once recording is set up. */
+extern int hd_dormant HD_HIDDEN;
+/* The arm page's generation word (contract/arm_page.h), or a zero that never moves where no
+ * page is mapped; and the generation this process last acted on. */
+extern const uint64_t *hd_arm_generation HD_HIDDEN;
+extern uint64_t hd_arm_seen HD_HIDDEN;
+void hd_arm_poll_slow(void) HD_HIDDEN;
+/* Acts on the collector's request for this process, if the page moved: one load when not. */
+static inline void hd_arm_poll(void) {
+  if (HD_UNLIKELY(__atomic_load_n(hd_arm_generation, __ATOMIC_RELAXED) !=
+                  __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED)))
+    hd_arm_poll_slow();
+}
+/* At init, for a dormant process: maps the arm page beside the collector's socket (the
+ * variables' values, NULL when unset), read-only. */
+void hd_dormant_map_page(const char *socket, const char *runtime_dir) HD_HIDDEN;
+/* In a fork child: no other thread is acting on a request. */
+void hd_dormant_after_fork_child(void) HD_HIDDEN;
+/* Whether /etc/ld.so.preload names libheapdump (read with raw syscalls: no allocation). */
+bool hd_preload_file_names_us(void) HD_HIDDEN;
+
+/* lifecycle.c: what the requests do. Arming creates the tables, registers and starts recording
+ * (false if the tables cannot be made: the process stays dormant); pausing and resuming switch
+ * recording of new blocks off and on (frees always take records out). */
+bool hd_arm(uint64_t sample_bytes) HD_HIDDEN;
+void hd_set_paused(bool paused) HD_HIDDEN;
 
 /* ---- nested.c: nested calls and the signal queue ---- */
 

@@ -35,6 +35,9 @@
 /* mean bytes between recorded blocks (sampled recording); unset or 0: every block */
 #define HD_ENV_SAMPLE_BYTES "HEAPDUMP_SAMPLE_BYTES"
 #define HD_ENV_SNAPSHOT_TIMEOUT "HEAPDUMP_SNAPSHOT_TIMEOUT"
+/* 1: the library stays dormant (forwards to glibc, records nothing) until a collector arms it
+ * (`heapdump arm`); 0: records from the start even when /etc/ld.so.preload loaded it. */
+#define HD_ENV_DORMANT "HEAPDUMP_DORMANT"
 #define HD_ENV_LIBRARY "HEAPDUMP_LIBRARY" /* the library `run` preloads */
 
 /* The names of the snapshots the collector stores by itself, for processes registered with exit

@@ -286,7 +286,10 @@ typedef struct hd_res_header {
   uint64_t records_offset; /* first record */
   uint64_t used;           /* atomic; end of the published records (release/acquire) */
   uint32_t pid;
-  uint32_t reserved0;
+  /* HD_ARM_*: whether the process records since it started, or since a collector armed it (the
+   * dormant library, contract/arm_page.h), or records nothing new since it was disarmed. Zero
+   * in a table whose writer did not know the field (it was reserved, so zero). Atomic. */
+  uint32_t arm_state;
   uint64_t start_time_ns; /* CLOCK_MONOTONIC when the table was created */
   hd_stats_block stats;
   uint32_t counters_head; /* atomic (release/acquire): newest HD_REC_COUNTERS record, 0 = none */
@@ -322,8 +325,19 @@ typedef struct hd_res_header {
    * count of this table (stats, counters records, hd_rec_stack's) is then an estimate: each
    * recorded block counted as the hd_sample_weight blocks it stands for. */
   uint64_t sample_bytes;
-  uint64_t reserved;
+  /* Atomic, relaxed, signed (two's complement): the bytes of live blocks that have no record
+   * because they were allocated before the process was armed or while it was disarmed, as
+   * glibc's statistics count them (chunk headers included): set when armed from glibc's
+   * mallinfo2, less each such block freed. An estimate; a reader takes a negative value as 0.
+   * Zero in a table whose writer did not know the field (it was reserved, so zero). */
+  uint64_t unattributed_bytes;
 } hd_res_header;
+
+enum {
+  HD_ARM_FROM_START = 0, /* recording since the process started */
+  HD_ARM_ARMED = 1,      /* dormant, then armed: recording blocks allocated since */
+  HD_ARM_DISARMED = 2,   /* armed, then disarmed: recording no new block */
+};
 
 /* Every record starts with this; size is the whole record incl. header and padding, a
  * multiple of 8. */
@@ -491,7 +505,7 @@ HD_PIN(hd_res_header, total_size, 16);
 HD_PIN(hd_res_header, records_offset, 24);
 HD_PIN(hd_res_header, used, 32);
 HD_PIN(hd_res_header, pid, 40);
-HD_PIN(hd_res_header, reserved0, 44);
+HD_PIN(hd_res_header, arm_state, 44);
 HD_PIN(hd_res_header, start_time_ns, 48);
 HD_PIN(hd_res_header, stats, 56);
 HD_PIN(hd_res_header, counters_head, 120);
@@ -502,7 +516,7 @@ HD_PIN(hd_res_header, unwind_tables_refused, 144);
 HD_PIN(hd_res_header, peak_mark, 152);
 HD_PIN(hd_res_header, peak_mark_bytes, 160);
 HD_PIN(hd_res_header, sample_bytes, 168);
-HD_PIN(hd_res_header, reserved, 176);
+HD_PIN(hd_res_header, unattributed_bytes, 176);
 HD_PIN_SIZE(hd_res_header, 184);
 
 HD_PIN(hd_rec_header, type, 0);
