@@ -209,6 +209,9 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   if (rc == 0 && fcntl(c->listen_fd, F_SETFL, fcntl(c->listen_fd, F_GETFL) | O_NONBLOCK) != 0) {
     rc = -errno;
   }
+  /* Without its arm page the collector still serves everything else: dormant processes then
+   * cannot be armed (ArmProcess says so). */
+  if (rc == 0) (void)hd_arming_open(c);
   if (rc == 0) rc = hd_worker_start(c);
   if (rc == 0) rc = hd_sampler_start(c);
   if (rc != 0) {
@@ -343,6 +346,7 @@ void hd_collector_destroy(hd_collector *c) {
   }
   if (c->wake[0] >= 0) close(c->wake[0]);
   if (c->wake[1] >= 0) close(c->wake[1]);
+  hd_arming_close(c);
   hd_storage_close(c);
   free(c->conns);
   free(c->scratch);

@@ -157,6 +157,12 @@ struct hd_collector {
   /* Sync: the pointer fixed; the table the poll thread's only (connections.h). */
   struct conn_table *conns;
   hd_message *scratch; /* Sync: the poll thread only */
+  /* The arm page (arming.c), NULL if it could not be opened; its file's identity, which a
+   * dormant process's /proc/PID/maps shows. Sync: the pointer fixed; written by the poll thread
+   * only. */
+  struct hd_arm_page *arm_page;
+  dev_t arm_page_dev;
+  ino_t arm_page_ino;
   /* What the collector did, for its metrics (http.c). Sync: atomic */
   atomic_uint_fast64_t live_streams_served, stored_streams_served, warnings_logged;
 };
@@ -205,6 +211,13 @@ void hd_process_exited(hd_collector *c, hd_process *p);
 heapdump_client_CollectorError hd_select_processes(hd_collector *c, uid_t uid, bool has_selector,
                                                    const heapdump_client_ProcessSelector *sel,
                                                    bool multi, hd_process **out, size_t *count);
+/* The protocol's name for a table's hd_res_header.arm_state. */
+static inline heapdump_client_RecordingState hd_recording_state(uint32_t arm_state) {
+  return arm_state == HD_ARM_ARMED      ? heapdump_client_RecordingState_RECORDING_ARMED
+         : arm_state == HD_ARM_DISARMED ? heapdump_client_RecordingState_RECORDING_DISARMED
+                                        : heapdump_client_RecordingState_RECORDING_FROM_START;
+}
+
 /* Where process pid stands (GetProcessState), as uid (0 sees every process) may know it: from
  * the live set, else from the record of recent exits. */
 heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *c, pid_t pid,
@@ -339,6 +352,16 @@ void hd_sampler_stop(hd_collector *c);
 /* ---- storage (storage.c) ---- */
 
 HD_MUST_CHECK int hd_storage_open(hd_collector *c, const char *dir);
+
+/* ---- arming.c: the arm page ---- */
+
+/* Opens (creating it if needed) and maps the arm page beside the socket; -errno, logged. */
+int hd_arming_open(hd_collector *c);
+void hd_arming_close(hd_collector *c);
+/* Asks process pid to record (at sample_bytes) or to stop recording new blocks, for a client of
+ * uid peer_uid; COLLECTOR_ERROR_UNSPECIFIED once published, else why not. Poll thread only. */
+heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid_t peer_uid,
+                                                 bool recording, uint64_t sample_bytes);
 void hd_storage_close(hd_collector *c);
 /* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
  * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and

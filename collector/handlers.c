@@ -409,6 +409,29 @@ static HD_MUST_CHECK hd_status on_get_process_state(
   return hd_fidl_collector_get_process_state_reply(h->k->fd, msg, txid, &result);
 }
 
+static HD_MUST_CHECK hd_status on_arm_process(void *ctx, hd_message *msg,
+                                              heapdump_client_CollectorArmProcessRequest *req) {
+  handler_ctx *h = ctx;
+  h->k->kind = CONN_CLIENT;
+  hd_message_close_fds(msg);
+  heapdump_client_CollectorArmProcessResult result =
+      heapdump_client_CollectorArmProcessResult_init_zero;
+  heapdump_client_CollectorError err = heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  if (req->has_process_koid && req->process_koid != 0 && req->process_koid <= INT32_MAX &&
+      req->has_recording) {
+    err = hd_arming_request(h->c, (pid_t)req->process_koid, h->k->peer.uid, req->recording,
+                            req->has_sample_bytes ? req->sample_bytes : 0);
+  }
+  if (err == heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
+    result.which_result = heapdump_client_CollectorArmProcessResult_response_tag;
+  } else {
+    result.which_result = heapdump_client_CollectorArmProcessResult_err_tag;
+    result.result.err = err;
+  }
+  uint32_t txid = msg->txid;
+  return hd_fidl_collector_arm_process_reply(h->k->fd, msg, txid, &result);
+}
+
 static HD_MUST_CHECK hd_status
 on_get_next(void *ctx, hd_message *msg, heapdump_client_StoredSnapshotIteratorGetNextRequest *req) {
   (void)req;
@@ -434,7 +457,8 @@ static const hd_fidl_collector_server collector_server = {
     .list_stored_snapshots = on_list,
     .download_stored_snapshot = on_download,
     .delete_stored_snapshot = on_delete,
-    .get_process_state = on_get_process_state};
+    .get_process_state = on_get_process_state,
+    .arm_process = on_arm_process};
 static const hd_fidl_stored_snapshot_iterator_server iterator_server = {.get_next = on_get_next};
 
 bool hd_serve_connection(hd_collector *c, size_t index) {

@@ -301,6 +301,11 @@ static const process_metric kProcessMetrics[] = {
      "Mean bytes allocated between two recorded blocks (0: every block recorded); when not 0, "
      "every other heapdump_ value of the process is an estimate.",
      STAT(sample_bytes)},
+    {"heapdump_unattributed_bytes", "gauge",
+     "Live bytes allocated before the process was armed (or while it was disarmed), attributed "
+     "to no stack trace: an estimate from glibc's statistics; 0 for a process recording since "
+     "it started.",
+     STAT(unattributed_bytes)},
 };
 
 static void put_labels(FILE *f, const hd_process *p) {

@@ -143,6 +143,10 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
         : p->exit_stored_id != 0 ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED
         : p->exit_snapshot       ? heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_PENDING
                            : heapdump_client_ProcessState_PROCESS_STATE_EXITED_WITHOUT_SNAPSHOT;
+    if (out.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING) {
+      out.has_recording = true;
+      out.recording = hd_recording_state(hd_res_reader_arm_state(p->res));
+    }
     if (out.state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED) {
       out.has_exit_snapshot_id = true;
       out.exit_snapshot_id = p->exit_stored_id;

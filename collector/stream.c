@@ -172,7 +172,11 @@ static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *n
                                      .has_unwind_tables_refused = true,
                                      .unwind_tables_refused = st.unwind_tables_refused,
                                      .has_sample_bytes = st.sample_bytes != 0,
-                                     .sample_bytes = st.sample_bytes};
+                                     .sample_bytes = st.sample_bytes,
+                                     .has_unattributed_bytes = st.arm_state != HD_ARM_FROM_START,
+                                     .unattributed_bytes = st.unattributed_bytes,
+                                     .has_recording = true,
+                                     .recording = hd_recording_state(st.arm_state)};
   /* A mark set while the snapshot was read would mix two moments: nothing is attributed. */
   if (peak->mark != 0 && st.peak_mark == peak->mark) {
     heapdump_client_ProcessStats *ps = &e.element.process_stats;

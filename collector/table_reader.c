@@ -475,6 +475,12 @@ uint64_t hd_res_reader_sample_bytes(const hd_res_reader *r) {
   return n > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : n;
 }
 
+uint32_t hd_res_reader_arm_state(const hd_res_reader *r) {
+  if (!r) return HD_ARM_FROM_START;
+  const uint32_t state = LOAD(&((const hd_res_header *)r->base)->arm_state);
+  return state == HD_ARM_ARMED || state == HD_ARM_DISARMED ? state : HD_ARM_FROM_START;
+}
+
 static uint64_t published_end(const hd_res_reader *r);
 static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
                                               hd_rec_header *hdr);
@@ -502,6 +508,10 @@ hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) {
   out->peak_mark_bytes = LOAD(&h->peak_mark_bytes);
   out->start_time_ns = LOAD(&h->start_time_ns);
   out->sample_bytes = hd_res_reader_sample_bytes(r);
+  out->arm_state = hd_res_reader_arm_state(r);
+  const int64_t unattributed = (int64_t)LOAD(&h->unattributed_bytes);
+  out->unattributed_bytes =
+      out->arm_state == HD_ARM_FROM_START || unattributed < 0 ? 0 : (uint64_t)unattributed;
   /* The per-thread counters records, newest first: each link must point to a valid counters
    * record strictly below the current one, so a corrupt list ends instead of looping. */
   uint64_t end = published_end(r);

@@ -114,7 +114,9 @@ typedef struct hd_table_stats {
    * time the marks count from (a block allocated at t is "by the mark" when
    * hd_peak_allocated_by(t, start_time_ns, peak_mark)). */
   uint64_t peak_mark, peak_mark_bytes, start_time_ns;
-  uint64_t sample_bytes; /* hd_res_reader_sample_bytes */
+  uint64_t sample_bytes;       /* hd_res_reader_sample_bytes */
+  uint32_t arm_state;          /* hd_res_reader_arm_state */
+  uint64_t unattributed_bytes; /* hd_res_header.unattributed_bytes, a negative value as 0 */
 } hd_table_stats;
 
 typedef struct hd_thread_info {
@@ -169,6 +171,8 @@ uint32_t hd_res_reader_pid(const hd_res_reader *r);
 /* The table's hd_res_header.sample_bytes (0: every block recorded), at most HD_MAX_SAMPLE_BYTES
  * whatever the process wrote, so that a block's weight times its size cannot overflow. */
 uint64_t hd_res_reader_sample_bytes(const hd_res_reader *r);
+/* The table's hd_res_header.arm_state (HD_ARM_*); an unknown value as HD_ARM_FROM_START. */
+uint32_t hd_res_reader_arm_state(const hd_res_reader *r);
 /* Statistics (each counter read atomically; together approximate). */
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
 /* A trace's cumulative counters. */

@@ -124,6 +124,8 @@ const hd_fidl_collector_server kCollector = {
     .delete_stored_snapshot = nullptr,
     .get_process_state_prepare = nullptr,
     .get_process_state = nullptr,
+    .arm_process_prepare = nullptr,
+    .arm_process = nullptr,
 };
 
 TEST(Channel, OneWayCallCarriesTheReceiverEnd) {
@@ -523,9 +525,12 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
                                            true, 31, true, 3,    true, 72};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
-  stats.element.process_stats = {true, 10, true, 20, true, 9,  true, 18, true, 1,  true, 2,
-                                 true, 30, true, 4,  true, 5,  true, 6,  true, 11, true, 12,
-                                 true, 13, true, 14, true, 77, true, 72, true, 3,  true, 524288};
+  stats.element.process_stats = {
+      true, 10, true, 20,     true, 9,    true, 18,
+      true, 1,  true, 2,      true, 30,   true, 4,
+      true, 5,  true, 6,      true, 11,   true, 12,
+      true, 13, true, 14,     true, 77,   true, 72,
+      true, 3,  true, 524288, true, 4096, true, heapdump_client_RecordingState_RECORDING_ARMED};
   ASSERT_EQ(hd_batch_add(w.get(), &stats), HD_OK);
   for (int i = 0; i < 2; i++) {
     auto sample = Element(heapdump_client_SnapshotElement_stats_sample_tag);
@@ -595,6 +600,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(s->stats.peak_mark_time, 77);
   EXPECT_EQ(s->stats.peak_mark_bytes, 72u);
   EXPECT_EQ(s->stats.sample_bytes, 524288u);
+  EXPECT_EQ(s->stats.unattributed_bytes, 4096u);
+  EXPECT_EQ(s->stats.recording, heapdump_client_RecordingState_RECORDING_ARMED);
   const hd_snapshot_block *b = hd_snapshot_find_block(s, 0x1000);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(b->size, 24u);

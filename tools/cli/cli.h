@@ -98,6 +98,8 @@ typedef enum cli_command_id {
   CLI_REPORT,
   CLI_DIFF,
   CLI_LEAKS,
+  CLI_ARM,
+  CLI_DISARM,
   CLI_COMMAND_COUNT,
 } cli_command_id;
 
@@ -176,6 +178,10 @@ HD_MUST_CHECK int cli_list(const cli_options *o, cli_stored **out, size_t *count
 /* Deletes stored snapshot id. Returns an exit code (EXIT_NOT_FOUND if the collector has no such
  * snapshot of ours). */
 HD_MUST_CHECK int cli_delete(const cli_options *o, uint32_t id);
+/* Asks the collector to arm (recording) or disarm dormant process pid; 0 once it published the
+ * request, else an exit code, having said why. */
+HD_MUST_CHECK int cli_arm_process(const cli_options *o, uint64_t pid, bool recording,
+                                  uint64_t sample_bytes);
 /* Where process pid stands with the collector. Returns an exit code, without a message: a
  * collector that cannot tell (an older one) is not an error for the callers. */
 HD_MUST_CHECK int cli_process_state(const cli_options *o, uint64_t pid,
@@ -253,6 +259,8 @@ HD_MUST_CHECK int cmd_convert(cli_options *o, int argc, char **argv);
 HD_MUST_CHECK int cmd_report(cli_options *o, int argc, char **argv);
 HD_MUST_CHECK int cmd_diff(cli_options *o, int argc, char **argv);
 HD_MUST_CHECK int cmd_leaks(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_arm(cli_options *o, int argc, char **argv);
+HD_MUST_CHECK int cmd_disarm(cli_options *o, int argc, char **argv);
 
 /* Reads a raw snapshot file or a pprof heap profile ("-": stdin) into r. A raw file is read as
  * a stream, its block contents kept in a temporary file: neither need fit in memory. Returns an

@@ -459,6 +459,50 @@ int cli_delete(const cli_options *o, uint32_t id) {
   return 0;
 }
 
+int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, uint64_t sample_bytes) {
+  collector_call k;
+  int rc = call_open(o, false, true, &k);
+  if (rc != 0) return rc;
+  heapdump_client_CollectorArmProcessResult result =
+      heapdump_client_CollectorArmProcessResult_init_zero;
+  heapdump_client_CollectorArmProcessRequest req = {.has_process_koid = true,
+                                                    .process_koid = pid,
+                                                    .has_recording = true,
+                                                    .recording = recording,
+                                                    .has_sample_bytes = recording,
+                                                    .sample_bytes = sample_bytes};
+  hd_status status = hd_fidl_collector_arm_process(k.fd, k.msg, &req, NULL, 0, &result);
+  call_close(&k);
+  const char *verb = recording ? "arm" : "disarm";
+  if (status == HD_ERR_TIMED_OUT) return cli_timed_out(o, recording ? "arm" : "disarm");
+  if (status != HD_OK) {
+    cli_error("%s: the collector failed: %s", verb, hd_status_str(status));
+    return EXIT_FAILURE_;
+  }
+  if (result.which_result == heapdump_client_CollectorArmProcessResult_response_tag) return 0;
+  switch (result.result.err) {
+    case heapdump_client_CollectorError_PROCESS_NOT_DORMANT:
+      cli_error("%s: process %" PRIu64
+                " does not run the dormant library of this collector: start it with "
+                "HEAPDUMP_DORMANT=1 and LD_PRELOAD (or from /etc/ld.so.preload), after the "
+                "collector and with its socket",
+                verb, pid);
+      return EXIT_NOT_FOUND;
+    case heapdump_client_CollectorError_PERMISSION_DENIED:
+      cli_error("%s: process %" PRIu64 " is another user's (only root arms anyone's)", verb, pid);
+      return EXIT_PERMISSION;
+    case heapdump_client_CollectorError_ARM_PAGE_FULL:
+      cli_error("%s: the collector's arm page is full: every slot names a running process", verb);
+      return EXIT_FAILURE_;
+    case heapdump_client_CollectorError_SAMPLE_RATE_FIXED:
+      cli_error("%s: process %" PRIu64
+                " was armed at another --sample-bytes, which stays its rate until it exits",
+                verb, pid);
+      return EXIT_USAGE;
+    default: cli_error("%s: no process %" PRIu64, verb, pid); return EXIT_NOT_FOUND;
+  }
+}
+
 int cli_process_state(const cli_options *o, uint64_t pid,
                       heapdump_client_CollectorGetProcessStateResponse *out) {
   collector_call k;

@@ -62,6 +62,11 @@ static HD_MUST_CHECK int check_report(const cli_options *o, const cli_command *c
   return CLI_GO_ON;
 }
 
+static HD_MUST_CHECK int check_pid_given(const cli_options *o, const cli_command *c) {
+  if (!o->has_pid) return cli_usage_error("%s wants --pid PID", c->name);
+  return CLI_GO_ON;
+}
+
 static HD_MUST_CHECK int check_diff(const cli_options *o, const cli_command *c) {
   (void)c;
   cli_format f = cli_output_format(o, o->output, FORMAT_TEXT);
@@ -176,6 +181,25 @@ static const cli_command kCommands[CLI_COMMAND_COUNT] = {
          "flight in a register between two places makes no false leak. Lists the lost blocks by\n"
          "category and site, with bytes, blocks, the age of the oldest and the stack.\n",
          NULL, .min_args = 0, .max_args = 0, .check = check_report, .run = cmd_leaks},
+    [CLI_ARM] =
+        {"arm", "make a dormant process record its allocations from now on",
+         "heapdump arm --pid PID [--sample-bytes N] [OPTIONS]",
+         "Arms process PID, which runs the dormant library (HEAPDUMP_DORMANT=1, or\n"
+         "/etc/ld.so.preload): from its next allocation on it records the blocks it allocates,\n"
+         "every one or sampled, and registers with the collector, so that snapshot, leaks and the\n"
+         "collector's HTTP endpoints see it. What was live before is counted as unattributed\n"
+         "bytes. Waits until the process records (it must allocate once), at most --timeout\n"
+         "seconds. Root arms any process, others their own.\n",
+         NULL, .min_args = 0, .max_args = 0, .check = check_pid_given, .run = cmd_arm},
+    [CLI_DISARM] =
+        {"disarm", "make an armed process record no new allocation",
+         "heapdump disarm --pid PID [OPTIONS]",
+         "Disarms process PID: from its next allocation on it records no new block (their bytes\n"
+         "are counted as unattributed), while frees still take recorded blocks out, so its\n"
+         "snapshots stay true. `heapdump arm` resumes it, at the rate of its first arming.\n"
+         "Waits until the process has stopped (it must allocate once), at most --timeout "
+         "seconds.\n",
+         NULL, .min_args = 0, .max_args = 0, .check = check_pid_given, .run = cmd_disarm},
 };
 
 const cli_command *cli_command_at(unsigned id) {

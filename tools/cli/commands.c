@@ -459,3 +459,70 @@ int cmd_leaks(cli_options *o, int argc, char **argv) {
   hd_reassembler_destroy(&scans[1]);
   return rc == 0 && partial ? EXIT_PARTIAL : rc;
 }
+
+/* --sample-bytes's value (checked by the option's parser): digits and an optional K, M or G. */
+static uint64_t sample_bytes_of(const char *value) {
+  if (value == NULL) return 0;
+  char *end;
+  uint64_t n = strtoull(value, &end, 10);
+  const unsigned shift = *end == 'k' || *end == 'K'   ? 10
+                         : *end == 'm' || *end == 'M' ? 20
+                         : *end == 'g' || *end == 'G' ? 30
+                                                      : 0;
+  return n > (UINT64_MAX >> shift) ? UINT64_MAX : n << shift;
+}
+
+/* Publishes the request, then waits until the process applies it (at its next allocation) and
+ * its recording state says so, at most --timeout seconds. */
+static int arm_or_disarm(const cli_options *o, bool recording) {
+  const uint64_t sample_bytes = recording ? sample_bytes_of(o->sample_bytes) : 0;
+  int rc = cli_arm_process(o, o->pid, recording, sample_bytes);
+  if (rc != 0) return rc;
+  const heapdump_client_RecordingState want =
+      recording ? heapdump_client_RecordingState_RECORDING_ARMED
+                : heapdump_client_RecordingState_RECORDING_DISARMED;
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    heapdump_client_CollectorGetProcessStateResponse st;
+    if (cli_process_state(o, o->pid, &st) == 0 &&
+        st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING && st.has_recording &&
+        st.recording == want) {
+      if (!recording) {
+        printf("disarmed: process %" PRIu64 " (%s) records no new block\n", o->pid,
+               st.process_name);
+      } else if (sample_bytes == 0) {
+        printf("armed: process %" PRIu64 " (%s) records every block it allocates\n", o->pid,
+               st.process_name);
+      } else {
+        printf("armed: process %" PRIu64 " (%s) records one block per %" PRIu64
+               " bytes it allocates, on average\n",
+               o->pid, st.process_name, sample_bytes);
+      }
+      return 0;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const double waited =
+        (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
+    if (o->timeout > 0 && waited >= o->timeout) {
+      cli_error("%s: asked; process %" PRIu64
+                " has not allocated since (it acts on the request at its next allocation)",
+                recording ? "arm" : "disarm", o->pid);
+      return EXIT_TIMEOUT;
+    }
+    const struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+  }
+}
+
+int cmd_arm(cli_options *o, int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  return arm_or_disarm(o, true);
+}
+
+int cmd_disarm(cli_options *o, int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  return arm_or_disarm(o, false);
+}

@@ -22,7 +22,7 @@
 #define OUTPUTS (WRITERS | ON(CLI_REPORT) | ON(CLI_DIFF) | ON(CLI_LEAKS))
 #define COLLECTOR_CLIENTS                                                              \
   (ON(CLI_RUN) | ON(CLI_SNAPSHOT) | ON(CLI_LIST) | ON(CLI_DOWNLOAD) | ON(CLI_DELETE) | \
-   ON(CLI_LEAKS))
+   ON(CLI_LEAKS) | ON(CLI_ARM) | ON(CLI_DISARM))
 #define SELECTORS (ON(CLI_SNAPSHOT) | ON(CLI_LIST) | ON(CLI_DELETE) | ON(CLI_LEAKS))
 
 /* Where an option's help is printed in `heapdump COMMAND --help`. */
@@ -265,8 +265,8 @@ static HD_MUST_CHECK int set_sample_bytes(const cli_option *opt, const char *val
 
 static const cli_option kOptions[] = {
     /* What the command works on. */
-    {"pid", 'p', "PID", SELECTORS, .apply = set_pid, .where = SECTION_COMMAND,
-     .help = "the process with this pid",
+    {"pid", 'p', "PID", SELECTORS | ON(CLI_ARM) | ON(CLI_DISARM), .apply = set_pid,
+     .where = SECTION_COMMAND, .help = "the process with this pid",
      .help_for = {{ON(CLI_LIST), "only those of this pid"},
                   {ON(CLI_DELETE), "with --all: only those of this pid"}}},
     {"name", 'n', "NAME", SELECTORS, .apply = set_name, .where = SECTION_COMMAND,
@@ -299,10 +299,14 @@ static const cli_option kOptions[] = {
     {"children-dir", 0, "DIR", ON(CLI_RUN), TEXT(children_dir), .where = SECTION_COMMAND,
      .help = "where the snapshots of the processes COMMAND started go (default: FILE's stem "
              "with .d, e.g. heapdump.make.4242.d/)"},
-    {"sample-bytes", 0, "N", ON(CLI_RUN), .apply = set_sample_bytes, .where = SECTION_COMMAND,
+    {"sample-bytes", 0, "N", ON(CLI_RUN) | ON(CLI_ARM), .apply = set_sample_bytes,
+     .where = SECTION_COMMAND,
      .help = "record one block per N bytes allocated on average, each counted as the blocks it "
              "stands for, so that every count is an estimate (512K is the production value); "
-             "default: every block (HEAPDUMP_SAMPLE_BYTES)"},
+             "default: every block (HEAPDUMP_SAMPLE_BYTES)",
+     .help_for = {{ON(CLI_ARM),
+                   "record one block per N bytes allocated on average (512K is the production "
+                   "value); default: every block. Fixed at the process's first arming"}}},
     {"verbose", 0, NULL, ON(CLI_RUN), SWITCH(verbose, true), .where = SECTION_COMMAND,
      .help = "list every file written for those processes"},
     {"no-leak-check", 0, NULL, ON(CLI_RUN), SWITCH(no_leak_check, true), .where = SECTION_COMMAND,

@@ -343,6 +343,12 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
         "that records every block\n",
         out);
   }
+  if (s->has_stats && s->stats.has_unattributed_bytes) {
+    fputs(
+        "note: armed process: the blocks allocated before it was armed were not scanned, so a "
+        "recorded block that only they point to is counted as lost\n",
+        out);
+  }
   if (sum->blocks_without_contents > 0) {
     fprintf(out,
             "note: %zu blocks had no contents in the snapshot (over its size limit, or freed "
@@ -510,6 +516,15 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             " bytes allocated on average, each counted as the blocks it stands for: every "
             "count of blocks and bytes is an estimate\n",
             s->stats.sample_bytes);
+  }
+  if (s->has_stats && s->stats.has_unattributed_bytes) {
+    const bool disarmed = s->stats.has_recording &&
+                          s->stats.recording == heapdump_client_RecordingState_RECORDING_DISARMED;
+    fprintf(out,
+            "armed: the blocks allocated since the process was armed are recorded%s; %" PRIu64
+            " more live bytes, allocated before (or while disarmed), are attributed to no site "
+            "(glibc's count, headers included)\n",
+            disarmed ? " (it is disarmed now: none since)" : "", s->stats.unattributed_bytes);
   }
   write_resident_text(s, live_bytes, out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
@@ -770,6 +785,12 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
             st->mapping_records_lost, st->unwind_tables_refused);
     if (has_temporary) fprintf(out, ",\"temporary_blocks\":%" PRIu64, temporary);
     if (st->has_sample_bytes) fprintf(out, ",\"sample_bytes\":%" PRIu64, st->sample_bytes);
+    if (st->has_unattributed_bytes) {
+      const bool disarmed =
+          st->has_recording && st->recording == heapdump_client_RecordingState_RECORDING_DISARMED;
+      fprintf(out, ",\"recording\":\"%s\",\"unattributed_bytes\":%" PRIu64,
+              disarmed ? "disarmed" : "armed", st->unattributed_bytes);
+    }
     if (st->has_peak_mark_time) {
       fprintf(out, ",\"peak_mark\":{\"at_s\":%.3f,\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}",
               seconds_into(s, st->peak_mark_time), st->peak_mark_bytes, st->peak_mark_blocks);

@@ -376,6 +376,15 @@ static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
     if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
     if (st->sample_bytes > w->sample_bytes) w->sample_bytes = st->sample_bytes;
   }
+  if (s->has_stats && st->has_unattributed_bytes) {
+    char comment[256];
+    snprintf(
+        comment, sizeof comment,
+        "%sarmed: only blocks allocated since the process was armed are in the samples; %" PRIu64
+        " more live bytes, allocated before, are in none",
+        who, st->unattributed_bytes);
+    if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
+  }
   return 0;
 }
 

@@ -1,0 +1,196 @@
+/* Arming and disarming dormant processes (ArmProcess, `heapdump arm` / `heapdump disarm`)
+ * through the arm page (contract/arm_page.h), a file beside the socket that the collector alone
+ * writes and dormant processes map read-only at start.
+ *
+ * The file is created complete (a temporary file, filled, then linked into place), so a process
+ * never maps a short or half-written one, and kept across restarts: processes started under an
+ * earlier collector keep seeing the same file. Only the poll thread writes it (requests are
+ * served there), as a seqlock writer. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "collector_internal.h"
+#include "heapdump/contract/arm_page.h"
+
+/* Opens the page at path, creating it complete if it does not exist. -errno on failure. */
+static int open_page_file(const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0) return -errno;
+  hd_arm_page fresh = {.magic = HD_ARM_PAGE_MAGIC, .version = HD_ARM_PAGE_VERSION};
+  char proc_path[64];
+  snprintf(proc_path, sizeof proc_path, "/proc/self/fd/%d", fd);
+  if (pwrite(fd, &fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh || fchmod(fd, 0644) != 0 ||
+      linkat(AT_FDCWD, proc_path, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) {
+    const int err = errno;
+    close(fd);
+    /* Another collector linked one first: use it. */
+    return err == EEXIST ? open_page_file(path) : -err;
+  }
+  return fd;
+}
+
+int hd_arming_open(hd_collector *c) {
+  char path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
+  if (hd_arm_page_path(c->socket_path, path, sizeof path) != 0) return -ENAMETOOLONG;
+  const int fd = open_page_file(path);
+  if (fd < 0) {
+    hd_log(c, HD_LOG_ERROR, "cannot open the arm page %s: %s", path, strerror(-fd));
+    return fd;
+  }
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      (st.st_size >= (off_t)HD_ARM_PAGE_BYTES || ftruncate(fd, HD_ARM_PAGE_BYTES) == 0)) {
+    p = mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    hd_log(c, HD_LOG_ERROR, "cannot map the arm page %s: %s", path, strerror(err));
+    return -err;
+  }
+  hd_arm_page *page = p;
+  if (page->magic != HD_ARM_PAGE_MAGIC || page->version != HD_ARM_PAGE_VERSION) {
+    /* Not a page this collector knows: no process can have taken it for one. */
+    memset(page, 0, HD_ARM_PAGE_BYTES);
+    page->version = HD_ARM_PAGE_VERSION;
+    __atomic_store_n(&page->magic, HD_ARM_PAGE_MAGIC, __ATOMIC_RELEASE);
+  }
+  c->arm_page = page;
+  c->arm_page_dev = st.st_dev;
+  c->arm_page_ino = st.st_ino;
+  return 0;
+}
+
+void hd_arming_close(hd_collector *c) {
+  if (c->arm_page != NULL) munmap(c->arm_page, HD_ARM_PAGE_BYTES);
+  c->arm_page = NULL;
+}
+
+/* /proc/PID/stat's start time; 0 if the process is gone. */
+static uint64_t start_ticks_of(pid_t pid) {
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return 0;
+  const bool read = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  return read ? hd_stat_start_ticks(line) : 0;
+}
+
+/* Whether a process's real or effective uid is uid. */
+static bool owned_by(pid_t pid, uid_t uid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return false;
+  bool owned = false;
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned real, effective;
+    if (sscanf(line, "Uid: %u %u", &real, &effective) == 2) {
+      owned = real == uid || effective == uid;
+      break;
+    }
+  }
+  fclose(f);
+  return owned;
+}
+
+/* Whether the process maps this collector's arm page (by device and inode, whatever path it
+ * opened it by). */
+static bool maps_page(const hd_collector *c, pid_t pid) {
+  char path[64], line[4096 + 128];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return false;
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f) != NULL) {
+    unsigned major, minor;
+    unsigned long long inode;
+    if (sscanf(line, "%*s %*s %*s %x:%x %llu", &major, &minor, &inode) == 3) {
+      found =
+          inode == (unsigned long long)c->arm_page_ino && makedev(major, minor) == c->arm_page_dev;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+/* The slot of the process (pid as the collector sees it, and start time); else a free slot or
+ * one whose process is gone; NULL if every slot names a running process. */
+static hd_arm_slot *slot_for(hd_arm_page *page, pid_t pid, uint64_t start, bool *existing) {
+  hd_arm_slot *free_slot = NULL;
+  *existing = false;
+  for (uint32_t i = 0; i < HD_ARM_SLOTS; i++) {
+    hd_arm_slot *s = &page->slots[i];
+    if (s->pid != 0 && s->collector_pid == (uint32_t)pid && s->start_ticks == start) {
+      *existing = true;
+      return s;
+    }
+    if (free_slot == NULL &&
+        (s->pid == 0 || start_ticks_of((pid_t)s->collector_pid) != s->start_ticks)) {
+      free_slot = s;
+    }
+  }
+  return free_slot;
+}
+
+heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid_t peer_uid,
+                                                 bool recording, uint64_t sample_bytes) {
+  if (c->arm_page == NULL) return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
+  const uint64_t start = start_ticks_of(pid);
+  const pid_t own = hd_own_pid(pid);
+  if (start == 0 || own <= 0) return heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  if (peer_uid != 0 && !owned_by(pid, peer_uid))
+    return heapdump_client_CollectorError_PERMISSION_DENIED;
+  if (!maps_page(c, pid)) return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
+  if (sample_bytes > HD_MAX_SAMPLE_BYTES) sample_bytes = HD_MAX_SAMPLE_BYTES;
+  bool existing;
+  hd_arm_slot *slot = slot_for(c->arm_page, pid, start, &existing);
+  if (slot == NULL) return heapdump_client_CollectorError_ARM_PAGE_FULL;
+  const bool rate_fixed = existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0;
+  if (recording && rate_fixed && slot->sample_bytes != sample_bytes)
+    return heapdump_client_CollectorError_SAMPLE_RATE_FIXED;
+  hd_arm_page *page = c->arm_page;
+  const uint64_t gen = page->generation;
+  __atomic_store_n(&page->generation, gen + 1, __ATOMIC_RELAXED); /* odd: being written */
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  __atomic_store_n(&slot->pid, (uint32_t)own, __ATOMIC_RELAXED);
+  __atomic_store_n(&slot->start_ticks, start, __ATOMIC_RELAXED);
+  __atomic_store_n(&slot->collector_pid, (uint32_t)pid, __ATOMIC_RELAXED);
+  if (recording || !existing) __atomic_store_n(&slot->sample_bytes, sample_bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&slot->flags,
+                   (existing ? slot->flags : 0) | (recording ? HD_ARM_SLOT_RATE_FIXED : 0),
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&slot->request, recording ? HD_ARM_SLOT_RECORD : HD_ARM_SLOT_PAUSE,
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&page->generation, gen + 2, __ATOMIC_RELEASE);
+  if (!recording)
+    hd_log(c, HD_LOG_INFO, "process %d disarmed", (int)pid);
+  else if (sample_bytes == 0)
+    hd_log(c, HD_LOG_INFO, "process %d armed: every block", (int)pid);
+  else
+    hd_log(c, HD_LOG_INFO, "process %d armed: sampled, one block per %" PRIu64 " bytes", (int)pid,
+           sample_bytes);
+  return heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
+}

@@ -1,0 +1,174 @@
+/* A busy program for the dormant library's tests: it holds blocks allocated at start
+ * (hold_before: 1000 blocks of 1000 bytes), runs four threads that allocate, reallocate and free
+ * without pause (half of their frees on another thread's blocks), and a fifth that keeps the
+ * others under a storm of signals whose handler allocates and frees. Arming and disarming happen
+ * while all of it runs. Commands on stdin, each answered "ok" on stdout:
+ *   keep N SIZE    allocate N blocks of SIZE bytes in keep_after and hold them
+ *   free-kept      free every block keep_after holds
+ *   free-before    free half of hold_before's blocks and grow the other half by realloc
+ *   fork           fork a child that allocates, frees and exits; wait for it (its status: ok)
+ *   exit (or end of input)  stop the threads, free everything, exit 0
+ * "ready PID" once the threads run. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BEFORE 1000
+#define THREADS 4
+#define RING 256
+#define MAX_KEPT 100000
+
+static void *before[BEFORE];
+static void *kept[MAX_KEPT];
+static size_t kept_count;
+static atomic_bool stopping;
+static atomic_ulong handled;
+static pthread_t workers[THREADS];
+
+/* Blocks handed from one thread to the next, which frees them. */
+static pthread_mutex_t handoff_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *handoff[THREADS][RING];
+static unsigned handoff_count[THREADS];
+
+__attribute__((noinline)) static void hold_before(void) {
+  for (int i = 0; i < BEFORE; i++) {
+    before[i] = malloc(1000);
+    memset(before[i], i & 0xff, 1000);
+  }
+}
+
+__attribute__((noinline)) static void keep_after(size_t n, size_t size) {
+  for (size_t i = 0; i < n && kept_count < MAX_KEPT; i++) {
+    kept[kept_count] = malloc(size);
+    memset(kept[kept_count], 0x5a, size);
+    kept_count++;
+  }
+}
+
+static void on_signal(int sig) {
+  (void)sig;
+  void *p = malloc(64 + (handled % 200));
+  if (p != NULL) memset(p, 1, 64);
+  free(p);
+  handled++;
+}
+
+static void *churn(void *arg) {
+  const unsigned me = (unsigned)(size_t)arg, next = (me + 1) % THREADS;
+  unsigned seed = me * 7919u + 1;
+  void *ring[RING] = {0};
+  while (!atomic_load(&stopping)) {
+    const unsigned i = (unsigned)rand_r(&seed) % RING;
+    const size_t size = 1 + (size_t)rand_r(&seed) % 3000;
+    switch (rand_r(&seed) % 4) {
+      case 0: ring[i] = realloc(ring[i], size); break;
+      case 1:
+        free(ring[i]);
+        ring[i] = calloc(1, size);
+        break;
+      case 2: {
+        /* To the next thread, which frees it: a free from another thread. */
+        void *p = malloc(size);
+        pthread_mutex_lock(&handoff_lock);
+        if (handoff_count[next] < RING)
+          handoff[next][handoff_count[next]++] = p;
+        else
+          free(p);
+        pthread_mutex_unlock(&handoff_lock);
+        break;
+      }
+      default: {
+        pthread_mutex_lock(&handoff_lock);
+        while (handoff_count[me] > 0) free(handoff[me][--handoff_count[me]]);
+        pthread_mutex_unlock(&handoff_lock);
+        free(ring[i]);
+        ring[i] = NULL;
+      }
+    }
+  }
+  for (unsigned i = 0; i < RING; i++) free(ring[i]);
+  return NULL;
+}
+
+static void *storm(void *arg) {
+  (void)arg;
+  const struct timespec pause = {0, 200 * 1000};
+  unsigned n = 0;
+  while (!atomic_load(&stopping)) {
+    pthread_kill(workers[n++ % THREADS], SIGUSR1);
+    nanosleep(&pause, NULL);
+  }
+  return NULL;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  hold_before();
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, NULL);
+  for (size_t t = 0; t < THREADS; t++) pthread_create(&workers[t], NULL, churn, (void *)t);
+  pthread_t stormer;
+  pthread_create(&stormer, NULL, storm, NULL);
+  printf("ready %d\n", (int)getpid());
+  char line[256];
+  while (fgets(line, sizeof line, stdin) != NULL) {
+    size_t n, size;
+    if (sscanf(line, "keep %zu %zu", &n, &size) == 2) {
+      keep_after(n, size);
+    } else if (strncmp(line, "free-kept", 9) == 0) {
+      for (size_t i = 0; i < kept_count; i++) free(kept[i]);
+      kept_count = 0;
+    } else if (strncmp(line, "free-before", 11) == 0) {
+      for (int i = 0; i < BEFORE; i++) {
+        if (before[i] == NULL) continue;
+        if (i % 2 == 0) {
+          free(before[i]);
+          before[i] = NULL;
+        } else {
+          before[i] = realloc(before[i], 4000);
+          if (((unsigned char *)before[i])[999] != (i & 0xff)) {
+            printf("realloc lost the bytes of block %d\n", i);
+            return 1;
+          }
+        }
+      }
+    } else if (strncmp(line, "fork", 4) == 0) {
+      const pid_t child = fork();
+      if (child == 0) {
+        for (int i = 0; i < 1000; i++) free(malloc(100 + (size_t)i));
+        _exit(0);
+      }
+      int status = 0;
+      if (child < 0 || waitpid(child, &status, 0) != child || status != 0) {
+        printf("fork child failed: %d\n", status);
+        return 1;
+      }
+    } else if (strncmp(line, "exit", 4) == 0) {
+      break;
+    } else {
+      printf("unknown command: %s", line);
+      return 1;
+    }
+    printf("ok\n");
+  }
+  atomic_store(&stopping, true);
+  pthread_join(stormer, NULL);
+  for (size_t t = 0; t < THREADS; t++) pthread_join(workers[t], NULL);
+  for (size_t i = 0; i < kept_count; i++) free(kept[i]);
+  for (int i = 0; i < BEFORE; i++) free(before[i]);
+  for (int t = 0; t < THREADS; t++)
+    while (handoff_count[t] > 0) free(handoff[t][--handoff_count[t]]);
+  printf("done, %lu signals handled\n", (unsigned long)atomic_load(&handled));
+  return 0;
+}

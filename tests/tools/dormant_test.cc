@@ -1,0 +1,366 @@
+// The dormant library armed on demand, as users run it: a busy program (four threads allocating,
+// reallocating and freeing across threads, under a storm of signals whose handler allocates)
+// started with HEAPDUMP_DORMANT=1 or from /etc/ld.so.preload, armed and disarmed again and again
+// with `heapdump arm` / `heapdump disarm` while it runs; redis-server under redis-benchmark's
+// load armed and disarmed the same way; and the refusals users meet.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "process.h"
+
+namespace {
+
+bool Installed(const char *program) { return access(program, X_OK) == 0; }
+
+// Whether process pid holds the library's tables (it records).
+bool HasTables(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR *d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent *e = readdir(d)) {
+    char target[256] = {0};
+    if (readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1) > 0 &&
+        std::string(target).find("heapdump-allocations") != std::string::npos) {
+      found = true;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+// A number field of a `report --json` text, from the first occurrence of `key` after `from`;
+// -1 if absent.
+double Field(const std::string &json, const std::string &key, size_t from = 0) {
+  const size_t at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return -1;
+  return std::stod(json.substr(at + key.size() + 3, 24));
+}
+
+// A site's live blocks and bytes in a `report --json` text (0, 0 if it is not there).
+struct Live {
+  double blocks = 0, bytes = 0;
+};
+Live SiteOf(const std::string &json, const std::string &site) {
+  Live live;
+  const std::string name = "{\"name\":\"" + site + "\"";
+  for (size_t at = json.find(name); at != std::string::npos; at = json.find(name, at + 1)) {
+    live.blocks += Field(json, "live_blocks", at);
+    live.bytes += Field(json, "live_bytes", at);
+  }
+  return live;
+}
+
+class Dormant : public ::testing::Test {
+ protected:
+  std::string dir = hdtest::TempDir("dormant");
+  hdtest::RemoveWhenPassed cleanup{dir};
+  hdtest::Collector daemon{dir + "/daemon"};
+
+  void SetUp() override { daemon.Start(); }
+
+  std::vector<std::string> Env() const {
+    return {"PATH=" + std::string(HD_BIN_DIRS) + ":/usr/bin:/bin",
+            "HEAPDUMP_SOCKET=" + daemon.socket, "TMPDIR=" + dir, "HOME=" + dir};
+  }
+  hdtest::ShellOutput Shell(const std::string &script) {
+    return hdtest::RunShell(script, dir, Env());
+  }
+  // A snapshot of pid, reported as JSON.
+  std::string Report(pid_t pid) {
+    const std::string p = std::to_string(pid);
+    hdtest::ShellOutput o = Shell("heapdump snapshot --pid " + p + " -o s.heapdump >/dev/null\n" +
+                                  "heapdump report s.heapdump --json --top 0\n");
+    EXPECT_EQ(o.status, 0) << o.out;
+    return o.out;
+  }
+  // The dormant child, started and ready; its pid.
+  pid_t StartChild(std::unique_ptr<hdtest::Program> *child, const std::string &dormant = "1") {
+    std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
+    env.push_back("HEAPDUMP_DORMANT=" + dormant);
+    child->reset(new hdtest::Program({HD_DORMANT_CHILD}, env));
+    const std::string ready = (*child)->ReadLine();
+    EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    return ready.rfind("ready ", 0) == 0 ? std::stoi(ready.substr(6)) : -1;
+  }
+  static void Command(hdtest::Program *child, const std::string &command) {
+    child->Send(command);
+    EXPECT_EQ(child->ReadLine(), "ok") << command;
+  }
+};
+
+// Five rounds of arming and disarming, each at a moment the threads and the signal storm pick:
+// armed, the process records exactly what it allocates from then on (none of the blocks it
+// holds from before, which are its unattributed bytes); disarmed, it records no new block while
+// its frees still take recorded ones out; its blocks from before are freed and reallocated
+// safely once it records, and a fork while armed gives a child that exits cleanly.
+TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
+  // Dormant: no tables, nothing registered.
+  EXPECT_FALSE(HasTables(pid));
+  hdtest::ShellOutput none = Shell("heapdump snapshot --pid " + p + " -o x.heapdump");
+  EXPECT_EQ(none.status, 4) << none.out;
+  double unattributed_at_arming = -1;
+  for (int round = 0; round < 5; round++) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
+    ASSERT_EQ(armed.status, 0) << armed.out;
+    EXPECT_NE(armed.out.find("armed: process " + p + " (dormant_child) records every block"),
+              std::string::npos)
+        << armed.out;
+    EXPECT_TRUE(HasTables(pid));
+    const size_t size = 3000 + static_cast<size_t>(round);
+    Command(child.get(), "keep 100 " + std::to_string(size));
+    std::string json = Report(pid);
+    EXPECT_NE(json.find("\"recording\":\"armed\""), std::string::npos) << json.substr(0, 800);
+    Live kept = SiteOf(json, "keep_after");
+    EXPECT_EQ(kept.blocks, 100);
+    EXPECT_EQ(kept.bytes, 100.0 * static_cast<double>(size));
+    EXPECT_EQ(SiteOf(json, "hold_before").blocks, 0);
+    const double unattributed = Field(json, "unattributed_bytes");
+    if (round == 0) {
+      // hold_before's 1000 blocks of 1000 bytes, at least, and what the threads held.
+      EXPECT_GE(unattributed, 1000.0 * 1000) << json.substr(0, 800);
+      unattributed_at_arming = unattributed;
+      Command(child.get(), "free-before");  // frees half, reallocates the others
+      json = Report(pid);
+      EXPECT_LE(Field(json, "unattributed_bytes"), unattributed_at_arming - 900000)
+          << json.substr(0, 800);
+      // The reallocated blocks are new blocks, recorded.
+      EXPECT_EQ(SiteOf(json, "main").blocks, 500) << json.substr(0, 800);
+    }
+    if (round == 1) Command(child.get(), "fork");
+    hdtest::ShellOutput disarmed = Shell("heapdump disarm --pid " + p);
+    ASSERT_EQ(disarmed.status, 0) << disarmed.out;
+    EXPECT_NE(disarmed.out.find("disarmed: process " + p), std::string::npos) << disarmed.out;
+    Command(child.get(), "keep 50 7000");
+    json = Report(pid);
+    EXPECT_NE(json.find("\"recording\":\"disarmed\""), std::string::npos) << json.substr(0, 800);
+    kept = SiteOf(json, "keep_after");
+    EXPECT_EQ(kept.blocks, 100);  // none of the 50 allocated while disarmed
+    EXPECT_EQ(kept.bytes, 100.0 * static_cast<double>(size));
+    Command(child.get(), "free-kept");
+    EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 0);  // frees still take records out
+  }
+  child->Send("exit");
+  std::string rest;
+  const int status = child->Finish(&rest);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << rest;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(rest, m, std::regex("done, ([0-9]+) signals handled"))) << rest;
+  EXPECT_GT(std::stoul(m[1]), 1000u) << rest;
+}
+
+// Armed at a sampling rate: the estimate of a site of known size falls within 5 standard
+// deviations of it (docs/tools.md's estimator); the rate stays the process's own, so arming
+// again at another is refused with a reason, and at the same one resumes it.
+TEST_F(Dormant, ArmedSampledKeepsItsRate) {
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
+  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p + " --sample-bytes 64K");
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  EXPECT_NE(armed.out.find("records one block per 65536 bytes"), std::string::npos) << armed.out;
+  Command(child.get(), "keep 4000 4096");
+  const std::string json = Report(pid);
+  EXPECT_EQ(Field(json, "sample_bytes"), 65536) << json.substr(0, 800);
+  // sd = s * sqrt(n (1 - p) / p) for n blocks of s bytes, p = 1 - e^(-s/N).
+  const double n = 4000, s = 4096, prob = 1 - std::exp(-s / 65536);
+  const double sd = s * std::sqrt(n * (1 - prob) / prob);
+  EXPECT_NEAR(SiteOf(json, "keep_after").bytes, n * s, 5 * sd) << json.substr(0, 800);
+  hdtest::ShellOutput other = Shell("heapdump arm --pid " + p + " --sample-bytes 128K");
+  EXPECT_EQ(other.status, 2) << other.out;
+  EXPECT_NE(other.out.find("was armed at another --sample-bytes"), std::string::npos) << other.out;
+  ASSERT_EQ(Shell("heapdump disarm --pid " + p).status, 0);
+  hdtest::ShellOutput again = Shell("heapdump arm --pid " + p + " --sample-bytes 64K");
+  EXPECT_EQ(again.status, 0) << again.out;
+  child->Send("exit");
+  const int status = child->Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// What users meet when the process cannot be armed: one recording since it started, one without
+// the library, one that does not exist.
+TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
+  std::unique_ptr<hdtest::Program> recording;
+  const pid_t pid = StartChild(&recording, "0");
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(HasTables(pid));
+  hdtest::ShellOutput o = Shell("heapdump arm --pid " + std::to_string(pid));
+  EXPECT_EQ(o.status, 4) << o.out;
+  EXPECT_NE(o.out.find("does not run the dormant library of this collector"), std::string::npos)
+      << o.out;
+  hdtest::ShellOutput plain = Shell("sleep 30 & heapdump arm --pid $! || echo status=$?; kill $!");
+  EXPECT_NE(plain.out.find("does not run the dormant library"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("status=4"), std::string::npos) << plain.out;
+  hdtest::ShellOutput gone = Shell("heapdump disarm --pid 2147483000");
+  EXPECT_EQ(gone.status, 4) << gone.out;
+  EXPECT_NE(gone.out.find("no process 2147483000"), std::string::npos) << gone.out;
+  hdtest::ShellOutput usage = Shell("heapdump arm");
+  EXPECT_EQ(usage.status, 2) << usage.out;
+  EXPECT_NE(usage.out.find("arm wants --pid PID"), std::string::npos) << usage.out;
+  recording->Send("exit");
+  EXPECT_EQ(recording->Finish(), 0);
+}
+
+// Loaded by /etc/ld.so.preload (in a mount namespace of the test's own, where /etc is an overlay
+// holding that file), without LD_PRELOAD: the library is in the process, dormant, and armable.
+TEST_F(Dormant, LoadedFromEtcLdSoPreloadItIsDormantUntilArmed) {
+  const std::string probe =
+      Shell(
+          "mkdir -p probe/u probe/w && unshare -m --propagation private sh -c "
+          "'mount -t overlay overlay -o lowerdir=/etc,upperdir=probe/u,workdir=probe/w /etc' "
+          "&& echo can")
+          .out;
+  if (probe.find("can") == std::string::npos) {
+    GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << probe;
+  }
+  const std::string script = "mkdir -p " + dir + "/ovl/u " + dir +
+                             "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
+                             "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " +
+                             std::string(HD_PRELOAD_LIB) + " > /etc/ld.so.preload && exec " +
+                             HD_DORMANT_CHILD;
+  hdtest::Program child({"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c", script},
+                        {"HEAPDUMP_SOCKET=" + daemon.socket});
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const pid_t pid = std::stoi(ready.substr(6));
+  EXPECT_NE(hdtest::ReadFile("/proc/" + std::to_string(pid) + "/maps").find("libheapdump.so"),
+            std::string::npos);
+  EXPECT_FALSE(HasTables(pid));
+  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + std::to_string(pid));
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  Command(&child, "keep 10 1234");
+  EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
+// docs/tools.md's "Arming a running process" lines as written: the busy program as my-server,
+// started by the doc's own line (the library's path made this build's), its pid for 4242.
+TEST_F(Dormant, DocsArmingRunsAsWritten) {
+  const std::string doc = hdtest::ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  const size_t start = doc.find("#### Arming a running process");
+  ASSERT_NE(start, std::string::npos);
+  std::istringstream section(doc.substr(start, doc.find("\n#", start + 1) - start));
+  std::string script = "cp " + std::string(HD_DORMANT_CHILD) + " my-server\nmkfifo server.in\n";
+  int commands = 0;
+  for (std::string line; std::getline(section, line);) {
+    if (line.rfind("    HEAPDUMP_DORMANT=1 LD_PRELOAD=", 0) == 0) {
+      line = std::regex_replace(
+          line.substr(4), std::regex("/usr/local/lib/heapdump/libheapdump.so"), HD_PRELOAD_LIB);
+      ASSERT_EQ(line.substr(line.size() - 13), "./my-server &") << line;
+      script += line.substr(0, line.size() - 1) + "< server.in > server.out 2>&1 &\n" +
+                "exec 4> server.in\n"  // it runs until this closes
+                "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n" +
+                "pid=$(sed -n 's/^ready //p' server.out)\n";
+      commands++;
+    } else if (line.rfind("    heapdump ", 0) == 0) {
+      script += std::regex_replace(line.substr(4), std::regex("4242"), "$pid") + "\n";
+      commands++;
+    }
+  }
+  ASSERT_EQ(commands, 5) << script;
+  script += "echo exit >&4\nexec 4>&-\nwait\ncat server.out\n";
+  hdtest::ShellOutput o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  EXPECT_TRUE(std::regex_search(
+      o.out,
+      std::regex("armed: process [0-9]+ \\(my-server\\) records one block per 524288 bytes")))
+      << o.out;
+  EXPECT_NE(o.out.find("sampled: one block recorded per 524288 bytes"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("armed: the blocks allocated since the process was armed are recorded"),
+            std::string::npos)
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("disarmed: process [0-9]+ \\(my-server\\)")))
+      << o.out;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("done, [0-9]+ signals handled"))) << o.out;
+}
+
+// redis-server (Debian's) started dormant, under redis-benchmark's load on 127.0.0.1 (bounded:
+// 200,000 requests): armed, snapshot, disarmed, armed again and snapshot while the load runs,
+// three times over; redis answers throughout, the benchmark completes, the snapshots show redis's
+// own sites, and it shuts down cleanly.
+TEST_F(Dormant, RedisUnderLoadIsArmedAndDisarmedSafely) {
+  if (!Installed("/usr/bin/redis-server") || !Installed("/usr/bin/redis-benchmark")) {
+    GTEST_SKIP() << "redis-server or redis-benchmark is not installed";
+  }
+  const std::string port = std::to_string(FreePort());
+  const std::string cli = "redis-cli -p " + port;
+  hdtest::ShellOutput o =
+      Shell("HEAPDUMP_DORMANT=1 LD_PRELOAD=" + std::string(HD_PRELOAD_LIB) +
+            " redis-server --port " + port +
+            " --bind 127.0.0.1 --save '' --appendonly no > redis.log 2>&1 &\n"
+            "redis=$!\n"
+            "for i in $(seq 200); do " +
+            cli +
+            " ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done\n"
+            "redis-benchmark -p " +
+            port +
+            " -n 200000 -c 8 -r 20000 -t set,get,lpush,hset -q > bench.out 2>&1 &\n"
+            "bench=$!\n"
+            "for round in 1 2 3; do\n"
+            "  sleep 0.3\n"
+            "  heapdump arm --pid $redis\n"
+            "  heapdump snapshot --pid $redis -o armed$round.heapdump\n"
+            "  heapdump disarm --pid $redis\n"
+            "  " +
+            cli +
+            " ping\n"
+            "done\n"
+            "heapdump arm --pid $redis\n"
+            "wait $bench; echo bench-status=$?\n"
+            "heapdump snapshot --pid $redis -o last.heapdump\n"
+            "heapdump report last.heapdump --top 5 | head -40\n" +
+            cli + " dbsize\n" + cli +
+            " shutdown nosave > /dev/null 2>&1 || true\n"
+            "wait $redis; echo redis-status=$?\n"
+            "cat bench.out | tail -4\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  EXPECT_NE(o.out.find("bench-status=0"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("redis-status=0"), std::string::npos) << o.out;
+  EXPECT_EQ(std::regex_search(o.out, std::regex("armed: process [0-9]+ \\(redis-server\\)")), true)
+      << o.out;
+  size_t pongs = 0;
+  for (size_t at = o.out.find("PONG"); at != std::string::npos; at = o.out.find("PONG", at + 1))
+    pongs++;
+  EXPECT_EQ(pongs, 3u) << o.out;
+  // The keys redis holds were stored while it recorded: its own sites show.
+  EXPECT_TRUE(std::regex_search(o.out, std::regex("zmalloc|createObject|dictAdd|sdsnewlen")))
+      << o.out;
+  EXPECT_NE(o.out.find("armed: the blocks allocated since the process was armed are recorded"),
+            std::string::npos)
+      << o.out;
+}
+
+}  // namespace
