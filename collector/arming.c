@@ -76,6 +76,9 @@ int hd_arming_open(hd_collector *c) {
     page->version = HD_ARM_PAGE_VERSION;
     __atomic_store_n(&page->magic, HD_ARM_PAGE_MAGIC, __ATOMIC_RELEASE);
   }
+  /* A collector that died between a slot's two stores left it odd: readers would wait forever. */
+  if (page->generation & 1)
+    __atomic_store_n(&page->generation, page->generation + 1, __ATOMIC_RELEASE);
   c->arm_page = page;
   c->arm_page_dev = st.st_dev;
   c->arm_page_ino = st.st_ino;
@@ -98,7 +101,8 @@ static uint64_t start_ticks_of(pid_t pid) {
   return read ? hd_stat_start_ticks(line) : 0;
 }
 
-/* Whether a process's real or effective uid is uid. */
+/* Whether every uid of a process (real, effective, saved, filesystem) is uid, as ptrace would
+ * ask of a peer that is not root. */
 static bool owned_by(pid_t pid, uid_t uid) {
   char path[64], line[256];
   snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
@@ -106,9 +110,9 @@ static bool owned_by(pid_t pid, uid_t uid) {
   if (f == NULL) return false;
   bool owned = false;
   while (fgets(line, sizeof line, f) != NULL) {
-    unsigned real, effective;
-    if (sscanf(line, "Uid: %u %u", &real, &effective) == 2) {
-      owned = real == uid || effective == uid;
+    unsigned ids[4];
+    if (sscanf(line, "Uid: %u %u %u %u", &ids[0], &ids[1], &ids[2], &ids[3]) == 4) {
+      owned = ids[0] == uid && ids[1] == uid && ids[2] == uid && ids[3] == uid;
       break;
     }
   }
@@ -116,36 +120,49 @@ static bool owned_by(pid_t pid, uid_t uid) {
   return owned;
 }
 
-/* Whether the process maps this collector's arm page (by device and inode, whatever path it
- * opened it by). */
-static bool maps_page(const hd_collector *c, pid_t pid) {
-  char path[64], line[4096 + 128];
+/* Whether the process maps this collector's arm page, and where (*address). The page is known
+ * by its inode, and by its device or else its path (an overlay shows the file's device under it,
+ * not the one fstat answers). */
+static bool maps_page(const hd_collector *c, pid_t pid, uint64_t *address) {
+  char path[64], line[4096 + 128], page_path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
+  if (hd_arm_page_path(c->socket_path, page_path, sizeof page_path) != 0) return false;
   snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
   FILE *f = fopen(path, "re");
   if (f == NULL) return false;
   bool found = false;
   while (!found && fgets(line, sizeof line, f) != NULL) {
+    unsigned long long start, inode;
     unsigned major, minor;
-    unsigned long long inode;
-    if (sscanf(line, "%*s %*s %*s %x:%x %llu", &major, &minor, &inode) == 3) {
-      found =
-          inode == (unsigned long long)c->arm_page_ino && makedev(major, minor) == c->arm_page_dev;
+    int name_at = 0;
+    if (sscanf(line, "%llx-%*x %*s %*s %x:%x %llu %n", &start, &major, &minor, &inode, &name_at) <
+            4 ||
+        inode != (unsigned long long)c->arm_page_ino) {
+      continue;
     }
+    line[strcspn(line, "\n")] = '\0';
+    found = makedev(major, minor) == c->arm_page_dev ||
+            (name_at > 0 && strcmp(line + name_at, page_path) == 0);
+    if (found) *address = start;
   }
   fclose(f);
   return found;
 }
 
-/* The slot of the process (pid as the collector sees it, and start time); else a free slot or
- * one whose process is gone; NULL if every slot names a running process. */
-static hd_arm_slot *slot_for(hd_arm_page *page, pid_t pid, uint64_t start, bool *existing) {
+/* The slot of the process (pid as the collector sees it, start time, and where it mapped the
+ * page: an exec'd program is another); else a free slot or one whose process is gone; NULL if
+ * every slot names a running process. */
+static hd_arm_slot *slot_for(hd_arm_page *page, pid_t pid, uint64_t start, uint64_t address,
+                             bool *existing) {
   hd_arm_slot *free_slot = NULL;
   *existing = false;
   for (uint32_t i = 0; i < HD_ARM_SLOTS; i++) {
     hd_arm_slot *s = &page->slots[i];
     if (s->pid != 0 && s->collector_pid == (uint32_t)pid && s->start_ticks == start) {
-      *existing = true;
-      return s;
+      if (s->page_address == address) {
+        *existing = true;
+        return s;
+      }
+      if (free_slot == NULL) free_slot = s; /* the program it exec'd from */
     }
     if (free_slot == NULL &&
         (s->pid == 0 || start_ticks_of((pid_t)s->collector_pid) != s->start_ticks)) {
@@ -156,27 +173,42 @@ static hd_arm_slot *slot_for(hd_arm_page *page, pid_t pid, uint64_t start, bool 
 }
 
 heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid_t peer_uid,
-                                                 bool recording, uint64_t sample_bytes) {
+                                                 bool recording, bool has_sample_bytes,
+                                                 uint64_t sample_bytes, uint64_t *generation) {
   if (c->arm_page == NULL) return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
   const uint64_t start = start_ticks_of(pid);
   const pid_t own = hd_own_pid(pid);
   if (start == 0 || own <= 0) return heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
   if (peer_uid != 0 && !owned_by(pid, peer_uid))
     return heapdump_client_CollectorError_PERMISSION_DENIED;
-  if (!maps_page(c, pid)) return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
-  if (sample_bytes > HD_MAX_SAMPLE_BYTES) sample_bytes = HD_MAX_SAMPLE_BYTES;
+  /* The collector itself, loaded dormant from /etc/ld.so.preload, would register with itself
+   * from inside its own poll thread. */
+  uint64_t address = 0;
+  if (pid == getpid() || !maps_page(c, pid, &address))
+    return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
   bool existing;
-  hd_arm_slot *slot = slot_for(c->arm_page, pid, start, &existing);
+  hd_arm_slot *slot = slot_for(c->arm_page, pid, start, address, &existing);
   if (slot == NULL) return heapdump_client_CollectorError_ARM_PAGE_FULL;
-  const bool rate_fixed = existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0;
-  if (recording && rate_fixed && slot->sample_bytes != sample_bytes)
+  /* Its rate, once armed: its tables' (a fork child of an armed process has no slot of its
+   * own), or the one its slot asked for. */
+  const heapdump_client_CollectorGetProcessStateResponse st = hd_process_state(c, pid, 0);
+  const bool armed = st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+                     st.has_recording &&
+                     st.recording != heapdump_client_RecordingState_RECORDING_FROM_START;
+  const bool rate_known = armed || (existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0);
+  const uint64_t rate = armed ? st.sample_bytes : slot->sample_bytes;
+  if (sample_bytes > HD_MAX_SAMPLE_BYTES) sample_bytes = HD_MAX_SAMPLE_BYTES;
+  if (recording && has_sample_bytes && rate_known && sample_bytes != rate)
     return heapdump_client_CollectorError_SAMPLE_RATE_FIXED;
+  if (recording && !has_sample_bytes) sample_bytes = rate_known ? rate : 0;
+  if (!recording && !existing && !armed) return heapdump_client_CollectorError_PROCESS_NOT_ARMED;
   hd_arm_page *page = c->arm_page;
   const uint64_t gen = page->generation;
   __atomic_store_n(&page->generation, gen + 1, __ATOMIC_RELAXED); /* odd: being written */
   __atomic_thread_fence(__ATOMIC_RELEASE);
   __atomic_store_n(&slot->pid, (uint32_t)own, __ATOMIC_RELAXED);
   __atomic_store_n(&slot->start_ticks, start, __ATOMIC_RELAXED);
+  __atomic_store_n(&slot->page_address, address, __ATOMIC_RELAXED);
   __atomic_store_n(&slot->collector_pid, (uint32_t)pid, __ATOMIC_RELAXED);
   if (recording || !existing) __atomic_store_n(&slot->sample_bytes, sample_bytes, __ATOMIC_RELAXED);
   __atomic_store_n(&slot->flags,
@@ -185,6 +217,7 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
   __atomic_store_n(&slot->request, recording ? HD_ARM_SLOT_RECORD : HD_ARM_SLOT_PAUSE,
                    __ATOMIC_RELAXED);
   __atomic_store_n(&page->generation, gen + 2, __ATOMIC_RELEASE);
+  *generation = gen + 2;
   if (!recording)
     hd_log(c, HD_LOG_INFO, "process %d disarmed", (int)pid);
   else if (sample_bytes == 0)

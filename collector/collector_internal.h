@@ -358,10 +358,12 @@ HD_MUST_CHECK int hd_storage_open(hd_collector *c, const char *dir);
 /* Opens (creating it if needed) and maps the arm page beside the socket; -errno, logged. */
 int hd_arming_open(hd_collector *c);
 void hd_arming_close(hd_collector *c);
-/* Asks process pid to record (at sample_bytes) or to stop recording new blocks, for a client of
- * uid peer_uid; COLLECTOR_ERROR_UNSPECIFIED once published, else why not. Poll thread only. */
+/* Asks process pid to record (at sample_bytes when given, else at the rate it was armed at
+ * before) or to stop recording new blocks, for a client of uid peer_uid;
+ * COLLECTOR_ERROR_UNSPECIFIED once published, else why not. Poll thread only. */
 heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid_t peer_uid,
-                                                 bool recording, uint64_t sample_bytes);
+                                                 bool recording, bool has_sample_bytes,
+                                                 uint64_t sample_bytes, uint64_t *generation);
 void hd_storage_close(hd_collector *c);
 /* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
  * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and

@@ -417,13 +417,16 @@ static HD_MUST_CHECK hd_status on_arm_process(void *ctx, hd_message *msg,
   heapdump_client_CollectorArmProcessResult result =
       heapdump_client_CollectorArmProcessResult_init_zero;
   heapdump_client_CollectorError err = heapdump_client_CollectorError_PROCESS_SELECTOR_NO_MATCH;
+  uint64_t generation = 0;
   if (req->has_process_koid && req->process_koid != 0 && req->process_koid <= INT32_MAX &&
       req->has_recording) {
     err = hd_arming_request(h->c, (pid_t)req->process_koid, h->k->peer.uid, req->recording,
-                            req->has_sample_bytes ? req->sample_bytes : 0);
+                            req->has_sample_bytes, req->sample_bytes, &generation);
   }
   if (err == heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED) {
     result.which_result = heapdump_client_CollectorArmProcessResult_response_tag;
+    result.result.response.has_generation = true;
+    result.result.response.generation = generation;
   } else {
     result.which_result = heapdump_client_CollectorArmProcessResult_err_tag;
     result.result.err = err;

@@ -146,6 +146,10 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
     if (out.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING) {
       out.has_recording = true;
       out.recording = hd_recording_state(hd_res_reader_arm_state(p->res));
+      out.has_sample_bytes = true;
+      out.sample_bytes = hd_res_reader_sample_bytes(p->res);
+      out.has_arm_generation = true;
+      out.arm_generation = hd_res_reader_arm_generation(p->res);
     }
     if (out.state == heapdump_client_ProcessState_PROCESS_STATE_EXIT_SNAPSHOT_STORED) {
       out.has_exit_snapshot_id = true;

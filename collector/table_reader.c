@@ -481,6 +481,11 @@ uint32_t hd_res_reader_arm_state(const hd_res_reader *r) {
   return state == HD_ARM_ARMED || state == HD_ARM_DISARMED ? state : HD_ARM_FROM_START;
 }
 
+uint32_t hd_res_reader_arm_generation(const hd_res_reader *r) {
+  return r ? __atomic_load_n(&((const hd_res_header *)r->base)->arm_generation, __ATOMIC_ACQUIRE)
+           : 0;
+}
+
 static uint64_t published_end(const hd_res_reader *r);
 static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t off, uint64_t end,
                                               hd_rec_header *hdr);

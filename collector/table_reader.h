@@ -173,6 +173,8 @@ uint32_t hd_res_reader_pid(const hd_res_reader *r);
 uint64_t hd_res_reader_sample_bytes(const hd_res_reader *r);
 /* The table's hd_res_header.arm_state (HD_ARM_*); an unknown value as HD_ARM_FROM_START. */
 uint32_t hd_res_reader_arm_state(const hd_res_reader *r);
+/* The table's hd_res_header.arm_generation. */
+uint32_t hd_res_reader_arm_generation(const hd_res_reader *r);
 /* Statistics (each counter read atomically; together approximate). */
 hd_read_status hd_res_reader_stats(hd_res_reader *r, hd_table_stats *out) HD_MUST_CHECK;
 /* A trace's cumulative counters. */

@@ -148,7 +148,7 @@ void *hd_je_sbrk(intptr_t increment) {
 }
 
 void hd_backend_publish_mappings(void) {
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (!hd_tables_made()) return;
   hd_res_table *t = &hd_live_res;
   pthread_mutex_lock(&g_publish_lock);
   __atomic_store_n(&hd_backend_mappings_waiting, 0, __ATOMIC_RELAXED);
@@ -309,12 +309,6 @@ void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) {
   if (p && zero && lg_align != 0) memset(p, 0, size);
   leave();
   return p;
-}
-
-void hd_backend_free_untagged(void *p) {
-  enter();
-  __libc_free(p);
-  leave();
 }
 
 void *hd_backend_realloc_untagged(void *p, size_t size) {

@@ -4,8 +4,9 @@
  * load (hd_arm_poll, at every allocation); acting on it happens here, off the hot path, on the
  * first allocation after the request.
  *
- * Nothing here allocates, and nothing waits: a thread that finds another one acting on a request
- * goes on as it was, and acts (or not) at a later allocation. */
+ * Nothing here but arming allocates, and no thread waits for another: a thread that finds
+ * another one acting on a request goes on as it was. The thread that arms does the setting up
+ * (tables, registration with the collector, the unwinder) inside the program's allocation. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <string.h>
@@ -18,7 +19,6 @@
 #include "heapdump/contract/names.h"
 #include "runtime.h"
 
-int hd_dormant;
 static const uint64_t g_never_moves;
 const uint64_t *hd_arm_generation = &g_never_moves;
 uint64_t hd_arm_seen;
@@ -44,6 +44,11 @@ bool hd_preload_file_names_us(void) {
          strstr(buf, "libheapdump") != NULL;
 }
 
+/* Owned by this user or root, and writable by nobody else. */
+static bool trusted(const struct stat *st, unsigned uid) {
+  return (st->st_uid == uid || st->st_uid == 0) && (st->st_mode & 022) == 0;
+}
+
 void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   const unsigned uid = (unsigned)syscall(SYS_getuid);
   char socket_path[4096], path[4096 + sizeof HD_ARM_PAGE_SUFFIX];
@@ -51,12 +56,22 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
       hd_arm_page_path(socket_path, path, sizeof path) != 0) {
     return;
   }
-  const int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return; /* no collector (yet): this process cannot be armed */
+  /* Only a page this user's (or root's) collector wrote, in a directory nobody else may write
+   * to: a page planted by another user (say in /tmp/heapdump-0/, made before root's collector
+   * ran) could otherwise arm this process and make it hand its tables to that user's socket. */
+  char dir[sizeof path];
+  memcpy(dir, path, sizeof path);
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL) return;
+  slash[slash == dir ? 1 : 0] = '\0';
   struct stat st;
+  if (stat(dir, &st) != 0 || !trusted(&st, uid)) return;
+  const int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return; /* no collector (yet): this process cannot be armed */
   void *p = MAP_FAILED;
   /* Shorter than the page, a mapping of it would fault past the end. */
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= (off_t)HD_ARM_PAGE_BYTES)
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && trusted(&st, uid) &&
+      st.st_size >= (off_t)HD_ARM_PAGE_BYTES)
     p = mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
   syscall(SYS_close, fd);
   if (p == MAP_FAILED) return;
@@ -86,7 +101,10 @@ static uint32_t find_request(const hd_arm_page *page, uint64_t *sample_bytes) {
     const hd_arm_slot *slot = &page->slots[i];
     if (__atomic_load_n(&slot->pid, __ATOMIC_RELAXED) != pid) continue;
     if (start == 0) start = own_start_ticks();
-    if (__atomic_load_n(&slot->start_ticks, __ATOMIC_RELAXED) != start) continue;
+    if (__atomic_load_n(&slot->start_ticks, __ATOMIC_RELAXED) != start ||
+        __atomic_load_n(&slot->page_address, __ATOMIC_RELAXED) != (uint64_t)(uintptr_t)page) {
+      continue; /* another process of this pid: a reused one, another namespace's, an exec'd */
+    }
     *sample_bytes = __atomic_load_n(&slot->sample_bytes, __ATOMIC_RELAXED);
     return __atomic_load_n(&slot->request, __ATOMIC_RELAXED);
   }
@@ -108,11 +126,8 @@ void hd_arm_poll_slow(void) {
     const uint32_t request = find_request(g_page, &sample_bytes);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     /* A slot read while the collector rewrote it is read again at a later allocation. */
-    const bool dormant = __atomic_load_n(&hd_dormant, __ATOMIC_ACQUIRE) != 0;
-    /* Arming sets up the tables and registers: only from a dormant allocation's own call, never
-     * from inside a hook (a signal handler's), which leaves it to a later allocation. */
-    const bool can_act = !(dormant && hd_tls.in_hook);
-    if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen && can_act) {
+    const bool dormant = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT;
+    if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen) {
       __atomic_store_n(&hd_arm_seen, gen, __ATOMIC_RELAXED);
       if (request == HD_ARM_SLOT_RECORD && dormant) {
         (void)hd_arm(sample_bytes);
@@ -121,6 +136,9 @@ void hd_arm_poll_slow(void) {
       } else if (request == HD_ARM_SLOT_PAUSE && !dormant) {
         hd_set_paused(true);
       }
+      /* Said last: a client that sees it knows the request took effect. */
+      if (request != HD_ARM_SLOT_FREE && hd_tables_made())
+        __atomic_store_n(&hd_live_res.hdr->arm_generation, (uint32_t)gen, __ATOMIC_RELEASE);
     }
   }
   __atomic_store_n(&g_acting, 0, __ATOMIC_RELEASE);

@@ -184,6 +184,15 @@ static void note_memory_not_the_programs(void) {
 }
 
 /* The live tables, empty, and the unwinder set up to fill them. */
+/* Atomic: set once a dormant process being armed has made its tables. */
+static int g_armed_tables_made;
+
+bool hd_tables_made(void) {
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  return state == HD_STATE_READY ||
+         (state == HD_STATE_ARMING && __atomic_load_n(&g_armed_tables_made, __ATOMIC_ACQUIRE));
+}
+
 static bool create_tables(void) {
   if (hd_alloc_table_create(&hd_live_alloc, g_max_memory / 4 * 3, HD_MEMFD_ALLOCATIONS) != 0)
     return false;
@@ -212,6 +221,8 @@ static bool dormant_wanted(void) {
 
 void hd_init_slow(void) {
   if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
+  const int now = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (now == HD_STATE_DORMANT || now == HD_STATE_ARMING) return;
   /* Guard first: a signal handler allocating right after the state change below must forward,
    * not wait for an init that cannot finish until the handler returns. */
   hd_tls.guard++;
@@ -247,9 +258,9 @@ void hd_init_slow(void) {
   own_text_range(&g_own_text_lo, &g_own_text_hi);
   int state = HD_STATE_OFF;
   if (dormant) {
-    /* Off until armed: the tables are made then, with the rate the collector asks for. */
+    /* Until armed: the tables are made then, with the rate the collector asks for. */
     hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
-    __atomic_store_n(&hd_dormant, 1, __ATOMIC_RELEASE);
+    state = HD_STATE_DORMANT;
   } else if (program_selected(getpid()) && create_tables()) {
     state = HD_STATE_READY;
   }
@@ -265,12 +276,12 @@ void hd_count_beyond_cfi(void) { hd_res_count_beyond_cfi(&hd_live_res); }
 void hd_note_unwind_tables_refused(unsigned modules) {
   /* Only into this process's own tables: a fork child that was not given tables of its own
    * still maps its parent's. */
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (!hd_tables_made()) return;
   hd_res_set_unwind_tables_refused(&hd_live_res, modules);
 }
 
 void hd_rescan_regions(void) {
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) != HD_STATE_READY) return;
+  if (!hd_tables_made()) return;
   hd_tls.guard++;
   hd_regions_scan(&hd_live_res, g_exe_name);
   hd_stack_modules_changed();
@@ -278,7 +289,7 @@ void hd_rescan_regions(void) {
 }
 
 void hd_instrumentation_tables(hd_owned_fd *alloc, hd_owned_fd *res) {
-  bool on = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
+  bool on = hd_tables_made();
   *alloc = on ? hd_live_alloc.memfd : HD_OWNED_FD_NONE;
   *res = on ? hd_live_res.memfd : HD_OWNED_FD_NONE;
 }
@@ -365,6 +376,11 @@ static void fork_child(void) {
   /* Sampled recording: the child draws its own sample points, not the parent's sequence (the
    * generator is seeded again from the child's tid at its next draw). */
   hd_tls.sample_random = 0;
+  /* Forked while another thread armed the process: that thread, and the locks it may hold, are
+   * not here, and the tables being made are the parent's. The child records nothing, ever: its
+   * blocks (untagged, glibc's) go back to glibc through the paths of a process switched off. */
+  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_ARMING)
+    __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();
@@ -388,6 +404,7 @@ static void fork_child(void) {
      * tables. */
     __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
   }
+  g_fork_locked = 0;
   /* The cached free nodes were numbered in the parent's table; the counters record is copied. */
   hd_tls.writer.node_count = 0;
   hd_tls.writer.live_delta = 0;
@@ -460,14 +477,19 @@ static void exit_leak_check(void *unused) {
   hd_owned_fd_close(&memfd);
 }
 
-/* What recording needs beyond the tables, set up once they exist: at start, or when armed. */
-static void start_services(void) {
+/* What recording needs beyond the tables, set up once they exist: at start, or when armed
+ * (whichever comes first: a process armed before its constructor ran is not set up twice). */
+static void start_services(bool at_start) {
+  static bool started;
+  if (started) return;
+  started = true;
   hd_tls.guard++;
   ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
   g_exe_name[n > 0 ? n : 0] = 0;
   g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
   hd_tls.guard--;
-  if (!g_follow_children) strip_from_ld_preload();
+  /* Not when armed: setenv while the program's threads may read the environment is a race. */
+  if (!g_follow_children && at_start) strip_from_ld_preload();
   hd_tls.guard++; /* what loading libunwind allocates is the library's own */
   hd_stack_start();
   hd_tls.guard--;
@@ -478,40 +500,49 @@ static void start_services(void) {
 
 __attribute__((constructor)) static void hd_constructor(void) {
   hd_ensure_init();
-  const bool dormant = __atomic_load_n(&hd_dormant, __ATOMIC_ACQUIRE) != 0;
-  const bool ready = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_READY;
-  /* A dormant process too: a fork while another thread arms it must give the child tables of
-   * its own, never the parent's shared ones. */
-  if (dormant || ready) {
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  const bool ready = state == HD_STATE_READY;
+  /* A dormant process too: once armed, a fork gives the child tables of its own. */
+  if (state == HD_STATE_DORMANT || state == HD_STATE_ARMING || ready) {
     hd_tls.guard++;
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     hd_tls.guard--;
   }
   if (!ready) return;
-  start_services();
+  start_services(true);
 }
 
-/* From a dormant process's allocation (dormant.c), with no lock of ours held. Until hd_dormant
- * is cleared, at the end, other threads go on forwarding to glibc untagged, as this one's own
- * allocations do meanwhile (guard): all such blocks are the unattributed bytes, which glibc's
- * statistics count last, just before recording starts. The tables say "armed" only then, so a
- * client that saw it (`heapdump arm` waits for it) knows every later allocation is recorded. */
+/* From a dormant process's allocation (dormant.c), with no lock of ours held. The state is
+ * ARMING meanwhile: the other threads go on forwarding to glibc untagged, as this one's own
+ * allocations do (guard), and a fork child records nothing. Those blocks are the unattributed
+ * bytes, which glibc's statistics count last, just before the state becomes READY; the tables
+ * say "armed" only then, so a client that saw it (`heapdump arm` waits for it) knows every later
+ * allocation is recorded. */
 bool hd_arm(uint64_t sample_bytes) {
+  int dormant = HD_STATE_DORMANT;
+  if (!__atomic_compare_exchange_n(&hd_state, &dormant, HD_STATE_ARMING, false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE)) {
+    return false;
+  }
   hd_tls.guard++;
   hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
   const bool made = create_tables();
   hd_tls.guard--;
-  if (!made) return false;
+  if (!made) {
+    __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
+    return false;
+  }
+  __atomic_store_n(&g_armed_tables_made, 1, __ATOMIC_RELEASE);
   hd_note_untagged_blocks();
-  __atomic_store_n(&hd_state, HD_STATE_READY, __ATOMIC_RELEASE);
   note_memory_not_the_programs();
-  start_services();
+  start_services(false);
   hd_tls.guard++;
   const struct mallinfo2 glibc = mallinfo2();
   hd_tls.guard--;
   __atomic_store_n(&hd_live_res.hdr->unattributed_bytes, (uint64_t)(glibc.uordblks + glibc.hblkhd),
                    __ATOMIC_RELAXED);
-  __atomic_store_n(&hd_dormant, 0, __ATOMIC_RELEASE);
+  __atomic_fetch_or(&hd_record_filter, HD_FILTER_ARMED, __ATOMIC_RELAXED);
+  __atomic_store_n(&hd_state, HD_STATE_READY, __ATOMIC_RELEASE);
   __atomic_store_n(&hd_live_res.hdr->arm_state, HD_ARM_ARMED, __ATOMIC_RELEASE);
   return true;
 }

@@ -104,7 +104,7 @@ void *hd_nested_realloc(void *p, size_t size) {
   /* Always moves: the old block's record can only be dropped later, with its free. */
   void *q = hd_nested_alloc(size, 0, false);
   if (!q) return NULL;
-  size_t old_usable = hd_backend_usable(p) - HD_TAG_BYTES;
+  size_t old_usable = hd_program_usable(p);
   memcpy(q, p, old_usable < size ? old_usable : size);
   hd_nested_free(p);
   return q;

@@ -16,16 +16,8 @@ static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
 static inline bool nested(void) { return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook) != 0); }
 
-static inline bool dormant(void) {
-  return HD_UNLIKELY(__atomic_load_n(&hd_dormant, __ATOMIC_ACQUIRE) != 0);
-}
-
-static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
-  hd_ensure_init();
-  if (dormant()) {
-    hd_arm_poll(); /* may arm: then this allocation is the first recorded */
-    if (dormant()) return hd_backend_alloc_untagged(size, lg_align, zero);
-  }
+/* An allocation of a library that records (READY or OFF). */
+static void *record_hook(size_t size, unsigned lg_align, bool zero) {
   if (nested()) return hd_nested_alloc(size, lg_align, zero);
   hd_hook_enter();
   size_t usable;
@@ -36,6 +28,19 @@ static void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
     errno = ENOMEM;
   hd_hook_leave(); /* keeps errno */
   return p;
+}
+
+/* Not recording (yet): initialising, dormant, being armed; a dormant allocation may arm first,
+ * and then it is the first recorded. */
+__attribute__((noinline)) static void *alloc_not_ready(size_t size, unsigned lg_align, bool zero) {
+  if (hd_hook_state(true) < HD_STATE_READY) return hd_backend_alloc_untagged(size, lg_align, zero);
+  return record_hook(size, lg_align, zero);
+}
+
+static inline void *alloc_hook(size_t size, unsigned lg_align, bool zero) {
+  if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) < HD_STATE_READY))
+    return alloc_not_ready(size, lg_align, zero);
+  return record_hook(size, lg_align, zero);
 }
 
 /* memalign semantics shared by memalign, aligned_alloc, valloc, pvalloc (as glibc 2.36). */
@@ -49,7 +54,16 @@ static void *aligned_hook(size_t align, size_t size) {
   return alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
 }
 
-EXPORT void *malloc(size_t size) { return alloc_hook(size, 0, false); }
+EXPORT void *malloc(size_t size) {
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (HD_UNLIKELY(state < HD_STATE_READY)) {
+    /* The dormant library's whole work: one compare more than glibc's own malloc. */
+    if (state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting()))
+      return hd_dormant_malloc(size);
+    return alloc_not_ready(size, 0, false);
+  }
+  return record_hook(size, 0, false);
+}
 
 EXPORT void *calloc(size_t n, size_t size) {
   size_t total;
@@ -62,10 +76,12 @@ EXPORT void *calloc(size_t n, size_t size) {
 
 EXPORT void free(void *p) {
   if (!p) return;
-  hd_ensure_init();
-  if (dormant()) {
-    hd_backend_free_untagged(p);
-    return;
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (HD_UNLIKELY(state < HD_STATE_READY)) {
+    if (state >= HD_STATE_DORMANT || hd_hook_state(false) < HD_STATE_READY) {
+      hd_dormant_free(p);
+      return;
+    }
   }
   if (nested()) {
     hd_nested_free(p);
@@ -94,8 +110,8 @@ EXPORT void *realloc(void *p, size_t size) {
     free(p);
     return NULL;
   }
-  hd_ensure_init();
-  if (dormant()) return hd_backend_realloc_untagged(p, size);
+  if (HD_UNLIKELY(hd_hook_state(false) < HD_STATE_READY))
+    return hd_backend_realloc_untagged(p, size);
   if (nested()) return hd_nested_realloc(p, size);
   hd_hook_enter();
   void *q = hd_realloc_recorded(p, size);
@@ -139,11 +155,8 @@ EXPORT void *pvalloc(size_t size) {
 
 EXPORT size_t malloc_usable_size(void *p) {
   if (!p) return 0;
-  hd_ensure_init();
-  if (dormant()) return hd_backend_usable_untagged(p);
-  /* The tag is not the program's (a block from before arming has none: it is told 8 bytes less
-   * than it has, which is safe). */
-  return hd_backend_usable(p) - HD_TAG_BYTES;
+  if (HD_UNLIKELY(hd_hook_state(false) < HD_STATE_READY)) return hd_backend_usable_untagged(p);
+  return hd_program_usable(p);
 }
 
 /* jemalloc's non-standard API, for the programs that call it themselves: folly does, once it
@@ -169,7 +182,7 @@ EXPORT void *rallocx(void *p, size_t size, int flags) {
   /* Only a new block is aligned so, or zeroed past the old block's bytes. */
   void *q = alloc_hook(size, lg_align, zero);
   if (!q) return NULL;
-  const size_t old_size = malloc_usable_size(p);
+  const size_t old_size = malloc_usable_size(p); /* the program's part of the block */
   memcpy(q, p, old_size < size ? old_size : size);
   free(p);
   return q;

@@ -137,8 +137,10 @@ uint32_t hd_record_filter;
 
 /* Paused: left out. Sampled: left out while this thread's countdown of bytes to its next sample
  * point has not run out; the allocation that uses it up is recorded, and a new interval is
- * drawn (the process is memoryless, so where the point fell inside the block does not matter). */
+ * drawn (the process is memoryless, so where the point fell inside the block does not matter).
+ * A process that was armed comes here at every allocation, to see the collector's requests. */
 hd_record_choice hd_choose_slow(size_t size) {
+  hd_arm_poll(); /* an armed process's next request */
   const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
   if (filter & HD_FILTER_PAUSED) return HD_UNATTRIBUTED;
   if (!(filter & HD_FILTER_SAMPLED)) return HD_RECORD;
@@ -314,7 +316,6 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
     return;
   }
-  hd_arm_poll(); /* an armed process's next request (one load; never moves for the others) */
   const hd_record_choice choice = hd_choose(size);
   if (choice != HD_RECORD) {
     hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* see count_if_temporary */
@@ -327,18 +328,28 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
 }
 
 /* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
- * *old filled if it had one. */
-static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info *old) {
+ * *old filled if it had one. *unattributed: it had none, and its bytes are counted as
+ * unattributed (the caller takes them off once the block is gone). */
+static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info *old,
+                        bool *unattributed) {
+  *unattributed = false;
   if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
-  bool unattributed = false;
-  const uint32_t index = node_of_at(p, usable, call, &unattributed);
+  const uint32_t index = node_of_at(p, usable, call, unattributed);
   if (index != HD_NO_NODE &&
       hd_alloc_table_erase(&hd_live_alloc, &hd_tls.writer, index, (uint64_t)(uintptr_t)p, old)) {
-    if (HD_UNLIKELY(unattributed)) hd_res_count_overwritten_tag(&hd_live_res); /* see above */
+    if (HD_UNLIKELY(*unattributed)) hd_res_count_overwritten_tag(&hd_live_res); /* see above */
+    *unattributed = false;
     return true;
   }
-  if (HD_UNLIKELY(unattributed)) add_unattributed(-(int64_t)hd_backend_footprint(p));
   return false;
+}
+
+size_t hd_program_usable(void *p) {
+  const size_t usable = hd_backend_usable(p);
+  if (HD_LIKELY(!g_untagged_blocks)) return usable - HD_TAG_BYTES;
+  /* Armed late: a block without a tag (whose end fails the check) is all the program's. */
+  const block_tag tag = *tag_at(p, usable);
+  return tag.check == tag_check((uint64_t)(uintptr_t)p, tag.link) ? usable - HD_TAG_BYTES : usable;
 }
 
 /* last_alloc_address: this thread's latest allocation before the free (see
@@ -346,8 +357,10 @@ static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info 
 static void free_recorded_at(void *p, size_t usable, const char *call,
                              uint64_t last_alloc_address) {
   hd_alloc_info old;
+  bool unattributed;
   /* Erased before the block goes back: its address cannot be reused while still recorded. */
-  const bool recorded = take_record(p, usable, call, &old);
+  const bool recorded = take_record(p, usable, call, &old, &unattributed);
+  if (HD_UNLIKELY(unattributed)) add_unattributed(-(int64_t)hd_backend_footprint(p));
   tag_freed(p, usable);
   hd_tls.writer.last_alloc_address = 0;
   if (recorded) {
@@ -370,19 +383,24 @@ void *hd_realloc_recorded(void *p, size_t size) {
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
-    const bool had = take_record(p, hd_backend_usable(p), "realloc()", &old);
+    bool unattributed;
+    const bool had = take_record(p, hd_backend_usable(p), "realloc()", &old, &unattributed);
+    const size_t footprint = unattributed ? hd_backend_footprint(p) : 0;
     void *q = hd_backend_realloc(p, size);
     if (!q) {
       /* p is unchanged: recorded again under a new node (its counters never moved), or marked
-       * as not recorded (and counted freed) if the table cannot take it again. */
-      uint32_t again = HD_NO_NODE;
-      if (had &&
-          hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
-        count_freed(&old, 0);
-      hd_tag_set(p, again);
+       * as not recorded (and counted freed) if the table cannot take it again. A block without
+       * a record keeps its end as it was (it may be the program's own bytes). */
+      if (had) {
+        uint32_t again = HD_NO_NODE;
+        if (hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
+          count_freed(&old, 0);
+        hd_tag_set(p, again);
+      }
       errno = ENOMEM;
       return NULL;
     }
+    if (unattributed) add_unattributed(-(int64_t)footprint);
     if (had) count_freed(&old, hd_tls.writer.last_alloc_address);
     hd_record_alloc(q, size, 0, hd_backend_usable(q));
     return q;

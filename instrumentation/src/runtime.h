@@ -18,7 +18,17 @@
 #define HD_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HD_HIDDEN __attribute__((visibility("hidden")))
 
-enum { HD_STATE_UNINIT = 0, HD_STATE_INITIALIZING = 1, HD_STATE_READY = 2, HD_STATE_OFF = 3 };
+/* The library's state. Below READY, a hook leaves its fast path: to initialise (UNINIT,
+ * INITIALIZING), or, dormant (DORMANT, and ARMING while one thread sets recording up), to
+ * forward to glibc untouched; so a dormant library costs the recording path nothing. */
+enum {
+  HD_STATE_UNINIT = 0,
+  HD_STATE_INITIALIZING = 1,
+  HD_STATE_DORMANT = 2,
+  HD_STATE_ARMING = 3,
+  HD_STATE_READY = 4,
+  HD_STATE_OFF = 5,
+};
 
 /* A table operation that a signal handler could not do itself because it interrupted this
  * thread inside a hook (which may hold a slot lock or the resources lock): queued in TLS and
@@ -88,7 +98,11 @@ extern hd_res_table hd_live_res HD_HIDDEN;
  * recording starts, never changed. */
 extern uint64_t hd_sample_bytes HD_HIDDEN;
 
-/* Makes sure the backend is chosen and recording set up (or switched off). */
+/* Whether the live tables exist and are this process's: recording (READY), or being armed past
+ * the point where the arming thread made them (ARMING). */
+bool hd_tables_made(void) HD_HIDDEN;
+/* Makes sure the backend is chosen and recording set up (or switched off, or dormant: then it
+ * returns at once). */
 void hd_init_slow(void) HD_HIDDEN;
 static inline void hd_ensure_init(void) {
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) < HD_STATE_READY)) hd_init_slow();
@@ -161,7 +175,6 @@ static inline void hd_backend_publish_waiting_mappings(void) {
 void hd_backend_after_fork_child(void) HD_HIDDEN;
 /* The dormant library's calls: glibc's own, no tag (the block is the program's alone). */
 void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) HD_HIDDEN;
-void hd_backend_free_untagged(void *p) HD_HIDDEN;
 void *hd_backend_realloc_untagged(void *p, size_t size) HD_HIDDEN;
 size_t hd_backend_usable_untagged(void *p) HD_HIDDEN;
 /* glibc's chunk size of a system-backend block, as its statistics (mallinfo2) count it. */
@@ -175,8 +188,10 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) HD_
 void hd_free_recorded(void *p) HD_HIDDEN;
 /* What becomes of a new block: recorded, left out by sampling, or left out while recording is
  * paused (its bytes then counted as unattributed). hd_record_filter is 0 when every block is
- * recorded (one load decides); its bits say sampling is on and recording is paused. */
-enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2 };
+ * recorded (one load decides); its bits say sampling is on, recording is paused, or the process
+ * was armed (its allocations then take the slow path, where they see the collector's next
+ * request: a process recording since start never polls). */
+enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2, HD_FILTER_ARMED = 4 };
 extern uint32_t hd_record_filter HD_HIDDEN;
 typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_record_choice;
 hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
@@ -190,6 +205,9 @@ static inline hd_record_choice hd_choose(size_t size) {
 void hd_leave_out(void *p, size_t usable, hd_record_choice choice) HD_HIDDEN;
 /* From arming on: frees may meet blocks without a tag (allocated while dormant). */
 void hd_note_untagged_blocks(void) HD_HIDDEN;
+/* What malloc_usable_size tells the program: the block's usable size less its tag (a block
+ * from before arming has none). */
+size_t hd_program_usable(void *p) HD_HIDDEN;
 void *hd_realloc_recorded(void *p, size_t size) HD_HIDDEN;
 /* Writes block p's tag: the node that records it (HD_NO_NODE: none). usable: the block's usable
  * size where the caller has it (hd_tag_set looks it up). */
@@ -198,21 +216,60 @@ void hd_tag_set(void *p, uint32_t index) HD_HIDDEN;
 
 /* ---- dormant.c: the dormant library, armed and disarmed through the arm page ---- */
 
-/* 1 while the library only forwards to glibc (HEAPDUMP_DORMANT=1, or named in
- * /etc/ld.so.preload and not in LD_PRELOAD) and no collector has armed it; 0 otherwise, and
- * for good once armed. Set at init, cleared (release) once recording is set up. */
-extern int hd_dormant HD_HIDDEN;
 /* The arm page's generation word (contract/arm_page.h), or a zero that never moves where no
  * page is mapped; and the generation this process last acted on. */
 extern const uint64_t *hd_arm_generation HD_HIDDEN;
 extern uint64_t hd_arm_seen HD_HIDDEN;
 void hd_arm_poll_slow(void) HD_HIDDEN;
 /* Acts on the collector's request for this process, if the page moved: one load when not. */
-static inline void hd_arm_poll(void) {
-  if (HD_UNLIKELY(__atomic_load_n(hd_arm_generation, __ATOMIC_RELAXED) !=
-                  __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED)))
-    hd_arm_poll_slow();
+static inline bool hd_arm_request_waiting(void) {
+  return __atomic_load_n(hd_arm_generation, __ATOMIC_RELAXED) !=
+         __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED);
 }
+static inline void hd_arm_poll(void) {
+  if (HD_UNLIKELY(hd_arm_request_waiting())) hd_arm_poll_slow();
+}
+/* A hook's first step: the state, initialised if need be. Dormant (HD_STATE_DORMANT or
+ * ARMING: the library only forwards to glibc: HEAPDUMP_DORMANT=1, or named in
+ * /etc/ld.so.preload and not in LD_PRELOAD), an allocation first acts on a request of the
+ * collector's (arm_allocation: it may arm, and then records). A state below READY means
+ * "forward to glibc". */
+static inline int hd_hook_state(bool arm_allocation) {
+  int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (HD_LIKELY(state >= HD_STATE_READY)) return state;
+  if (state < HD_STATE_DORMANT) {
+    hd_init_slow();
+    state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  }
+  if (arm_allocation && state == HD_STATE_DORMANT) {
+    hd_arm_poll();
+    state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  }
+  return state;
+}
+
+/* The dormant library's malloc and free, inlined in the hooks: glibc's own, untagged, the
+ * thread marked as inside the allocator (so that a signal handler interrupting glibc never arms
+ * from there). Everything else of a dormant process (calloc, realloc, alignment, a request to
+ * act on) takes hd_hook_state and backend.c's untagged calls. */
+void *__libc_malloc(size_t size);
+void __libc_free(void *p);
+static inline void *hd_dormant_malloc(size_t size) {
+  hd_tls.in_backend++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  void *p = __libc_malloc(size);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_tls.in_backend--;
+  return p;
+}
+static inline void hd_dormant_free(void *p) {
+  hd_tls.in_backend++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  __libc_free(p);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_tls.in_backend--;
+}
+
 /* At init, for a dormant process: maps the arm page beside the collector's socket (the
  * variables' values, NULL when unset), read-only. */
 void hd_dormant_map_page(const char *socket, const char *runtime_dir) HD_HIDDEN;
@@ -221,9 +278,10 @@ void hd_dormant_after_fork_child(void) HD_HIDDEN;
 /* Whether /etc/ld.so.preload names libheapdump (read with raw syscalls: no allocation). */
 bool hd_preload_file_names_us(void) HD_HIDDEN;
 
-/* lifecycle.c: what the requests do. Arming creates the tables, registers and starts recording
- * (false if the tables cannot be made: the process stays dormant); pausing and resuming switch
- * recording of new blocks off and on (frees always take records out). */
+/* lifecycle.c: what the requests do. Arming (from HD_STATE_DORMANT) creates the tables,
+ * registers and starts recording (false if the tables cannot be made: the process stays
+ * dormant); pausing and resuming switch recording of new blocks off and on (frees always take
+ * records out). */
 bool hd_arm(uint64_t sample_bytes) HD_HIDDEN;
 void hd_set_paused(bool paused) HD_HIDDEN;
 

@@ -5,11 +5,15 @@
  * while all of it runs. Commands on stdin, each answered "ok" on stdout:
  *   keep N SIZE    allocate N blocks of SIZE bytes in keep_after and hold them
  *   free-kept      free every block keep_after holds
- *   free-before    free half of hold_before's blocks and grow the other half by realloc
+ *   free-before    free half of hold_before's blocks and grow the other half by realloc (after
+ *                  checking malloc_usable_size and that a realloc that fails keeps the block)
  *   fork           fork a child that allocates, frees and exits; wait for it (its status: ok)
+ *   pause, resume  stop and restart the four threads' churn (they keep what they hold)
+ *   exec           exec this program again (same pid; it answers "ready PID", not "ok")
  *   exit (or end of input)  stop the threads, free everything, exit 0
  * "ready PID" once the threads run. */
 #define _GNU_SOURCE
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -29,7 +33,7 @@
 static void *before[BEFORE];
 static void *kept[MAX_KEPT];
 static size_t kept_count;
-static atomic_bool stopping;
+static atomic_bool stopping, paused;
 static atomic_ulong handled;
 static pthread_t workers[THREADS];
 
@@ -65,7 +69,12 @@ static void *churn(void *arg) {
   const unsigned me = (unsigned)(size_t)arg, next = (me + 1) % THREADS;
   unsigned seed = me * 7919u + 1;
   void *ring[RING] = {0};
+  const struct timespec nap = {0, 1000 * 1000};
   while (!atomic_load(&stopping)) {
+    if (atomic_load(&paused)) {
+      nanosleep(&nap, NULL);
+      continue;
+    }
     const unsigned i = (unsigned)rand_r(&seed) % RING;
     const size_t size = 1 + (size_t)rand_r(&seed) % 3000;
     switch (rand_r(&seed) % 4) {
@@ -130,6 +139,21 @@ int main(void) {
       for (size_t i = 0; i < kept_count; i++) free(kept[i]);
       kept_count = 0;
     } else if (strncmp(line, "free-before", 11) == 0) {
+      /* A realloc that fails leaves the block as it was, all of its bytes. */
+      if (before[1] != NULL) {
+        void *too_big = realloc(before[1], (size_t)1 << 60);
+        const unsigned char *b = before[1];
+        if (too_big != NULL || b[992] != 1 || b[999] != 1) {
+          printf("a failed realloc changed block 1\n");
+          return 1;
+        }
+      }
+      for (int i = 0; i < BEFORE; i++) {
+        if (before[i] != NULL && malloc_usable_size(before[i]) < 1000) {
+          printf("malloc_usable_size of block %d: %zu\n", i, malloc_usable_size(before[i]));
+          return 1;
+        }
+      }
       for (int i = 0; i < BEFORE; i++) {
         if (before[i] == NULL) continue;
         if (i % 2 == 0) {
@@ -154,6 +178,14 @@ int main(void) {
         printf("fork child failed: %d\n", status);
         return 1;
       }
+    } else if (strncmp(line, "pause", 5) == 0) {
+      atomic_store(&paused, true);
+    } else if (strncmp(line, "resume", 6) == 0) {
+      atomic_store(&paused, false);
+    } else if (strncmp(line, "exec", 4) == 0) {
+      execl("/proc/self/exe", "dormant_child", (char *)NULL);
+      printf("exec failed\n");
+      return 1;
     } else if (strncmp(line, "exit", 4) == 0) {
       break;
     } else {

@@ -162,14 +162,22 @@ TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
     hdtest::ShellOutput disarmed = Shell("heapdump disarm --pid " + p);
     ASSERT_EQ(disarmed.status, 0) << disarmed.out;
     EXPECT_NE(disarmed.out.find("disarmed: process " + p), std::string::npos) << disarmed.out;
+    // The threads held still, so that the unattributed bytes move by the 50 blocks alone (the
+    // signal handler's blocks come and go within it).
+    Command(child.get(), "pause");
+    const double before_keep = Field(Report(pid), "unattributed_bytes");
     Command(child.get(), "keep 50 7000");
     json = Report(pid);
     EXPECT_NE(json.find("\"recording\":\"disarmed\""), std::string::npos) << json.substr(0, 800);
     kept = SiteOf(json, "keep_after");
     EXPECT_EQ(kept.blocks, 100);  // none of the 50 allocated while disarmed
     EXPECT_EQ(kept.bytes, 100.0 * static_cast<double>(size));
+    EXPECT_GE(Field(json, "unattributed_bytes"), before_keep + 50 * 7000) << json.substr(0, 800);
     Command(child.get(), "free-kept");
-    EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 0);  // frees still take records out
+    json = Report(pid);
+    EXPECT_EQ(SiteOf(json, "keep_after").blocks, 0);  // frees still take records out
+    EXPECT_NEAR(Field(json, "unattributed_bytes"), before_keep, 4096) << json.substr(0, 800);
+    Command(child.get(), "resume");
   }
   child->Send("exit");
   std::string rest;
@@ -204,6 +212,12 @@ TEST_F(Dormant, ArmedSampledKeepsItsRate) {
   ASSERT_EQ(Shell("heapdump disarm --pid " + p).status, 0);
   hdtest::ShellOutput again = Shell("heapdump arm --pid " + p + " --sample-bytes 64K");
   EXPECT_EQ(again.status, 0) << again.out;
+  // Without --sample-bytes, arm resumes at the process's own rate.
+  ASSERT_EQ(Shell("heapdump disarm --pid " + p).status, 0);
+  hdtest::ShellOutput resumed = Shell("heapdump arm --pid " + p);
+  EXPECT_EQ(resumed.status, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("records one block per 65536 bytes"), std::string::npos)
+      << resumed.out;
   child->Send("exit");
   const int status = child->Finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -223,6 +237,14 @@ TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
   hdtest::ShellOutput plain = Shell("sleep 30 & heapdump arm --pid $! || echo status=$?; kill $!");
   EXPECT_NE(plain.out.find("does not run the dormant library"), std::string::npos) << plain.out;
   EXPECT_NE(plain.out.find("status=4"), std::string::npos) << plain.out;
+  std::unique_ptr<hdtest::Program> dormant;
+  const pid_t never = StartChild(&dormant);
+  ASSERT_GT(never, 0);
+  hdtest::ShellOutput never_armed = Shell("heapdump disarm --pid " + std::to_string(never));
+  EXPECT_EQ(never_armed.status, 4) << never_armed.out;
+  EXPECT_NE(never_armed.out.find("was never armed"), std::string::npos) << never_armed.out;
+  dormant->Send("exit");
+  EXPECT_EQ(dormant->Finish(), 0);
   hdtest::ShellOutput gone = Shell("heapdump disarm --pid 2147483000");
   EXPECT_EQ(gone.status, 4) << gone.out;
   EXPECT_NE(gone.out.find("no process 2147483000"), std::string::npos) << gone.out;
@@ -231,6 +253,28 @@ TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
   EXPECT_NE(usage.out.find("arm wants --pid PID"), std::string::npos) << usage.out;
   recording->Send("exit");
   EXPECT_EQ(recording->Finish(), 0);
+}
+
+// A process that execs after it was armed: the program it execs starts dormant (the request was
+// the earlier program's), and is armed on its own.
+TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
+  ASSERT_EQ(Shell("heapdump arm --pid " + p).status, 0);
+  EXPECT_TRUE(HasTables(pid));
+  child->Send("exec");
+  EXPECT_EQ(child->ReadLine(), "ready " + p);
+  // Its threads allocate all the time: armed by the old request, it would have tables at once.
+  usleep(500 * 1000);
+  EXPECT_FALSE(HasTables(pid));
+  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  Command(child.get(), "keep 10 1234");
+  EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
 }
 
 // Loaded by /etc/ld.so.preload (in a mount namespace of the test's own, where /etc is an overlay

@@ -178,10 +178,12 @@ HD_MUST_CHECK int cli_list(const cli_options *o, cli_stored **out, size_t *count
 /* Deletes stored snapshot id. Returns an exit code (EXIT_NOT_FOUND if the collector has no such
  * snapshot of ours). */
 HD_MUST_CHECK int cli_delete(const cli_options *o, uint32_t id);
-/* Asks the collector to arm (recording) or disarm dormant process pid; 0 once it published the
- * request, else an exit code, having said why. */
+/* Asks the collector to arm (recording, at sample_bytes if has_sample_bytes, else at the rate
+ * of its first arming) or disarm dormant process pid; 0 once it published the request (at
+ * *generation of its arm page), else an exit code, having said why. */
 HD_MUST_CHECK int cli_arm_process(const cli_options *o, uint64_t pid, bool recording,
-                                  uint64_t sample_bytes);
+                                  bool has_sample_bytes, uint64_t sample_bytes,
+                                  uint64_t *generation);
 /* Where process pid stands with the collector. Returns an exit code, without a message: a
  * collector that cannot tell (an older one) is not an error for the callers. */
 HD_MUST_CHECK int cli_process_state(const cli_options *o, uint64_t pid,

@@ -459,7 +459,8 @@ int cli_delete(const cli_options *o, uint32_t id) {
   return 0;
 }
 
-int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, uint64_t sample_bytes) {
+int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, bool has_sample_bytes,
+                    uint64_t sample_bytes, uint64_t *generation) {
   collector_call k;
   int rc = call_open(o, false, true, &k);
   if (rc != 0) return rc;
@@ -469,7 +470,7 @@ int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, uint64_t
                                                     .process_koid = pid,
                                                     .has_recording = true,
                                                     .recording = recording,
-                                                    .has_sample_bytes = recording,
+                                                    .has_sample_bytes = has_sample_bytes,
                                                     .sample_bytes = sample_bytes};
   hd_status status = hd_fidl_collector_arm_process(k.fd, k.msg, &req, NULL, 0, &result);
   call_close(&k);
@@ -479,7 +480,10 @@ int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, uint64_t
     cli_error("%s: the collector failed: %s", verb, hd_status_str(status));
     return EXIT_FAILURE_;
   }
-  if (result.which_result == heapdump_client_CollectorArmProcessResult_response_tag) return 0;
+  if (result.which_result == heapdump_client_CollectorArmProcessResult_response_tag) {
+    *generation = result.result.response.generation;
+    return 0;
+  }
   switch (result.result.err) {
     case heapdump_client_CollectorError_PROCESS_NOT_DORMANT:
       cli_error("%s: process %" PRIu64
@@ -499,6 +503,9 @@ int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, uint64_t
                 " was armed at another --sample-bytes, which stays its rate until it exits",
                 verb, pid);
       return EXIT_USAGE;
+    case heapdump_client_CollectorError_PROCESS_NOT_ARMED:
+      cli_error("%s: process %" PRIu64 " was never armed", verb, pid);
+      return EXIT_NOT_FOUND;
     default: cli_error("%s: no process %" PRIu64, verb, pid); return EXIT_NOT_FOUND;
   }
 }

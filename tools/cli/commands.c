@@ -475,8 +475,10 @@ static uint64_t sample_bytes_of(const char *value) {
 /* Publishes the request, then waits until the process applies it (at its next allocation) and
  * its recording state says so, at most --timeout seconds. */
 static int arm_or_disarm(const cli_options *o, bool recording) {
-  const uint64_t sample_bytes = recording ? sample_bytes_of(o->sample_bytes) : 0;
-  int rc = cli_arm_process(o, o->pid, recording, sample_bytes);
+  const bool has_sample_bytes = recording && o->sample_bytes != NULL;
+  uint64_t generation = 0;
+  int rc = cli_arm_process(o, o->pid, recording, has_sample_bytes,
+                           has_sample_bytes ? sample_bytes_of(o->sample_bytes) : 0, &generation);
   if (rc != 0) return rc;
   const heapdump_client_RecordingState want =
       recording ? heapdump_client_RecordingState_RECORDING_ARMED
@@ -487,17 +489,18 @@ static int arm_or_disarm(const cli_options *o, bool recording) {
     heapdump_client_CollectorGetProcessStateResponse st;
     if (cli_process_state(o, o->pid, &st) == 0 &&
         st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING && st.has_recording &&
-        st.recording == want) {
+        st.recording == want && st.has_arm_generation &&
+        (int32_t)(st.arm_generation - (uint32_t)generation) >= 0) {
       if (!recording) {
         printf("disarmed: process %" PRIu64 " (%s) records no new block\n", o->pid,
                st.process_name);
-      } else if (sample_bytes == 0) {
+      } else if (!st.has_sample_bytes || st.sample_bytes == 0) {
         printf("armed: process %" PRIu64 " (%s) records every block it allocates\n", o->pid,
                st.process_name);
       } else {
         printf("armed: process %" PRIu64 " (%s) records one block per %" PRIu64
                " bytes it allocates, on average\n",
-               o->pid, st.process_name, sample_bytes);
+               o->pid, st.process_name, st.sample_bytes);
       }
       return 0;
     }

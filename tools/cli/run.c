@@ -70,6 +70,7 @@ static pid_t spawn(char **argv, const char *library, const char *socket, const c
     setenv(HD_ENV_SOCKET, socket, 1);
     setenv(HD_ENV_EXIT_SNAPSHOT, "1", 1);
     if (sample_bytes != NULL) setenv(HD_ENV_SAMPLE_BYTES, sample_bytes, 1);
+    setenv(HD_ENV_DORMANT, "0", 1); /* run records from the start, whatever the caller set */
     /* The command (across its execs, not its children) stores its exit snapshot itself, with
      * contents and roots: a leak check. HEAPDUMP_EXIT_CONTENTS in the environment decides
      * otherwise (0: off). */

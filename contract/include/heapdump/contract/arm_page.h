@@ -10,9 +10,11 @@
  * that saw an odd generation, or a different one after reading its slot, reads it again later.
  *
  * A slot names a process by its own pid (the pid in its innermost namespace, what getpid()
- * answers inside it) and its start time (field 22 of /proc/PID/stat, clock ticks after boot), so
- * neither a reused pid nor a process of another pid namespace takes a request meant for another.
- * A slot stays the process's until it exits; the collector reuses slots of exited processes.
+ * answers inside it), its start time (field 22 of /proc/PID/stat, clock ticks after boot) and
+ * the address at which it mapped the page (from /proc/PID/maps), so that neither a reused pid, nor
+ * a process of another pid namespace, nor the program a process exec'd (same pid and start
+ * time, its own mapping) takes a request meant for another. A slot stays the process's until it
+ * exits; the collector reuses slots of exited processes.
  *
  * The file is kept across collector restarts (opened, never truncated nor replaced: processes
  * that mapped it keep the same inode), and a collector starting on a file with another magic or
@@ -28,7 +30,7 @@
 
 #define HD_ARM_PAGE_MAGIC UINT32_C(0x6d726168) /* "harm" */
 #define HD_ARM_PAGE_VERSION 1u
-#define HD_ARM_SLOTS 1023u
+#define HD_ARM_SLOTS 818u
 #define HD_ARM_PAGE_SUFFIX ".arm" /* appended to the socket path */
 
 /* What a slot asks of its process. */
@@ -42,6 +44,7 @@ typedef struct hd_arm_slot {
   uint32_t pid;           /* the process's own pid; 0 = free slot */
   uint32_t request;       /* HD_ARM_SLOT_* */
   uint64_t start_ticks;   /* /proc/PID/stat starttime */
+  uint64_t page_address;  /* where the process mapped this page */
   uint64_t sample_bytes;  /* with HD_ARM_SLOT_RECORD: 0 = every block, else the mean interval */
   uint32_t collector_pid; /* the collector's own: the pid as it sees the process */
   uint32_t flags;         /* the collector's own: HD_ARM_SLOT_RATE_FIXED */
@@ -56,11 +59,12 @@ typedef struct hd_arm_page {
   uint64_t generation; /* atomic: odd while the collector writes a slot */
   uint64_t reserved[2];
   hd_arm_slot slots[HD_ARM_SLOTS];
+  uint64_t tail[2];
 } hd_arm_page;
 
 #define HD_ARM_PAGE_BYTES 32768u
 
-_Static_assert(sizeof(hd_arm_slot) == 32, "hd_arm_slot size");
+_Static_assert(sizeof(hd_arm_slot) == 40, "hd_arm_slot size");
 _Static_assert(offsetof(hd_arm_page, generation) == 8, "hd_arm_page generation");
 _Static_assert(offsetof(hd_arm_page, slots) == 32, "hd_arm_page slots");
 _Static_assert(sizeof(hd_arm_page) == HD_ARM_PAGE_BYTES, "hd_arm_page size");

@@ -311,7 +311,10 @@ typedef struct hd_res_header {
    * as inconsistent: their frames are stepped by frame pointers, and libunwind is not shown
    * them. Zero in a table whose writer did not know the field (it was reserved, so zero). */
   uint32_t unwind_tables_refused;
-  uint32_t reserved1;
+  /* Atomic (release): the low 32 bits of the arm page's generation (contract/arm_page.h) whose
+   * request the process acted on last, so that a client that made a request knows when the
+   * process has acted on it. Zero in a table whose writer did not know the field. */
+  uint32_t arm_generation;
   /* The latest peak mark (hd_peak_mark_*): the moment the live bytes last rose 1% past the
    * previous mark, so that the highest live bytes ever are within 1% of the mark's. Bits 48..63:
    * the mark's number (1, 2, ...; wraps past 65535 to 1; 0 = no mark yet); bits 0..47: its time,
@@ -513,6 +516,7 @@ HD_PIN(hd_res_header, mapping_records_lost, 124);
 HD_PIN(hd_res_header, stacks_beyond_cfi, 128);
 HD_PIN(hd_res_header, overwritten_tags, 136);
 HD_PIN(hd_res_header, unwind_tables_refused, 144);
+HD_PIN(hd_res_header, arm_generation, 148);
 HD_PIN(hd_res_header, peak_mark, 152);
 HD_PIN(hd_res_header, peak_mark_bytes, 160);
 HD_PIN(hd_res_header, sample_bytes, 168);
