@@ -120,26 +120,33 @@ static bool owned_by(pid_t pid, uid_t uid) {
   return owned;
 }
 
-/* Whether the process maps this collector's arm page, and where (*address). The page is known
- * by its inode, and by its device or else its path (an overlay shows the file's device under it,
- * not the one fstat answers). */
-static bool maps_page(const hd_collector *c, pid_t pid, uint64_t *address) {
+/* Whether the process maps this collector's arm page, and where (*address); *has_tables: it maps
+ * the library's tables too (it records: armed, or a fork child of an armed process; the program
+ * a process exec'd does not, whatever its predecessor's registration still says). The page is
+ * known by its inode, and by its device or else its path (an overlay shows the file's device
+ * under it, not the one fstat answers). */
+static bool maps_page(const hd_collector *c, pid_t pid, uint64_t *address, bool *has_tables) {
   char path[64], line[4096 + 128], page_path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
   if (hd_arm_page_path(c->socket_path, page_path, sizeof page_path) != 0) return false;
   snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
   FILE *f = fopen(path, "re");
   if (f == NULL) return false;
   bool found = false;
-  while (!found && fgets(line, sizeof line, f) != NULL) {
+  *has_tables = false;
+  while (fgets(line, sizeof line, f) != NULL) {
     unsigned long long start, inode;
     unsigned major, minor;
     int name_at = 0;
     if (sscanf(line, "%llx-%*x %*s %*s %x:%x %llu %n", &start, &major, &minor, &inode, &name_at) <
-            4 ||
-        inode != (unsigned long long)c->arm_page_ino) {
+        4) {
       continue;
     }
     line[strcspn(line, "\n")] = '\0';
+    if (name_at > 0 && strncmp(line + name_at, "/memfd:" HD_MEMFD_ALLOCATIONS " ",
+                               sizeof("/memfd:" HD_MEMFD_ALLOCATIONS)) == 0) {
+      *has_tables = true;
+    }
+    if (found || inode != (unsigned long long)c->arm_page_ino) continue;
     found = makedev(major, minor) == c->arm_page_dev ||
             (name_at > 0 && strcmp(line + name_at, page_path) == 0);
     if (found) *address = start;
@@ -184,7 +191,8 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
   /* The collector itself, loaded dormant from /etc/ld.so.preload, would register with itself
    * from inside its own poll thread. */
   uint64_t address = 0;
-  if (pid == getpid() || !maps_page(c, pid, &address))
+  bool has_tables = false;
+  if (pid == getpid() || !maps_page(c, pid, &address, &has_tables))
     return heapdump_client_CollectorError_PROCESS_NOT_DORMANT;
   bool existing;
   hd_arm_slot *slot = slot_for(c->arm_page, pid, start, address, &existing);
@@ -192,7 +200,7 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
   /* Its rate, once armed: its tables' (a fork child of an armed process has no slot of its
    * own), or the one its slot asked for. */
   const heapdump_client_CollectorGetProcessStateResponse st = hd_process_state(c, pid, 0);
-  const bool armed = st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+  const bool armed = has_tables && st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
                      st.has_recording &&
                      st.recording != heapdump_client_RecordingState_RECORDING_FROM_START;
   const bool rate_known = armed || (existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0);

@@ -379,8 +379,9 @@ static void fork_child(void) {
   /* Forked while another thread armed the process: that thread, and the locks it may hold, are
    * not here, and the tables being made are the parent's. The child records nothing, ever: its
    * blocks (untagged, glibc's) go back to glibc through the paths of a process switched off. */
-  if (__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_ARMING)
-    __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (state == HD_STATE_ARMING || (state == HD_STATE_READY && !g_fork_locked))
+    __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE); /* armed after fork_prepare */
   if (!g_fork_locked) return;
   hd_stack_after_fork_child();
   hd_regions_after_fork_child();
@@ -477,6 +478,12 @@ static void exit_leak_check(void *unused) {
   hd_owned_fd_close(&memfd);
 }
 
+/* The main program's path, which the module scans name its regions by. */
+static void read_exe_name(void) {
+  ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
+  g_exe_name[n > 0 ? n : 0] = 0;
+}
+
 /* What recording needs beyond the tables, set up once they exist: at start, or when armed
  * (whichever comes first: a process armed before its constructor ran is not set up twice). */
 static void start_services(bool at_start) {
@@ -484,8 +491,7 @@ static void start_services(bool at_start) {
   if (started) return;
   started = true;
   hd_tls.guard++;
-  ssize_t n = readlink("/proc/self/exe", g_exe_name, sizeof(g_exe_name) - 1);
-  g_exe_name[n > 0 ? n : 0] = 0;
+  if (at_start) read_exe_name(); /* armed: read before the tables were published */
   g_thread_exit_key_made = pthread_key_create(&g_thread_exit_key, thread_exit) == 0;
   hd_tls.guard--;
   /* Not when armed: setenv while the program's threads may read the environment is a race. */
@@ -532,6 +538,9 @@ bool hd_arm(uint64_t sample_bytes) {
     __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
     return false;
   }
+  hd_tls.guard++;
+  read_exe_name(); /* before another thread's dlopen may scan the modules into the tables */
+  hd_tls.guard--;
   __atomic_store_n(&g_armed_tables_made, 1, __ATOMIC_RELEASE);
   hd_note_untagged_blocks();
   note_memory_not_the_programs();

@@ -33,7 +33,7 @@ static void *record_hook(size_t size, unsigned lg_align, bool zero) {
 /* Not recording (yet): initialising, dormant, being armed; a dormant allocation may arm first,
  * and then it is the first recorded. */
 __attribute__((noinline)) static void *alloc_not_ready(size_t size, unsigned lg_align, bool zero) {
-  if (hd_hook_state(true) < HD_STATE_READY) return hd_backend_alloc_untagged(size, lg_align, zero);
+  if (hd_forwards(hd_hook_state(true))) return hd_backend_alloc_untagged(size, lg_align, zero);
   return record_hook(size, lg_align, zero);
 }
 
@@ -78,7 +78,7 @@ EXPORT void free(void *p) {
   if (!p) return;
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_UNLIKELY(state < HD_STATE_READY)) {
-    if (state >= HD_STATE_DORMANT || hd_hook_state(false) < HD_STATE_READY) {
+    if (hd_forwards(state) || hd_forwards(hd_hook_state(false))) {
       hd_dormant_free(p);
       return;
     }
@@ -110,8 +110,8 @@ EXPORT void *realloc(void *p, size_t size) {
     free(p);
     return NULL;
   }
-  if (HD_UNLIKELY(hd_hook_state(false) < HD_STATE_READY))
-    return hd_backend_realloc_untagged(p, size);
+  /* A dormant realloc may arm, as an allocation. */
+  if (HD_UNLIKELY(hd_forwards(hd_hook_state(true)))) return hd_backend_realloc_untagged(p, size);
   if (nested()) return hd_nested_realloc(p, size);
   hd_hook_enter();
   void *q = hd_realloc_recorded(p, size);
@@ -155,7 +155,7 @@ EXPORT void *pvalloc(size_t size) {
 
 EXPORT size_t malloc_usable_size(void *p) {
   if (!p) return 0;
-  if (HD_UNLIKELY(hd_hook_state(false) < HD_STATE_READY)) return hd_backend_usable_untagged(p);
+  if (HD_UNLIKELY(hd_forwards(hd_hook_state(false)))) return hd_backend_usable_untagged(p);
   return hd_program_usable(p);
 }
 

@@ -234,6 +234,12 @@ static inline void hd_arm_poll(void) {
  * /etc/ld.so.preload and not in LD_PRELOAD), an allocation first acts on a request of the
  * collector's (arm_allocation: it may arm, and then records). A state below READY means
  * "forward to glibc". */
+/* Whether a hook forwards to glibc untouched in this state: dormant, or being armed. (Below
+ * DORMANT, a call is the initialising thread's own, which takes the nested path.) */
+static inline bool hd_forwards(int state) {
+  return state == HD_STATE_DORMANT || state == HD_STATE_ARMING;
+}
+
 static inline int hd_hook_state(bool arm_allocation) {
   int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_LIKELY(state >= HD_STATE_READY)) return state;

@@ -255,22 +255,27 @@ TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
   EXPECT_EQ(recording->Finish(), 0);
 }
 
-// A process that execs after it was armed: the program it execs starts dormant (the request was
-// the earlier program's), and is armed on its own.
+// A process that execs after it was armed (sampled): the program it execs starts dormant (the
+// request was the earlier program's), is not taken for armed (a disarm is refused) nor held to its
+// predecessor's rate, and is armed on its own.
 TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
   std::unique_ptr<hdtest::Program> child;
   const pid_t pid = StartChild(&child);
   ASSERT_GT(pid, 0);
   const std::string p = std::to_string(pid);
-  ASSERT_EQ(Shell("heapdump arm --pid " + p).status, 0);
+  ASSERT_EQ(Shell("heapdump arm --pid " + p + " --sample-bytes 64K").status, 0);
   EXPECT_TRUE(HasTables(pid));
   child->Send("exec");
   EXPECT_EQ(child->ReadLine(), "ready " + p);
   // Its threads allocate all the time: armed by the old request, it would have tables at once.
   usleep(500 * 1000);
   EXPECT_FALSE(HasTables(pid));
+  hdtest::ShellOutput disarm = Shell("heapdump disarm --pid " + p);
+  EXPECT_EQ(disarm.status, 4) << disarm.out;
+  EXPECT_NE(disarm.out.find("was never armed"), std::string::npos) << disarm.out;
   hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
   ASSERT_EQ(armed.status, 0) << armed.out;
+  EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
   Command(child.get(), "keep 10 1234");
   EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
   child->Send("exit");

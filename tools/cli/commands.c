@@ -489,8 +489,8 @@ static int arm_or_disarm(const cli_options *o, bool recording) {
     heapdump_client_CollectorGetProcessStateResponse st;
     if (cli_process_state(o, o->pid, &st) == 0 &&
         st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING && st.has_recording &&
-        st.recording == want && st.has_arm_generation &&
-        (int32_t)(st.arm_generation - (uint32_t)generation) >= 0) {
+        st.recording == want &&
+        (!st.has_arm_generation || (int32_t)(st.arm_generation - (uint32_t)generation) >= 0)) {
       if (!recording) {
         printf("disarmed: process %" PRIu64 " (%s) records no new block\n", o->pid,
                st.process_name);
@@ -509,7 +509,7 @@ static int arm_or_disarm(const cli_options *o, bool recording) {
         (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
     if (o->timeout > 0 && waited >= o->timeout) {
       cli_error("%s: asked; process %" PRIu64
-                " has not allocated since (it acts on the request at its next allocation)",
+                " has not acted on it yet (it does at its next allocation)",
                 recording ? "arm" : "disarm", o->pid);
       return EXIT_TIMEOUT;
     }

@@ -29,7 +29,7 @@
 #include "heapdump/contract/must_check.h"
 
 #define HD_ARM_PAGE_MAGIC UINT32_C(0x6d726168) /* "harm" */
-#define HD_ARM_PAGE_VERSION 1u
+#define HD_ARM_PAGE_VERSION 2u
 #define HD_ARM_SLOTS 818u
 #define HD_ARM_PAGE_SUFFIX ".arm" /* appended to the socket path */
 
