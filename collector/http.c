@@ -301,6 +301,10 @@ static const process_metric kProcessMetrics[] = {
      "Mean bytes allocated between two recorded blocks (0: every block recorded); when not 0, "
      "every other heapdump_ value of the process is an estimate.",
      STAT(sample_bytes)},
+    {"heapdump_recording", "gauge",
+     "When the process records its blocks: 0 since it started, 1 since it was armed (the dormant "
+     "library, heapdump arm), 2 none since it was disarmed.",
+     STAT(arm_state)},
     {"heapdump_unattributed_bytes", "gauge",
      "Live bytes allocated before the process was armed (or while it was disarmed), attributed "
      "to no stack trace: an estimate from glibc's statistics; 0 for a process recording since "

@@ -176,7 +176,7 @@ static HD_MUST_CHECK hd_status add_stats_and_series(hd_process *p, const char *n
                                      .has_unattributed_bytes = st.arm_state != HD_ARM_FROM_START,
                                      .unattributed_bytes = st.unattributed_bytes,
                                      .has_recording = true,
-                                     .recording = hd_recording_state(st.arm_state)};
+                                     .recording = hd_recording_state((uint32_t)st.arm_state)};
   /* A mark set while the snapshot was read would mix two moments: nothing is attributed. */
   if (peak->mark != 0 && st.peak_mark == peak->mark) {
     heapdump_client_ProcessStats *ps = &e.element.process_stats;

@@ -115,7 +115,7 @@ typedef struct hd_table_stats {
    * hd_peak_allocated_by(t, start_time_ns, peak_mark)). */
   uint64_t peak_mark, peak_mark_bytes, start_time_ns;
   uint64_t sample_bytes;       /* hd_res_reader_sample_bytes */
-  uint32_t arm_state;          /* hd_res_reader_arm_state */
+  uint64_t arm_state;          /* hd_res_reader_arm_state (64 bits: a metric, http.c) */
   uint64_t unattributed_bytes; /* hd_res_header.unattributed_bytes, a negative value as 0 */
 } hd_table_stats;
 

@@ -287,6 +287,54 @@ TEST_F(HttpTest, ASampledProcessCarriesItsRateToScrapersAndReaders) {
   EXPECT_EQ(w.program->Finish(), 0);
 }
 
+// A process armed from the dormant library (`heapdump arm`) says so to scrapers and profile
+// readers: heapdump_recording 1, then 2 once disarmed; its bytes from before arming in
+// heapdump_unattributed_bytes and in a comment of its profile, which holds what it allocated
+// since.
+TEST_F(HttpTest, AnArmedProcessCarriesItsStateToScrapersAndReaders) {
+  StartCollector();
+  Workload w(collector.socket, {"grow"}, false, {"HEAPDUMP_DORMANT=1"});
+  const std::vector<std::string> env = {"HEAPDUMP_SOCKET=" + collector.socket,
+                                        "PATH=/usr/bin:/bin"};
+  const std::string cli = std::string(HD_CLI) + " ";
+  // The workload allocates only when told: arm and disarm wait for its next allocation, which
+  // `allocation` makes once the collector published the request.
+  auto request = [&](const std::string &command, const std::string &logged,
+                     const std::string &allocation) {
+    ShellOutput o;
+    std::thread t(
+        [&] { o = RunShell(cli + command + " --pid " + std::to_string(w.pid), dir, env); });
+    const std::string published = "process " + std::to_string(w.pid) + " " + logged;
+    EXPECT_TRUE(hdtest::WaitUntil([&] {
+      return collector.Log().find(published) != std::string::npos;
+    })) << collector.Log();
+    w.program->Send(allocation);
+    EXPECT_EQ(w.program->ReadLine(), "ok");
+    t.join();
+    return o;
+  };
+  ShellOutput armed = request("arm", "armed", "grow 300");
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  HttpReply r = Get(port, "/metrics");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Sample(r.body, "heapdump_recording", Labels(w.pid)), 1) << r.body;
+  EXPECT_GT(Sample(r.body, "heapdump_unattributed_bytes", Labels(w.pid)), 0) << r.body;
+  const std::string url =
+      "http://127.0.0.1:" + std::to_string(port) + "/debug/pprof/heap?pid=" + std::to_string(w.pid);
+  RawProfile p = GoPprofRaw(url, dir);
+  ASSERT_EQ(p.status, 0) << p.out;
+  EXPECT_NE(p.out.find("armed: only blocks allocated since the process was armed"),
+            std::string::npos)
+      << p.out;
+  const std::vector<long long> &grow = p.by_leaf["grow_site"];
+  ASSERT_EQ(grow.size(), 4u) << p.out;
+  EXPECT_EQ(grow[3], 300000) << p.out;  // every block since arming, exactly
+  ShellOutput disarmed = request("disarm", "disarmed", "grow 1");
+  ASSERT_EQ(disarmed.status, 0) << disarmed.out;
+  EXPECT_EQ(Sample(Get(port, "/metrics").body, "heapdump_recording", Labels(w.pid)), 2);
+  EXPECT_EQ(w.program->Finish(), 0);
+}
+
 // go tool pprof reads the profile straight from the collector: the known site exact, in Go's
 // shape, with a mapping behind every location, from ?pid= and from the per-process paths.
 TEST_F(HttpTest, GoToolPprofReadsTheKnownSitesFromEveryPath) {
