@@ -330,8 +330,9 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
 /* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
  * *old filled if it had one. *unattributed: it had none, and its bytes are counted as
  * unattributed (the caller takes them off once the block is gone). */
-static bool take_record(void *p, size_t usable, const char *call, hd_alloc_info *old,
-                        bool *unattributed) {
+__attribute__((always_inline)) static inline bool take_record(void *p, size_t usable,
+                                                              const char *call, hd_alloc_info *old,
+                                                              bool *unattributed) {
   *unattributed = false;
   if (__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY) return false;
   const uint32_t index = node_of_at(p, usable, call, unattributed);

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "browser.h"
 #include "process.h"
 
 namespace {
@@ -354,6 +355,21 @@ TEST_F(Dormant, DocsArmingRunsAsWritten) {
   EXPECT_TRUE(std::regex_search(o.out, std::regex("disarmed: process [0-9]+ \\(my-server\\)")))
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("done, [0-9]+ signals handled"))) << o.out;
+  // The HTML page of the armed snapshot says so, above its recording statistics.
+  ASSERT_EQ(Shell("heapdump report armed.heapdump --format html -o armed.html").status, 0);
+  std::string why;
+  auto browser = hdtest::Browser::Launch(&why);
+  ASSERT_NE(browser, nullptr) << why;
+  ASSERT_TRUE(browser->Open(dir + "/armed.html")) << browser->error();
+  ASSERT_TRUE(browser->WaitFor("document.body.dataset.ready === '1'")) << browser->error();
+  const auto note = browser->EvalString("document.getElementById('armed-note').textContent");
+  ASSERT_TRUE(note.has_value()) << browser->error();
+  EXPECT_NE(note->find("Armed: the blocks allocated since the process was armed are recorded"),
+            std::string::npos)
+      << *note;
+  EXPECT_NE(note->find("more live bytes, allocated before, are attributed to no site"),
+            std::string::npos)
+      << *note;
 }
 
 // redis-server (Debian's) started dormant, under redis-benchmark's load on 127.0.0.1 (bounded:

@@ -233,6 +233,12 @@ static void write_stats(const hd_snapshot *s, FILE *out) {
           st->bytes_freed, st->blocks_freed, st->peak_live_bytes, st->dropped_allocations,
           st->dropped_stack_traces, st->dropped_resources, truncated);
   if (st->has_sample_bytes) fprintf(out, ",\"sample_bytes\":%" PRIu64, st->sample_bytes);
+  if (st->has_unattributed_bytes) {
+    const bool disarmed =
+        st->has_recording && st->recording == heapdump_client_RecordingState_RECORDING_DISARMED;
+    fprintf(out, ",\"recording\":\"%s\",\"unattributed_bytes\":%" PRIu64,
+            disarmed ? "disarmed" : "armed", st->unattributed_bytes);
+  }
   fputc('}', out);
 }
 

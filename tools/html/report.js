@@ -324,6 +324,11 @@
       rec = '<div id="sampled-note">Sampled: one block recorded per ' + count(st.sample_bytes) +
         ' bytes allocated on average, each counted as the blocks it stands for: every number here is an estimate.</div>' + rec;
     }
+    if (st && st.recording) {
+      rec = '<div id="armed-note">Armed: the blocks allocated since the process was armed are recorded' +
+        (st.recording === 'disarmed' ? ' (it is disarmed now: none since)' : '') + '; ' +
+        count(st.unattributed_bytes) + ' more live bytes, allocated before, are attributed to no site.</div>' + rec;
+    }
     $('recording').innerHTML = rec;
   }
 
