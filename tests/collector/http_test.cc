@@ -78,19 +78,6 @@ HttpReply Get(int port, const std::string &path, const std::string &extra_header
                             "\r\n" + extra_headers + "\r\n");
 }
 
-// A port nothing listens on now (for Prometheus, which must be told one).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The port the collector chose for --http 127.0.0.1:0, from its log.
 int HttpPort(const Collector &collector) {
   std::smatch m;
@@ -618,7 +605,7 @@ std::string UrlEscape(const std::string &text) {
 
 struct Prometheus {
   std::unique_ptr<Program> program;
-  int port = FreePort();
+  int port = hdtest::FreePort();
   Prometheus(const std::string &dir, const std::string &config) {
     WriteFile(dir + "/prometheus.yml", config);
     program = std::make_unique<Program>(
@@ -752,8 +739,8 @@ TEST_F(HttpTest, FleetDocRunsAsWritten) {
       "HOME=" + dir,
       "GOCACHE=" + dir + "/gocache",
   };
-  const std::string http_port = std::to_string(FreePort());
-  const std::string redis_port = std::to_string(FreePort());
+  const std::string http_port = std::to_string(hdtest::FreePort());
+  const std::string redis_port = std::to_string(hdtest::FreePort());
   auto ports = [&](const std::string &text) {
     return Replace(Replace(text, "9464", http_port), "--port 7400", "--port " + redis_port);
   };

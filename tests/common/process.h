@@ -105,6 +105,10 @@ struct ShellOutput {
 ShellOutput RunShell(const std::string &script, const std::string &cwd,
                      const std::vector<std::string> &env);
 
+// A TCP port nothing listens on now, on 127.0.0.1 (for a server the test starts, which must be
+// told one); -1, with a failed expectation, if none could be had.
+int FreePort();
+
 // The environment that instruments a program for the collector at socket.
 std::vector<std::string> InstrumentedEnv(const std::string &socket, bool exit_snapshot = false);
 

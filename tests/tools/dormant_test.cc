@@ -3,10 +3,7 @@
 // started with HEAPDUMP_DORMANT=1 or from /etc/ld.so.preload, armed and disarmed again and again
 // with `heapdump arm` / `heapdump disarm` while it runs; redis-server under redis-benchmark's
 // load armed and disarmed the same way; and the refusals users meet.
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -39,21 +36,6 @@ bool HasTables(pid_t pid) {
   }
   closedir(d);
   return found;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 // A number field of a `report --json` text, from the first occurrence of `key` after `from`;
@@ -380,7 +362,7 @@ TEST_F(Dormant, RedisUnderLoadIsArmedAndDisarmedSafely) {
   if (!Installed("/usr/bin/redis-server") || !Installed("/usr/bin/redis-benchmark")) {
     GTEST_SKIP() << "redis-server or redis-benchmark is not installed";
   }
-  const std::string port = std::to_string(FreePort());
+  const std::string port = std::to_string(hdtest::FreePort());
   const std::string cli = "redis-cli -p " + port;
   hdtest::ShellOutput o =
       Shell("HEAPDUMP_DORMANT=1 LD_PRELOAD=" + std::string(HD_PRELOAD_LIB) +

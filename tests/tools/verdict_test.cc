@@ -2,9 +2,6 @@
 // mapped itself (each kind, on both backends), true leaks beside them still found, cc1plus and
 // python3 losing nothing, redis checked while it serves and after SHUTDOWN, and allocation
 // wrappers (--alloc-fn) naming their callers as the sites.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <map>
@@ -190,22 +187,6 @@ TEST_F(Verdict, Python3LosesNothing) {
   EXPECT_EQ(summary["definitely lost"], (Amount{0, 0})) << memcheck.out;
 }
 
-// A TCP port nobody listens on now, on 127.0.0.1.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
-
 // redis-server (Debian's), a server nobody here wrote, under load on 127.0.0.1: its leak check
 // while it serves (`heapdump leaks`) and at its exit after SHUTDOWN. memcheck on the same load
 // and shutdown finds nothing definitely or indirectly lost, and about the same possibly lost
@@ -224,7 +205,7 @@ TEST_F(Verdict, RedisWhileItServesAndAtExit) {
   }
   hdtest::Collector daemon(dir + "/daemon");
   daemon.Start();
-  const std::string port = std::to_string(FreePort());
+  const std::string port = std::to_string(hdtest::FreePort());
   const std::string cli = "redis-cli -p " + port;
   hdtest::ShellOutput run =
       Shell("heapdump run --top 0 -o redis.heapdump -- redis-server --port " + port +
