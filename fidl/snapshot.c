@@ -272,6 +272,18 @@ static hd_snapshot_stack_trace *stack_trace_slot(hd_snapshot *s, uint64_t key) {
   return &s->stack_traces[index];
 }
 
+/* How many bytes are allocated for something of `size` bytes that arrives in pieces (a block's
+ * contents, a stack trace's addresses). What fits one batch is allocated exactly, as most things
+ * arrive whole; past that the allocation grows in steps of a quarter of its power of two, so a
+ * large root arriving in thousands of pieces is copied a bounded number of times rather than
+ * once per piece (quadratic: minutes for a 32 MiB mapping where realloc cannot move pages), at
+ * most a quarter of it unused. A function of the size alone, so nothing needs to remember it. */
+static size_t piece_capacity(size_t size) {
+  if (size <= HD_MAX_MESSAGE_BYTES) return size;
+  const size_t step = ((size_t)1 << (63 - __builtin_clzll((unsigned long long)size))) / 4;
+  return (size + step - 1) & ~(step - 1);
+}
+
 static HD_MUST_CHECK hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s, uint64_t key,
                                                const uint64_t *addresses, size_t count,
                                                bool truncated) {
@@ -282,10 +294,14 @@ static HD_MUST_CHECK hd_status add_stack_trace(hd_reassembler *r, hd_snapshot *s
   if (t->count + count > (size_t)1 << 24) {
     return fail(r, HD_ERR_REASSEMBLY, "stack trace %llu too long", (unsigned long long)key);
   }
-  uint64_t *grown = realloc(t->addresses, (t->count + count) * sizeof *grown);
-  if (grown == NULL) return HD_ERR_NO_MEMORY;
-  memcpy(grown + t->count, addresses, count * sizeof *grown);
-  t->addresses = grown;
+  const size_t have = piece_capacity(t->count * sizeof *t->addresses);
+  const size_t need = (t->count + count) * sizeof *t->addresses;
+  if (need > have) {
+    uint64_t *grown = realloc(t->addresses, piece_capacity(need));
+    if (grown == NULL) return HD_ERR_NO_MEMORY;
+    t->addresses = grown;
+  }
+  memcpy(t->addresses + t->count, addresses, count * sizeof *t->addresses);
   t->count += count;
   return HD_OK;
 }
@@ -298,10 +314,12 @@ static HD_MUST_CHECK hd_status append_bytes(hd_reassembler *r, hd_snapshot *s, h
    * a stream from growing a block without bound. */
   if (b->size + size > ((size_t)1 << 40)) return fail(r, HD_ERR_REASSEMBLY, "block too large");
   if (r->spilling) return spill_block(r, s, b, bytes, size);
-  uint8_t *grown = realloc(b->bytes, b->size + size);
-  if (grown == NULL) return HD_ERR_NO_MEMORY;
-  memcpy(grown + b->size, bytes, size);
-  b->bytes = grown;
+  if (b->size + size > piece_capacity(b->size)) {
+    uint8_t *grown = realloc(b->bytes, piece_capacity(b->size + size));
+    if (grown == NULL) return HD_ERR_NO_MEMORY;
+    b->bytes = grown;
+  }
+  memcpy(b->bytes + b->size, bytes, size);
   b->size += size;
   return HD_OK;
 }
