@@ -37,26 +37,22 @@ void __libc_free(void *p);
 #endif
 #define HD_GLIBC_BASE_VERSION "GLIBC_2.2.5"
 
+/* A glibc chunk's size word, just before the block: the chunk's size, header and padding
+ * included, in all but its low three bits (flags; 2 = mapped by itself). */
+static size_t chunk_size_word(const void *p) { return ((const size_t *)p)[-1]; }
+#define HD_CHUNK_MMAPPED ((size_t)2)
+#define HD_CHUNK_FLAGS ((size_t)7)
+
 /* What glibc's malloc_usable_size answers (its musable()), from the chunk's size word: for the
  * blocks the lookup below may allocate itself, before it has an answer, or if it finds none. */
 static size_t usable_from_chunk_header(void *p) {
-  const size_t size_word = ((const size_t *)p)[-1];
-  const size_t chunk = size_word & ~(size_t)7, mmapped = size_word & 2;
-  return mmapped ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
+  const size_t size_word = chunk_size_word(p);
+  const size_t chunk = size_word & ~HD_CHUNK_FLAGS;
+  return (size_word & HD_CHUNK_MMAPPED) ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
 }
 static size_t (*g_libc_usable)(void *) = usable_from_chunk_header;
 
 int hd_use_system;
-
-static inline void enter(void) {
-  hd_tls.in_backend++;
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
-}
-
-static inline void leave(void) {
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  hd_tls.in_backend--;
-}
 
 /* ---- jemalloc's memory, known exactly to a leak check ----
  *
@@ -209,10 +205,10 @@ static bool granted_as_by_glibc(size_t size, size_t align) {
 void hd_backend_init(bool want_system) {
   /* Marked as inside the allocator, so that whatever the lookup would allocate (glibc's dl
    * functions only do to report an error) fails. */
-  enter();
+  hd_backend_enter();
   size_t (*libc_usable)(void *) =
       (size_t(*)(void *))dlvsym(RTLD_NEXT, "malloc_usable_size", HD_GLIBC_BASE_VERSION);
-  leave();
+  hd_backend_leave();
   if (libc_usable != NULL) g_libc_usable = libc_usable;
   hd_use_system = want_system;
 }
@@ -220,7 +216,7 @@ void hd_backend_init(bool want_system) {
 void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable) {
   void *p = NULL;
   size = tagged(size);
-  enter();
+  hd_backend_enter();
   if (!hd_use_system) {
     if (granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)) {
       p = hd_je_mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
@@ -236,35 +232,35 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable
     }
     if (p) *usable = g_libc_usable(p); /* the chunk's header, in the line just written */
   }
-  leave();
+  hd_backend_leave();
   return p;
 }
 
 void hd_backend_free(void *p, size_t size_hint, unsigned lg_align) {
-  enter();
+  hd_backend_enter();
   if (hd_use_system)
     __libc_free(p);
   else if (size_hint && lg_align == 0)
     hd_je_sdallocx(p, jemalloc_size(tagged(size_hint)), 0);
   else
     hd_je_dallocx(p, 0);
-  leave();
+  hd_backend_leave();
 }
 
 void *hd_backend_realloc(void *p, size_t size) {
   size = tagged(size);
-  enter();
+  hd_backend_enter();
   void *q = hd_use_system                  ? __libc_realloc(p, size)
             : granted_as_by_glibc(size, 0) ? hd_je_rallocx(p, jemalloc_size(size), 0)
                                            : NULL;
-  leave();
+  hd_backend_leave();
   return q;
 }
 
 size_t hd_backend_usable(void *p) {
-  enter();
+  hd_backend_enter();
   size_t n = !hd_use_system ? hd_je_sallocx(p, 0) : g_libc_usable(p);
-  leave();
+  hd_backend_leave();
   return n;
 }
 
@@ -272,28 +268,28 @@ size_t hd_backend_usable(void *p) {
  * size (so a later sized free with `size` is valid). */
 size_t hd_backend_resize_in_place(void *p, size_t size) {
   size = tagged(size);
-  enter();
+  hd_backend_enter();
   size_t cls = hd_je_nallocx(jemalloc_size(size), 0);
   bool ok = cls != 0 && hd_je_xallocx(p, jemalloc_size(size), 0, 0) == cls;
-  leave();
+  hd_backend_leave();
   return ok ? cls : 0;
 }
 
 size_t hd_backend_size_class(size_t size, unsigned lg_align) {
   if (hd_use_system) return size; /* glibc cannot say before it allocates */
   size = tagged(size);
-  enter();
+  hd_backend_enter();
   const size_t cls = hd_je_nallocx(jemalloc_size(size), (int)lg_align);
-  leave();
+  hd_backend_leave();
   return cls > HD_TAG_BYTES ? cls - HD_TAG_BYTES : 0;
 }
 
 bool hd_backend_grants(size_t size) {
   if (hd_use_system) return true; /* glibc decides in its realloc */
   size = tagged(size);
-  enter();
+  hd_backend_enter();
   bool ok = hd_je_nallocx(jemalloc_size(size), 0) != 0 && granted_as_by_glibc(size, 0);
-  leave();
+  hd_backend_leave();
   return ok;
 }
 
@@ -302,19 +298,19 @@ bool hd_backend_grants(size_t size) {
  * interrupts one does not arm the library from there. */
 
 void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) {
-  enter();
+  hd_backend_enter();
   void *p = lg_align != 0 ? __libc_memalign((size_t)1 << lg_align, size)
             : zero        ? __libc_calloc(1, size)
                           : __libc_malloc(size);
   if (p && zero && lg_align != 0) memset(p, 0, size);
-  leave();
+  hd_backend_leave();
   return p;
 }
 
 void *hd_backend_realloc_untagged(void *p, size_t size) {
-  enter();
+  hd_backend_enter();
   void *q = __libc_realloc(p, size);
-  leave();
+  hd_backend_leave();
   return q;
 }
 
@@ -322,4 +318,4 @@ size_t hd_backend_usable_untagged(void *p) { return g_libc_usable(p); }
 
 /* What glibc's statistics (mallinfo2: uordblks + hblkhd) count for a block of the system
  * backend: its chunk, header and padding included. */
-size_t hd_backend_footprint(void *p) { return ((const size_t *)p)[-1] & ~(size_t)7; }
+size_t hd_backend_footprint(void *p) { return chunk_size_word(p) & ~HD_CHUNK_FLAGS; }

@@ -141,7 +141,18 @@ int hd_snapshot_copy_live(hd_owned_fd *out) HD_HIDDEN HD_MUST_CHECK;
 extern int hd_use_system HD_HIDDEN; /* backend chosen at init: 1 = glibc, 0 = jemalloc */
 
 /* Backend (real memory). lg_align: log2 of the alignment (0 = default). Each call marks the
- * thread as inside the allocator (hd_tls.in_backend) for its duration. */
+ * thread as inside the allocator (hd_tls.in_backend) for its duration: */
+/* The mark around a call of the real allocator, which is not reentrant (a signal handler that
+ * interrupts it must not call it again). The fences keep the compiler from moving the mark past
+ * the call; no fence for the processor is needed, as only this thread's handlers read it. */
+static inline void hd_backend_enter(void) {
+  hd_tls.in_backend++;
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+static inline void hd_backend_leave(void) {
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_tls.in_backend--;
+}
 /* Once, at init: chooses the backend (jemalloc, linked into this library, or glibc's if asked
  * for) and looks up what the other calls rely on. */
 void hd_backend_init(bool want_system) HD_HIDDEN;
@@ -261,19 +272,15 @@ static inline int hd_hook_state(bool arm_allocation) {
 void *__libc_malloc(size_t size);
 void __libc_free(void *p);
 static inline void *hd_dormant_malloc(size_t size) {
-  hd_tls.in_backend++;
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_backend_enter();
   void *p = __libc_malloc(size);
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  hd_tls.in_backend--;
+  hd_backend_leave();
   return p;
 }
 static inline void hd_dormant_free(void *p) {
-  hd_tls.in_backend++;
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  hd_backend_enter();
   __libc_free(p);
-  __atomic_signal_fence(__ATOMIC_SEQ_CST);
-  hd_tls.in_backend--;
+  hd_backend_leave();
 }
 
 /* At init, for a dormant process: maps the arm page beside the collector's socket (the
