@@ -16,6 +16,8 @@
  * are renamed hd_je_* (private_jemalloc.py) so that nothing of it is the program's: the names
  * mallocx, sdallocx... are libheapdump.so's own exports, for programs that call them. */
 void *hd_je_mallocx(size_t size, int flags);
+void *hd_je_malloc(size_t size);
+void *hd_je_calloc(size_t n, size_t size);
 size_t hd_je_xallocx(void *ptr, size_t size, size_t extra, int flags);
 void hd_je_dallocx(void *ptr, int flags);
 void hd_je_sdallocx(void *ptr, size_t size, int flags);
@@ -192,14 +194,43 @@ static inline size_t jemalloc_size(size_t size) { return size < 16 ? 16 : size; 
  * mapping released at once (two syscalls, beside the page faults a block that big costs). */
 static const size_t kGlibcMmapThresholdMax = (size_t)32 << 20;
 
-static bool granted_as_by_glibc(size_t size, size_t align) {
-  size_t bytes;
-  if (__builtin_add_overflow(size, align, &bytes) || bytes > PTRDIFF_MAX) return false;
-  if (bytes < kGlibcMmapThresholdMax) return true;
+__attribute__((noinline, cold)) static bool kernel_grants(size_t bytes) {
+  if (bytes > PTRDIFF_MAX) return false;
   void *probe = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (probe == MAP_FAILED) return false;
   munmap(probe, bytes);
   return true;
+}
+
+static inline bool granted_as_by_glibc(size_t size, size_t align) {
+  size_t bytes;
+  if (__builtin_add_overflow(size, align, &bytes)) return false;
+  return HD_LIKELY(bytes < kGlibcMmapThresholdMax) || kernel_grants(bytes);
+}
+
+/* jemalloc's size class of each small request (alignment 0), as nallocx answers it, by
+ * request size in steps of 8: read at init, so that an allocation learns its block's usable size
+ * (where its tag goes) from a table rather than from nallocx's computation on every call. */
+#define SMALL_CLASS_MAX 4096
+static uint16_t g_small_class[SMALL_CLASS_MAX / 8 + 1];
+
+static void read_small_classes(void) {
+  for (size_t i = 0; i <= SMALL_CLASS_MAX / 8; i++) {
+    const size_t cls = hd_je_nallocx(i == 0 ? 16 : i * 8, 0);
+    /* A class the table cannot hold leaves the whole table unused (nallocx answers instead). */
+    if (cls == 0 || cls > UINT16_MAX || cls < i * 8) {
+      g_small_class[0] = 0;
+      return;
+    }
+    g_small_class[i] = (uint16_t)cls;
+  }
+}
+
+/* The usable size of a block mallocx gave for `size` (at least 16) with no alignment. */
+static inline size_t jemalloc_class(size_t size) {
+  if (HD_LIKELY(size <= SMALL_CLASS_MAX && g_small_class[0] != 0))
+    return g_small_class[(size + 7) / 8];
+  return hd_je_nallocx(size, 0);
 }
 
 void hd_backend_init(bool want_system) {
@@ -211,6 +242,11 @@ void hd_backend_init(bool want_system) {
   hd_backend_leave();
   if (libc_usable != NULL) g_libc_usable = libc_usable;
   hd_use_system = want_system;
+  if (!want_system) {
+    hd_backend_enter();
+    read_small_classes();
+    hd_backend_leave();
+  }
 }
 
 void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable) {
@@ -219,9 +255,16 @@ void *hd_backend_alloc(size_t size, unsigned lg_align, bool zero, size_t *usable
   hd_backend_enter();
   if (!hd_use_system) {
     if (granted_as_by_glibc(size, lg_align ? (size_t)1 << lg_align : 0)) {
-      p = hd_je_mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
+      /* Unaligned requests take jemalloc's malloc and calloc, whose fast paths mallocx lacks. */
+      if (lg_align == 0)
+        p = zero ? hd_je_calloc(1, jemalloc_size(size)) : hd_je_malloc(jemalloc_size(size));
+      else
+        p = hd_je_mallocx(jemalloc_size(size), (int)lg_align | (zero ? HD_MALLOCX_ZERO : 0));
       /* The size class, computed: what sallocx would answer after a lookup of the block. */
-      if (p) *usable = hd_je_nallocx(jemalloc_size(size), (int)lg_align);
+      if (p) {
+        *usable = lg_align == 0 ? jemalloc_class(jemalloc_size(size))
+                                : hd_je_nallocx(jemalloc_size(size), (int)lg_align);
+      }
     }
   } else {
     if (lg_align == 0) {

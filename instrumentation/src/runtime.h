@@ -206,9 +206,20 @@ enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2, HD_FILTER_ARMED = 4 };
 extern uint32_t hd_record_filter HD_HIDDEN;
 typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_record_choice;
 hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
-/* Moves this thread's sampling countdown when sampling is on. */
+/* Moves this thread's sampling countdown when sampling is on. An allocation that sampling
+ * leaves out, in a process that samples and nothing else, costs the load of the filter and the
+ * countdown's subtraction; the rest (the thread's first interval, the allocation that uses the
+ * countdown up, a paused or armed process) is hd_choose_slow's. */
 static inline hd_record_choice hd_choose(size_t size) {
-  if (HD_LIKELY(__atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == 0)) return HD_RECORD;
+  const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
+  if (HD_LIKELY(filter == 0)) return HD_RECORD;
+  if (HD_LIKELY(filter == HD_FILTER_SAMPLED)) {
+    const int64_t left = hd_tls.sample_countdown - (int64_t)size;
+    if (HD_LIKELY(left > 0)) {
+      hd_tls.sample_countdown = left;
+      return HD_SAMPLED_OUT;
+    }
+  }
   return hd_choose_slow(size);
 }
 /* A new block left out (choice not HD_RECORD): its tag written and, while paused, its bytes
