@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <new>
 #include <string>
@@ -98,6 +99,91 @@ static void scenario_threads() {
   for (long t = 0; t < kThreads; t++)
     CHECK(pthread_create(&th[t], nullptr, worker, (void *)t) == 0);
   for (auto &t : th) pthread_join(t, nullptr);
+}
+
+// Sampled recording: four threads allocate through every entry point, reallocate and free
+// blocks of 16-4000 bytes, each written over the whole of what malloc_usable_size says and
+// checked byte for byte before it is freed or reallocated, and hand a quarter of them to the
+// main thread to free; 500 blocks of 100000 bytes, which the test's rate always samples, are
+// kept.
+static const int kSampledThreads = 4, kSampledRounds = 30000, kSampledRing = 64;
+static std::vector<void *> g_handed;  // freed by the main thread; under g_keep_lock
+
+__attribute__((noinline)) static void *churn_alloc(unsigned r, size_t size) {
+  void *p = nullptr;
+  switch (r % 6) {
+    case 0: p = malloc(size); break;
+    case 1:
+      p = calloc(1, size);
+      for (size_t i = 0; p && i < size; i++) CHECK(((unsigned char *)p)[i] == 0);
+      break;
+    case 2: CHECK(posix_memalign(&p, 64, size) == 0 && (uintptr_t)p % 64 == 0); break;
+    case 3:
+      p = aligned_alloc(256, size);
+      CHECK((uintptr_t)p % 256 == 0);
+      break;
+    case 4:
+      p = memalign(32, size);
+      CHECK((uintptr_t)p % 32 == 0);
+      break;
+    default: p = realloc(nullptr, size); break;
+  }
+  CHECK(p != nullptr && malloc_usable_size(p) >= size);
+  return opaque(p);
+}
+
+__attribute__((noinline)) static void *churn(void *arg) {
+  char name[16];
+  snprintf(name, sizeof(name), "churn-%ld", (long)arg);
+  pthread_setname_np(pthread_self(), name);
+  unsigned r = 12345u + (unsigned)(long)arg;
+  void *ring[kSampledRing] = {};
+  for (int i = 0; i < kSampledRounds; i++) {
+    r = r * 1103515245u + 12345u;
+    const int at = (int)((r >> 8) % kSampledRing);
+    const size_t size = 16 + (r >> 12) % 3985;
+    if (ring[at] != nullptr && (r & 0x30000) == 0) {
+      // Grown or shrunk: what it held comes along, and its new end is written over too.
+      const unsigned char first = *(unsigned char *)ring[at];
+      const size_t kept = std::min(malloc_usable_size(ring[at]), size);
+      void *q = opaque(realloc(ring[at], size));
+      CHECK(q != nullptr && malloc_usable_size(q) >= size);
+      for (size_t k = 0; k < kept; k++) CHECK(((unsigned char *)q)[k] == first);
+      memset(q, first, malloc_usable_size(q));
+      ring[at] = q;
+      continue;
+    }
+    if (ring[at] != nullptr) {
+      // Every byte the program was given is as it wrote it, its last ones included.
+      const unsigned char *b = (const unsigned char *)ring[at];
+      for (size_t k = 0; k < malloc_usable_size(ring[at]); k++)
+        CHECK(b[k] == (unsigned char)(at + 1));
+      if (i % 4 == 0) {
+        pthread_mutex_lock(&g_keep_lock);
+        g_handed.push_back(ring[at]);
+        pthread_mutex_unlock(&g_keep_lock);
+      } else {
+        free(ring[at]);
+      }
+    }
+    ring[at] = churn_alloc(r >> 20, size);
+    memset(ring[at], at + 1, malloc_usable_size(ring[at]));
+  }
+  for (void *p : ring) free(p);
+  return nullptr;
+}
+
+__attribute__((noinline)) static void *keep_sampled() { return opaque(malloc(100000)); }
+
+static void scenario_sampled_churn() {
+  g_handed.reserve((size_t)kSampledThreads * kSampledRounds);
+  pthread_t th[kSampledThreads];
+  for (long t = 0; t < kSampledThreads; t++)
+    CHECK(pthread_create(&th[t], nullptr, churn, (void *)t) == 0);
+  for (int i = 0; i < 500; i++) keep(keep_sampled());
+  for (auto &t : th) pthread_join(t, nullptr);
+  for (void *p : g_handed) free(p);
+  printf("churned\n");
 }
 
 // Prints "roots TID THREAD_POINTER LOCAL" for the calling thread after it allocated (a local
@@ -1322,6 +1408,8 @@ int main(int argc, char **argv) {
     scenario_cxx();
   else if (mode == "realloc")
     scenario_realloc();
+  else if (mode == "sampled-churn")
+    scenario_sampled_churn();
   else if (mode == "edge")
     scenario_edge();
   else if (mode == "fork")
