@@ -187,8 +187,13 @@ static int compare_u64(const void *a, const void *b) {
 }
 
 /* Every block carries its tag, recorded or not: sampled, the blocks the recorded ones stand for
- * (an estimate, as every count of such a process). */
+ * (an estimate, as every count of such a process); sampled on glibc, the recorded ones alone. */
 static uint64_t tag_bytes(hd_process *p, const hd_live_block *blocks, size_t block_count) {
+  hd_alloc_table_info info;
+  if (hd_alloc_reader_info(p->alloc, &info) == HD_READ_OK &&
+      (info.flags & HD_ALLOC_FLAG_UNRECORDED_UNTAGGED)) {
+    return block_count * HD_TAG_BYTES;
+  }
   const uint64_t sample_bytes = hd_res_reader_sample_bytes(p->res);
   uint64_t tags = 0;
   for (size_t i = 0; i < block_count; i++) {

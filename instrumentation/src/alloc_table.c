@@ -310,6 +310,7 @@ int hd_alloc_table_clone_locked(const hd_alloc_table *src, hd_alloc_table *dst, 
     return -ENOSPC;
   }
   h->time_base = src->hdr->time_base;
+  h->flags |= src->hdr->flags & HD_ALLOC_FLAG_UNRECORDED_UNTAGGED;
   for (uint32_t idx = 0; idx < high_water; idx++) {
     const hd_alloc_node *s = &src->nodes[idx];
     hd_alloc_node *d = &dst->nodes[idx];

@@ -203,6 +203,7 @@ static bool create_tables(void) {
     return false;
   }
   hd_live_res.hdr->sample_bytes = hd_sample_bytes;
+  if (hd_sampled_out_untagged) hd_live_alloc.hdr->flags |= HD_ALLOC_FLAG_UNRECORDED_UNTAGGED;
   if (hd_sample_bytes != 0)
     __atomic_fetch_or(&hd_record_filter, HD_FILTER_SAMPLED, __ATOMIC_RELAXED);
   hd_stack_configure(g_unwind_method, g_max_frames, g_own_text_lo, g_own_text_hi);
@@ -242,7 +243,16 @@ void hd_init_slow(void) {
   /* A dormant process's blocks are glibc's, untagged: recording, once armed, stays on glibc. */
   const bool dormant = dormant_wanted();
   const char *a = early_getenv(HD_ENV_ALLOCATOR);
-  hd_backend_init(dormant || (a && strcmp(a, "system") == 0));
+  const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
+  hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
+  /* Sampled from the start, unless jemalloc is asked for: the program keeps glibc, and the
+   * blocks sampling leaves out (nearly all) are glibc's own, without a tag, so that they cost
+   * little more than the program's malloc alone (a process armed later keeps tagging them: its
+   * untagged blocks are the ones from before arming, counted as unattributed). */
+  const bool sampled_on_glibc =
+      !dormant && hd_sample_bytes != 0 && !(a && strcmp(a, "jemalloc") == 0);
+  hd_backend_init(dormant || sampled_on_glibc || (a && strcmp(a, "system") == 0));
+  if (sampled_on_glibc) hd_note_sampled_out_untagged();
   const char *u = early_getenv(HD_ENV_UNWIND);
   if (u != NULL && strcmp(u, "fp") == 0) g_unwind_method = HD_UNWIND_FP;
   if (u != NULL && strcmp(u, "libunwind") == 0) g_unwind_method = HD_UNWIND_LIBUNWIND;
@@ -251,8 +261,6 @@ void hd_init_slow(void) {
   g_max_memory = parse_size(early_getenv(HD_ENV_MAX_MEMORY), (uint64_t)1 << 30);
   const char *clock = early_getenv(HD_ENV_CLOCK);
   if (clock && strcmp(clock, "precise") == 0) hd_clock = CLOCK_MONOTONIC;
-  const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
-  hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
   const char *f = early_getenv(HD_ENV_FOLLOW_CHILDREN);
   g_follow_children = !(f && strcmp(f, "0") == 0);
   own_text_range(&g_own_text_lo, &g_own_text_hi);

@@ -76,6 +76,7 @@ void *hd_nested_alloc(size_t size, unsigned lg_align, bool zero) {
 
 void hd_nested_free(void *p) {
   if (hd_tls.guard && !hd_tls.in_backend) {
+    hd_tag_clear(p);
     hd_backend_free(p, 0, 0);
     return;
   }
@@ -94,11 +95,14 @@ void *hd_nested_realloc(void *p, size_t size) {
     return NULL;
   }
   if (hd_tls.guard) {
+    const uint64_t tag = hd_tag_clear(p); /* glibc frees p if it moves the block */
     void *q = hd_backend_realloc(p, size);
-    if (!q)
+    if (!q) {
+      hd_tag_restore(p, tag);
       errno = ENOMEM;
-    else
+    } else {
       hd_tag_set(q, HD_NO_NODE);
+    }
     return q;
   }
   /* Always moves: the old block's record can only be dropped later, with its free. */

@@ -14,18 +14,40 @@
 
 static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
-static inline bool nested(void) { return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook) != 0); }
+/* Inside the library's code, a hook, or the real allocator (whose call the fast paths of sampling
+ * on glibc make without a hook: a signal handler's allocation there must fail, its free wait). */
+static inline bool nested(void) {
+  return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0);
+}
+
+/* Sampling on glibc: the block is chosen first; one left out is glibc's own, without a tag. */
+static inline void *sampled_alloc(size_t size, unsigned lg_align, bool zero) {
+  const hd_record_choice choice = hd_choose(size);
+  if (HD_LIKELY(choice == HD_SAMPLED_OUT)) {
+    void *p = lg_align == 0 && !zero ? hd_glibc_malloc(size)
+                                     : hd_backend_alloc_untagged(size, lg_align, zero);
+    hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* record.c: count_if_temporary */
+    return p;
+  }
+  size_t usable;
+  void *p = hd_backend_alloc(size, lg_align, zero, &usable);
+  if (p != NULL) hd_record_chosen(p, size, lg_align, usable, choice);
+  return p;
+}
 
 /* An allocation of a library that records (READY or OFF). */
 static void *record_hook(size_t size, unsigned lg_align, bool zero) {
   if (nested()) return hd_nested_alloc(size, lg_align, zero);
   hd_hook_enter();
-  size_t usable;
-  void *p = hd_backend_alloc(size, lg_align, zero, &usable);
-  if (HD_LIKELY(p != NULL))
-    hd_record_alloc(p, size, lg_align, usable);
-  else
-    errno = ENOMEM;
+  void *p;
+  if (HD_UNLIKELY(hd_sampled_out_untagged)) {
+    p = sampled_alloc(size, lg_align, zero);
+  } else {
+    size_t usable;
+    p = hd_backend_alloc(size, lg_align, zero, &usable);
+    if (HD_LIKELY(p != NULL)) hd_record_alloc(p, size, lg_align, usable);
+  }
+  if (HD_UNLIKELY(p == NULL)) errno = ENOMEM;
   hd_hook_leave(); /* keeps errno */
   return p;
 }
@@ -59,9 +81,11 @@ EXPORT void *malloc(size_t size) {
   if (HD_UNLIKELY(state < HD_STATE_READY)) {
     /* The dormant library's whole work: one compare more than glibc's own malloc. */
     if (state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting()))
-      return hd_dormant_malloc(size);
+      return hd_glibc_malloc(size);
     return alloc_not_ready(size, 0, false);
   }
+  void *p;
+  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_malloc(size, &p))) return p;
   return record_hook(size, 0, false);
 }
 
@@ -79,16 +103,17 @@ EXPORT void free(void *p) {
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_UNLIKELY(state < HD_STATE_READY)) {
     if (hd_forwards(state) || hd_forwards(hd_hook_state(false))) {
-      hd_dormant_free(p);
+      hd_glibc_free(p);
       return;
     }
   }
+  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_free(p))) return;
   if (nested()) {
     hd_nested_free(p);
     return;
   }
   hd_hook_enter();
-  hd_free_recorded(p);
+  if (!HD_UNLIKELY(hd_sampled_out_untagged) || !hd_free_if_untagged(p)) hd_free_recorded(p);
   hd_hook_leave();
 }
 

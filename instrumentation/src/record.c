@@ -186,10 +186,15 @@ typedef struct block_tag {
  * unattributed until it is freed. */
 #define TAG_UNATTRIBUTED (UINT32_MAX - 1)
 
-/* Set once a dormant process is armed: blocks without a tag (allocated before arming) may be
- * freed from now on. A tag whose check fails is then most likely one of those (its bytes are
- * the program's), and is counted as an overwrite only if its link does find the block's node. */
+/* Set once a dormant process is armed, or at init for sampling on glibc: blocks without a tag
+ * (allocated before arming; left out by sampling) may be freed from now on. A tag whose check
+ * fails is then most likely one of those (its bytes are the program's), and is counted as an
+ * overwrite only if its link does find the block's node. */
 static bool g_untagged_blocks;
+/* Blocks without a tag are from before arming, their bytes counted as unattributed until freed
+ * (not so those sampling left out: take_record). */
+static bool g_untagged_unattributed;
+bool hd_sampled_out_untagged;
 
 static void add_unattributed(int64_t bytes) {
   __atomic_fetch_add(&hd_live_res.hdr->unattributed_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
@@ -205,11 +210,48 @@ static block_tag *tag_at(void *p, size_t usable) {
   return (block_tag *)((char *)p + usable - HD_TAG_BYTES);
 }
 
+static bool tag_valid(const void *p, block_tag tag) {
+  return tag.check == tag_check((uint64_t)(uintptr_t)p, tag.link);
+}
+
+/* A tag of ours. Where every block has one, the check decides. Where sampling leaves blocks
+ * without one, their ends are the program's bytes, which pass the check about once in 2^32
+ * reads: there the link must also be one a tag of ours holds (none, or a node handed out; freed
+ * marks fail their check in that mode), which leaves about one in 2^64. */
+static bool tag_ours(const void *p, block_tag tag) {
+  if (!tag_valid(p, tag)) return false;
+  if (!hd_sampled_out_untagged || tag.link == 0) return true;
+  return hd_live_alloc.hdr != NULL &&
+         tag.link - 1 < __atomic_load_n(&hd_live_alloc.hdr->node_high_water, __ATOMIC_RELAXED);
+}
+
+/* ---- which blocks carry a tag, where sampling leaves most without one ----
+ *
+ * A count per bucket of addresses of the blocks that carry a valid tag: moved when a tag is
+ * written where none was and when one is made to fail its check. A free whose bucket holds 0
+ * knows the block has no tag (so no record) without touching it. Saturated counts stay: their
+ * buckets only ever take the longer path. */
+uint8_t hd_tagged_count[HD_TAGGED_BUCKETS];
+
+static void tagged_move(const void *p, int delta) {
+  uint8_t *count = &hd_tagged_count[hd_tagged_bucket(p)];
+  uint8_t old = __atomic_load_n(count, __ATOMIC_RELAXED);
+  do {
+    if (old == UINT8_MAX || (delta < 0 && old == 0)) return;
+  } while (!__atomic_compare_exchange_n(count, &old, (uint8_t)(old + delta), true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED));
+}
+
+static void tag_write(void *p, size_t usable, uint32_t link) {
+  block_tag *tag = tag_at(p, usable);
+  if (hd_sampled_out_untagged && !tag_ours(p, *tag)) tagged_move(p, +1);
+  tag->link = link;
+  tag->check = tag_check((uint64_t)(uintptr_t)p, link);
+}
+
 /* usable: the block's usable size where the caller has it, which spares the lookup. */
 void hd_tag_set_at(void *p, size_t usable, uint32_t index) {
-  block_tag *tag = tag_at(p, usable);
-  tag->link = index == HD_NO_NODE ? 0 : index + 1;
-  tag->check = tag_check((uint64_t)(uintptr_t)p, tag->link);
+  tag_write(p, usable, index == HD_NO_NODE ? 0 : index + 1);
 }
 
 void hd_tag_set(void *p, uint32_t index) { hd_tag_set_at(p, hd_backend_usable(p), index); }
@@ -219,13 +261,19 @@ void hd_leave_out(void *p, size_t usable, hd_record_choice choice) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
     return;
   }
-  block_tag *tag = tag_at(p, usable);
-  tag->link = TAG_UNATTRIBUTED;
-  tag->check = tag_check((uint64_t)(uintptr_t)p, tag->link);
+  tag_write(p, usable, TAG_UNATTRIBUTED);
   add_unattributed((int64_t)hd_backend_footprint(p));
 }
 
-void hd_note_untagged_blocks(void) { g_untagged_blocks = true; }
+void hd_note_untagged_blocks(void) {
+  g_untagged_blocks = true;
+  g_untagged_unattributed = true;
+}
+
+void hd_note_sampled_out_untagged(void) {
+  g_untagged_blocks = true;
+  hd_sampled_out_untagged = true;
+}
 
 /* A block freed twice: the program's heap is corrupt from here on (the allocator would hand the
  * block out twice), so it ends as glibc ends it, with a message and SIGABRT. */
@@ -247,7 +295,7 @@ static uint32_t node_of_at(void *p, size_t usable, const char *call, bool *unatt
   const uint64_t address = (uint64_t)(uintptr_t)p;
   if (HD_LIKELY(tag.check == tag_check(address, tag.link))) {
     if (HD_UNLIKELY(tag.link >= TAG_UNATTRIBUTED)) {
-      /* A block from before arming may end in what reads as a freed block's tag. */
+      /* A block without a tag may end in what reads as a freed block's tag. */
       if (tag.link == TAG_FREED && !g_untagged_blocks) double_free(call, p);
       *unattributed = true;
       return HD_NO_NODE;
@@ -261,11 +309,33 @@ static uint32_t node_of_at(void *p, size_t usable, const char *call, bool *unatt
   return tag.link == 0 || tag.link >= TAG_UNATTRIBUTED ? HD_NO_NODE : tag.link - 1;
 }
 
-/* Marks block p freed, before it goes back to the allocator. */
+/* Marks block p freed, before it goes back to the allocator. Where sampling leaves blocks
+ * untagged, glibc may hand the same chunk out again for one, whose end would still read as this
+ * valid tag (malloc_usable_size would then answer 8 bytes short): the mark fails the check. */
 static void tag_freed(void *p, size_t usable) {
   block_tag *tag = tag_at(p, usable);
+  if (hd_sampled_out_untagged && tag_ours(p, *tag)) tagged_move(p, -1);
   tag->link = TAG_FREED;
-  tag->check = tag_check((uint64_t)(uintptr_t)p, TAG_FREED);
+  tag->check = tag_check((uint64_t)(uintptr_t)p, TAG_FREED) ^ (uint32_t)hd_sampled_out_untagged;
+}
+
+uint64_t hd_tag_clear(void *p) {
+  if (!hd_sampled_out_untagged || !hd_tagged_maybe(p)) return 0;
+  /* Only a tag of ours: the end of a block without one is the program's, still live. */
+  const size_t usable = hd_backend_usable(p);
+  const block_tag tag = *tag_at(p, usable);
+  if (!tag_ours(p, tag)) return 0;
+  tag_freed(p, usable);
+  uint64_t saved;
+  memcpy(&saved, &tag, sizeof saved);
+  return saved;
+}
+
+void hd_tag_restore(void *p, uint64_t saved) {
+  if (saved == 0) return;
+  block_tag tag;
+  memcpy(&tag, &saved, sizeof tag);
+  tag_write(p, hd_backend_usable(p), tag.link);
 }
 
 static uint32_t node_of(void *p, const char *call) {
@@ -310,13 +380,18 @@ static void count_freed(const hd_alloc_info *old, uint64_t last_alloc_address) {
   count_if_temporary(old, blocks, last_alloc_address);
 }
 
-void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
+/* Whether the tables take new blocks; if not, p is tagged as not recorded. */
+static inline bool recording_now(void *p, size_t usable) {
   hd_backend_publish_waiting_mappings(); /* what the allocator may have mapped for p */
   if (HD_UNLIKELY(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) != HD_STATE_READY)) {
     hd_tag_set_at(p, usable, HD_NO_NODE);
-    return;
+    return false;
   }
-  const hd_record_choice choice = hd_choose(size);
+  return true;
+}
+
+static inline void record_as(void *p, size_t size, unsigned lg_align, size_t usable,
+                             hd_record_choice choice) {
   if (choice != HD_RECORD) {
     hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* see count_if_temporary */
     hd_leave_out(p, usable, choice);
@@ -325,6 +400,15 @@ void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
   hd_alloc_info info;
   make_info(&info, p, size, lg_align);
   hd_tag_set_at(p, usable, insert_info(&info));
+}
+
+void hd_record_alloc(void *p, size_t size, unsigned lg_align, size_t usable) {
+  if (recording_now(p, usable)) record_as(p, size, lg_align, usable, hd_choose(size));
+}
+
+void hd_record_chosen(void *p, size_t size, unsigned lg_align, size_t usable,
+                      hd_record_choice choice) {
+  if (recording_now(p, usable)) record_as(p, size, lg_align, usable, choice);
 }
 
 /* Takes the record of block p (of the usable size given) out of the table, uncounted; true and
@@ -342,15 +426,18 @@ __attribute__((always_inline)) static inline bool take_record(void *p, size_t us
     *unattributed = false;
     return true;
   }
+  /* Without a tag and without a record: from before arming, or left out by sampling (whose
+   * bytes the sampled blocks' weights stand for). */
+  if (!g_untagged_unattributed) *unattributed = false;
   return false;
 }
 
 size_t hd_program_usable(void *p) {
   const size_t usable = hd_backend_usable(p);
   if (HD_LIKELY(!g_untagged_blocks)) return usable - HD_TAG_BYTES;
-  /* Armed late: a block without a tag (whose end fails the check) is all the program's. */
-  const block_tag tag = *tag_at(p, usable);
-  return tag.check == tag_check((uint64_t)(uintptr_t)p, tag.link) ? usable - HD_TAG_BYTES : usable;
+  if (hd_sampled_out_untagged && !hd_tagged_maybe(p)) return usable;
+  /* Armed late, or sampled on glibc: a block without a tag of ours is all the program's. */
+  return tag_ours(p, *tag_at(p, usable)) ? usable - HD_TAG_BYTES : usable;
 }
 
 /* last_alloc_address: this thread's latest allocation before the free (see
@@ -374,29 +461,80 @@ static void free_recorded_at(void *p, size_t usable, const char *call,
   hd_backend_free(p, usable - HD_TAG_BYTES, 0);
 }
 
+/* Sampling on glibc: block p (of the usable size given) has no tag of ours and no record, so
+ * all of it is the program's. */
+static bool untagged_unrecorded(void *p, size_t usable) {
+  const block_tag tag = *tag_at(p, usable);
+  if (tag_ours(p, tag)) return false;
+  /* A recorded block whose check the program overwrote: its link may still find its node (read
+   * without the slot's lock: only this block, live until this call, has its address). */
+  const uint32_t link = tag.link;
+  return !(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY && link != 0 &&
+           link - 1 < __atomic_load_n(&hd_live_alloc.hdr->node_high_water, __ATOMIC_RELAXED) &&
+           hd_node_address(__atomic_load_n(&hd_live_alloc.nodes[link - 1].address_word,
+                                           __ATOMIC_RELAXED)) == (uint64_t)(uintptr_t)p);
+}
+
+bool hd_free_if_untagged(void *p) {
+  if (!untagged_unrecorded(p, hd_backend_usable(p))) return false;
+  hd_tls.writer.last_alloc_address = 0; /* see count_if_temporary */
+  hd_glibc_free(p);                     /* glibc's free, as the backend's */
+  return true;
+}
+
 void hd_free_recorded(void *p) {
   free_recorded_at(p, hd_backend_usable(p), "free()", hd_tls.writer.last_alloc_address);
+}
+
+/* Sampling on glibc, a block without a tag: glibc's realloc alone while the new size is left
+ * out by sampling (the common case), else a new tagged block, recorded, and the old one freed. */
+static void *realloc_untagged(void *p, size_t size) {
+  const hd_record_choice choice = hd_choose(size);
+  if (HD_LIKELY(choice == HD_SAMPLED_OUT)) {
+    void *q = hd_backend_realloc_untagged(p, size);
+    if (q == NULL) errno = ENOMEM;
+    hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)q; /* see count_if_temporary */
+    return q;
+  }
+  size_t usable;
+  void *q = hd_backend_alloc(size, 0, false, &usable);
+  if (q == NULL) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  const size_t old_usable = hd_backend_usable(p); /* all the program's: no tag */
+  memcpy(q, p, old_usable < size ? old_usable : size);
+  hd_record_chosen(q, size, 0, usable, choice);
+  hd_glibc_free(p);
+  return q;
 }
 
 void *hd_realloc_recorded(void *p, size_t size) {
   bool on = __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY;
   if (hd_use_system) {
+    if (hd_sampled_out_untagged &&
+        (!hd_tagged_maybe(p) || untagged_unrecorded(p, hd_backend_usable(p)))) {
+      return realloc_untagged(p, size);
+    }
     /* glibc decides in place vs moving inside realloc: the record is taken out first (so a
      * moved-from address never stays recorded) and restored if realloc fails. */
     hd_alloc_info old;
     bool unattributed;
     const bool had = take_record(p, hd_backend_usable(p), "realloc()", &old, &unattributed);
     const size_t footprint = unattributed ? hd_backend_footprint(p) : 0;
+    const uint64_t tag = hd_tag_clear(p); /* glibc frees p if it moves the block */
     void *q = hd_backend_realloc(p, size);
     if (!q) {
       /* p is unchanged: recorded again under a new node (its counters never moved), or marked
        * as not recorded (and counted freed) if the table cannot take it again. A block without
-       * a record keeps its end as it was (it may be the program's own bytes). */
+       * a tag of ours keeps its end as it was (it may be the program's own bytes). */
       if (had) {
         uint32_t again = HD_NO_NODE;
         if (hd_alloc_table_insert(&hd_live_alloc, &hd_tls.writer, &old, &again) != HD_INSERT_NEW)
           count_freed(&old, 0);
-        hd_tag_set(p, again);
+        hd_tag_set(p, again); /* a recorded block has room for its tag */
+      } else {
+        hd_tag_restore(p, tag);
       }
       errno = ENOMEM;
       return NULL;

@@ -227,6 +227,33 @@ static inline hd_record_choice hd_choose(size_t size) {
 void hd_leave_out(void *p, size_t usable, hd_record_choice choice) HD_HIDDEN;
 /* From arming on: frees may meet blocks without a tag (allocated while dormant). */
 void hd_note_untagged_blocks(void) HD_HIDDEN;
+/* Sampling on glibc (set at init): a block sampling leaves out is glibc's own, untagged, and
+ * its allocation costs the countdown and glibc's call (preload.c). */
+extern bool hd_sampled_out_untagged HD_HIDDEN;
+void hd_note_sampled_out_untagged(void) HD_HIDDEN;
+/* Frees block p if it has no tag (sampling left it out) and no record: false if it may have
+ * one, for hd_free_recorded. */
+bool hd_free_if_untagged(void *p) HD_HIDDEN;
+/* Before glibc frees block p other than through hd_free_recorded (a realloc that moves it, the
+ * library's own frees): where sampled-out blocks have no tag, a block glibc makes of the same
+ * chunk must not find p's tag at its end. A block without a tag is left as it is. Returns the
+ * tag it cleared (0: none), for hd_tag_restore if p stays (a failed realloc). */
+uint64_t hd_tag_clear(void *p) HD_HIDDEN;
+void hd_tag_restore(void *p, uint64_t saved) HD_HIDDEN;
+/* Where sampling leaves blocks untagged: a count per bucket of block addresses of the blocks
+ * that carry a tag (record.c). A block whose bucket holds 0 has none, and no record. */
+#define HD_TAGGED_BUCKETS (1u << 15)
+extern uint8_t hd_tagged_count[HD_TAGGED_BUCKETS] HD_HIDDEN;
+static inline size_t hd_tagged_bucket(const void *p) {
+  return (size_t)(((uint64_t)(uintptr_t)p * UINT64_C(0x9E3779B97F4A7C15)) >> 49);
+}
+static inline bool hd_tagged_maybe(const void *p) {
+  return __atomic_load_n(&hd_tagged_count[hd_tagged_bucket(p)], __ATOMIC_ACQUIRE) != 0;
+}
+
+/* hd_record_alloc with the sampling choice already made (hd_choose: once per block). */
+void hd_record_chosen(void *p, size_t size, unsigned lg_align, size_t usable,
+                      hd_record_choice choice) HD_HIDDEN;
 /* What malloc_usable_size tells the program: the block's usable size less its tag (a block
  * from before arming has none). */
 size_t hd_program_usable(void *p) HD_HIDDEN;
@@ -276,22 +303,48 @@ static inline int hd_hook_state(bool arm_allocation) {
   return state;
 }
 
-/* The dormant library's malloc and free, inlined in the hooks: glibc's own, untagged, the
- * thread marked as inside the allocator (so that a signal handler interrupting glibc never arms
- * from there). Everything else of a dormant process (calloc, realloc, alignment, a request to
- * act on) takes hd_hook_state and backend.c's untagged calls. */
+/* glibc's own malloc and free, for blocks without a tag, inlined in the hooks: the dormant
+ * library's (the thread marked as inside the allocator, so that a signal handler interrupting
+ * glibc never arms from there), and those of blocks sampling leaves out. Everything else of a
+ * dormant process (calloc, realloc, alignment, a request to act on) takes hd_hook_state and
+ * backend.c's untagged calls. */
 void *__libc_malloc(size_t size);
 void __libc_free(void *p);
-static inline void *hd_dormant_malloc(size_t size) {
+static inline void *hd_glibc_malloc(size_t size) {
   hd_backend_enter();
   void *p = __libc_malloc(size);
   hd_backend_leave();
   return p;
 }
-static inline void hd_dormant_free(void *p) {
+static inline void hd_glibc_free(void *p) {
   hd_backend_enter();
   __libc_free(p);
   hd_backend_leave();
+}
+/* The exported malloc's and free's whole work for a block sampling leaves out, on glibc, when
+ * the thread is in none of the library's code: the countdown, or one load of the bucket. */
+static inline bool hd_thread_busy(void) {
+  return (hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0;
+}
+/* True and *out set (glibc's answer, NULL included) if the block is left out by sampling. */
+static inline bool hd_sampled_out_malloc(size_t size, void **out) {
+  if (hd_thread_busy() ||
+      __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) != HD_FILTER_SAMPLED) {
+    return false;
+  }
+  const int64_t left = hd_tls.sample_countdown - (int64_t)size;
+  if (left <= 0) return false;
+  hd_tls.sample_countdown = left;
+  *out = hd_glibc_malloc(size);
+  hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)*out; /* record.c: count_if_temporary */
+  return true;
+}
+/* True if block p had no tag and went back to glibc. */
+static inline bool hd_sampled_out_free(void *p) {
+  if (hd_thread_busy() || hd_tagged_maybe(p)) return false;
+  hd_tls.writer.last_alloc_address = 0; /* record.c: count_if_temporary */
+  hd_glibc_free(p);
+  return true;
 }
 
 /* At init, for a dormant process: maps the arm page beside the collector's socket (the

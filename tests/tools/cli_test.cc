@@ -2200,11 +2200,11 @@ TEST_F(CliTest, HtmlFromEveryCommandOpensInABrowser) {
 
 }  // namespace
 
-// Sampled, real programs compute what they compute alone: python3's JSON round trip (lists and
-// dicts grown by realloc) and g++ -O2 on a C++ file print the same bytes under `heapdump run
-// --sample-bytes` as without it, at a rate where many blocks are sampled and one where few are.
-// (A change that wrote onto the end of live blocks failed this: python3's "bad marshal data",
-// cc1plus's crash.)
+// Sampled (on glibc, the blocks left out without a tag), real programs compute what they
+// compute alone: python3's JSON round trip (lists and dicts grown by realloc) and g++ -O2 on a
+// C++ file print the same bytes under `heapdump run --sample-bytes` as without it, at a rate
+// where many blocks are sampled and one where few are. (A version that wrote onto the end of
+// live blocks without a tag failed this: python3's "bad marshal data", cc1plus's crash.)
 TEST_F(CliTest, SampledRealProgramsComputeWhatTheyComputeAlone) {
   if (access("/usr/bin/python3", X_OK) != 0 || access("/usr/bin/g++", X_OK) != 0)
     GTEST_SKIP() << "python3 or g++ is not installed";

@@ -118,6 +118,8 @@ static inline uint32_t hd_node_slot(uint32_t index) {
 
 /* hd_alloc_header.flags */
 #define HD_ALLOC_FLAG_SNAPSHOT 1u /* a frozen copy (sealed F_SEAL_WRITE), not a live table */
+/* Only recorded blocks carry a tag: the blocks sampling left out (sampled on glibc) have none. */
+#define HD_ALLOC_FLAG_UNRECORDED_UNTAGGED 2u
 
 typedef struct hd_alloc_header {
   uint64_t magic;          /* HD_ALLOC_MAGIC */
