@@ -159,6 +159,30 @@ class Preload : public ::testing::TestWithParam<Config> {
     last_output = out;
   }
   std::string last_output;  // the child's stdout
+
+  // Sampling at 4 KiB on this configuration's backend: glibc, or jemalloc asked for by name
+  // (sampled from the start, the library keeps glibc unless told).
+  std::vector<std::string> SampledEnv() const {
+    std::vector<std::string> env = {"HEAPDUMP_SAMPLE_BYTES=4096"};
+    if (std::string(GetParam().name).rfind("jemalloc", 0) == 0)
+      env.push_back("HEAPDUMP_ALLOCATOR=jemalloc");
+    return env;
+  }
+
+  // The signals scenario's last line: signals handled, and the handler's ring blocks live (-1
+  // if the line is missing, which fails the test).
+  struct SignalsLine {
+    unsigned handled = 0, failed = 0;
+    int ring = -1;
+  };
+  SignalsLine ReadSignalsLine() const {
+    SignalsLine line;
+    EXPECT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &line.handled,
+                     &line.failed, &line.ring),
+              3)
+        << last_output;
+    return line;
+  }
 };
 
 TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
@@ -271,10 +295,7 @@ TEST_P(Preload, EdgeCasesAndAlignedEntryPoints) {
 // recorded.
 TEST_P(Preload, SampledRecordingLeavesNoRecordBehind) {
   Tables t;
-  std::vector<std::string> env = {"HEAPDUMP_SAMPLE_BYTES=4096"};
-  if (std::string(GetParam().name).rfind("jemalloc", 0) == 0)
-    env.push_back("HEAPDUMP_ALLOCATOR=jemalloc");
-  RunChild({"sampled-churn"}, &t, env);
+  RunChild({"sampled-churn"}, &t, SampledEnv());
   EXPECT_NE(last_output.find("churned\n"), std::string::npos) << last_output;
   EXPECT_EQ(t.CountSize(100000), 500);
   std::map<uint32_t, std::string> names;
@@ -519,13 +540,9 @@ TEST_P(Preload, FollowChildrenZeroExecsUninstrumentedChildren) {
 TEST_P(Preload, SignalHandlerAllocatingDuringAllocations) {
   Tables t;
   RunChild({"signals"}, &t);
-  unsigned handled = 0, failed = 0;
-  int ring = -1;
-  ASSERT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &handled, &failed, &ring),
-            3)
-      << last_output;
-  EXPECT_GE(handled, 2000u);
-  EXPECT_EQ(t.CountSize(3001), ring);
+  const SignalsLine line = ReadSignalsLine();
+  EXPECT_GE(line.handled, 2000u);
+  EXPECT_EQ(t.CountSize(3001), line.ring);
   EXPECT_EQ(t.CountSize(3002), 100);
   EXPECT_EQ(t.CountSize(3003), 0);
   EXPECT_EQ(t.stats.live_blocks, t.blocks.size());
@@ -538,17 +555,10 @@ TEST_P(Preload, SignalHandlerAllocatingDuringAllocations) {
 // mode. The program ends normally, and no freed block is left recorded.
 TEST_P(Preload, SignalHandlerAllocatingDuringSampledAllocations) {
   Tables t;
-  std::vector<std::string> env = {"HEAPDUMP_SAMPLE_BYTES=4096"};
-  if (std::string(GetParam().name).rfind("jemalloc", 0) == 0)
-    env.push_back("HEAPDUMP_ALLOCATOR=jemalloc");
-  RunChild({"signals-sampled"}, &t, env);
-  unsigned handled = 0, failed = 0;
-  int ring = -1;
-  ASSERT_EQ(sscanf(last_output.c_str(), "handled %u failed %u ring %d", &handled, &failed, &ring),
-            3)
-      << last_output;
-  EXPECT_GE(handled, 2000u);
-  EXPECT_LE(t.CountSize(3001), ring);
+  RunChild({"signals-sampled"}, &t, SampledEnv());
+  const SignalsLine line = ReadSignalsLine();
+  EXPECT_GE(line.handled, 2000u);
+  EXPECT_LE(t.CountSize(3001), line.ring);
   EXPECT_LE(t.CountSize(3002), 100);
   EXPECT_EQ(t.CountSize(3003), 0);
   EXPECT_EQ(t.stats.writes_past_block_end, 0u);
