@@ -144,13 +144,9 @@ hd_record_choice hd_choose_slow(size_t size) {
   const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
   if (filter & HD_FILTER_PAUSED) return HD_UNATTRIBUTED;
   if (!(filter & HD_FILTER_SAMPLED)) return HD_RECORD;
-  int64_t left = hd_tls.sample_countdown;
-  if (HD_UNLIKELY(left == 0)) left = draw_sample_interval(); /* the thread's first */
-  left -= (int64_t)size;
-  if (HD_LIKELY(left > 0)) {
-    hd_tls.sample_countdown = left;
-    return HD_SAMPLED_OUT;
-  }
+  if (HD_UNLIKELY(hd_tls.sample_countdown == 0))
+    hd_tls.sample_countdown = draw_sample_interval(); /* the thread's first */
+  if (HD_LIKELY(hd_countdown_leaves_out(size))) return HD_SAMPLED_OUT;
   hd_tls.sample_countdown = draw_sample_interval();
   return HD_RECORD;
 }
@@ -461,18 +457,22 @@ static void free_recorded_at(void *p, size_t usable, const char *call,
   hd_backend_free(p, usable - HD_TAG_BYTES, 0);
 }
 
+/* Whether link (a tag's, its check not trusted) names a node that records block p now. Read
+ * without the slot's lock: only p's free, which is this caller's, erases that record. */
+static bool link_records(const void *p, uint32_t link) {
+  return __atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY && link != 0 &&
+         link - 1 < __atomic_load_n(&hd_live_alloc.hdr->node_high_water, __ATOMIC_RELAXED) &&
+         hd_node_address(__atomic_load_n(&hd_live_alloc.nodes[link - 1].address_word,
+                                         __ATOMIC_RELAXED)) == (uint64_t)(uintptr_t)p;
+}
+
 /* Sampling on glibc: block p (of the usable size given) has no tag of ours and no record, so
  * all of it is the program's. */
 static bool untagged_unrecorded(void *p, size_t usable) {
   const block_tag tag = *tag_at(p, usable);
   if (tag_ours(p, tag)) return false;
-  /* A recorded block whose check the program overwrote: its link may still find its node (read
-   * without the slot's lock: only this block, live until this call, has its address). */
-  const uint32_t link = tag.link;
-  return !(__atomic_load_n(&hd_state, __ATOMIC_RELAXED) == HD_STATE_READY && link != 0 &&
-           link - 1 < __atomic_load_n(&hd_live_alloc.hdr->node_high_water, __ATOMIC_RELAXED) &&
-           hd_node_address(__atomic_load_n(&hd_live_alloc.nodes[link - 1].address_word,
-                                           __ATOMIC_RELAXED)) == (uint64_t)(uintptr_t)p);
+  /* A recorded block whose check the program overwrote: its link may still find its node. */
+  return !link_records(p, tag.link);
 }
 
 bool hd_free_if_untagged(void *p) {

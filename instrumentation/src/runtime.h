@@ -206,6 +206,15 @@ enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2, HD_FILTER_ARMED = 4 };
 extern uint32_t hd_record_filter HD_HIDDEN;
 typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_record_choice;
 hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
+/* Takes a block of size bytes off this thread's countdown to its next sample point, if the
+ * block ends before it: false, the countdown untouched, if the block reaches the point (or the
+ * thread has drawn no interval yet: a countdown of 0). */
+static inline bool hd_countdown_leaves_out(size_t size) {
+  const int64_t left = hd_tls.sample_countdown - (int64_t)size;
+  if (left <= 0) return false;
+  hd_tls.sample_countdown = left;
+  return true;
+}
 /* Moves this thread's sampling countdown when sampling is on. An allocation that sampling
  * leaves out, in a process that samples and nothing else, costs the load of the filter and the
  * countdown's subtraction; the rest (the thread's first interval, the allocation that uses the
@@ -213,13 +222,8 @@ hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
 static inline hd_record_choice hd_choose(size_t size) {
   const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
   if (HD_LIKELY(filter == 0)) return HD_RECORD;
-  if (HD_LIKELY(filter == HD_FILTER_SAMPLED)) {
-    const int64_t left = hd_tls.sample_countdown - (int64_t)size;
-    if (HD_LIKELY(left > 0)) {
-      hd_tls.sample_countdown = left;
-      return HD_SAMPLED_OUT;
-    }
-  }
+  if (HD_LIKELY(filter == HD_FILTER_SAMPLED) && HD_LIKELY(hd_countdown_leaves_out(size)))
+    return HD_SAMPLED_OUT;
   return hd_choose_slow(size);
 }
 /* A new block left out (choice not HD_RECORD): its tag written and, while paused, its bytes
@@ -332,9 +336,7 @@ static inline bool hd_sampled_out_malloc(size_t size, void **out) {
       __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) != HD_FILTER_SAMPLED) {
     return false;
   }
-  const int64_t left = hd_tls.sample_countdown - (int64_t)size;
-  if (left <= 0) return false;
-  hd_tls.sample_countdown = left;
+  if (!hd_countdown_leaves_out(size)) return false;
   *out = hd_glibc_malloc(size);
   hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)*out; /* record.c: count_if_temporary */
   return true;
