@@ -350,6 +350,7 @@ static void fork_prepare(void) {
   hd_tls.guard++;
   pthread_mutex_lock(&hd_live_res.lock);
   hd_alloc_table_lock_all(&hd_live_alloc);
+  hd_res_fork_gate_close(&hd_live_res, &hd_tls.writer);
   g_fork_copied = 0;
   /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
    * is not known yet, but it is not the root: only its program (ours) decides. */
@@ -369,6 +370,7 @@ static void fork_prepare(void) {
 
 static void fork_parent(void) {
   if (!g_fork_locked) return;
+  hd_res_fork_gate_open(&hd_live_res);
   hd_alloc_table_unlock_all(&hd_live_alloc);
   pthread_mutex_unlock(&hd_live_res.lock);
   if (g_fork_copied) {
@@ -413,6 +415,7 @@ static void fork_child(void) {
      * tables. */
     __atomic_store_n(&hd_state, HD_STATE_OFF, __ATOMIC_RELEASE);
   }
+  hd_res_fork_gate_open(&hd_live_res);
   g_fork_locked = 0;
   /* The cached free nodes were numbered in the parent's table; the counters record is copied. */
   hd_tls.writer.node_count = 0;

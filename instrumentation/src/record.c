@@ -365,7 +365,7 @@ static void count_if_temporary(const hd_alloc_info *old, uint64_t blocks,
   /* The thread check keeps out a block of this address that another thread allocated after
    * this thread's block was freed elsewhere. */
   if (old->address != last_alloc_address || old->thread_key != hd_tls.thread_key) return;
-  hd_res_count_temporary(&hd_live_res, old->stack_key, blocks);
+  hd_res_count_temporary(&hd_live_res, &hd_tls.writer, old->stack_key, blocks);
 }
 
 /* Counts the free of a recorded block whose record was taken out (old). */

@@ -475,14 +475,87 @@ static void add_live(hd_res_table *t, hd_writer_thread *w, int64_t delta,
     mark_peak(t, (uint64_t)live, alloc_timestamp);
 }
 
-void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t blocks,
-                        uint64_t bytes, uint64_t timestamp) {
-  if (stack_key != 0) {
-    hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
-    __atomic_fetch_add(&r->alloc_blocks, blocks, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->alloc_bytes, bytes, __ATOMIC_RELAXED);
+/* ---- a thread's pending trace counts (hd_pending_trace, shm_layout.h) */
+
+/* A trace that finds its entry held by another counts straight into its record, and only every
+ * so many such allocations of the thread's take the entry over: so entries stay with the traces
+ * a thread repeats, and a thread whose traces vary (a compiler's) changes keys rarely, each
+ * change being dearer than the locked adds it saves (a full fence, three adds). */
+#define HD_PENDING_EVICT_EVERY 8
+
+static void add_to_trace(hd_res_table *t, uint32_t stack_key, uint64_t alloc_blocks,
+                         uint64_t alloc_bytes, uint64_t temporary_blocks) {
+  hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
+  if (alloc_blocks) __atomic_fetch_add(&r->alloc_blocks, alloc_blocks, __ATOMIC_RELAXED);
+  if (alloc_bytes) __atomic_fetch_add(&r->alloc_bytes, alloc_bytes, __ATOMIC_RELAXED);
+  if (temporary_blocks)
+    __atomic_fetch_add(&r->temporary_blocks, temporary_blocks, __ATOMIC_RELAXED);
+}
+
+/* Opens e's seqlock for a change of key: odd. Not while a fork's prepare handler copies the
+ * table (hd_res_fork_gate_close): the odd value and the gate are each stored before the other's
+ * load (a full fence on both sides), so either this thread sees the gate and waits with the
+ * seqlock even, or the handler sees it odd and waits for it to end. Returns the odd value. */
+static uint32_t pending_change_begin(hd_res_table *t, hd_pending_trace *e) {
+  uint32_t seq = e->seq;
+  for (;;) {
+    STORE(&e->seq, seq + 1);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!HD_UNLIKELY_T(__atomic_load_n(&t->fork_gate, __ATOMIC_RELAXED))) return seq + 1;
+    seq += 2;
+    __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&t->fork_gate, __ATOMIC_ACQUIRE)) hd_cpu_relax();
   }
+}
+
+/* Entry e now holds stack_key (0: empty) with no counts; what it held is added to its trace's
+ * record. */
+static void pending_rekey(hd_res_table *t, hd_pending_trace *e, uint32_t stack_key) {
+  const uint32_t seq = pending_change_begin(t, e);
+  if (e->stack_key != 0)
+    add_to_trace(t, e->stack_key, e->alloc_blocks, e->alloc_bytes, e->temporary_blocks);
+  STORE(&e->alloc_blocks, 0);
+  STORE(&e->alloc_bytes, 0);
+  STORE(&e->temporary_blocks, 0);
+  /* After the counts: a reader that finds the new key (acquire) finds them zero. */
+  __atomic_store_n(&e->stack_key, stack_key, __ATOMIC_RELEASE);
+  __atomic_store_n(&e->seq, seq + 1, __ATOMIC_RELEASE);
+}
+
+void hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self) {
+  __atomic_store_n(&t->fork_gate, 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  for (uint32_t off = __atomic_load_n(&t->hdr->counters_head, __ATOMIC_ACQUIRE); off != 0;) {
+    const hd_rec_counters *c = (const hd_rec_counters *)(t->base + off);
+    /* Its own record may be odd only under a signal handler that forks: waiting would hang. */
+    if (self == NULL || off != self->counters_key) {
+      for (uint32_t i = 0; i < HD_PENDING_TRACES; i++)
+        while (__atomic_load_n(&c->pending[i].seq, __ATOMIC_ACQUIRE) & 1) hd_cpu_relax();
+    }
+    off = c->next;
+  }
+}
+
+void hd_res_fork_gate_open(hd_res_table *t) {
+  __atomic_store_n(&t->fork_gate, 0, __ATOMIC_RELEASE);
+}
+
+/* hd_res_count_alloc where the thread's entry does not hold the trace already (or the thread
+ * has no counters record, or the block no trace). */
+__attribute__((noinline)) static void count_alloc_slow(hd_res_table *t, hd_writer_thread *w,
+                                                       uint32_t stack_key, uint64_t blocks,
+                                                       uint64_t bytes, uint64_t timestamp) {
   hd_rec_counters *c = own_counters(t, w);
+  if (stack_key != 0) {
+    hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+    if (e == NULL || (e->stack_key != 0 && ++w->pending_misses % HD_PENDING_EVICT_EVERY != 0)) {
+      add_to_trace(t, stack_key, blocks, bytes, 0);
+    } else {
+      pending_rekey(t, e, stack_key);
+      counter_add(&e->alloc_blocks, blocks);
+      counter_add(&e->alloc_bytes, bytes);
+    }
+  }
   if (c) {
     counter_add(&c->blocks_allocated, blocks);
     counter_add(&c->bytes_allocated, bytes);
@@ -490,6 +563,22 @@ void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key
     __atomic_fetch_add(&t->hdr->stats.blocks_allocated, blocks, __ATOMIC_RELAXED);
     __atomic_fetch_add(&t->hdr->stats.bytes_allocated, bytes, __ATOMIC_RELAXED);
   }
+  add_live(t, w, (int64_t)bytes, timestamp);
+}
+
+void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t blocks,
+                        uint64_t bytes, uint64_t timestamp) {
+  hd_rec_counters *c = own_counters(t, w);
+  hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+  /* The slow path is a tail call: this one needs no frame. */
+  if (HD_UNLIKELY_T(e == NULL || stack_key == 0 || e->stack_key != stack_key)) {
+    count_alloc_slow(t, w, stack_key, blocks, bytes, timestamp);
+    return;
+  }
+  counter_add(&e->alloc_blocks, blocks);
+  counter_add(&e->alloc_bytes, bytes);
+  counter_add(&c->blocks_allocated, blocks);
+  counter_add(&c->bytes_allocated, bytes);
   add_live(t, w, (int64_t)bytes, timestamp);
 }
 
@@ -510,10 +599,16 @@ void hd_res_count_free(hd_res_table *t, hd_writer_thread *w, uint64_t blocks, ui
   add_live(t, w, -(int64_t)bytes, 0); /* last: a tail call */
 }
 
-void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key, uint64_t blocks) {
+void hd_res_count_temporary(hd_res_table *t, const hd_writer_thread *w, uint32_t stack_key,
+                            uint64_t blocks) {
   if (stack_key == 0) return;
-  hd_rec_stack *r = (hd_rec_stack *)(t->base + stack_key);
-  __atomic_fetch_add(&r->temporary_blocks, blocks, __ATOMIC_RELAXED);
+  hd_rec_counters *c = own_counters(t, w);
+  hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+  /* Its allocation was this thread's latest: its entry most likely holds it still. */
+  if (e != NULL && e->stack_key == stack_key)
+    counter_add(&e->temporary_blocks, blocks);
+  else
+    add_to_trace(t, stack_key, 0, 0, blocks);
 }
 
 void hd_res_read_stats(const hd_res_table *t, hd_stats_block *out) {
@@ -542,6 +637,10 @@ void hd_writer_thread_retire(hd_alloc_table *a, hd_res_table *r, hd_writer_threa
   w->live_delta = 0;
   if (w->node_count != 0) hd_alloc_cache_spill(a, w, w->node_count);
   if (w->counters_key != 0) {
+    /* Handed over empty: its next owner's first allocations rekey no entry of this one's. */
+    hd_rec_counters *c = own_counters(r, w);
+    for (uint32_t i = 0; i < HD_PENDING_TRACES; i++)
+      if (c->pending[i].stack_key != 0) pending_rekey(r, &c->pending[i], 0);
     pthread_mutex_lock(&r->lock);
     ((hd_rec_counters *)(r->base + w->counters_key))->writer_private = r->counters_pool;
     r->counters_pool = w->counters_key;

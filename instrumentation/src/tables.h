@@ -38,6 +38,9 @@ typedef struct hd_writer_thread {
   uint32_t node_count;   /* entries of `nodes` in use */
   int64_t live_delta;    /* bytes allocated minus freed not yet added to the process total */
   bool retired;          /* the thread is exiting: shared paths only from now on */
+  /* Allocations whose trace found another in its counters record's entry (res_table.c,
+   * hd_res_count_alloc): every HD_PENDING_EVICT_EVERY-th takes the entry over. */
+  uint32_t pending_misses;
   /* The address of this thread's latest recorded allocation, until the thread frees anything:
    * a free of it then is a temporary allocation (record.c, count_if_temporary). */
   uint64_t last_alloc_address;
@@ -143,6 +146,9 @@ typedef struct hd_res_table {
   uint64_t peak_mark_bytes;                               /* atomic; the header's copy */
   uint64_t start_time_ns;                                 /* the header's */
   uint32_t marking; /* atomic: a thread is setting a mark (the others do not wait) */
+  /* atomic: a fork's prepare handler is copying the table; counters records' entries keep
+   * their keys meanwhile (hd_res_fork_gate_close) */
+  uint32_t fork_gate;
 } hd_res_table;
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
@@ -227,8 +233,9 @@ uint32_t hd_res_add_region(hd_res_table *t, const hd_region_info *r);
  * the table is full, and w keeps counting into the header's base. */
 bool hd_res_attach_counters(hd_res_table *t, hd_writer_thread *w);
 /* Statistics and per-trace counters: no lock; with w's counters record, no locked instruction
- * either, except the trace's two allocation counters, its two counts of blocks live at the peak
- * mark (a free of such a block) and (rarely) the peak. w may be NULL. */
+ * either while the trace is one of those the record holds counts of (hd_pending_trace), except
+ * the trace's two counts of blocks live at the peak mark (a free of such a block) and (rarely)
+ * the peak. w may be NULL. */
 /* blocks, bytes: what the block stands for (1 and its size, or a sampled block's
  * hd_sample_weight k and k times its size). timestamp: the block's (hd_alloc_info, never 0); the
  * one that sets a new peak mark gives it its time. */
@@ -247,7 +254,13 @@ static inline uint64_t hd_res_timestamp_after_mark(const hd_res_table *t, uint64
 }
 /* A block of trace stack_key was freed by its thread before that thread allocated or freed
  * anything else. */
-void hd_res_count_temporary(hd_res_table *t, uint32_t stack_key, uint64_t blocks);
+void hd_res_count_temporary(hd_res_table *t, const hd_writer_thread *w, uint32_t stack_key,
+                            uint64_t blocks);
+/* Around the copy of t by a fork's prepare handler (t->lock held): no thread changes a counters
+ * record's keys between them (self, if not NULL: the forking thread's, whose record is not waited
+ * for). */
+void hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self);
+void hd_res_fork_gate_open(hd_res_table *t);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone
  * (hd_res_header.stacks_beyond_cfi). */

@@ -645,7 +645,7 @@ TEST_F(ResTable, StackTracesAreDeduplicatedAndRoundTrip) {
   EXPECT_EQ(keys.size(), 2000u);
   hd_res_count_alloc(&t, nullptr, ka, 1, 100, 0);
   hd_res_count_alloc(&t, nullptr, ka, 1, 50, 0);
-  hd_res_count_temporary(&t, ka, 1);
+  hd_res_count_temporary(&t, nullptr, ka, 1);
   uint64_t frames[64];
   hd_trace_counters counters{};
   size_t n;
@@ -899,6 +899,118 @@ TEST_F(ResTable, ThreadCountersAddUpAndAreReusedAfterExit) {
   // A corrupt link is reported, not followed.
   ((hd_rec_counters *)(t.base + key))->next = key;
   EXPECT_EQ(hd_res_reader_stats(r, &s), HD_READ_ERR_CORRUPT);
+  hd_alloc_table_destroy(&at);
+}
+
+// Threads keep their counts of the traces they allocated with last in their own counters records
+// (no shared line written while they repeat a trace) and move them into the traces' records when
+// an entry changes hands. A reader running meanwhile reads each trace's counts whole: never less
+// than the counts finished before the read, never more than those started by its end; and a
+// fork's copy (under the gate) holds every finished count once.
+TEST_F(ResTable, TraceCountsHeldByThreadsAreReadWholeWhileTheyChange) {
+  constexpr int kTraces = 40, kWriters = 3, kRounds = 150000;
+  uint32_t keys[kTraces];
+  for (int i = 0; i < kTraces; i++) {
+    uint64_t frame = 0x400000 + 16 * (uint64_t)i;
+    keys[i] = hd_res_intern_stack(&t, &frame, 1, 0);
+    ASSERT_NE(keys[i], 0u);
+  }
+  std::atomic<uint64_t> started[kTraces], finished[kTraces];
+  for (int i = 0; i < kTraces; i++) started[i] = finished[i] = 0;
+  std::atomic<int> running{kWriters};
+  hd_writer_thread writers[kWriters]{};
+  struct JoinedAtExit : std::vector<std::thread> {
+    ~JoinedAtExit() {
+      for (auto &th : *this)
+        if (th.joinable()) th.join();
+    }
+  } threads;
+  for (int w = 0; w < kWriters; w++) {
+    threads.emplace_back([&, w] {
+      ASSERT_TRUE(hd_res_attach_counters(&t, &writers[w]));
+      uint64_t x = 88172645463325252ull + (uint64_t)w;
+      for (int round = 0; round < kRounds; round++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        // Runs of one trace (as loops allocate), across more traces than a record has entries.
+        const int i = (int)((x >> 8) % 8 == 0 ? (x >> 16) % kTraces : (round / 64 + w) % kTraces);
+        started[i].fetch_add(3);
+        hd_res_count_alloc(&t, &writers[w], keys[i], 2, 16, 0);
+        hd_res_count_temporary(&t, &writers[w], keys[i], 1);
+        finished[i].fetch_add(3);
+      }
+      running.fetch_sub(1);
+    });
+  }
+  uint64_t frames[4];
+  size_t n;
+  int reads = 0, copies = 0;
+  while (running.load() != 0) {
+    for (int i = 0; i < kTraces; i++) {
+      const uint64_t before = finished[i].load();
+      hd_trace_counters c{};
+      ASSERT_EQ(hd_res_reader_stack(r, keys[i], frames, 4, &n, &c, nullptr), HD_READ_OK);
+      const uint64_t after = started[i].load();
+      // Each count call adds 2 blocks, 16 bytes and 1 temporary block: 3 per call started.
+      ASSERT_GE(c.allocated_blocks + c.temporary_blocks, before) << "trace " << i;
+      ASSERT_LE(c.allocated_blocks + c.temporary_blocks, after) << "trace " << i;
+      // Each call adds 16 bytes: the bytes too were read at some moment of the read.
+      ASSERT_GE(c.allocated_bytes * 3, before * 16) << "trace " << i;
+      ASSERT_LE(c.allocated_bytes * 3, after * 16) << "trace " << i;
+      reads++;
+    }
+    if (copies < 20) {  // what a fork's prepare handler does
+      uint64_t before[kTraces], after[kTraces];
+      pthread_mutex_lock(&t.lock);
+      for (int i = 0; i < kTraces; i++) before[i] = finished[i].load();
+      hd_res_fork_gate_close(&t, nullptr);
+      hd_res_table copy{};
+      ASSERT_EQ(hd_res_table_clone_locked(&t, &copy, "test-res-copy"), 0);
+      hd_res_fork_gate_open(&t);
+      for (int i = 0; i < kTraces; i++) after[i] = started[i].load();
+      pthread_mutex_unlock(&t.lock);
+      hd_res_reader *cr = nullptr;
+      ASSERT_EQ(hd_res_reader_open(copy.memfd.fd, &cr), HD_READ_OK);
+      for (int i = 0; i < kTraces; i++) {
+        hd_trace_counters c{};
+        ASSERT_EQ(hd_res_reader_stack(cr, keys[i], frames, 4, &n, &c, nullptr), HD_READ_OK);
+        EXPECT_GE(c.allocated_blocks + c.temporary_blocks, before[i]) << "trace " << i;
+        EXPECT_LE(c.allocated_blocks + c.temporary_blocks, after[i]) << "trace " << i;
+      }
+      hd_res_reader_close(cr);
+      hd_res_table_destroy(&copy);
+      copies++;
+    }
+  }
+  for (auto &th : threads) th.join();
+  EXPECT_GT(reads, kTraces);
+  // Every count taken: the exact sums below.
+  uint64_t bytes_of_all = 0;
+  hd_alloc_table at{};
+  ASSERT_EQ(hd_alloc_table_create(&at, 0, "test-alloc"), 0);
+  uint32_t records[kWriters];
+  for (int w = 0; w < kWriters; w++) records[w] = writers[w].counters_key;
+  for (int pass = 0; pass < 2; pass++) {  // exact when still, before and after the threads exit
+    uint64_t all = 0;
+    for (int i = 0; i < kTraces; i++) {
+      hd_trace_counters c{};
+      ASSERT_EQ(hd_res_reader_stack(r, keys[i], frames, 4, &n, &c, nullptr), HD_READ_OK);
+      EXPECT_EQ(c.allocated_blocks + c.temporary_blocks, finished[i].load()) << "trace " << i;
+      EXPECT_EQ(c.temporary_blocks * 2, c.allocated_blocks) << "trace " << i;
+      EXPECT_EQ(c.allocated_bytes, c.allocated_blocks * 8) << "trace " << i;
+      all += c.temporary_blocks;
+      bytes_of_all += c.allocated_bytes;
+    }
+    EXPECT_EQ(all, (uint64_t)kWriters * kRounds);
+    EXPECT_EQ(bytes_of_all, (pass + 1) * 16ull * kWriters * kRounds);
+    for (auto &w : writers) hd_writer_thread_retire(&at, &t, &w);
+  }
+  for (uint32_t key : records) {  // handed back empty, and even
+    const auto *c = (const hd_rec_counters *)(t.base + key);
+    for (const hd_pending_trace &e : c->pending) {
+      EXPECT_EQ(e.stack_key, 0u);
+      EXPECT_EQ(e.seq % 2, 0u);
+    }
+  }
   hd_alloc_table_destroy(&at);
 }
 

@@ -90,7 +90,7 @@ extern "C" {
 #define HD_STATIC_ASSERT _Static_assert
 #endif
 
-#define HD_LAYOUT_VERSION 9u
+#define HD_LAYOUT_VERSION 10u
 /* Every live block the library records holds this many bytes more than the program asked for,
  * at the end of its usable size: the tag that links it to its node (instrumentation/src/record.c).
  * They are heapdump's own memory inside the allocator's. */
@@ -362,10 +362,12 @@ typedef struct hd_rec_header {
 
 typedef struct hd_rec_stack {
   hd_rec_header h;
-  uint64_t alloc_blocks; /* atomic: blocks allocated with this trace since start */
-  uint64_t alloc_bytes;  /* atomic: bytes allocated with this trace since start */
-  /* atomic: blocks of this trace freed by the thread that allocated them before that thread
-   * allocated or freed anything else (temporary allocations) */
+  /* The next three are atomic, and each is a part of its count: the threads' counters records
+   * hold the rest (hd_pending_trace). */
+  uint64_t alloc_blocks; /* blocks allocated with this trace since start */
+  uint64_t alloc_bytes;  /* bytes allocated with this trace since start */
+  /* blocks of this trace freed by the thread that allocated them before that thread allocated or
+   * freed anything else (temporary allocations) */
   uint64_t temporary_blocks;
   /* atomic: blocks (bytes) of this trace live at the peak mark whose number is in bits 48..63
    * and freed since (bits 0..47); a count tagged with an older mark's number is 0 */
@@ -441,13 +443,38 @@ typedef struct hd_rec_region {
   /* char name[name_len]; then padding to 8 */
 } hd_rec_region;
 
-/* One thread's share of the allocated / freed statistics. Each record has exactly one writer at
- * a time (the thread that owns it; a record of an exited thread is handed to a new thread under
- * the resources lock), which updates the counters with relaxed atomic stores of load + n: no
- * locked instruction on the allocation path and no cache line shared between threads. Records
- * are linked newest first from hd_res_header.counters_head through `next`; a new record is filled
- * and published like any other, then becomes the head (__ATOMIC_RELEASE store; readers load the
- * head with __ATOMIC_ACQUIRE). Records are never unlinked, so the sums only grow. */
+/* A thread's counts for one trace not yet added to the trace's record (hd_rec_stack): a trace's
+ * alloc_blocks, alloc_bytes and temporary_blocks are its record's plus those of every counters
+ * record's entry holding its key. */
+typedef struct hd_pending_trace {
+  uint32_t stack_key; /* 0: empty */
+  uint32_t seq;       /* odd while the writer changes stack_key (hd_rec_counters) */
+  uint64_t alloc_blocks;
+  uint64_t alloc_bytes;
+  uint64_t temporary_blocks;
+} hd_pending_trace;
+#define HD_PENDING_TRACES 16u
+/* The one entry of a counters record that may hold trace stack_key. */
+static inline uint32_t hd_pending_slot(uint32_t stack_key) {
+  return (uint32_t)(stack_key * UINT32_C(0x9E3779B1)) >> 28; /* 28 = 32 - log2(HD_PENDING_TRACES) */
+}
+
+/* One thread's share of the allocated / freed statistics, and its counts of the traces it
+ * allocated with last. Each record has exactly one writer at a time (the thread that owns it; a
+ * record of an exited thread is handed to a new thread under the resources lock), which updates
+ * the counters with relaxed atomic stores of load + n: no locked instruction on the allocation
+ * path and no cache line shared between threads (several threads allocating with one trace
+ * would otherwise all write its record). Records are linked newest first from
+ * hd_res_header.counters_head through `next`; a new record is filled and published like any
+ * other, then becomes the head (__ATOMIC_RELEASE store; readers load the head with
+ * __ATOMIC_ACQUIRE). Records are never unlinked, so the sums only grow.
+ *
+ * An entry of `pending` changes its key only under its `seq`, a seqlock: the writer makes it
+ * odd, adds the entry's counts to its old trace's record (atomic adds), writes the new key and
+ * zero counts, and makes it even (__ATOMIC_RELEASE). So a reader of a trace's counts that reads
+ * each entry holding its key (seq with acquire, even, then the counts), then the trace's record,
+ * then those entries' seq again (after an acquire fence), and finds each unchanged, has counted
+ * each of that trace's blocks once. */
 typedef struct hd_rec_counters {
   hd_rec_header h;
   uint32_t next; /* offset of the next (older) counters record, 0 at the end */
@@ -457,6 +484,7 @@ typedef struct hd_rec_counters {
   uint64_t bytes_allocated;
   uint64_t blocks_freed;
   uint64_t bytes_freed;
+  hd_pending_trace pending[HD_PENDING_TRACES]; /* entry hd_pending_slot(key) holds key's */
 } hd_rec_counters;
 
 /* Every field's offset and every struct's size, pinned: a change to any of them is a layout
@@ -580,7 +608,14 @@ HD_PIN(hd_rec_counters, blocks_allocated, 16);
 HD_PIN(hd_rec_counters, bytes_allocated, 24);
 HD_PIN(hd_rec_counters, blocks_freed, 32);
 HD_PIN(hd_rec_counters, bytes_freed, 40);
-HD_PIN_SIZE(hd_rec_counters, 48);
+HD_PIN(hd_rec_counters, pending, 48);
+HD_PIN_SIZE(hd_rec_counters, 48 + 32 * HD_PENDING_TRACES);
+HD_PIN(hd_pending_trace, stack_key, 0);
+HD_PIN(hd_pending_trace, seq, 4);
+HD_PIN(hd_pending_trace, alloc_blocks, 8);
+HD_PIN(hd_pending_trace, alloc_bytes, 16);
+HD_PIN(hd_pending_trace, temporary_blocks, 24);
+HD_PIN_SIZE(hd_pending_trace, 32);
 
 #undef HD_PIN
 #undef HD_PIN_SIZE
