@@ -101,6 +101,29 @@ static void scenario_threads() {
   for (auto &t : th) pthread_join(t, nullptr);
 }
 
+// As "threads", but the workers stay alive, blocked, while the tables are read: what they
+// counted of their shared trace is still in their own counters records.
+static int g_alive_hold[2];
+static std::atomic<int> g_alive_done{0};
+
+static void *alive_worker(void *arg) {
+  worker(arg);
+  g_alive_done++;
+  char c;
+  (void)!read(g_alive_hold[0], &c, 1);  // alive until the process exits
+  return nullptr;
+}
+
+static void scenario_threads_alive() {
+  CHECK(pipe(g_alive_hold) == 0);
+  for (long t = 0; t < kThreads; t++) {
+    pthread_t th;
+    CHECK(pthread_create(&th, nullptr, alive_worker, (void *)t) == 0);
+    pthread_detach(th);
+  }
+  while (g_alive_done < kThreads) usleep(1000);
+}
+
 // Sampled recording: four threads allocate through every entry point, reallocate and free
 // blocks of 16-4000 bytes, each written over the whole of what malloc_usable_size says and
 // checked byte for byte before it is freed or reallocated, and hand a quarter of them to the
@@ -1407,6 +1430,8 @@ int main(int argc, char **argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "threads")
     scenario_threads();
+  else if (mode == "threads-alive")
+    scenario_threads_alive();
   else if (mode == "cxx")
     scenario_cxx();
   else if (mode == "realloc")

@@ -219,6 +219,23 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
 }
 
+// The same eight workers, alive while the tables are read: the trace's counts are its record's
+// plus what each worker holds in its own counters record, and add up exactly.
+TEST_P(Preload, CountsThreadsStillHoldAddUpExactly) {
+  Tables t;
+  RunChild({"threads-alive"}, &t);
+  for (int th = 0; th < 8; th++) EXPECT_EQ(t.CountSize(7700 + th), 250) << "thread " << th;
+  const hd_live_block *b = t.FindSize(7700);
+  ASSERT_NE(b, nullptr);
+  uint64_t frames[64];
+  hd_trace_counters counters{};
+  size_t n;
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &counters, nullptr),
+            HD_READ_OK);
+  EXPECT_EQ(counters.allocated_blocks, 8u * 20000);
+  EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
+}
+
 // Each thread that allocates records where its stack and thread pointer are, for the collector's
 // leak-check roots: the stack around a local variable of the thread's, the thread pointer the
 // thread itself sees.
