@@ -123,7 +123,11 @@ int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const 
   int rc = res_create(dst, src->size, memfd_name, false);
   if (rc != 0) return rc;
   uint64_t used = __atomic_load_n(&src->hdr->used, __ATOMIC_ACQUIRE);
-  memcpy(dst->base, src->base, used);
+  /* Word by word, atomically: other threads go on adding to their counters (the lock keeps out
+   * only appends; the fork gate, changes of entries' keys). Records are 8-aligned. */
+  const uint64_t *from = (const uint64_t *)src->base;
+  uint64_t *to = (uint64_t *)dst->base;
+  for (uint64_t i = 0; i < used / 8; i++) to[i] = LOAD(&from[i]);
   dst->hdr->pid = (uint32_t)getpid();
   dst->live_bytes = LOAD(&src->live_bytes);
   /* The copies of the mark from the header copied above (a thread may have been setting a mark
