@@ -438,21 +438,7 @@ struct hd_res_reader {
   uint64_t size;
   uint64_t records_offset;
   uint32_t pid;
-  /* The entries of the counters records that held the trace being read, each with its seq as
-   * first read (read_trace_counters). */
-  struct held_entry *held;
-  size_t held_cap;
-  /* A trace's counters were read while a thread's entry stayed mid-change for kSlotPatienceNs
-   * (stopped there, or a corrupt record): from then on they are read without waiting, so a
-   * hostile table costs that wait once, and a read that meets a change (a few stores) may count
-   * the entry's blocks twice or not at all. */
-  bool pending_impatient;
 };
-
-typedef struct held_entry {
-  const hd_pending_trace *entry;
-  uint32_t seq;
-} held_entry;
 
 hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
   if (!out) return HD_READ_ERR_ARG;
@@ -477,7 +463,6 @@ hd_read_status hd_res_reader_open(int fd, hd_res_reader **out) {
 
 void hd_res_reader_close(hd_res_reader *r) {
   if (!r) return;
-  free(r->held);
   munmap((void *)r->base, r->size);
   free(r);
 }
@@ -574,59 +559,64 @@ static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t o
   return HD_READ_OK;
 }
 
-/* Adds to *add what the threads' entries holding trace key count, walking the counters records
- * as hd_res_reader_stats does (stopping at a corrupt one), and keeps each such entry with its seq
- * in r->held (*held_n of them). False if one is mid-change (the trace's record may hold its
- * counts already, or not yet) or r->held cannot grow. */
-static bool add_pending(hd_res_reader *r, uint32_t key, hd_trace_counters *add, size_t *held_n) {
+/* How long one read of a trace's counters waits for a thread that is changing the key of an
+ * entry holding the trace (a few stores, unless the thread was preempted there): past it, the
+ * read gives its last round, in which that entry's blocks may be counted twice or not at all. */
+static const uint64_t kPendingPatienceNs = 10000000u;
+
+/* The counters record at off, or NULL if there is none (a corrupt link). */
+static const hd_rec_counters *counters_at(const hd_res_reader *r, uint64_t off, uint64_t end) {
+  hd_rec_header hdr;
+  if (record_at(r, off, end, &hdr) != HD_READ_OK || hdr.type != HD_REC_COUNTERS ||
+      hdr.size < sizeof(hd_rec_counters))
+    return NULL;
+  return (const hd_rec_counters *)(r->base + off);
+}
+
+/* Walks the counters records from head down (each link at least a record below the last, so
+ * the walk ends; it stops at a corrupt one): the sum of the seq of their entries for trace
+ * key's slot, and, if add is given, adds to it what those holding key count (false if one of
+ * those is mid-change: the trace's record may hold its counts already, or not yet). */
+static bool walk_pending(const hd_res_reader *r, uint64_t head, uint64_t end, uint32_t key,
+                         uint64_t *seq_sum, hd_trace_counters *add) {
   const uint32_t slot = hd_pending_slot(key);
   bool settled = true;
-  *held_n = 0;
-  uint64_t off =
-      __atomic_load_n(&((const hd_res_header *)r->base)->counters_head, __ATOMIC_ACQUIRE);
-  /* After the head: a record the head names is published below this end. */
-  const uint64_t end = published_end(r);
-  while (off != 0) {
-    hd_rec_header hdr;
-    if (record_at(r, off, end, &hdr) != HD_READ_OK || hdr.type != HD_REC_COUNTERS ||
-        hdr.size < sizeof(hd_rec_counters))
-      break;
-    const hd_rec_counters *c = (const hd_rec_counters *)(r->base + off);
+  *seq_sum = 0;
+  for (uint64_t off = head; off != 0;) {
+    const hd_rec_counters *c = counters_at(r, off, end);
+    if (c == NULL) break;
     const hd_pending_trace *e = &c->pending[slot];
     const uint32_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&e->stack_key, __ATOMIC_ACQUIRE) == key) {
-      if (*held_n == r->held_cap) {
-        const size_t cap = r->held_cap ? 2 * r->held_cap : 16;
-        held_entry *grown = realloc(r->held, cap * sizeof(*grown));
-        if (grown == NULL) return false;
-        r->held = grown;
-        r->held_cap = cap;
-      }
-      r->held[(*held_n)++] = (held_entry){e, seq};
+    *seq_sum += seq;
+    if (add != NULL && __atomic_load_n(&e->stack_key, __ATOMIC_ACQUIRE) == key) {
       settled &= (seq & 1) == 0;
       add->allocated_blocks += LOAD(&e->alloc_blocks);
       add->allocated_bytes += LOAD(&e->alloc_bytes);
       add->temporary_blocks += LOAD(&e->temporary_blocks);
     }
-    const uint32_t next = LOAD(&c->next);
-    if (next >= off) break;
-    off = next;
+    const uint64_t next = LOAD(&c->next);
+    off = next + sizeof(hd_rec_counters) <= off ? next : 0;
   }
   return settled;
 }
 
 /* A trace's counters: its record's plus the threads' entries holding it, read as a seqlock
- * reader of those entries (shm_layout.h, hd_rec_counters): the entries, then the record, then
- * the entries' seq again; an entry that changed its key in between (which moves its counts into
- * the record) sends the read round again. An entry that takes the trace meanwhile starts at
- * zero, and what it counts was allocated after the read began. */
-static void read_trace_counters(hd_res_reader *r, uint32_t key, hd_trace_counters *out) {
+ * reader of the entries of its slot (shm_layout.h, hd_rec_counters): the entries, then the
+ * record, then the entries' seq again; an entry that changed its key in between (which moves
+ * its counts into the record) sends the read round again (seqs only grow, so their sum
+ * tells). The second walk visits the same records: one made since holds only what was
+ * allocated after the read began. Keeps no state: readers share an hd_res_reader. */
+static void read_trace_counters(const hd_res_reader *r, uint32_t key, hd_trace_counters *out) {
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
   uint64_t give_up_at = 0;
   for (unsigned attempt = 0;; attempt++) {
+    const uint64_t head =
+        __atomic_load_n(&((const hd_res_header *)r->base)->counters_head, __ATOMIC_ACQUIRE);
+    /* After the head: a record the head names is published below this end. */
+    const uint64_t end = published_end(r);
     hd_trace_counters sum = {0};
-    size_t held_n;
-    bool settled = add_pending(r, key, &sum, &held_n);
+    uint64_t seq_before, seq_after;
+    bool settled = walk_pending(r, head, end, key, &seq_before, &sum);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     sum.allocated_blocks += LOAD(&live->alloc_blocks);
     sum.allocated_bytes += LOAD(&live->alloc_bytes);
@@ -634,15 +624,11 @@ static void read_trace_counters(hd_res_reader *r, uint32_t key, hd_trace_counter
     sum.peak_freed_blocks = LOAD(&live->peak_freed_blocks);
     sum.peak_freed_bytes = LOAD(&live->peak_freed_bytes);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    for (size_t i = 0; i < held_n && settled; i++)
-      settled = LOAD(&r->held[i].entry->seq) == r->held[i].seq;
+    (void)walk_pending(r, head, end, key, &seq_after, NULL);
     *out = sum;
-    if (settled || r->pending_impatient) return;
-    if (attempt == 16) give_up_at = monotonic_ns() + kSlotPatienceNs;
-    if (attempt > 16 && monotonic_ns() > give_up_at) {
-      r->pending_impatient = true;
-      return;
-    }
+    if (settled && seq_after == seq_before) return;
+    if (attempt == 16) give_up_at = monotonic_ns() + kPendingPatienceNs;
+    if (attempt > 16 && monotonic_ns() > give_up_at) return;
     backoff(attempt);
   }
 }

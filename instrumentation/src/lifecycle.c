@@ -350,11 +350,11 @@ static void fork_prepare(void) {
   hd_tls.guard++;
   pthread_mutex_lock(&hd_live_res.lock);
   hd_alloc_table_lock_all(&hd_live_alloc);
-  hd_res_fork_gate_close(&hd_live_res, &hd_tls.writer);
+  const bool counts_settled = hd_res_fork_gate_close(&hd_live_res, &hd_tls.writer);
   g_fork_copied = 0;
   /* A child not chosen for profiling gets no copy, and so stops recording (fork_child). Its pid
    * is not known yet, but it is not the root: only its program (ours) decides. */
-  if (program_selected(0) &&
+  if (counts_settled && program_selected(0) &&
       hd_alloc_table_clone_locked(&hd_live_alloc, &g_fork_alloc, hd_live_alloc.size,
                                   HD_MEMFD_ALLOCATIONS) == 0) {
     if (hd_res_table_clone_locked(&hd_live_res, &g_fork_res, HD_MEMFD_RESOURCES) == 0) {

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -128,6 +129,13 @@ int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst, const 
   const uint64_t *from = (const uint64_t *)src->base;
   uint64_t *to = (uint64_t *)dst->base;
   for (uint64_t i = 0; i < used / 8; i++) to[i] = LOAD(&from[i]);
+  /* Under the fork gate, an odd seq the copy caught is a change that backed out before it
+   * began (pending_change_begin): its entry is whole, and no thread of the copy will end it. */
+  for (uint32_t off = LOAD(&dst->hdr->counters_head); off != 0;) {
+    hd_rec_counters *c = (hd_rec_counters *)(dst->base + off);
+    for (uint32_t i = 0; i < HD_PENDING_TRACES; i++) c->pending[i].seq &= ~1u;
+    off = c->next;
+  }
   dst->hdr->pid = (uint32_t)getpid();
   dst->live_bytes = LOAD(&src->live_bytes);
   /* The copies of the mark from the header copied above (a thread may have been setting a mark
@@ -496,6 +504,20 @@ static void add_to_trace(hd_res_table *t, uint32_t stack_key, uint64_t alloc_blo
     __atomic_fetch_add(&r->temporary_blocks, temporary_blocks, __ATOMIC_RELAXED);
 }
 
+/* Waits while *word is set (odd_only: while it is odd), spinning briefly and then yielding: the
+ * thread waited for may need this CPU (a fork copies the tables meanwhile, which takes a while
+ * in a big process). */
+static void wait_while_odd_or_set(const uint32_t *word, bool odd_only) {
+  for (unsigned spins = 0;; spins++) {
+    const uint32_t value = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if (odd_only ? !(value & 1) : value == 0) return;
+    if (spins < 64)
+      hd_cpu_relax();
+    else
+      sched_yield();
+  }
+}
+
 /* Opens e's seqlock for a change of key: odd. Not while a fork's prepare handler copies the
  * table (hd_res_fork_gate_close): the odd value and the gate are each stored before the other's
  * load (a full fence on both sides), so either this thread sees the gate and waits with the
@@ -508,7 +530,7 @@ static uint32_t pending_change_begin(hd_res_table *t, hd_pending_trace *e) {
     if (!HD_UNLIKELY_T(__atomic_load_n(&t->fork_gate, __ATOMIC_RELAXED))) return seq + 1;
     seq += 2;
     __atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
-    while (__atomic_load_n(&t->fork_gate, __ATOMIC_ACQUIRE)) hd_cpu_relax();
+    wait_while_odd_or_set(&t->fork_gate, false);
   }
 }
 
@@ -526,18 +548,24 @@ static void pending_rekey(hd_res_table *t, hd_pending_trace *e, uint32_t stack_k
   __atomic_store_n(&e->seq, seq + 1, __ATOMIC_RELEASE);
 }
 
-void hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self) {
+bool hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self) {
   __atomic_store_n(&t->fork_gate, 1, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  bool own_settled = true;
   for (uint32_t off = __atomic_load_n(&t->hdr->counters_head, __ATOMIC_ACQUIRE); off != 0;) {
     const hd_rec_counters *c = (const hd_rec_counters *)(t->base + off);
-    /* Its own record may be odd only under a signal handler that forks: waiting would hang. */
-    if (self == NULL || off != self->counters_key) {
-      for (uint32_t i = 0; i < HD_PENDING_TRACES; i++)
-        while (__atomic_load_n(&c->pending[i].seq, __ATOMIC_ACQUIRE) & 1) hd_cpu_relax();
+    /* Its own record is odd only if a signal handler forks from inside a change of this
+     * thread's: waiting would hang, and the copy would count that entry twice or not at all. */
+    const bool own = self != NULL && off == self->counters_key;
+    for (uint32_t i = 0; i < HD_PENDING_TRACES; i++) {
+      if (own)
+        own_settled &= !(__atomic_load_n(&c->pending[i].seq, __ATOMIC_RELAXED) & 1);
+      else
+        wait_while_odd_or_set(&c->pending[i].seq, true);
     }
     off = c->next;
   }
+  return own_settled;
 }
 
 void hd_res_fork_gate_open(hd_res_table *t) {

@@ -153,9 +153,9 @@ typedef struct hd_res_table {
 
 int hd_res_table_create(hd_res_table *t, uint64_t max_bytes, const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_destroy(hd_res_table *t);
-/* With src->lock held: a new table (new memfd, same size) with the same records and counters
- * but no dedup index; after fork the child moves its copy of src's index over with
- * hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */
+/* With src->lock held (and its fork gate closed): a new table (new memfd, same size) with the
+ * same records and counters but no dedup index; after fork the child moves its copy of src's index
+ * over with hd_res_table_adopt_index (keys are offsets, identical in both). Returns 0 or -errno. */
 int hd_res_table_clone_locked(const hd_res_table *src, hd_res_table *dst,
                               const char *memfd_name) HD_MUST_CHECK;
 void hd_res_table_adopt_index(hd_res_table *dst, hd_res_table *src);
@@ -257,9 +257,10 @@ static inline uint64_t hd_res_timestamp_after_mark(const hd_res_table *t, uint64
 void hd_res_count_temporary(hd_res_table *t, const hd_writer_thread *w, uint32_t stack_key,
                             uint64_t blocks);
 /* Around the copy of t by a fork's prepare handler (t->lock held): no thread changes a counters
- * record's keys between them (self, if not NULL: the forking thread's, whose record is not waited
- * for). */
-void hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self);
+ * record's keys between them. self, if not NULL, is the forking thread, whose record is not
+ * waited for: false if it is in the middle of a change (a signal handler forked from inside
+ * one), and then a copy would be wrong. */
+bool hd_res_fork_gate_close(hd_res_table *t, const hd_writer_thread *self) HD_MUST_CHECK;
 void hd_res_fork_gate_open(hd_res_table *t);
 void hd_res_count_drop(hd_res_table *t, size_t field_offset_in_stats);
 /* One more stack our unwinder could not describe by call-frame information alone
