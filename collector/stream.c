@@ -198,14 +198,15 @@ static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, cons
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
  * nothing was allocated from it (nothing to report without live blocks). live_index: the
  * trace's index in the snapshot's stack key set, or SIZE_MAX if no live block names it. */
-static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, uint32_t key, uint64_t *frames,
+static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, const hd_pending_index *pending,
+                                               uint32_t key, uint64_t *frames,
                                                bool only_if_allocated, size_t live_index,
                                                peak_parts *peak, hd_batch_writer *w) {
   size_t n = 0;
   hd_trace_counters counters = {0};
   bool truncated = false;
-  bool known = key != 0 && hd_res_reader_stack(p->res, key, frames, HD_MAX_FRAMES, &n, &counters,
-                                               &truncated) == HD_READ_OK;
+  bool known = key != 0 && hd_res_reader_stack_indexed(p->res, pending, key, frames, HD_MAX_FRAMES,
+                                                       &n, &counters, &truncated) == HD_READ_OK;
   if (only_if_allocated && (!known || counters.allocated_blocks == 0)) return HD_OK;
   hd_status status = hd_batch_add_stack_trace(w, key, frames, known ? n : 0, known && truncated);
   if (status == HD_OK && known) {
@@ -349,16 +350,21 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
                                                       peak_parts *peak, hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
+  /* Made after the live blocks were read: the counts hold at least what they stand for. */
+  hd_pending_index *pending = hd_res_reader_pending_index(p->res);
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
-    status = add_stack_trace(p, stacks->order[i], frames, false, i, peak, w);
+    status = add_stack_trace(p, pending, stacks->order[i], frames, false, i, peak, w);
   }
   hd_res_entry *entry = malloc(sizeof *entry);
-  if (entry == NULL) return HD_ERR_NO_MEMORY;
+  if (entry == NULL) {
+    hd_pending_index_free(pending);
+    return HD_ERR_NO_MEMORY;
+  }
   uint64_t cursor = 0;
   while (status == HD_OK && hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
     if (entry->type == HD_ENTRY_STACK && entry->key != 0 &&
         !key_set_find(stacks, entry->key, NULL)) {
-      status = add_stack_trace(p, entry->key, frames, true, SIZE_MAX, peak, w);
+      status = add_stack_trace(p, pending, entry->key, frames, true, SIZE_MAX, peak, w);
     } else if (entry->type == HD_ENTRY_REGION) {
       const hd_region *g = &entry->u.region;
       status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
@@ -366,6 +372,7 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
     }
   }
   free(entry);
+  hd_pending_index_free(pending);
   return status;
 }
 

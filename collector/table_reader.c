@@ -573,50 +573,132 @@ static const hd_rec_counters *counters_at(const hd_res_reader *r, uint64_t off, 
   return (const hd_rec_counters *)(r->base + off);
 }
 
-/* Walks the counters records from head down (each link at least a record below the last, so
- * the walk ends; it stops at a corrupt one): the sum of the seq of their entries for trace
- * key's slot, and, if add is given, adds to it what those holding key count (false if one of
- * those is mid-change: the trace's record may hold its counts already, or not yet). */
-static bool walk_pending(const hd_res_reader *r, uint64_t head, uint64_t end, uint32_t key,
-                         uint64_t *seq_sum, hd_trace_counters *add) {
-  const uint32_t slot = hd_pending_slot(key);
+/* One entry of the seqlock reads below: its seq into *seq_sum and, if add is given and the
+ * entry holds key, its counts into *add (false if it is mid-change: the trace's record may hold
+ * its counts already, or not yet). */
+static inline bool visit_entry(const hd_pending_trace *e, uint32_t key, uint64_t *seq_sum,
+                               hd_trace_counters *add) {
+  const uint32_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+  *seq_sum += seq;
+  if (add == NULL || __atomic_load_n(&e->stack_key, __ATOMIC_ACQUIRE) != key) return true;
+  add->allocated_blocks += LOAD(&e->alloc_blocks);
+  add->allocated_bytes += LOAD(&e->alloc_bytes);
+  add->temporary_blocks += LOAD(&e->temporary_blocks);
+  return (seq & 1) == 0;
+}
+
+/* Where a read of trace key looks: the index's entries that held it, or, without an index,
+ * key's slot in every counters record from head down (each link at least a record below the
+ * last, so the walk ends; it stops at a corrupt one). */
+typedef struct pending_scope {
+  const hd_res_reader *r;
+  const hd_pending_index *index;
+  uint64_t head, end;
+  size_t first, last; /* the index's entries for key: [first, last) */
+} pending_scope;
+
+struct hd_pending_index {
+  size_t count;
+  struct {
+    uint32_t key;
+    uint32_t entry; /* offset of the hd_pending_trace in the table */
+  } at[];
+};
+
+static bool walk_pending(const pending_scope *scope, uint32_t key, uint64_t *seq_sum,
+                         hd_trace_counters *add) {
   bool settled = true;
   *seq_sum = 0;
-  for (uint64_t off = head; off != 0;) {
-    const hd_rec_counters *c = counters_at(r, off, end);
-    if (c == NULL) break;
-    const hd_pending_trace *e = &c->pending[slot];
-    const uint32_t seq = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-    *seq_sum += seq;
-    if (add != NULL && __atomic_load_n(&e->stack_key, __ATOMIC_ACQUIRE) == key) {
-      settled &= (seq & 1) == 0;
-      add->allocated_blocks += LOAD(&e->alloc_blocks);
-      add->allocated_bytes += LOAD(&e->alloc_bytes);
-      add->temporary_blocks += LOAD(&e->temporary_blocks);
+  if (scope->index != NULL) {
+    for (size_t i = scope->first; i < scope->last; i++) {
+      const uint8_t *at = scope->r->base + scope->index->at[i].entry;
+      settled &= visit_entry((const hd_pending_trace *)at, key, seq_sum, add);
     }
+    return settled;
+  }
+  const uint32_t slot = hd_pending_slot(key);
+  for (uint64_t off = scope->head; off != 0;) {
+    const hd_rec_counters *c = counters_at(scope->r, off, scope->end);
+    if (c == NULL) break;
+    settled &= visit_entry(&c->pending[slot], key, seq_sum, add);
     const uint64_t next = LOAD(&c->next);
     off = next + sizeof(hd_rec_counters) <= off ? next : 0;
   }
   return settled;
 }
 
+static int cmp_index_key(const void *a, const void *b) {
+  const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+hd_pending_index *hd_res_reader_pending_index(const hd_res_reader *r) {
+  if (r == NULL) return NULL;
+  const uint64_t head =
+      __atomic_load_n(&((const hd_res_header *)r->base)->counters_head, __ATOMIC_ACQUIRE);
+  const uint64_t end = published_end(r);
+  size_t records = 0;
+  for (uint64_t off = head; off != 0; records++) {
+    const hd_rec_counters *c = counters_at(r, off, end);
+    if (c == NULL) break;
+    const uint64_t next = LOAD(&c->next);
+    off = next + sizeof(hd_rec_counters) <= off ? next : 0;
+  }
+  hd_pending_index *index =
+      malloc(sizeof(*index) + records * HD_PENDING_TRACES * sizeof(index->at[0]));
+  if (index == NULL) return NULL;
+  index->count = 0;
+  for (uint64_t off = head; off != 0 && records-- > 0;) {
+    const hd_rec_counters *c = counters_at(r, off, end);
+    if (c == NULL) break;
+    for (uint32_t i = 0; i < HD_PENDING_TRACES; i++) {
+      const uint32_t key = __atomic_load_n(&c->pending[i].stack_key, __ATOMIC_ACQUIRE);
+      if (key == 0) continue;
+      index->at[index->count].key = key;
+      index->at[index->count].entry = (uint32_t)((const uint8_t *)&c->pending[i] - r->base);
+      index->count++;
+    }
+    const uint64_t next = LOAD(&c->next);
+    off = next + sizeof(hd_rec_counters) <= off ? next : 0;
+  }
+  qsort(index->at, index->count, sizeof(index->at[0]), cmp_index_key);
+  return index;
+}
+
+void hd_pending_index_free(hd_pending_index *index) { free(index); }
+
 /* A trace's counters: its record's plus the threads' entries holding it, read as a seqlock
- * reader of the entries of its slot (shm_layout.h, hd_rec_counters): the entries, then the
- * record, then the entries' seq again; an entry that changed its key in between (which moves
- * its counts into the record) sends the read round again (seqs only grow, so their sum
- * tells). The second walk visits the same records: one made since holds only what was
- * allocated after the read began. Keeps no state: readers share an hd_res_reader. */
-static void read_trace_counters(const hd_res_reader *r, uint32_t key, hd_trace_counters *out) {
+ * reader of those entries (shm_layout.h, hd_rec_counters): the entries, then the record, then
+ * the entries' seq again; an entry that changed its key in between (which moves its counts into
+ * the record) sends the read round again (seqs only grow, so their sum tells). The second walk
+ * visits the same entries: one that took the trace since holds only what was allocated after
+ * the read began (with an index, after the index was made). Keeps no state: readers share an
+ * hd_res_reader. */
+static void read_trace_counters(const hd_res_reader *r, const hd_pending_index *index, uint32_t key,
+                                hd_trace_counters *out) {
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
+  pending_scope scope = {.r = r, .index = index};
+  if (index != NULL) {
+    size_t lo = 0, hi = index->count;
+    while (lo < hi) { /* the first entry whose key is not below key */
+      const size_t mid = lo + (hi - lo) / 2;
+      if (index->at[mid].key < key)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    scope.first = scope.last = lo;
+    while (scope.last < index->count && index->at[scope.last].key == key) scope.last++;
+  }
   uint64_t give_up_at = 0;
   for (unsigned attempt = 0;; attempt++) {
-    const uint64_t head =
+    scope.head =
         __atomic_load_n(&((const hd_res_header *)r->base)->counters_head, __ATOMIC_ACQUIRE);
     /* After the head: a record the head names is published below this end. */
-    const uint64_t end = published_end(r);
+    scope.end = published_end(r);
     hd_trace_counters sum = {0};
     uint64_t seq_before, seq_after;
-    bool settled = walk_pending(r, head, end, key, &seq_before, &sum);
+    bool settled = walk_pending(&scope, key, &seq_before, &sum);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     sum.allocated_blocks += LOAD(&live->alloc_blocks);
     sum.allocated_bytes += LOAD(&live->alloc_bytes);
@@ -624,7 +706,7 @@ static void read_trace_counters(const hd_res_reader *r, uint32_t key, hd_trace_c
     sum.peak_freed_blocks = LOAD(&live->peak_freed_blocks);
     sum.peak_freed_bytes = LOAD(&live->peak_freed_bytes);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    (void)walk_pending(r, head, end, key, &seq_after, NULL);
+    (void)walk_pending(&scope, key, &seq_after, NULL);
     *out = sum;
     if (settled && seq_after == seq_before) return;
     if (attempt == 16) give_up_at = monotonic_ns() + kPendingPatienceNs;
@@ -635,6 +717,13 @@ static void read_trace_counters(const hd_res_reader *r, uint32_t key, hd_trace_c
 
 hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *frames, size_t max,
                                    size_t *count, hd_trace_counters *counters, bool *truncated) {
+  return hd_res_reader_stack_indexed(r, NULL, key, frames, max, count, counters, truncated);
+}
+
+hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r, const hd_pending_index *index,
+                                           uint32_t key, uint64_t *frames, size_t max,
+                                           size_t *count, hd_trace_counters *counters,
+                                           bool *truncated) {
   if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
   *count = 0;
   uint64_t end = published_end(r);
@@ -652,7 +741,7 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
   if (!hd_stack_decode(enc, rec.encoded_len, rec.frame_count, frames,
                        max < HD_MAX_FRAMES ? (unsigned)max : HD_MAX_FRAMES))
     return HD_READ_ERR_CORRUPT;
-  if (counters) read_trace_counters(r, key, counters);
+  if (counters) read_trace_counters(r, index, key, counters);
   if (truncated) *truncated = (rec.flags & HD_STACK_TRUNCATED) != 0;
   *count = rec.frame_count;
   return rec.frame_count > max ? HD_READ_ERR_NO_SPACE : HD_READ_OK;

@@ -194,6 +194,21 @@ HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key,
                                                  size_t max, size_t *count,
                                                  hd_trace_counters *counters,
                                                  bool *truncated) HD_MUST_CHECK;
+/* The threads' entries of trace counts (shm_layout.h, hd_pending_trace) by trace, as they were
+ * when it was made: a reader of many traces' counters (a snapshot, after it read the live blocks)
+ * makes one, and each read then visits the entries that held its trace instead of one entry of
+ * every thread's counters record. NULL if out of memory. */
+typedef struct hd_pending_index hd_pending_index;
+hd_pending_index *hd_res_reader_pending_index(const hd_res_reader *r);
+void hd_pending_index_free(hd_pending_index *index);
+/* hd_res_reader_stack, the counters read through index (NULL: as hd_res_reader_stack): an entry
+ * that took the trace after the index was made is not counted (what it holds was allocated
+ * since). */
+HD_MUST_CHECK hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r,
+                                                         const hd_pending_index *index,
+                                                         uint32_t key, uint64_t *frames, size_t max,
+                                                         size_t *count, hd_trace_counters *counters,
+                                                         bool *truncated) HD_MUST_CHECK;
 HD_MUST_CHECK hd_read_status hd_res_reader_thread(hd_res_reader *r, uint32_t key,
                                                   hd_thread_info *out) HD_MUST_CHECK;
 /* Iterates all records in order; *cursor starts at 0. Returns HD_READ_END after the last. */
