@@ -198,7 +198,7 @@ static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, cons
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
  * nothing was allocated from it (nothing to report without live blocks). live_index: the
  * trace's index in the snapshot's stack key set, or SIZE_MAX if no live block names it. */
-static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, const hd_pending_index *pending,
+static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, hd_pending_index *pending,
                                                uint32_t key, uint64_t *frames,
                                                bool only_if_allocated, size_t live_index,
                                                peak_parts *peak, hd_batch_writer *w) {
@@ -350,7 +350,8 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
                                                       peak_parts *peak, hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
-  /* Made after the live blocks were read: the counts hold at least what they stand for. */
+  /* Made after the live blocks were read, so that the counts of a trace include the blocks'
+   * allocations (but for one whose count a thread had not yet added when the index was made). */
   hd_pending_index *pending = hd_res_reader_pending_index(p->res);
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
     status = add_stack_trace(p, pending, stacks->order[i], frames, false, i, peak, w);

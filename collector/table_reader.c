@@ -559,10 +559,11 @@ static HD_MUST_CHECK hd_read_status record_at(const hd_res_reader *r, uint64_t o
   return HD_READ_OK;
 }
 
-/* How long one read of a trace's counters waits for a thread that is changing the key of an
- * entry holding the trace (a few stores, unless the thread was preempted there): past it, the
- * read gives its last round, in which that entry's blocks may be counted twice or not at all. */
-static const uint64_t kPendingPatienceNs = 10000000u;
+/* How long reads of trace counts wait in all for threads changing the key of an entry holding
+ * the trace (a few stores, unless the thread was preempted there): one read without an index,
+ * every read through one index (a snapshot's). Past it, a read gives its last round, in which
+ * that entry's blocks may be counted twice or not at all, marked unsettled. */
+static const uint64_t kPendingPatienceNs = 1000000000u;
 
 /* The counters record at off, or NULL if there is none (a corrupt link). */
 static const hd_rec_counters *counters_at(const hd_res_reader *r, uint64_t off, uint64_t end) {
@@ -598,6 +599,8 @@ typedef struct pending_scope {
 } pending_scope;
 
 struct hd_pending_index {
+  const uint8_t *base;   /* of the reader it was made from: its offsets are into that table */
+  uint64_t wait_left_ns; /* what its reads may still wait (kPendingPatienceNs in all) */
   size_t count;
   struct {
     uint32_t key;
@@ -647,6 +650,8 @@ hd_pending_index *hd_res_reader_pending_index(const hd_res_reader *r) {
   hd_pending_index *index =
       malloc(sizeof(*index) + records * HD_PENDING_TRACES * sizeof(index->at[0]));
   if (index == NULL) return NULL;
+  index->base = r->base;
+  index->wait_left_ns = kPendingPatienceNs;
   index->count = 0;
   for (uint64_t off = head; off != 0 && records-- > 0;) {
     const hd_rec_counters *c = counters_at(r, off, end);
@@ -674,9 +679,10 @@ void hd_pending_index_free(hd_pending_index *index) { free(index); }
  * visits the same entries: one that took the trace since holds only what was allocated after
  * the read began (with an index, after the index was made). Keeps no state: readers share an
  * hd_res_reader. */
-static void read_trace_counters(const hd_res_reader *r, const hd_pending_index *index, uint32_t key,
+static void read_trace_counters(const hd_res_reader *r, hd_pending_index *index, uint32_t key,
                                 hd_trace_counters *out) {
   const hd_rec_stack *live = (const hd_rec_stack *)(r->base + key);
+  if (index != NULL && index->base != r->base) index = NULL; /* another table's */
   pending_scope scope = {.r = r, .index = index};
   if (index != NULL) {
     size_t lo = 0, hi = index->count;
@@ -690,7 +696,8 @@ static void read_trace_counters(const hd_res_reader *r, const hd_pending_index *
     scope.first = scope.last = lo;
     while (scope.last < index->count && index->at[scope.last].key == key) scope.last++;
   }
-  uint64_t give_up_at = 0;
+  uint64_t waiting_since = 0;
+  const uint64_t patience = index != NULL ? index->wait_left_ns : kPendingPatienceNs;
   for (unsigned attempt = 0;; attempt++) {
     scope.head =
         __atomic_load_n(&((const hd_res_header *)r->base)->counters_head, __ATOMIC_ACQUIRE);
@@ -708,10 +715,17 @@ static void read_trace_counters(const hd_res_reader *r, const hd_pending_index *
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     (void)walk_pending(&scope, key, &seq_after, NULL);
     *out = sum;
-    if (settled && seq_after == seq_before) return;
-    if (attempt == 16) give_up_at = monotonic_ns() + kPendingPatienceNs;
-    if (attempt > 16 && monotonic_ns() > give_up_at) return;
+    if (settled && seq_after == seq_before) break;
+    if (attempt == 16) waiting_since = monotonic_ns();
+    if (attempt >= 16 && monotonic_ns() - waiting_since >= patience) {
+      out->unsettled = true;
+      break;
+    }
     backoff(attempt);
+  }
+  if (index != NULL && waiting_since != 0) {
+    const uint64_t waited = monotonic_ns() - waiting_since;
+    index->wait_left_ns = waited < index->wait_left_ns ? index->wait_left_ns - waited : 0;
   }
 }
 
@@ -720,10 +734,9 @@ hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key, uint64_t *fra
   return hd_res_reader_stack_indexed(r, NULL, key, frames, max, count, counters, truncated);
 }
 
-hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r, const hd_pending_index *index,
-                                           uint32_t key, uint64_t *frames, size_t max,
-                                           size_t *count, hd_trace_counters *counters,
-                                           bool *truncated) {
+hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r, hd_pending_index *index, uint32_t key,
+                                           uint64_t *frames, size_t max, size_t *count,
+                                           hd_trace_counters *counters, bool *truncated) {
   if (!r || !count || (max && !frames)) return HD_READ_ERR_ARG;
   *count = 0;
   uint64_t end = published_end(r);

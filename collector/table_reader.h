@@ -185,6 +185,9 @@ typedef struct hd_trace_counters {
   /* blocks and bytes live at a peak mark and freed since, each tagged with that mark's number
    * (hd_peak_mark_number; a count whose mark is not the latest is 0) */
   uint64_t peak_freed_blocks, peak_freed_bytes;
+  /* A thread was changing an entry of this trace's counts for longer than the reads could wait
+   * (hd_res_reader_stack_indexed): the three counts above may be off by that entry's. */
+  bool unsettled;
 } hd_trace_counters;
 /* Decodes the trace `key` into frames[0..max) (return addresses, innermost first).
  * *count = frames in the trace; HD_READ_ERR_NO_SPACE if more than max (first max filled).
@@ -197,15 +200,15 @@ HD_MUST_CHECK hd_read_status hd_res_reader_stack(hd_res_reader *r, uint32_t key,
 /* The threads' entries of trace counts (shm_layout.h, hd_pending_trace) by trace, as they were
  * when it was made: a reader of many traces' counters (a snapshot, after it read the live blocks)
  * makes one, and each read then visits the entries that held its trace instead of one entry of
- * every thread's counters record. NULL if out of memory. */
+ * every thread's counters record. It also holds what the reads through it may wait, in all,
+ * for threads changing entries (1 s): so it is one reader's at a time. NULL if out of memory. */
 typedef struct hd_pending_index hd_pending_index;
 hd_pending_index *hd_res_reader_pending_index(const hd_res_reader *r);
 void hd_pending_index_free(hd_pending_index *index);
-/* hd_res_reader_stack, the counters read through index (NULL: as hd_res_reader_stack): an entry
- * that took the trace after the index was made is not counted (what it holds was allocated
- * since). */
-HD_MUST_CHECK hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r,
-                                                         const hd_pending_index *index,
+/* hd_res_reader_stack, the counters read through index (NULL: as hd_res_reader_stack, whose
+ * read waits up to 1 s for a thread changing an entry): an entry that took the trace after the
+ * index was made is not counted (what it holds was allocated since). */
+HD_MUST_CHECK hd_read_status hd_res_reader_stack_indexed(hd_res_reader *r, hd_pending_index *index,
                                                          uint32_t key, uint64_t *frames, size_t max,
                                                          size_t *count, hd_trace_counters *counters,
                                                          bool *truncated) HD_MUST_CHECK;

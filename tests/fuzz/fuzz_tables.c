@@ -117,16 +117,19 @@ static void read_resources(int fd, const hd_live_block *blocks, size_t count) {
         strnlen(e.u.region.name, sizeof(e.u.region.name)) == sizeof(e.u.region.name))
       abort();
   }
+  /* As a snapshot reads the traces' counts: through an index of the threads' entries. */
+  hd_pending_index *pending = hd_res_reader_pending_index(r);
   for (size_t i = 0; i < count && i < kMaxBlocksResolved; i++) {
     hd_trace_counters counters;
     hd_thread_info thread;
-    hd_read_status stack =
-        hd_res_reader_stack(r, blocks[i].stack_key, frames, 4, &n, &counters, NULL);
+    hd_read_status stack = hd_res_reader_stack_indexed(r, pending, blocks[i].stack_key, frames, 4,
+                                                       &n, &counters, NULL);
     if ((stack == HD_READ_OK && n > 4) || (stack == HD_READ_ERR_NO_SPACE && n <= 4)) abort();
     if (hd_res_reader_thread(r, blocks[i].thread_key, &thread) == HD_READ_OK &&
         thread.name[sizeof(thread.name) - 1] != 0)
       abort();
   }
+  hd_pending_index_free(pending);
   hd_res_reader_close(r);
 }
 

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -943,7 +944,7 @@ TEST_F(ResTable, TraceCountsHeldByThreadsAreReadWholeWhileTheyChange) {
   }
   uint64_t frames[4];
   size_t n;
-  int reads = 0, copies = 0;
+  int reads = 0, copies = 0, total_reads = 0, unsettled = 0;
   do {  // at least once, if the writers were quick
     // Every other round through an index of the entries, made before the round (as a snapshot
     // makes it after reading the live blocks): it counts from then on.
@@ -956,6 +957,11 @@ TEST_F(ResTable, TraceCountsHeldByThreadsAreReadWholeWhileTheyChange) {
       ASSERT_EQ(hd_res_reader_stack_indexed(r, index, keys[i], frames, 4, &n, &c, nullptr),
                 HD_READ_OK);
       const uint64_t after = started[i].load();
+      total_reads++;
+      if (c.unsettled) {  // a writer stopped mid-change past the reads' patience: said, not hidden
+        unsettled++;
+        continue;
+      }
       // Each count call adds 2 blocks, 16 bytes and 1 temporary block: 3 per call started.
       ASSERT_GE(c.allocated_blocks + c.temporary_blocks, before) << "trace " << i;
       ASSERT_LE(c.allocated_blocks + c.temporary_blocks, after) << "trace " << i;
@@ -997,6 +1003,7 @@ TEST_F(ResTable, TraceCountsHeldByThreadsAreReadWholeWhileTheyChange) {
   } while (running.load() != 0);
   for (auto &th : threads) th.join();
   EXPECT_GE(reads, 1);
+  EXPECT_LE(unsettled * 10, total_reads);  // a second's patience: a stall that long is rare
   // Every count taken: the exact sums below.
   uint64_t bytes_of_all = 0;
   hd_alloc_table at{};
@@ -1034,6 +1041,73 @@ TEST_F(ResTable, TraceCountsHeldByThreadsAreReadWholeWhileTheyChange) {
     }
   }
   hd_alloc_table_destroy(&at);
+}
+
+// A thread stopped in the middle of changing an entry's key (its seq odd): a read waits for it
+// a while and then says its counts are unsettled; reads through one index wait a second in
+// all. A fork cannot copy the forking thread's own record in that state; a change that backed out
+// at the gate, caught by the copy, is left even there.
+TEST_F(ResTable, AnEntryStoppedMidChangeIsWaitedForThenReported) {
+  hd_writer_thread w{};
+  ASSERT_TRUE(hd_res_attach_counters(&t, &w));
+  uint64_t frame = 0x401234;
+  const uint32_t key = hd_res_intern_stack(&t, &frame, 1, 0);
+  ASSERT_NE(key, 0u);
+  hd_res_count_alloc(&t, &w, key, 1, 40, 1);  // the entry takes the trace
+  auto *c = (hd_rec_counters *)(t.base + w.counters_key);
+  hd_pending_trace *e = &c->pending[hd_pending_slot(key)];
+  ASSERT_EQ(e->stack_key, key);
+  uint64_t frames[4];
+  size_t n;
+  hd_trace_counters settled{};
+  ASSERT_EQ(hd_res_reader_stack(r, key, frames, 4, &n, &settled, nullptr), HD_READ_OK);
+  EXPECT_FALSE(settled.unsettled);
+  EXPECT_EQ(settled.allocated_bytes, 40u);
+
+  e->seq |= 1;                                   // stopped after making it odd
+  EXPECT_FALSE(hd_res_fork_gate_close(&t, &w));  // its own record: not waited for, refused
+  hd_res_fork_gate_open(&t);
+  hd_trace_counters c1{};
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(hd_res_reader_stack(r, key, frames, 4, &n, &c1, nullptr), HD_READ_OK);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(c1.unsettled);
+  EXPECT_GE(waited, 0.9);
+  EXPECT_LT(waited, 10.0);
+  hd_pending_index *index = hd_res_reader_pending_index(r);
+  ASSERT_NE(index, nullptr);
+  for (int i = 0; i < 3; i++) {
+    ASSERT_EQ(hd_res_reader_stack_indexed(r, index, key, frames, 4, &n, &c1, nullptr), HD_READ_OK);
+    EXPECT_TRUE(c1.unsettled);
+  }
+  start = std::chrono::steady_clock::now();  // the index's second is spent: no more waiting
+  ASSERT_EQ(hd_res_reader_stack_indexed(r, index, key, frames, 4, &n, &c1, nullptr), HD_READ_OK);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.1);
+  hd_pending_index_free(index);
+
+  // A change that backed out at a closed gate leaves seq odd for a moment; the copy is even.
+  e->seq &= ~1u;
+  pthread_mutex_lock(&t.lock);
+  ASSERT_TRUE(hd_res_fork_gate_close(&t, nullptr));
+  e->seq |= 1;
+  hd_res_table copy{};
+  const int cloned = hd_res_table_clone_locked(&t, &copy, "test-res-copy");
+  e->seq += 1;  // backed out: even again, nothing changed
+  hd_res_fork_gate_open(&t);
+  pthread_mutex_unlock(&t.lock);
+  ASSERT_EQ(cloned, 0);
+  const auto *cc = (const hd_rec_counters *)(copy.base + w.counters_key);
+  EXPECT_EQ(cc->pending[hd_pending_slot(key)].seq % 2, 0u);
+  EXPECT_EQ(cc->pending[hd_pending_slot(key)].alloc_bytes, 40u);
+  hd_res_reader *cr = nullptr;
+  ASSERT_EQ(hd_res_reader_open(copy.memfd.fd, &cr), HD_READ_OK);
+  hd_trace_counters cc1{};
+  ASSERT_EQ(hd_res_reader_stack(cr, key, frames, 4, &n, &cc1, nullptr), HD_READ_OK);
+  EXPECT_FALSE(cc1.unsettled);
+  EXPECT_EQ(cc1.allocated_bytes, 40u);
+  hd_res_reader_close(cr);
+  hd_res_table_destroy(&copy);
 }
 
 // The dedup index starts small and doubles; traces interned before and after each doubling are
