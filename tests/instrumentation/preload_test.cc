@@ -185,6 +185,20 @@ class Preload : public ::testing::TestWithParam<Config> {
   }
 };
 
+// The "threads" workers' cumulative counters: the 8 share one trace, which allocated 8 x 20000
+// blocks.
+static void ExpectWorkersTraceCounts(const Tables &t) {
+  const hd_live_block *b = t.FindSize(7700);
+  ASSERT_NE(b, nullptr);
+  uint64_t frames[64];
+  hd_trace_counters counters{};
+  size_t n;
+  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &counters, nullptr),
+            HD_READ_OK);
+  EXPECT_EQ(counters.allocated_blocks, 8u * 20000);
+  EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
+}
+
 TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   Tables t;
   RunChild({"threads"}, &t);
@@ -208,15 +222,7 @@ TEST_P(Preload, EightThreadsExactCountsStacksAndNames) {
   EXPECT_EQ(s.live_blocks, t.blocks.size());
   EXPECT_GE(s.blocks_allocated, 8u * 20000);
   EXPECT_EQ(s.dropped_allocations, 0u);
-  // Cumulative counters: the 8 workers share one trace, which allocated 8 x 20000 blocks.
-  const hd_live_block *b = t.FindSize(7700);
-  uint64_t frames[64];
-  hd_trace_counters counters{};
-  size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &counters, nullptr),
-            HD_READ_OK);
-  EXPECT_EQ(counters.allocated_blocks, 8u * 20000);
-  EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
+  ExpectWorkersTraceCounts(t);
 }
 
 // The same eight workers, alive while the tables are read: the trace's counts are its record's
@@ -225,15 +231,7 @@ TEST_P(Preload, CountsThreadsStillHoldAddUpExactly) {
   Tables t;
   RunChild({"threads-alive"}, &t);
   for (int th = 0; th < 8; th++) EXPECT_EQ(t.CountSize(7700 + th), 250) << "thread " << th;
-  const hd_live_block *b = t.FindSize(7700);
-  ASSERT_NE(b, nullptr);
-  uint64_t frames[64];
-  hd_trace_counters counters{};
-  size_t n;
-  ASSERT_EQ(hd_res_reader_stack(t.res, b->stack_key, frames, 64, &n, &counters, nullptr),
-            HD_READ_OK);
-  EXPECT_EQ(counters.allocated_blocks, 8u * 20000);
-  EXPECT_EQ(counters.allocated_bytes, 20000u * (8 * 7700 + 28));
+  ExpectWorkersTraceCounts(t);
 }
 
 // Each thread that allocates records where its stack and thread pointer are, for the collector's
