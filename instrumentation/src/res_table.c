@@ -572,6 +572,11 @@ void hd_res_fork_gate_open(hd_res_table *t) {
   __atomic_store_n(&t->fork_gate, 0, __ATOMIC_RELEASE);
 }
 
+/* The entry of counters record c (NULL: none) that may hold trace stack_key's counts. */
+static inline hd_pending_trace *entry_for(hd_rec_counters *c, uint32_t stack_key) {
+  return c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+}
+
 /* hd_res_count_alloc where the thread's entry does not hold the trace already (or the thread
  * has no counters record, or the block no trace). */
 __attribute__((noinline)) static void count_alloc_slow(hd_res_table *t, hd_writer_thread *w,
@@ -579,7 +584,7 @@ __attribute__((noinline)) static void count_alloc_slow(hd_res_table *t, hd_write
                                                        uint64_t bytes, uint64_t timestamp) {
   hd_rec_counters *c = own_counters(t, w);
   if (stack_key != 0) {
-    hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+    hd_pending_trace *e = entry_for(c, stack_key);
     if (e == NULL || (e->stack_key != 0 && ++w->pending_misses % HD_PENDING_EVICT_EVERY != 0)) {
       add_to_trace(t, stack_key, blocks, bytes, 0);
     } else {
@@ -601,7 +606,7 @@ __attribute__((noinline)) static void count_alloc_slow(hd_res_table *t, hd_write
 void hd_res_count_alloc(hd_res_table *t, hd_writer_thread *w, uint32_t stack_key, uint64_t blocks,
                         uint64_t bytes, uint64_t timestamp) {
   hd_rec_counters *c = own_counters(t, w);
-  hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+  hd_pending_trace *e = entry_for(c, stack_key);
   /* The slow path is a tail call: this one needs no frame. */
   if (HD_UNLIKELY_T(e == NULL || stack_key == 0 || e->stack_key != stack_key)) {
     count_alloc_slow(t, w, stack_key, blocks, bytes, timestamp);
@@ -635,7 +640,7 @@ void hd_res_count_temporary(hd_res_table *t, const hd_writer_thread *w, uint32_t
                             uint64_t blocks) {
   if (stack_key == 0) return;
   hd_rec_counters *c = own_counters(t, w);
-  hd_pending_trace *e = c ? &c->pending[hd_pending_slot(stack_key)] : NULL;
+  hd_pending_trace *e = entry_for(c, stack_key);
   /* Its allocation was this thread's latest: its entry most likely holds it still. */
   if (e != NULL && e->stack_key == stack_key)
     counter_add(&e->temporary_blocks, blocks);
