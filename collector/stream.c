@@ -197,11 +197,13 @@ static HD_MUST_CHECK hd_status add_contents(void *writer, uint64_t address, cons
 
 /* Sends stack trace key and its counters. only_if_allocated: skip a trace whose counters say
  * nothing was allocated from it (nothing to report without live blocks). live_index: the
- * trace's index in the snapshot's stack key set, or SIZE_MAX if no live block names it. */
+ * trace's index in the snapshot's stack key set, or SIZE_MAX if no live block names it.
+ * *unsettled counts the traces whose counters are sent unsettled. */
 static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, hd_pending_index *pending,
                                                uint32_t key, uint64_t *frames,
                                                bool only_if_allocated, size_t live_index,
-                                               peak_parts *peak, hd_batch_writer *w) {
+                                               peak_parts *peak, size_t *unsettled,
+                                               hd_batch_writer *w) {
   size_t n = 0;
   hd_trace_counters counters = {0};
   bool truncated = false;
@@ -220,7 +222,10 @@ static HD_MUST_CHECK hd_status add_stack_trace(hd_process *p, hd_pending_index *
                                              .has_allocated_bytes = true,
                                              .allocated_bytes = counters.allocated_bytes,
                                              .has_temporary_blocks = true,
-                                             .temporary_blocks = counters.temporary_blocks};
+                                             .temporary_blocks = counters.temporary_blocks,
+                                             .has_unsettled = counters.unsettled,
+                                             .unsettled = counters.unsettled};
+    if (counters.unsettled) (*unsettled)++;
     if (peak->mark != 0) {
       heapdump_client_StackTraceCounters *tc = &e.element.stack_trace_counters;
       tc->peak_blocks = freed_since_mark(counters.peak_freed_blocks, peak->mark);
@@ -347,14 +352,15 @@ static HD_MUST_CHECK hd_status add_thread_infos(hd_process *p, const key_set *th
  * names any more (they still carry allocation counters: what was allocated since start, pprof's
  * alloc_space) and every executable region. */
 static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_set *stacks,
-                                                      peak_parts *peak, hd_batch_writer *w) {
+                                                      peak_parts *peak, size_t *unsettled,
+                                                      hd_batch_writer *w) {
   uint64_t frames[HD_MAX_FRAMES];
   hd_status status = HD_OK;
   /* Made after the live blocks were read, so that the counts of a trace include the blocks'
    * allocations (but for one whose count a thread had not yet added when the index was made). */
   hd_pending_index *pending = hd_res_reader_pending_index(p->res);
   for (size_t i = 0; i < stacks->count && status == HD_OK; i++) {
-    status = add_stack_trace(p, pending, stacks->order[i], frames, false, i, peak, w);
+    status = add_stack_trace(p, pending, stacks->order[i], frames, false, i, peak, unsettled, w);
   }
   hd_res_entry *entry = malloc(sizeof *entry);
   if (entry == NULL) {
@@ -365,7 +371,7 @@ static HD_MUST_CHECK hd_status add_traces_and_regions(hd_process *p, const key_s
   while (status == HD_OK && hd_res_reader_next(p->res, &cursor, entry) == HD_READ_OK) {
     if (entry->type == HD_ENTRY_STACK && entry->key != 0 &&
         !key_set_find(stacks, entry->key, NULL)) {
-      status = add_stack_trace(p, pending, entry->key, frames, true, SIZE_MAX, peak, w);
+      status = add_stack_trace(p, pending, entry->key, frames, true, SIZE_MAX, peak, unsettled, w);
     } else if (entry->type == HD_ENTRY_REGION) {
       const hd_region *g = &entry->u.region;
       status = hd_batch_add_executable_region(w, g->address, g->size, g->file_offset, g->vaddr,
@@ -390,7 +396,16 @@ static HD_MUST_CHECK int produce_from_blocks(hd_collector *c, hd_process *p, hd_
   if (status == HD_OK && !out_of_memory)
     out_of_memory = !peak_parts_count(peak, blocks, count, &stacks, sample_bytes);
   if (status == HD_OK && !out_of_memory) status = add_thread_infos(p, &threads, w);
-  if (status == HD_OK && !out_of_memory) status = add_traces_and_regions(p, &stacks, peak, w);
+  size_t unsettled = 0;
+  if (status == HD_OK && !out_of_memory)
+    status = add_traces_and_regions(p, &stacks, peak, &unsettled, w);
+  if (unsettled > 0) {
+    hd_log(c, HD_LOG_WARN,
+           "snapshot of %s[%u]: the counts of %zu stack trace(s) were read while a thread stayed "
+           "inside a change of its share of them past 1 s (stopped by a debugger or a signal?): "
+           "sent marked unsettled",
+           p->name, (unsigned)p->pid, unsettled);
+  }
   if (status == HD_OK && !out_of_memory) status = add_stats_and_series(p, name, peak, w, moment);
   if (status == HD_OK && !out_of_memory) status = hd_add_resident_memory(p, blocks, count, w);
   /* With contents come the roots a leak check scans them from. */

@@ -441,6 +441,7 @@ static HD_MUST_CHECK hd_status add_counters(hd_reassembler *r, hd_snapshot *s,
   t->temporary_blocks = c->temporary_blocks;
   t->peak_blocks = c->peak_blocks;
   t->peak_bytes = c->peak_bytes;
+  t->counts_unsettled = c->has_unsettled && c->unsettled;
   return HD_OK;
 }
 

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -483,6 +484,86 @@ TEST_F(HostileTest, HeldLocksCostOnlyTheirOwnSnapshotAndOnlyTheReadTimeout) {
   EXPECT_EQ(CountStored(collector.socket, "meanwhile"), 1u);
   victim.Kill();
   healthy.Finish();
+}
+
+// A thread stopped inside a change of its share of a trace's counts (its entry's seq odd, as the
+// writer leaves it mid-change) costs a snapshot one second of patience, not the snapshot: the
+// trace's counts come marked unsettled, the log says so, and the next snapshot after the thread
+// finished its change is settled again.
+TEST_F(HostileTest, AThreadStoppedInsideACountsChangeCostsOneSecondAndIsSaidSo) {
+  collector.Start();
+  Child child(collector.socket, nullptr);
+  const int fd = OpenTable(child.pid, HD_MEMFD_RESOURCES);
+  ASSERT_GE(fd, 0);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  const size_t size = static_cast<size_t>(st.st_size);
+  void *map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  char *base = static_cast<char *>(map);
+  const auto *header = reinterpret_cast<const hd_res_header *>(base);
+  hd_pending_trace *held = nullptr;
+  for (uint32_t at = __atomic_load_n(&header->counters_head, __ATOMIC_ACQUIRE);
+       at != 0 && held == nullptr;) {
+    auto *record = reinterpret_cast<hd_rec_counters *>(base + at);
+    for (hd_pending_trace &e : record->pending) {
+      if (held == nullptr && e.stack_key != 0 && e.alloc_blocks > 0) held = &e;
+    }
+    at = record->next;
+  }
+  ASSERT_NE(held, nullptr) << "no thread holds counts of a trace of its own";
+  const uint32_t key = held->stack_key;
+  auto counts_of = [&](const hd_snapshot *s) -> const hd_snapshot_stack_trace * {
+    for (size_t i = 0; s != nullptr && i < s->stack_trace_count; i++) {
+      if (s->stack_traces[i].key == key && s->stack_traces[i].has_counters)
+        return &s->stack_traces[i];
+    }
+    return nullptr;
+  };
+  auto selector = ByPid(child.pid);
+  auto settled = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(settled->status, HD_OK) << settled->ra.error;
+  const hd_snapshot_stack_trace *before = counts_of(settled->only());
+  ASSERT_NE(before, nullptr);
+  EXPECT_FALSE(before->counts_unsettled);
+  EXPECT_GE(before->allocated_blocks, held->alloc_blocks);
+
+  __atomic_fetch_add(&held->seq, 1, __ATOMIC_SEQ_CST);  // the thread stops mid-change
+  const auto start = std::chrono::steady_clock::now();
+  auto waited = TakeLiveSnapshot(collector.socket, &selector);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(waited->status, HD_OK) << waited->ra.error;
+  const hd_snapshot_stack_trace *during = counts_of(waited->only());
+  ASSERT_NE(during, nullptr);
+  EXPECT_TRUE(during->counts_unsettled);
+  EXPECT_GE(seconds, 0.9);
+  EXPECT_NE(collector.Log().find("sent marked unsettled"), std::string::npos) << collector.Log();
+  const std::vector<std::string> env = {"HEAPDUMP_SOCKET=" + collector.socket, "PATH=/usr/bin:/bin",
+                                        "HOME=" + dir};
+  const std::string cli = HD_CLI;
+  const std::string pid = std::to_string(child.pid);
+  ShellOutput stored =
+      RunShell(cli + " snapshot --pid " + pid + " -o unsettled.heapdump", dir, env);
+  EXPECT_EQ(stored.status, 0) << stored.out;
+
+  __atomic_fetch_add(&held->seq, 1, __ATOMIC_SEQ_CST);  // and finishes it
+  auto after = TakeLiveSnapshot(collector.socket, &selector);
+  ASSERT_EQ(after->status, HD_OK) << after->ra.error;
+  const hd_snapshot_stack_trace *settled_again = counts_of(after->only());
+  ASSERT_NE(settled_again, nullptr);
+  EXPECT_FALSE(settled_again->counts_unsettled);
+  EXPECT_EQ(settled_again->allocated_blocks, before->allocated_blocks);
+  const std::string warning = "warning: the allocation counts of 1 stack trace(s) were read while";
+  ShellOutput report = RunShell(cli + " report unsettled.heapdump", dir, env);
+  EXPECT_EQ(report.status, 0) << report.out;
+  EXPECT_NE(report.out.find(warning), std::string::npos) << report.out;
+  ASSERT_EQ(RunShell(cli + " snapshot --pid " + pid + " -o settled.heapdump", dir, env).status, 0);
+  report = RunShell(cli + " report settled.heapdump", dir, env);
+  EXPECT_EQ(report.out.find("warning: the allocation counts"), std::string::npos) << report.out;
+  munmap(map, size);
+  child.Finish();
 }
 
 // A multi-process snapshot with one process that keeps its locks held carries the others whole,

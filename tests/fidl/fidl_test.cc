@@ -521,8 +521,8 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   const uint8_t bytes[24] = {1, 2, 3, 0, 5};
   ASSERT_EQ(hd_batch_add_block_contents(w.get(), 0x1000, bytes, sizeof bytes), HD_OK);
   auto counters = Element(heapdump_client_SnapshotElement_stack_trace_counters_tag);
-  counters.element.stack_trace_counters = {true, 7,  true, 1000, true, 24000,
-                                           true, 31, true, 3,    true, 72};
+  counters.element.stack_trace_counters = {true, 7,    true, 1000, true, 24000, true,
+                                           31,   true, 3,    true, 72,   true,  true};
   ASSERT_EQ(hd_batch_add(w.get(), &counters), HD_OK);
   auto stats = Element(heapdump_client_SnapshotElement_process_stats_tag);
   stats.element.process_stats = {
@@ -591,6 +591,7 @@ TEST(Batch, EveryElementRoundTripsWithFieldsPresent) {
   EXPECT_EQ(st->temporary_blocks, 31u);
   EXPECT_EQ(st->peak_blocks, 3u);
   EXPECT_EQ(st->peak_bytes, 72u);
+  EXPECT_TRUE(st->counts_unsettled);
   ASSERT_TRUE(s->has_stats);
   EXPECT_EQ(s->stats.peak_live_bytes, 30u);
   EXPECT_EQ(s->stats.dropped_resources, 6u);

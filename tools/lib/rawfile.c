@@ -109,7 +109,9 @@ static HD_MUST_CHECK hd_status write_traces(const hd_snapshot *s, hd_batch_write
                                              .has_peak_blocks = t->peak_blocks != 0,
                                              .peak_blocks = t->peak_blocks,
                                              .has_peak_bytes = t->peak_blocks != 0,
-                                             .peak_bytes = t->peak_bytes};
+                                             .peak_bytes = t->peak_bytes,
+                                             .has_unsettled = t->counts_unsettled,
+                                             .unsettled = t->counts_unsettled};
     status = hd_batch_add(w, &e);
   }
   return status;

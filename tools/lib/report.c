@@ -554,6 +554,16 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             "short\n",
             s->stats.unwind_tables_refused);
   }
+  size_t unsettled = 0;
+  for (size_t i = 0; i < s->stack_trace_count; i++)
+    unsettled += s->stack_traces[i].counts_unsettled;
+  if (unsettled > 0) {
+    fprintf(out,
+            "warning: the allocation counts of %zu stack trace(s) were read while a thread of "
+            "the process stayed inside a change of them (stopped by a debugger or a signal?): "
+            "they may be off by that thread's share\n",
+            unsettled);
+  }
   /* A heap overflow in the program: worth saying every time it is seen. */
   if (s->has_stats && s->stats.writes_past_block_end > 0) {
     fprintf(out,

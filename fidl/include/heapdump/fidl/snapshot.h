@@ -61,6 +61,9 @@ typedef struct hd_snapshot_stack_trace {
   /* Blocks and bytes of this trace live at the process's peak mark: meaningful when the
    * snapshot's stats have has_peak_mark_time (0 for a trace with none live then). */
   uint64_t peak_blocks, peak_bytes;
+  /* The counts were read while a thread stayed inside a change of its share of them: they may
+   * be off by that share (StackTraceCounters.unsettled). */
+  bool counts_unsettled;
 } hd_snapshot_stack_trace;
 
 typedef struct hd_snapshot_thread {
