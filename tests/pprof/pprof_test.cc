@@ -144,6 +144,16 @@ struct Stream {
     s.dropped_resources = resources;
     Add(e);
   }
+  // An armed process's statistics: bytes live from before it was armed.
+  void Unattributed(uint64_t bytes) {
+    heapdump_client_SnapshotElement e = heapdump_client_SnapshotElement_init_zero;
+    e.which_element = heapdump_client_SnapshotElement_process_stats_tag;
+    auto &s = e.element.process_stats;
+    s.has_unattributed_bytes = s.has_recording = true;
+    s.unattributed_bytes = bytes;
+    s.recording = heapdump_client_RecordingState_RECORDING_ARMED;
+    Add(e);
+  }
   void Finish() { ASSERT_EQ(hd_reassembler_finish(&r), HD_OK) << r.error; }
 };
 
@@ -1024,6 +1034,68 @@ TEST_F(PprofTest, DroppedRecordsBecomeAComment) {
   auto out = go.Pprof("-comments", path);
   ASSERT_EQ(out.status, 0) << out.err;
   EXPECT_NE(out.out.find(comment), std::string::npos) << out.out;
+}
+
+// The bytes an armed process held from before it was armed (no stack trace is known for them)
+// are a sample of their own, at a stand-in frame naming them, so that the profile's inuse_space
+// total is the process's; reading the profile back leaves that sample out (no blocks of it are
+// known) rather than making it an allocation without a stack.
+TEST_F(PprofTest, UnattributedBytesOfAnArmedProcessAreASampleOfTheirOwn) {
+  Stream s;
+  FillSnapshot(s);
+  s.Unattributed(5000);
+  s.Finish();
+  std::string path = Path("armed.pb.gz");
+  WriteResult w = WriteProfile(&s.r, hd_pprof_options{}, path);
+  ASSERT_EQ(w.rc, 0) << w.error;
+  Profile p;
+  ASSERT_TRUE(Load(path, &p));
+  ExpectWellFormed(p);
+  ASSERT_EQ(p.samples.size(), kExpected.size() + 1);
+  size_t found = 0;
+  int64_t space = 0;
+  for (const Sample &sample : p.samples) {
+    space += sample.values[1];
+    if (sample.location_ids.size() != 1) continue;
+    const Location *l = p.FindLocation(sample.location_ids[0]);
+    ASSERT_NE(l, nullptr);
+    if (l->lines.size() != 1 ||
+        p.Str(p.FindFunction(l->lines[0].function_id)->name) != HD_UNATTRIBUTED_FRAME) {
+      continue;
+    }
+    found++;
+    EXPECT_EQ(l->address, 0u);
+    EXPECT_EQ(sample.values, (Values{0, 5000, 0, 0}));
+  }
+  EXPECT_EQ(found, 1u);
+  EXPECT_EQ(space, 357 + 5000);
+  ASSERT_EQ(p.comments.size(), 1u);
+  EXPECT_NE(p.Str(p.comments[0])
+                .find("5000 more live bytes, allocated before, are in the sample " +
+                      std::string(HD_UNATTRIBUTED_FRAME)),
+            std::string::npos)
+      << p.Str(p.comments[0]);
+
+  const std::string bytes = hdtest::ReadFile(path);
+  hd_reassembler r;
+  hd_reassembler_init(&r);
+  char error[256] = "";
+  ASSERT_EQ(hd_pprof_read(reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size(), "armed", 1,
+                          &r, error, sizeof error),
+            0)
+      << error;
+  ASSERT_EQ(r.snapshot_count, 1u);
+  uint64_t read_space = 0;
+  for (size_t i = 0; i < r.snapshots[0]->allocation_count; i++)
+    read_space += r.snapshots[0]->allocations[i].size;
+  EXPECT_EQ(read_space, 357u);
+  hd_reassembler_destroy(&r);
+
+  if (go.go.empty()) GTEST_SKIP() << "go not found: install golang-go to check with go tool pprof";
+  auto top = go.Pprof("-top -symbolize=none", path);
+  ASSERT_EQ(top.status, 0) << top.err;
+  EXPECT_EQ(TopTotal(top.out), "5357B") << top.out;
+  EXPECT_NE(top.out.find(HD_UNATTRIBUTED_FRAME), std::string::npos) << top.out;
 }
 
 TEST_F(PprofTest, EmptySnapshotGivesAValidEmptyProfile) {

@@ -134,6 +134,14 @@ TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
       // hold_before's 1000 blocks of 1000 bytes, at least, and what the threads held.
       EXPECT_GE(unattributed, 1000.0 * 1000) << json.substr(0, 800);
       unattributed_at_arming = unattributed;
+      // pprof's total is the process's: the unattributed bytes are a sample of their own.
+      hdtest::ShellOutput top = Shell("heapdump snapshot --pid " + p +
+                                      " -o armed.pb.gz >/dev/null && if command -v go >/dev/null; "
+                                      "then go tool pprof -top -symbolize=none armed.pb.gz; fi");
+      EXPECT_EQ(top.status, 0) << top.out;
+      if (top.out.find("Type: inuse_space") != std::string::npos) {
+        EXPECT_NE(top.out.find("(live before arming: unattributed)"), std::string::npos) << top.out;
+      }
       Command(child.get(), "free-before");  // frees half, reallocates the others
       json = Report(pid);
       EXPECT_LE(Field(json, "unattributed_bytes"), unattributed_at_arming - 900000)

@@ -118,10 +118,36 @@ static void add_label(label_list *list, int64_t key, int64_t str, int64_t num, i
   list->labels[list->count++] = (perftools_profiles_Label){key, str, num, unit};
 }
 
+/* In a multi-process profile, which process a sample is of. */
+static void add_process_labels(label_list *labels, const writer *w, const process *p) {
+  if (!w->label_processes) return;
+  add_label(labels, w->known.process_name, p->name, 0, 0);
+  add_label(labels, w->known.pid, 0, (int64_t)p->snapshot->pid, 0);
+}
+
 /* Which of our sample types (inuse_objects, inuse_space, alloc_objects, alloc_space, then the
  * peak's) goes at position i of the profile. */
 static int type_at(const writer *w, int i) {
   return w->options.go_order && i < kPeaklessSampleTypes ? (i + 2) % kPeaklessSampleTypes : i;
+}
+
+/* One Sample: its location ids (leaf first), its values in our order, its labels. */
+static bool encode_sample(pb_ostream_t *stream, const pb_field_t *field, const writer *w,
+                          const uint64_t *locations, size_t depth,
+                          const uint64_t values[kSampleTypeCount], label_list *labels) {
+  packed_u64 stack = {locations, depth};
+  uint64_t ordered[kSampleTypeCount];
+  for (int v = 0; v < w->sample_type_count; v++) ordered[v] = values[type_at(w, v)];
+  packed_u64 value = {ordered, (size_t)w->sample_type_count};
+  perftools_profiles_Sample sample = perftools_profiles_Sample_init_zero;
+  sample.location_id.funcs.encode = encode_packed;
+  sample.location_id.arg = &stack;
+  sample.value.funcs.encode = encode_packed;
+  sample.value.arg = &value;
+  sample.label.funcs.encode = encode_labels;
+  sample.label.arg = labels;
+  return pb_encode_tag_for_field(stream, field) &&
+         pb_encode_submessage(stream, perftools_profiles_Sample_fields, &sample);
 }
 
 static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *w, const process *p,
@@ -153,23 +179,20 @@ static bool write_sample(pb_ostream_t *stream, const pb_field_t *field, writer *
   }
   const int64_t wrapper = p->totals[trace - p->snapshot->stack_traces].wrapper;
   if (wrapper > 0) add_label(labels, w->known.alloc_fn, wrapper, 0, 0);
-  if (w->label_processes) {
-    add_label(labels, w->known.process_name, p->name, 0, 0);
-    add_label(labels, w->known.pid, 0, (int64_t)p->snapshot->pid, 0);
-  }
-  packed_u64 stack = {w->stack, depth};
-  uint64_t ordered[kSampleTypeCount];
-  for (int v = 0; v < w->sample_type_count; v++) ordered[v] = values[type_at(w, v)];
-  packed_u64 value = {ordered, (size_t)w->sample_type_count};
-  perftools_profiles_Sample sample = perftools_profiles_Sample_init_zero;
-  sample.location_id.funcs.encode = encode_packed;
-  sample.location_id.arg = &stack;
-  sample.value.funcs.encode = encode_packed;
-  sample.value.arg = &value;
-  sample.label.funcs.encode = encode_labels;
-  sample.label.arg = labels;
-  return pb_encode_tag_for_field(stream, field) &&
-         pb_encode_submessage(stream, perftools_profiles_Sample_fields, &sample);
+  add_process_labels(labels, w, p);
+  return encode_sample(stream, field, w, w->stack, depth, values, labels);
+}
+
+/* The sample of p's unattributed bytes (hd_pprof_unattributed_bytes), if it has any: live space
+ * without objects (how many blocks they are is not known), at the stand-in frame alone. */
+static bool write_unattributed_sample(pb_ostream_t *stream, const pb_field_t *field, writer *w,
+                                      const process *p) {
+  const uint64_t bytes = hd_pprof_unattributed_bytes(w, p);
+  if (bytes == 0) return true;
+  label_list labels = {.count = 0};
+  add_process_labels(&labels, w, p);
+  const uint64_t values[kSampleTypeCount] = {0, bytes, 0, 0, 0, 0};
+  return encode_sample(stream, field, w, &w->unattributed_location, 1, values, &labels);
 }
 
 /* Per block: its live values and labels. The cumulative counters belong to a stack trace, not to
@@ -211,6 +234,7 @@ static bool encode_samples(pb_ostream_t *stream, const pb_field_t *field, void *
   writer *w = *arg;
   for (size_t i = 0; i < w->process_count; i++) {
     const process *p = &w->processes[i];
+    if (!write_unattributed_sample(stream, field, w, p)) return false;
     if (w->options.tags) {
       if (!write_tagged_samples(stream, field, w, p)) return false;
       continue;

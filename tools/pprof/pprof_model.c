@@ -280,9 +280,23 @@ static HD_MUST_CHECK int add_truncation_location(writer *w, size_t frames) {
   return 0;
 }
 
+/* The unattributed bytes of p its profile carries in a sample of their own, or 0. A diff
+ * profile has none: its values are the caller's, per trace. */
+uint64_t hd_pprof_unattributed_bytes(const writer *w, const process *p) {
+  const hd_snapshot *s = p->snapshot;
+  if (w->options.trace_values != NULL || !s->has_stats || !s->stats.has_unattributed_bytes) {
+    return 0;
+  }
+  return s->stats.unattributed_bytes;
+}
+
 static HD_MUST_CHECK int add_locations(writer *w, process *p) {
   const hd_snapshot *s = p->snapshot;
   size_t first_new = w->location_count;
+  if (hd_pprof_unattributed_bytes(w, p) > 0 && w->unattributed_location == 0) {
+    w->unattributed_location = add_stand_in_location(w, HD_UNATTRIBUTED_FRAME);
+    if (w->unattributed_location == 0) return hd_pprof_out_of_memory(w);
+  }
   for (size_t t = 0; t < s->stack_trace_count; t++) {
     const hd_snapshot_stack_trace *trace = &s->stack_traces[t];
     if (!trace_used(w, p, t)) continue;
@@ -380,8 +394,8 @@ static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
     char comment[256];
     snprintf(
         comment, sizeof comment,
-        "%sarmed: only blocks allocated since the process was armed are in the samples; %" PRIu64
-        " more live bytes, allocated before, are in none",
+        "%sarmed: only blocks allocated since the process was armed have their stacks; %" PRIu64
+        " more live bytes, allocated before, are in the sample " HD_UNATTRIBUTED_FRAME,
         who, st->unattributed_bytes);
     if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
   }

@@ -114,6 +114,7 @@ typedef struct writer {
   well_known known;
   int sample_type_count;          /* kPeakless... or kSampleTypeCount: the profile's sample types */
   uint64_t no_stack_location;     /* id of the stand-in for empty stack traces; 0 until needed */
+  uint64_t unattributed_location; /* id of HD_UNATTRIBUTED_FRAME's stand-in; 0 until needed */
   hd_u64_map truncation_location; /* frame count -> index of "... truncated at N frames" */
   uint64_t *stack;                /* location ids of the sample being written */
   size_t stack_capacity;
@@ -137,6 +138,10 @@ int hd_pprof_out_of_memory(writer *w);
  * false if the trace has none to show. */
 bool hd_pprof_trace_values(const writer *w, const process *p, size_t t,
                            int64_t values[kSampleTypeCount]);
+
+/* The unattributed bytes of p (live, allocated before the process was armed) its profile carries
+ * in a sample whose one frame is HD_UNATTRIBUTED_FRAME, or 0 (none, or a diff profile). */
+uint64_t hd_pprof_unattributed_bytes(const writer *w, const process *p);
 
 /* Builds the model of w->r: strings, functions, locations, mappings, totals. Returns 0 or the
  * negative errno of hd_pprof_fail. */

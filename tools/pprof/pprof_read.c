@@ -275,13 +275,30 @@ static HD_MUST_CHECK hd_status add(builder *b, const heapdump_client_SnapshotEle
   return hd_reassembler_add(b->r, &element);
 }
 
+/* The name of a stand-in location of the writer's (no address, one line), or NULL. */
+static const char *stand_in_name(const profile *p, const location *l) {
+  if (l->fields.address != 0 || l->line_count != 1) return NULL;
+  size_t f;
+  if (!hd_u64_map_find(&p->function_index, p->lines[l->first_line].function_id, &f)) return NULL;
+  return str(p, p->functions[f].name);
+}
+
 /* "... truncated at N frames": the stand-in location the writer roots cut traces at. */
 static bool is_truncation_marker(const profile *p, const location *l) {
-  if (l->fields.address != 0 || l->line_count != 1) return false;
-  size_t f;
-  if (!hd_u64_map_find(&p->function_index, p->lines[l->first_line].function_id, &f)) return false;
-  return strncmp(str(p, p->functions[f].name), HD_TRUNCATED_FRAME_PREFIX,
-                 strlen(HD_TRUNCATED_FRAME_PREFIX)) == 0;
+  const char *name = stand_in_name(p, l);
+  return name != NULL &&
+         strncmp(name, HD_TRUNCATED_FRAME_PREFIX, strlen(HD_TRUNCATED_FRAME_PREFIX)) == 0;
+}
+
+/* The sample of an armed process's unattributed bytes: their blocks are not known, so it is
+ * not read as an allocation (a raw file keeps the figure, as ProcessStats.unattributed_bytes). */
+static bool is_unattributed_sample(const profile *p, const sample *s) {
+  if (s->location_count != 1) return false;
+  size_t index;
+  if (!hd_u64_map_find(&p->location_index, p->sample_locations.items[s->first_location], &index))
+    return false;
+  const char *name = stand_in_name(p, &p->locations[index]);
+  return name != NULL && strcmp(name, HD_UNATTRIBUTED_FRAME) == 0;
 }
 
 /* Which process a sample belongs to: its process_name and pid labels (a multi-process profile),
@@ -571,7 +588,7 @@ static HD_MUST_CHECK int add_process(builder *b, size_t first, bool *done, bool 
   for (size_t i = first; i < p->sample_count && status == HD_OK && rc == 0; i++) {
     if (done[i] || !same_process(p, lead, &p->samples[i])) continue;
     done[i] = true;
-    rc = add_sample(b, &ps, i, &status);
+    if (!is_unattributed_sample(p, &p->samples[i])) rc = add_sample(b, &ps, i, &status);
   }
   /* The cumulative values, once per trace, when the profile has them. */
   for (size_t t = 0; t < ps.trace_count && status == HD_OK && rc == 0 &&

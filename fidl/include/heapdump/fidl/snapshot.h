@@ -44,6 +44,10 @@ typedef struct hd_snapshot_allocation {
 
 #define HD_TRUNCATED_FRAME_PREFIX "... truncated at "
 #define HD_TRUNCATED_FRAME_FORMAT HD_TRUNCATED_FRAME_PREFIX "%zu frames"
+/* The one frame of the sample a pprof profile of an armed process holds its unattributed bytes
+ * in (ProcessStats.unattributed_bytes: live, allocated before arming), so that its totals are
+ * the process's. */
+#define HD_UNATTRIBUTED_FRAME "(live before arming: unattributed)"
 
 typedef struct hd_snapshot_stack_trace {
   uint64_t key;
