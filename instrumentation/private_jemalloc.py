@@ -15,6 +15,11 @@ that record what jemalloc maps (a leak check must know the allocator's memory ex
 sbrk, to one that fails (jemalloc then leaves the program break to the program). Anything else
 the archive imports stays libc's.
 
+jemalloc's constructor (its one .init_array entry) is taken out: it sets jemalloc up at load,
+which a process that never allocates from it pays for nothing (a dormant process, or one on the
+system allocator: about 0.3 ms and 0.4 MiB at each start). jemalloc sets itself up at its first
+call instead, which for a process that records on it is the library's own initialisation.
+
 The rename list is computed from the archive at build time (readelf), so a newer jemalloc with
 another set of public names is handled alike; the output is checked afterwards: a default-
 visibility definition left without the prefix fails the build.
@@ -56,12 +61,16 @@ def main():
     with tempfile.NamedTemporaryFile("w", suffix=".syms") as syms:
         syms.writelines(f"{name} {PREFIX}{name}\n" for name in sorted(renames))
         syms.flush()
-        subprocess.run(["objcopy", f"--redefine-syms={syms.name}", archive, out_archive],
-                       check=True)
+        subprocess.run(["objcopy", f"--redefine-syms={syms.name}", "--remove-section=.init_array",
+                        "--remove-section=.rela.init_array", archive, out_archive], check=True)
     left = sorted(name for name, defined, visibility in symbols(out_archive)
                   if defined and visibility == "DEFAULT" and not name.startswith(PREFIX))
     if left:
         sys.exit(f"{out_archive}: public names left unrenamed: {' '.join(left)}")
+    sections = subprocess.run(["readelf", "-SW", out_archive], check=True, capture_output=True,
+                              text=True).stdout
+    if ".init_array" in sections or ".ctors" in sections:
+        sys.exit(f"{out_archive}: a constructor is left that would set jemalloc up at load")
 
 
 if __name__ == "__main__":
