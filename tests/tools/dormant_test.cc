@@ -4,6 +4,7 @@
 // with `heapdump arm` / `heapdump disarm` while it runs; redis-server under redis-benchmark's
 // load armed and disarmed the same way; and the refusals users meet.
 #include <dirent.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -271,6 +272,84 @@ TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
   EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
   child->Send("exit");
   EXPECT_EQ(child->Finish(), 0);
+}
+
+// docs/tools.md's service set-up as written, short of systemd itself (no service manager runs
+// in the tests): /run is this test's directory, my-user the test's user, the library this
+// build's; the drop-in's Environment= lines, split on blanks as systemd splits them, are the
+// service's whole environment, and starting the busy program with them stands for the line that
+// restarts the service (its pid for the one that shows it, and for 4242). The service is then
+// dormant, armed by the doc's own line, and records.
+TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
+  const std::string doc = hdtest::ReadFile(std::string(HD_SOURCE_DIR) + "/docs/tools.md");
+  const size_t start = doc.find("- **A service:** a systemd drop-in");
+  ASSERT_NE(start, std::string::npos);
+  std::istringstream section(doc.substr(start, doc.find("\n- **", start + 1) - start));
+  const struct passwd *pw = getpwuid(getuid());
+  ASSERT_NE(pw, nullptr);
+  const std::string user = pw->pw_name;
+  auto here = [&](std::string s) {
+    s = std::regex_replace(s, std::regex("/usr/local/lib/heapdump/libheapdump.so"), HD_PRELOAD_LIB);
+    s = std::regex_replace(s, std::regex(" /run/"), " " + dir + "/run/");
+    s = std::regex_replace(s, std::regex("=/run/"), "=" + dir + "/run/");
+    return std::regex_replace(s, std::regex("my-user"), user);
+  };
+  std::string service_env = "env -i PATH=/usr/bin:/bin";
+  // An administrator's PATH (install and runuser are in sbin).
+  std::string script = "set -e\nPATH=$PATH:/usr/sbin:/sbin\nmkdir -p run\nmkfifo server.in\n";
+  int lines = 0;
+  for (std::string line; std::getline(section, line);) {
+    if (line.rfind("      ", 0) != 0) continue;
+    line = line.substr(6);
+    if (line.rfind("Environment=", 0) == 0) {
+      // Nothing in it that systemd would unquote or expand.
+      ASSERT_EQ(line.find_first_of("\"'\\$%"), std::string::npos) << line;
+      service_env += " " + here(line.substr(12));
+      lines++;
+    } else if (line.rfind("install -d ", 0) == 0) {
+      script += here(line) + "\n";
+      lines++;
+    } else if (line.rfind("runuser ", 0) == 0) {
+      // runuser resets PATH as su does: the collector where this build has it, not installed.
+      script += std::regex_replace(here(line), std::regex("-- heapdump-collector "),
+                                   "-- " + std::string(HD_COLLECTOR) + " ") +
+                "\n";
+      script += "trap 'heapdump-collector --stop --socket " +
+                here(" " + line.substr(line.find("/run/"))).substr(1) + " >/dev/null' EXIT\n";
+      lines++;
+    } else if (line.rfind("systemctl daemon-reload && systemctl restart my-server", 0) == 0) {
+      script += service_env + " " + HD_DORMANT_CHILD + " < server.in > server.out 2>&1 &\n" +
+                "exec 4> server.in\n" +
+                "for i in $(seq 100); do grep -q ready server.out && break; sleep 0.1; done\n" +
+                "pid=$(sed -n 's/^ready //p' server.out)\n";
+      lines++;
+    } else if (line.rfind("systemctl show -p MainPID --value my-server", 0) == 0) {
+      script += "echo $pid\n";
+      lines++;
+    } else if (line.rfind("heapdump arm ", 0) == 0) {
+      script += std::regex_replace(here(line), std::regex("4242"), "$pid") + "\n";
+      lines++;
+    }
+  }
+  ASSERT_EQ(lines, 7) << script;
+  const std::string sock = dir + "/run/my-server/heapdump/collector.sock";
+  script +=
+      "echo keep 10 1234 >&4\n"
+      "for i in $(seq 100); do grep -q '^ok' server.out && break; sleep 0.1; done\n"
+      "heapdump snapshot --socket " +
+      sock +
+      " --pid $pid -o service.heapdump\n"
+      "heapdump report service.heapdump --json --top 0\n"
+      "echo exit >&4\nexec 4>&-\nwait\n";
+  hdtest::ShellOutput o = Shell(script);
+  ASSERT_EQ(o.status, 0) << script << o.out;
+  EXPECT_TRUE(std::regex_search(
+      o.out, std::regex("armed: process [0-9]+ \\(dormant_child\\) records every block")))
+      << o.out;
+  EXPECT_EQ(SiteOf(o.out.substr(o.out.find('{')), "keep_after").blocks, 10) << o.out;
+  // The doc's collector served all of it, and was stopped at the end (its pid file gone).
+  EXPECT_NE(access((dir + "/run/my-server/heapdump/collector.sock.arm").c_str(), F_OK), -1);
+  EXPECT_EQ(access((dir + "/run/my-server/heapdump/collector.pid").c_str(), F_OK), -1);
 }
 
 // Loaded by /etc/ld.so.preload (in a mount namespace of the test's own, where /etc is an overlay
