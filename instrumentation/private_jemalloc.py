@@ -15,10 +15,11 @@ that record what jemalloc maps (a leak check must know the allocator's memory ex
 sbrk, to one that fails (jemalloc then leaves the program break to the program). Anything else
 the archive imports stays libc's.
 
-jemalloc's constructor (its one .init_array entry) is taken out: it sets jemalloc up at load,
-which a process that never allocates from it pays for nothing (a dormant process, or one on the
-system allocator: about 0.3 ms and 0.4 MiB at each start). jemalloc sets itself up at its first
-call instead, which for a process that records on it is the library's own initialisation.
+jemalloc's constructor (its one .init_array entry: the build fails if there are others) is taken
+out: it sets jemalloc up at load, which a process that never allocates from it pays for nothing
+(a dormant process, or one on the system allocator: about 0.3 ms and 0.4 MiB at each start).
+jemalloc sets itself up at its first call instead, which for a process that records on it is
+the library's own initialisation (backend.c, hd_backend_init).
 
 The rename list is computed from the archive at build time (readelf), so a newer jemalloc with
 another set of public names is handled alike; the output is checked afterwards: a default-
@@ -46,6 +47,19 @@ def symbols(archive):
         yield f[7], f[6] != "UND", f[5]
 
 
+def constructors(archive):
+    """(member, size) of every .init_array section in the archive's members."""
+    out = subprocess.run(["readelf", "-SW", archive], check=True, capture_output=True,
+                         text=True).stdout
+    member = None
+    for line in out.splitlines():
+        if line.startswith("File: "):
+            member = line[len("File: "):]
+        f = line.replace("[ ", "[").split()
+        if len(f) > 5 and f[1] in (".init_array", ".ctors"):
+            yield member, int(f[5], 16)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -58,6 +72,10 @@ def main():
             renames.add(name)
     if "mallocx" not in renames or "malloc" not in renames:
         sys.exit(f"{archive}: not jemalloc's archive (no public mallocx and malloc)")
+    found = list(constructors(archive))
+    if len(found) != 1 or found[0][1] != 8:
+        sys.exit(f"{archive}: expected jemalloc's one constructor (one 8-byte .init_array), "
+                 f"found {found}: see what the others set up before taking them out")
     with tempfile.NamedTemporaryFile("w", suffix=".syms") as syms:
         syms.writelines(f"{name} {PREFIX}{name}\n" for name in sorted(renames))
         syms.flush()
@@ -67,9 +85,7 @@ def main():
                   if defined and visibility == "DEFAULT" and not name.startswith(PREFIX))
     if left:
         sys.exit(f"{out_archive}: public names left unrenamed: {' '.join(left)}")
-    sections = subprocess.run(["readelf", "-SW", out_archive], check=True, capture_output=True,
-                              text=True).stdout
-    if ".init_array" in sections or ".ctors" in sections:
+    if list(constructors(out_archive)):
         sys.exit(f"{out_archive}: a constructor is left that would set jemalloc up at load")
 
 

@@ -243,6 +243,10 @@ void hd_backend_init(bool want_system) {
   if (libc_usable != NULL) g_libc_usable = libc_usable;
   hd_use_system = want_system;
   if (!want_system) {
+    /* Its first call also sets jemalloc up (its constructor is taken out of the archive:
+     * private_jemalloc.py), which registers jemalloc's fork handlers before lifecycle.c
+     * registers the library's: at a fork the library's prepare, which takes the resources
+     * lock, then runs before jemalloc's takes jemalloc's locks (the order at the top). */
     hd_backend_enter();
     read_small_classes();
     hd_backend_leave();

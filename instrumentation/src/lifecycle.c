@@ -179,7 +179,7 @@ static void note_memory_not_the_programs(void) {
     (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_BRK_HEAP, true, 0, 0);
     (void)hd_res_add_mapping(&hd_live_res, HD_MAPPING_BLOCKS_MAPPED, true, 0, 0);
   }
-  /* What jemalloc mapped before the tables existed (its constructor's arena and metadata). */
+  /* What jemalloc mapped before the tables existed (its set-up's arena and metadata). */
   hd_backend_publish_mappings();
 }
 

@@ -559,6 +559,8 @@ TEST_F(HostileTest, AThreadStoppedInsideACountsChangeCostsOneSecondAndIsSaidSo) 
   ShellOutput report = RunShell(cli + " report unsettled.heapdump", dir, env);
   EXPECT_EQ(report.status, 0) << report.out;
   EXPECT_NE(report.out.find(warning), std::string::npos) << report.out;
+  report = RunShell(cli + " report unsettled.heapdump --json", dir, env);
+  EXPECT_NE(report.out.find("\"unsettled_traces\":1,"), std::string::npos) << report.out;
   ASSERT_EQ(RunShell(cli + " snapshot --pid " + pid + " -o settled.heapdump", dir, env).status, 0);
   report = RunShell(cli + " report settled.heapdump", dir, env);
   EXPECT_EQ(report.out.find("warning: the allocation counts"), std::string::npos) << report.out;

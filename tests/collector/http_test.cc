@@ -310,12 +310,20 @@ TEST_F(HttpTest, AnArmedProcessCarriesItsStateToScrapersAndReaders) {
       "http://127.0.0.1:" + std::to_string(port) + "/debug/pprof/heap?pid=" + std::to_string(w.pid);
   RawProfile p = GoPprofRaw(url, dir);
   ASSERT_EQ(p.status, 0) << p.out;
-  EXPECT_NE(p.out.find("armed: only blocks allocated since the process was armed"),
+  EXPECT_NE(p.out.find("armed: only blocks allocated while the process recorded have their stacks"),
             std::string::npos)
       << p.out;
   const std::vector<long long> &grow = p.by_leaf["grow_site"];
   ASSERT_EQ(grow.size(), 4u) << p.out;
   EXPECT_EQ(grow[3], 300000) << p.out;  // every block since arming, exactly
+  // What was live before is in the profile's total, at a frame of its own (the process is idle
+  // between the scrape and the profile: the same bytes).
+  // (by_leaf keeps a name to its first blank.)
+  const std::string frame = HD_UNATTRIBUTED_FRAME;
+  const std::vector<long long> &before = p.by_leaf[frame.substr(0, frame.find(' '))];
+  ASSERT_EQ(before.size(), 4u) << p.out;
+  EXPECT_EQ(before[3], Sample(r.body, "heapdump_unattributed_bytes", Labels(w.pid))) << p.out;
+  EXPECT_EQ(before[2], 0) << p.out;
   ShellOutput disarmed = request("disarm", "disarmed", "grow 1");
   ASSERT_EQ(disarmed.status, 0) << disarmed.out;
   EXPECT_EQ(Sample(Get(port, "/metrics").body, "heapdump_recording", Labels(w.pid)), 2);

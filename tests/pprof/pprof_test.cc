@@ -1071,7 +1071,7 @@ TEST_F(PprofTest, UnattributedBytesOfAnArmedProcessAreASampleOfTheirOwn) {
   EXPECT_EQ(space, 357 + 5000);
   ASSERT_EQ(p.comments.size(), 1u);
   EXPECT_NE(p.Str(p.comments[0])
-                .find("5000 more live bytes, allocated before, are in the sample " +
+                .find("5000 more live bytes (glibc's count, headers included) are in the sample " +
                       std::string(HD_UNATTRIBUTED_FRAME)),
             std::string::npos)
       << p.Str(p.comments[0]);
@@ -1090,6 +1090,25 @@ TEST_F(PprofTest, UnattributedBytesOfAnArmedProcessAreASampleOfTheirOwn) {
     read_space += r.snapshots[0]->allocations[i].size;
   EXPECT_EQ(read_space, 357u);
   hd_reassembler_destroy(&r);
+
+  // A profile of values per trace (as a diff's) has no such sample, and its comment says so.
+  hd_pprof_options per_trace = {};
+  per_trace.trace_values = [](void *, size_t, size_t, int64_t values[4]) {
+    values[0] = values[2] = values[3] = 0;
+    values[1] = 1;
+    return true;
+  };
+  const std::string diff_path = Path("per-trace.pb.gz");
+  WriteResult d = WriteProfile(&s.r, per_trace, diff_path);
+  ASSERT_EQ(d.rc, 0) << d.error;
+  Profile dp;
+  ASSERT_TRUE(Load(diff_path, &dp));
+  int64_t diff_space = 0;
+  for (const Sample &sample : dp.samples) diff_space += sample.values[1];
+  EXPECT_EQ(diff_space, static_cast<int64_t>(dp.samples.size()));
+  ASSERT_EQ(dp.comments.size(), 1u);
+  EXPECT_NE(dp.Str(dp.comments[0]).find("headers included) are in none"), std::string::npos)
+      << dp.Str(dp.comments[0]);
 
   if (go.go.empty()) GTEST_SKIP() << "go not found: install golang-go to check with go tool pprof";
   auto top = go.Pprof("-top -symbolize=none", path);

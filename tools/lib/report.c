@@ -490,6 +490,13 @@ static bool temporary_total(const hd_snapshot *s, uint64_t *blocks) {
   return counted;
 }
 
+/* How many of the snapshot's stack traces have counts read unsettled (StackTraceCounters). */
+static size_t unsettled_traces(const hd_snapshot *s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->stack_trace_count; i++) n += s->stack_traces[i].counts_unsettled;
+  return n;
+}
+
 /* A process's line of totals, what was lost recording it, and its timeline. */
 static void write_text_summary(const hd_snapshot *s, const hd_report_options *o, FILE *out) {
   uint64_t live_bytes = 0, live_blocks = 0, temporary = 0;
@@ -554,9 +561,7 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
             "short\n",
             s->stats.unwind_tables_refused);
   }
-  size_t unsettled = 0;
-  for (size_t i = 0; i < s->stack_trace_count; i++)
-    unsettled += s->stack_traces[i].counts_unsettled;
+  const size_t unsettled = unsettled_traces(s);
   if (unsettled > 0) {
     fprintf(out,
             "warning: the allocation counts of %zu stack trace(s) were read while a thread of "
@@ -780,6 +785,8 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
   hd_json_string(out, s->process_name);
   fprintf(out, ",\"pid\":%" PRIu64 ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64, s->pid,
           live_blocks, live_bytes);
+  const size_t unsettled = unsettled_traces(s);
+  if (unsettled > 0) fprintf(out, ",\"unsettled_traces\":%zu", unsettled);
   if (s->has_stats) {
     const heapdump_client_ProcessStats *st = &s->stats;
     fprintf(out,

@@ -391,12 +391,13 @@ static HD_MUST_CHECK int add_labels_and_comments(writer *w, process *p) {
     if (st->sample_bytes > w->sample_bytes) w->sample_bytes = st->sample_bytes;
   }
   if (s->has_stats && st->has_unattributed_bytes) {
+    /* A diff profile has no such sample: its values are per trace. */
+    const bool sampled = hd_pprof_unattributed_bytes(w, p) > 0;
     char comment[256];
-    snprintf(
-        comment, sizeof comment,
-        "%sarmed: only blocks allocated since the process was armed have their stacks; %" PRIu64
-        " more live bytes, allocated before, are in the sample " HD_UNATTRIBUTED_FRAME,
-        who, st->unattributed_bytes);
+    snprintf(comment, sizeof comment,
+             "%sarmed: only blocks allocated while the process recorded have their stacks; "
+             "%" PRIu64 " more live bytes (glibc's count, headers included) are in %s",
+             who, st->unattributed_bytes, sampled ? "the sample " HD_UNATTRIBUTED_FRAME : "none");
     if (add_comment(w, comment) != 0) return hd_pprof_out_of_memory(w);
   }
   return 0;

@@ -47,7 +47,7 @@ typedef struct hd_snapshot_allocation {
 /* The one frame of the sample a pprof profile of an armed process holds its unattributed bytes
  * in (ProcessStats.unattributed_bytes: live, allocated before arming), so that its totals are
  * the process's. */
-#define HD_UNATTRIBUTED_FRAME "(live before arming: unattributed)"
+#define HD_UNATTRIBUTED_FRAME "(unattributed: allocated before arming or while disarmed)"
 
 typedef struct hd_snapshot_stack_trace {
   uint64_t key;
