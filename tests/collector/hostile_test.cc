@@ -514,28 +514,29 @@ TEST_F(HostileTest, AThreadStoppedInsideACountsChangeCostsOneSecondAndIsSaidSo) 
   }
   ASSERT_NE(held, nullptr) << "no thread holds counts of a trace of its own";
   const uint32_t key = held->stack_key;
-  auto counts_of = [&](const hd_snapshot *s) -> const hd_snapshot_stack_trace * {
+  // A live snapshot of the child, kept in *result; the held trace's counts in it, or null.
+  auto counts_now = [&](std::unique_ptr<Result> *result) -> const hd_snapshot_stack_trace * {
+    auto selector = ByPid(child.pid);
+    *result = TakeLiveSnapshot(collector.socket, &selector);
+    EXPECT_EQ((*result)->status, HD_OK) << (*result)->ra.error;
+    const hd_snapshot *s = (*result)->only();
     for (size_t i = 0; s != nullptr && i < s->stack_trace_count; i++) {
       if (s->stack_traces[i].key == key && s->stack_traces[i].has_counters)
         return &s->stack_traces[i];
     }
     return nullptr;
   };
-  auto selector = ByPid(child.pid);
-  auto settled = TakeLiveSnapshot(collector.socket, &selector);
-  ASSERT_EQ(settled->status, HD_OK) << settled->ra.error;
-  const hd_snapshot_stack_trace *before = counts_of(settled->only());
+  std::unique_ptr<Result> settled, waited, after;
+  const hd_snapshot_stack_trace *before = counts_now(&settled);
   ASSERT_NE(before, nullptr);
   EXPECT_FALSE(before->counts_unsettled);
   EXPECT_GE(before->allocated_blocks, held->alloc_blocks);
 
   __atomic_fetch_add(&held->seq, 1, __ATOMIC_SEQ_CST);  // the thread stops mid-change
   const auto start = std::chrono::steady_clock::now();
-  auto waited = TakeLiveSnapshot(collector.socket, &selector);
+  const hd_snapshot_stack_trace *during = counts_now(&waited);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_EQ(waited->status, HD_OK) << waited->ra.error;
-  const hd_snapshot_stack_trace *during = counts_of(waited->only());
   ASSERT_NE(during, nullptr);
   EXPECT_TRUE(during->counts_unsettled);
   EXPECT_GE(seconds, 0.9);
@@ -549,9 +550,7 @@ TEST_F(HostileTest, AThreadStoppedInsideACountsChangeCostsOneSecondAndIsSaidSo) 
   EXPECT_EQ(stored.status, 0) << stored.out;
 
   __atomic_fetch_add(&held->seq, 1, __ATOMIC_SEQ_CST);  // and finishes it
-  auto after = TakeLiveSnapshot(collector.socket, &selector);
-  ASSERT_EQ(after->status, HD_OK) << after->ra.error;
-  const hd_snapshot_stack_trace *settled_again = counts_of(after->only());
+  const hd_snapshot_stack_trace *settled_again = counts_now(&after);
   ASSERT_NE(settled_again, nullptr);
   EXPECT_FALSE(settled_again->counts_unsettled);
   EXPECT_EQ(settled_again->allocated_blocks, before->allocated_blocks);
