@@ -2,10 +2,10 @@
  * through the arm page (contract/arm_page.h), a file beside the socket that the collector alone
  * writes and dormant processes map read-only at start.
  *
- * The file is created complete (a temporary file, filled, then linked into place), so a process
- * never maps a short or half-written one, and kept across restarts: processes started under an
- * earlier collector keep seeing the same file. Only the poll thread writes it (requests are
- * served there), as a seqlock writer. */
+ * The file is created complete by whichever comes first, the collector or a dormant process
+ * (contract/arm_page_file.h), and kept across restarts: processes started under an earlier
+ * collector, or before any, keep seeing the same file. Only the poll thread writes it (requests
+ * are served there), as a seqlock writer. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -20,39 +20,12 @@
 
 #include "collector_internal.h"
 #include "heapdump/contract/arm_page.h"
-
-/* Opens the page at path, creating it complete if it does not exist. -errno on failure. */
-static int open_page_file(const char *path) {
-  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == dir)
-    dir[1] = '\0';
-  else
-    *slash = '\0';
-  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) return -errno;
-  hd_arm_page fresh = {.magic = HD_ARM_PAGE_MAGIC, .version = HD_ARM_PAGE_VERSION};
-  char proc_path[64];
-  snprintf(proc_path, sizeof proc_path, "/proc/self/fd/%d", fd);
-  if (pwrite(fd, &fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh || fchmod(fd, 0644) != 0 ||
-      linkat(AT_FDCWD, proc_path, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) {
-    const int err = errno;
-    close(fd);
-    /* Another collector linked one first: use it. */
-    return err == EEXIST ? open_page_file(path) : -err;
-  }
-  return fd;
-}
+#include "heapdump/contract/arm_page_file.h"
 
 int hd_arming_open(hd_collector *c) {
   char path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
   if (hd_arm_page_path(c->socket_path, path, sizeof path) != 0) return -ENAMETOOLONG;
-  const int fd = open_page_file(path);
+  const int fd = hd_arm_page_file_open(path, O_RDWR);
   if (fd < 0) {
     hd_log(c, HD_LOG_ERROR, "cannot open the arm page %s: %s", path, strerror(-fd));
     return fd;

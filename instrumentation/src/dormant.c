@@ -1,8 +1,8 @@
 /* The dormant library: loaded into every process of a host or a service, it forwards each call
  * to glibc untouched (no tag, no record) until a collector arms it, through the arm page
- * (contract/arm_page.h) the process mapped at start. Seeing a request costs an allocation one
- * load (hd_arm_poll, at every allocation); acting on it happens here, off the hot path, on the
- * first allocation after the request.
+ * (contract/arm_page.h) the process mapped at start (making it, if no collector ever ran). Seeing a
+ * request costs an allocation one load (hd_arm_poll, at every allocation); acting on it happens
+ * here, off the hot path, on the first allocation after the request.
  *
  * Nothing here but arming allocates, and no thread waits for another: a thread that finds
  * another one acting on a request goes on as it was. The thread that arms does the setting up
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "heapdump/contract/arm_page.h"
+#include "heapdump/contract/arm_page_file.h"
 #include "heapdump/contract/names.h"
 #include "runtime.h"
 
@@ -64,16 +65,20 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   char *slash = strrchr(dir, '/');
   if (slash == NULL) return;
   slash[slash == dir ? 1 : 0] = '\0';
+  /* No collector has run yet (a service started at boot before the collector's unit): the
+   * socket's directory is made as the collector makes it, private, and the page with it, so
+   * that the collector started later finds this very page and can arm this process. */
+  (void)mkdir(dir, 0700);
   struct stat st;
   if (stat(dir, &st) != 0 || !trusted(&st, uid)) return;
-  const int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return; /* no collector (yet): this process cannot be armed */
+  const int fd = hd_arm_page_file_open(path, O_RDONLY);
+  if (fd < 0) return; /* not made nor opened (read-only /run, ...): this process cannot be armed */
   void *p = MAP_FAILED;
   /* Shorter than the page, a mapping of it would fault past the end. */
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && trusted(&st, uid) &&
       st.st_size >= (off_t)HD_ARM_PAGE_BYTES)
     p = mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-  syscall(SYS_close, fd);
+  close(fd);
   if (p == MAP_FAILED) return;
   const hd_arm_page *page = p;
   if (page->magic != HD_ARM_PAGE_MAGIC || page->version != HD_ARM_PAGE_VERSION) {

@@ -5,6 +5,7 @@
 // load armed and disarmed the same way; and the refusals users meet.
 #include <dirent.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -276,11 +277,47 @@ TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
   EXPECT_EQ(child->Finish(), 0);
 }
 
+// A process started before any collector ran on its socket (a service started at boot ahead of
+// the collector's own unit, /run being empty after every boot): it makes the socket's directory,
+// private, and the arm page, and the collector started later arms it through that very page.
+TEST_F(Dormant, AProcessStartedBeforeAnyCollectorIsArmedByTheOneStartedLater) {
+  hdtest::Collector later{dir + "/later"};
+  ASSERT_EQ(mkdir(later.dir.c_str(), 0755), 0);
+  std::vector<std::string> env = hdtest::InstrumentedEnv(later.socket);
+  env.push_back("HEAPDUMP_DORMANT=1");
+  hdtest::Program child({HD_DORMANT_CHILD}, env);
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  struct stat st = {};
+  const std::string run = later.socket.substr(0, later.socket.rfind('/'));
+  ASSERT_EQ(stat(run.c_str(), &st), 0) << run;
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((later.socket + ".arm").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 32768);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_FALSE(HasTables(std::stoi(p)));
+  later.Start();
+  const std::string socket = " --socket " + later.socket;
+  hdtest::ShellOutput armed = Shell("heapdump arm" + socket + " --pid " + p);
+  ASSERT_EQ(armed.status, 0) << armed.out << later.Log();
+  EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
+  Command(&child, "keep 10 1234");
+  hdtest::ShellOutput report =
+      Shell("heapdump snapshot" + socket + " --pid " + p + " -o later.heapdump >/dev/null\n" +
+            "heapdump report later.heapdump --json --top 0\n");
+  ASSERT_EQ(report.status, 0) << report.out;
+  EXPECT_EQ(SiteOf(report.out, "keep_after").blocks, 10) << report.out.substr(0, 800);
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
 // docs/tools.md's service set-up as written, short of systemd itself (no service manager runs
 // in the tests): /run is this test's directory, my-user the test's user, the library this
 // build's; the drop-in's Environment= lines, split on blanks as systemd splits them, are the
 // service's whole environment, and starting the busy program with them stands for the line that
-// restarts the service (its pid for the one that shows it, and for 4242). The service is then
+// restarts the service (its pid for the one that shows it, and for 4242). The service, started
+// before the collector as the doc orders them, makes the arm page the collector then uses: it is
 // dormant, armed by the doc's own line, and records.
 TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
   if (geteuid() != 0) GTEST_SKIP() << "the doc's lines are root's (install -o, runuser)";

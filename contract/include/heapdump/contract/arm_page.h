@@ -3,11 +3,12 @@
  * allocation path, a thread, a signal or ptrace.
  *
  * The collector keeps one file beside its socket (hd_arm_page_path), HD_ARM_PAGE_BYTES long,
- * mode 0644, which only it writes. A dormant process maps it read-only once, at start, and on
- * every allocation compares one word, the page's generation, with the last it acted on; only when
- * it moved does the process look for its own slot. The collector changes a slot as a seqlock
- * writer: generation made odd, the slot written, generation made even (release), so a process
- * that saw an odd generation, or a different one after reading its slot, reads it again later.
+ * mode 0644, which only it writes (whoever made it: contract/arm_page_file.h). A dormant process
+ * maps it read-only once, at start, and on every allocation compares one word, the page's
+ * generation, with the last it acted on; only when it moved does the process look for its own slot.
+ * The collector changes a slot as a seqlock writer: generation made odd, the slot written,
+ * generation made even (release), so a process that saw an odd generation, or a different one after
+ * reading its slot, reads it again later.
  *
  * A slot names a process by its own pid (the pid in its innermost namespace, what getpid()
  * answers inside it), its start time (field 22 of /proc/PID/stat, clock ticks after boot) and
