@@ -109,14 +109,12 @@ void hd_roots_add_program_mappings(hd_process *p, gather *g, const range_set *ta
     const bool heap = strcmp(m->path, "[heap]") == 0;
     if (m->path[0] == '[' && !heap && strncmp(m->path, "[anon:", 6) != 0) continue;
     if ((heap && g->brk_heap) || thread_stack(g, m)) continue;
-    if (g->blocks_mapped && hd_roots_holds_block(addresses, address_count, m->start, m->end))
-      continue;
     pieces.count = 0;
     if (!hd_range_set_add(&pieces, m->start, m->end)) {
       g->out_of_memory = true;
       break;
     }
-    const range_set *not_program[] = {taken, &g->allocator, &g->heapdump};
+    const range_set *not_program[] = {taken, &g->allocator, &g->heapdump, &g->glibc};
     for (size_t k = 0; k < sizeof not_program / sizeof *not_program; k++) {
       for (size_t r = 0; r < not_program[k]->count; r++) {
         const range x = not_program[k]->items[r];
@@ -126,6 +124,11 @@ void hd_roots_add_program_mappings(hd_process *p, gather *g, const range_set *ta
       }
     }
     for (size_t k = 0; k < pieces.count; k++) {
+      /* glibc's memory that glibc_heap.c could not place: the allocator's, as a whole. */
+      if (g->blocks_mapped && hd_roots_holds_block(addresses, address_count, pieces.items[k].start,
+                                                   pieces.items[k].end)) {
+        continue;
+      }
       add_resident(g, entries, pieces.items[k].start, pieces.items[k].end, m->path);
     }
   }

@@ -161,7 +161,7 @@ static bool read_maps(pid_t pid, gather *g) {
   return !g->out_of_memory;
 }
 
-static bool read_remote(pid_t pid, uint64_t address, void *out, size_t size) {
+bool hd_roots_read_remote(pid_t pid, uint64_t address, void *out, size_t size) {
   struct iovec local = {out, size}, remote = {(void *)(uintptr_t)address, size};
   return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)size;
 }
@@ -172,13 +172,14 @@ static bool read_remote(pid_t pid, uint64_t address, void *out, size_t size) {
  * the program headers in the process's memory. False if m holds no ELF header. */
 static bool add_elf_data(pid_t pid, gather *g, const mapping *m) {
   Elf64_Ehdr eh;
-  if (!read_remote(pid, m->start, &eh, sizeof eh) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-      eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_phentsize != sizeof(Elf64_Phdr) ||
-      eh.e_phnum == 0 || eh.e_phnum > 64 || eh.e_phoff > m->end - m->start) {
+  if (!hd_roots_read_remote(pid, m->start, &eh, sizeof eh) ||
+      memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0 || eh.e_phnum > 64 ||
+      eh.e_phoff > m->end - m->start) {
     return false;
   }
   Elf64_Phdr ph[64];
-  if (!read_remote(pid, m->start + eh.e_phoff, ph, eh.e_phnum * sizeof *ph)) return false;
+  if (!hd_roots_read_remote(pid, m->start + eh.e_phoff, ph, eh.e_phnum * sizeof *ph)) return false;
   uint64_t bias = 0;
   bool found = false;
   for (unsigned i = 0; i < eh.e_phnum && !found; i++) {
@@ -517,6 +518,13 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
   hd_roots_read_records(p, g);
   add_module_data(p->pid, g);
   add_threads(p, g);
+  /* On glibc: its memory among the program's mappings, and the blocks it holds that were not
+   * recorded (a recorded block may hang from them). */
+  if (g->brk_heap || g->blocks_mapped) {
+    hd_roots_glibc_heaps(p->pid, g, blocks, block_count,
+                         hd_res_reader_sample_bytes(p->res) != 0 ||
+                             hd_res_reader_arm_state(p->res) != HD_ARM_FROM_START);
+  }
   remove_overlaps(g);
   range_set taken = {0};
   uint64_t *addresses = NULL;
@@ -586,5 +594,6 @@ hd_status hd_add_roots(hd_process *p, const hd_live_block *blocks, size_t block_
   free(g.record_alive);
   free(g.allocator.items);
   free(g.heapdump.items);
+  free(g.glibc.items);
   return status;
 }

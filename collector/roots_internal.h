@@ -72,6 +72,8 @@ typedef struct gather {
   bool *record_alive; /* per record */
   /* Memory that is not the program's, as the process recorded it (hd_rec_mapping). */
   range_set allocator, heapdump;
+  /* glibc's memory found in the mappings that hold recorded blocks (glibc_heap.c). */
+  range_set glibc;
   struct tls_span {
     uint64_t offset, size; /* from each thread pointer (offset in two's complement) */
   } heapdump_tls[4];
@@ -98,6 +100,17 @@ void hd_roots_read_records(hd_process *p, gather *g);
 /* Adds or removes [start, end) of s (kept sorted and disjoint); false when out of memory. */
 bool hd_range_set_add(range_set *s, uint64_t start, uint64_t end);
 bool hd_range_set_remove(range_set *s, uint64_t start, uint64_t end);
+
+/* Reads size bytes of the process at address; false unless all were read. */
+bool hd_roots_read_remote(pid_t pid, uint64_t address, void *out, size_t size);
+
+/* ---- glibc_heap.c ---- */
+/* For a process recording on glibc: where glibc's memory is among the mappings that hold
+ * recorded blocks (g->glibc: its thread-arena heaps, its blocks mmapped on their own), and with
+ * unrecorded (a process that does not record every block) the in-use chunks of its heaps that
+ * hold no recorded block, as roots of kind UNRECORDED. */
+void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, size_t block_count,
+                          bool unrecorded);
 
 /* ---- program_mappings.c ---- */
 

@@ -5,6 +5,9 @@
  * while all of it runs. Commands on stdin, each answered "ok" on stdout:
  *   keep N SIZE    allocate N blocks of SIZE bytes in keep_after and hold them
  *   free-kept      free every block keep_after holds
+ *   chain N        append N links of 64 bytes to the chain, a list whose first 100 links
+ *                  chain_before made at start: armed, what chain_after appends hangs from blocks
+ *                  allocated before arming
  *   free-before    free half of hold_before's blocks and grow the other half by realloc (after
  *                  checking malloc_usable_size and that a realloc that fails keeps the block)
  *   fork           fork a child that allocates, frees and exits; wait for it (its status: ok)
@@ -47,6 +50,32 @@ __attribute__((noinline)) static void hold_before(void) {
     before[i] = malloc(1000);
     memset(before[i], i & 0xff, 1000);
   }
+}
+
+struct link {
+  struct link *next;
+  char data[56];
+};
+static struct link *chain_head, *chain_tail;
+
+static inline __attribute__((always_inline)) void append_link(void) {
+  struct link *l = malloc(sizeof *l);
+  memset(l, 0x3c, sizeof *l);
+  l->next = NULL;
+  if (chain_tail != NULL) {
+    chain_tail->next = l;
+  } else {
+    chain_head = l;
+  }
+  chain_tail = l;
+}
+
+__attribute__((noinline)) static void chain_before(void) {
+  for (int i = 0; i < 100; i++) append_link();
+}
+
+__attribute__((noinline)) static void chain_after(size_t n) {
+  for (size_t i = 0; i < n; i++) append_link();
 }
 
 __attribute__((noinline)) static void keep_after(size_t n, size_t size) {
@@ -121,6 +150,7 @@ static void *storm(void *arg) {
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   hold_before();
+  chain_before();
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -135,6 +165,8 @@ int main(void) {
     size_t n, size;
     if (sscanf(line, "keep %zu %zu", &n, &size) == 2) {
       keep_after(n, size);
+    } else if (sscanf(line, "chain %zu", &n) == 1) {
+      chain_after(n);
     } else if (strncmp(line, "free-kept", 9) == 0) {
       for (size_t i = 0; i < kept_count; i++) free(kept[i]);
       kept_count = 0;
@@ -199,6 +231,11 @@ int main(void) {
   for (size_t t = 0; t < THREADS; t++) pthread_join(workers[t], NULL);
   for (size_t i = 0; i < kept_count; i++) free(kept[i]);
   for (int i = 0; i < BEFORE; i++) free(before[i]);
+  while (chain_head != NULL) {
+    struct link *next = chain_head->next;
+    free(chain_head);
+    chain_head = next;
+  }
   for (int t = 0; t < THREADS; t++)
     while (handoff_count[t] > 0) free(handoff[t][--handoff_count[t]]);
   printf("done, %lu signals handled\n", (unsigned long)atomic_load(&handled));

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "browser.h"
+#include "leak_report.h"
 #include "process.h"
 
 namespace {
@@ -216,6 +217,34 @@ TEST_F(Dormant, ArmedSampledKeepsItsRate) {
   child->Send("exit");
   const int status = child->Finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The leak check of an armed process: the links it appends once armed hang from links allocated
+// before (no record of them): found through glibc's own chunk headers, scanned as roots, they
+// keep the new links reachable, and the report says how it looked.
+TEST_F(Dormant, ALeakCheckOfAnArmedProcessScansTheBlocksFromBeforeArming) {
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
+  ASSERT_EQ(Shell("heapdump arm --pid " + p).status, 0);
+  Command(child.get(), "chain 300");
+  hdtest::ShellOutput leaks = Shell("heapdump leaks --pid " + p + " --show-reachable --top 0");
+  ASSERT_EQ(leaks.status, 0) << leaks.out;
+  const hdtest::LeakGroups groups = hdtest::ParseLeakGroups(leaks.out);
+  const auto reachable = groups.find({"STILL REACHABLE", "chain_after"});
+  ASSERT_NE(reachable, groups.end()) << leaks.out;
+  EXPECT_EQ(reachable->second, (hdtest::Amount{300 * 64, 300})) << leaks.out;
+  for (const auto &[key, amount] : groups) {
+    if (key.first != "STILL REACHABLE") {
+      EXPECT_NE(key.second, "chain_after") << leaks.out;
+    }
+  }
+  EXPECT_NE(leaks.out.find("note: armed process: the blocks not recorded were scanned as roots"),
+            std::string::npos)
+      << leaks.out;
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
 }
 
 // What users meet when the process cannot be armed: one recording since it started, one without

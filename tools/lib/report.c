@@ -305,6 +305,14 @@ static void roots_not_read(const hd_snapshot *s, uint64_t *bytes, size_t *region
   }
 }
 
+/* Whether the blocks the process did not record were scanned (roots of kind UNRECORDED). */
+static bool scanned_unrecorded_blocks(const hd_snapshot *s) {
+  for (size_t i = 0; i < s->root_count; i++) {
+    if (s->roots[i].kind == heapdump_client_RootKind_ROOT_KIND_UNRECORDED) return true;
+  }
+  return false;
+}
+
 static void summarize(const group_list *l, leak_summary *sum) {
   for (size_t i = 0; i < l->count; i++) {
     const group *g = &l->items[i];
@@ -336,14 +344,22 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             sum->blocks[c], hd_reach_category_name((hd_reach_category)c));
   }
   fputc('\n', out);
-  if (s->has_stats && s->stats.has_sample_bytes) {
+  const bool sampled = s->has_stats && s->stats.has_sample_bytes,
+             armed = s->has_stats && s->stats.has_unattributed_bytes;
+  if ((sampled || armed) && scanned_unrecorded_blocks(s)) {
+    fprintf(out,
+            "note: %s: the blocks not recorded were scanned as roots, found by glibc's own "
+            "headers (with the free ones it keeps cached), so a lost block that only they point "
+            "to may be counted as reachable%s\n",
+            sampled ? "sampled recording" : "armed process",
+            sampled ? "; confirm a leak with a run that records every block" : "");
+  } else if (sampled) {
     fputs(
         "note: sampled recording: only the recorded blocks were scanned, so a recorded block "
         "that only unrecorded blocks point to is counted as lost; confirm a leak with a run "
         "that records every block\n",
         out);
-  }
-  if (s->has_stats && s->stats.has_unattributed_bytes) {
+  } else if (armed) {
     fputs(
         "note: armed process: the blocks allocated before it was armed were not scanned, so a "
         "recorded block that only they point to is counted as lost\n",

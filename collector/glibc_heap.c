@@ -1,0 +1,243 @@
+/* The blocks glibc holds that the process did not record, as reachability roots
+ * (roots_internal.h).
+ *
+ * A process that records on glibc but not every block (sampled, or armed after it started) holds
+ * live blocks the collector has no record of, and a recorded block only they point to would look
+ * lost: at one block in 4 KiB sampled, nearly every recorded node of a tree. glibc's own chunk
+ * headers say where its blocks are: a chunk starts with the previous chunk's size (a word the
+ * previous chunk may use while in use) and its own size, whose low three bits are flags; the
+ * next chunk's PREV_INUSE bit says whether a chunk is in use. In each heap that holds recorded
+ * blocks — the program break's (the main arena), and a thread arena's heaps (64 MiB aligned, a
+ * heap_info header first, the arena's malloc_state after it in an arena's first heap) — the
+ * walk starts at the heap's first chunk, the first address whose chain of sizes lands on the
+ * chunk of the heap's first recorded block, and adds every run of in-use chunks holding no
+ * recorded block as one root (kind UNRECORDED).
+ *
+ * What this cannot tell apart: chunks that glibc's thread caches and fast bins hold are free but
+ * marked in use, so their stale bytes are scanned as well. That can make a leaked block look
+ * reachable, never a reachable one look lost.
+ *
+ * The heap is the process's, so hostile: every size is checked against the heap's bounds, each
+ * step moves forward, and where no chunk header makes sense (past the top chunk, or a size no
+ * chunk can have) the rest of the heap is added whole, which errs the same safe way. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "roots_internal.h"
+
+#define CHUNK_HEADER 16u
+#define MIN_CHUNK 32u
+#define PREV_INUSE 1u
+#define IS_MMAPPED 2u
+#define SIZE_FLAGS 7u
+/* glibc's HEAP_MAX_SIZE on 64-bit (twice the largest mmap threshold): a thread arena's heap
+ * starts at an address aligned to it, with its heap_info (48 bytes: arena, previous heap, size,
+ * mprotected size, page size, padding). */
+#define ARENA_HEAP_ALIGN ((uint64_t)64 << 20)
+#define HEAP_INFO_BYTES 48u
+/* sizeof(struct malloc_state) in glibc 2.26 to 2.39, after an arena's first heap_info. */
+#define MALLOC_STATE_BYTES 2200u
+/* Where a heap's first chunk is looked for when neither of the above lands on a recorded block:
+ * at most this far from the heap's start. */
+#define FIRST_CHUNK_SEARCH 8192u
+/* The window of the heap read at once. */
+#define WINDOW_BYTES ((uint64_t)1 << 20)
+/* Past this many roots the rest of a heap is one root (MAX_ROOTS in program_mappings.c keeps
+ * room for the program's mappings). */
+#define MAX_HEAP_ROOTS (1u << 19)
+
+typedef struct heap_reader {
+  pid_t pid;
+  uint64_t lo, hi;  /* the heap's bounds */
+  uint64_t at, len; /* the window's */
+  uint8_t *window;
+} heap_reader;
+
+static bool word_at(heap_reader *r, uint64_t address, uint64_t *out) {
+  if (address < r->lo || address > r->hi - 8) return false;
+  if (address < r->at || address + 8 > r->at + r->len) {
+    const uint64_t len = r->hi - address < WINDOW_BYTES ? r->hi - address : WINDOW_BYTES;
+    if (!hd_roots_read_remote(r->pid, address, r->window, len)) return false;
+    r->at = address;
+    r->len = len;
+  }
+  memcpy(out, r->window + (address - r->at), sizeof *out);
+  return true;
+}
+
+/* The size of the chunk at c; 0 where no chunk of an arena can be (too small, misaligned, past
+ * the heap, mmapped). */
+static uint64_t chunk_size(heap_reader *r, uint64_t c) {
+  uint64_t word;
+  if (c > r->hi - CHUNK_HEADER || !word_at(r, c + 8, &word)) return 0;
+  const uint64_t size = word & ~(uint64_t)SIZE_FLAGS;
+  if ((word & IS_MMAPPED) || size < MIN_CHUNK || size % 16 != 0 || size > r->hi - c) return 0;
+  return size;
+}
+
+/* Whether the chain of chunk sizes from c lands on target. */
+static bool chain_lands_on(heap_reader *r, uint64_t c, uint64_t target) {
+  uint64_t size;
+  while (c < target && (size = chunk_size(r, c)) != 0) c += size;
+  return c == target;
+}
+
+/* The heap's first chunk; target is the chunk of its first recorded block, 0 if it holds none
+ * (then where glibc puts it is taken as it is, and the walk's checks bound a wrong guess). */
+static uint64_t first_chunk(heap_reader *r, bool main_arena, uint64_t target) {
+  const uint64_t start = (r->lo + 15) & ~(uint64_t)15;
+  uint64_t guess = start, arena;
+  if (!main_arena) {
+    /* An arena's first heap has its malloc_state right after the heap_info (ar_ptr points
+     * there); its later heaps have their first chunk right after the heap_info. */
+    guess = word_at(r, r->lo, &arena) && arena == r->lo + HEAP_INFO_BYTES
+                ? (r->lo + HEAP_INFO_BYTES + MALLOC_STATE_BYTES + 15) & ~(uint64_t)15
+                : r->lo + HEAP_INFO_BYTES;
+  }
+  if (target == 0 || (guess <= target && chain_lands_on(r, guess, target))) return guess;
+  for (uint64_t c = start; c < target && c - start < FIRST_CHUNK_SEARCH; c += 16) {
+    if (chain_lands_on(r, c, target)) return c;
+  }
+  return target;
+}
+
+static void add_unrecorded(gather *g, uint64_t start, uint64_t end, const char *name) {
+  hd_roots_add_root(g, start, end, heapdump_client_RootKind_ROOT_KIND_UNRECORDED, 0, name);
+}
+
+/* [lo, hi) of one heap; blocks: the recorded blocks' addresses in it, sorted. */
+static void walk_heap(gather *g, heap_reader *r, bool main_arena, const uint64_t *blocks,
+                      size_t count, const char *name) {
+  r->at = r->len = 0;
+  while (count > 0 && blocks[0] < r->lo + CHUNK_HEADER) { /* no chunk header below it */
+    blocks++;
+    count--;
+  }
+  const uint64_t first = first_chunk(r, main_arena, count ? blocks[0] - CHUNK_HEADER : 0);
+  if (first > r->lo) add_unrecorded(g, r->lo, first, name); /* the arena's header: its bins */
+  uint64_t c = first, run = 0, size;
+  size_t b = 0;
+  while (g->root_count < MAX_HEAP_ROOTS && (size = chunk_size(r, c)) != 0) {
+    const uint64_t next = c + size;
+    uint64_t next_size;
+    const bool in_use = next <= r->hi - CHUNK_HEADER && word_at(r, next + 8, &next_size) &&
+                        (next_size & PREV_INUSE);
+    while (b < count && blocks[b] < c + CHUNK_HEADER) b++;
+    const bool recorded = b < count && blocks[b] == c + CHUNK_HEADER;
+    if (in_use && !recorded) {
+      if (run == 0) run = c + CHUNK_HEADER;
+    } else if (run != 0) {
+      add_unrecorded(g, run, c + 8, name); /* c's first word is the run's last chunk's */
+      run = 0;
+    }
+    c = next;
+  }
+  if (run != 0) add_unrecorded(g, run, c + 8 < r->hi ? c + 8 : r->hi, name);
+  /* Past the top chunk (zeros up to the heap's end), or where the walk lost its way. */
+  if (c < r->hi && !g->out_of_memory) add_unrecorded(g, c, r->hi, name);
+}
+
+static int compare_u64(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The index of the first address >= start. */
+static size_t first_at_or_after(const uint64_t *addresses, size_t count, uint64_t start) {
+  size_t lo = 0, hi = count;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (addresses[mid] < start) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/* Whether [start, end) of a recorded block mmapped on its own is read from its chunk header
+ * (the chunk's first word is the mapping's offset before it, for an aligned block). */
+static bool mmapped_chunk(pid_t pid, const mapping *m, uint64_t block, uint64_t *start,
+                          uint64_t *end) {
+  uint64_t header[2];
+  if (block < m->start + CHUNK_HEADER ||
+      !hd_roots_read_remote(pid, block - CHUNK_HEADER, header, sizeof header) ||
+      !(header[1] & IS_MMAPPED)) {
+    return false;
+  }
+  const uint64_t chunk = block - CHUNK_HEADER, size = header[1] & ~(uint64_t)SIZE_FLAGS;
+  if (header[0] > chunk - m->start || size > m->end - chunk) return false;
+  *start = chunk - header[0];
+  *end = chunk + size;
+  return *start % PAGE_SIZE_BYTES == 0 && *end % PAGE_SIZE_BYTES == 0;
+}
+
+void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, size_t block_count,
+                          bool unrecorded) {
+  uint64_t *addresses = malloc((block_count ? block_count : 1) * sizeof *addresses);
+  heap_reader r = {.pid = pid, .window = malloc(WINDOW_BYTES)};
+  if (addresses == NULL || r.window == NULL) {
+    g->out_of_memory = true;
+    goto done;
+  }
+  for (size_t i = 0; i < block_count; i++) addresses[i] = blocks[i].address;
+  qsort(addresses, block_count, sizeof *addresses, compare_u64);
+  for (size_t i = 0; i < g->map_count && !g->out_of_memory; i++) {
+    const mapping *m = &g->maps[i];
+    if (m->perms[0] != 'r' || m->perms[1] != 'w' || m->perms[3] != 'p' || m->end <= m->start) {
+      continue;
+    }
+    const size_t from = first_at_or_after(addresses, block_count, m->start);
+    const size_t to = first_at_or_after(addresses, block_count, m->end);
+    if (strcmp(m->path, "[heap]") == 0) {
+      r.lo = m->start;
+      r.hi = m->end;
+      if (g->brk_heap && unrecorded) walk_heap(g, &r, true, addresses + from, to - from, m->path);
+      continue;
+    }
+    /* A mapping that holds no recorded block is the program's, whole, as it was. */
+    if (!g->blocks_mapped || m->path[0] != '\0' || from == to) continue;
+    /* Each thread-arena heap in it (several when their mappings merged), then the recorded
+     * blocks mmapped on their own: what is left of the mapping is the program's (the kernel
+     * merges neighbouring anonymous mappings: an interpreter's arenas with glibc's chunks). */
+    range_set heaps = {0};
+    for (uint64_t heap = (m->start + ARENA_HEAP_ALIGN - 1) & ~(ARENA_HEAP_ALIGN - 1);
+         heap >= m->start && heap < m->end && !g->out_of_memory; heap += ARENA_HEAP_ALIGN) {
+      r.lo = heap;
+      r.hi = m->end;
+      r.at = r.len = 0;
+      uint64_t heap_size;
+      if (!word_at(&r, heap + 16, &heap_size) || heap_size <= HEAP_INFO_BYTES ||
+          heap_size % PAGE_SIZE_BYTES != 0 || heap_size > ARENA_HEAP_ALIGN ||
+          heap_size > m->end - heap) {
+        continue;
+      }
+      r.hi = heap + heap_size;
+      if (!hd_range_set_add(&heaps, r.lo, r.hi) || !hd_range_set_add(&g->glibc, r.lo, r.hi)) {
+        g->out_of_memory = true;
+        break;
+      }
+      if (!unrecorded) continue;
+      const size_t first = first_at_or_after(addresses, block_count, r.lo);
+      const size_t last = first_at_or_after(addresses, block_count, r.hi);
+      walk_heap(g, &r, false, addresses + first, last - first, m->path);
+    }
+    size_t h = 0;
+    for (size_t k = from; k < to && !g->out_of_memory; k++) {
+      while (h < heaps.count && heaps.items[h].end <= addresses[k]) h++;
+      if (h < heaps.count && heaps.items[h].start <= addresses[k]) continue;
+      uint64_t start, end;
+      if (mmapped_chunk(pid, m, addresses[k], &start, &end) &&
+          !hd_range_set_add(&g->glibc, start, end)) {
+        g->out_of_memory = true;
+      }
+    }
+    free(heaps.items);
+  }
+done:
+  free(addresses);
+  free(r.window);
+}
