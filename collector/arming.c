@@ -63,7 +63,30 @@ void hd_arming_close(hd_collector *c) {
   c->arm_page = NULL;
 }
 
-/* /proc/PID/stat's start time; 0 if the process is gone. */
+/* The boottime offset of the time namespace of process `who` ("self" or a pid), in clock ticks
+ * (/proc/WHO/timens_offsets; 0 without time namespaces, or in the initial one). */
+static int64_t boottime_offset_ticks(const char *who) {
+  char path[64], line[128];
+  snprintf(path, sizeof path, "/proc/%s/timens_offsets", who);
+  FILE *f = fopen(path, "re");
+  if (f == NULL) return 0;
+  int64_t ticks = 0;
+  const long per_second = sysconf(_SC_CLK_TCK);
+  while (fgets(line, sizeof line, f) != NULL) {
+    char clock[32];
+    long long seconds;
+    long nanoseconds;
+    if (sscanf(line, "%31s %lld %ld", clock, &seconds, &nanoseconds) == 3 &&
+        (strcmp(clock, "boottime") == 0 || strcmp(clock, "7") == 0) && per_second > 0) {
+      ticks = (int64_t)seconds * per_second + (int64_t)nanoseconds / (1000000000 / per_second);
+    }
+  }
+  fclose(f);
+  return ticks;
+}
+
+/* The start time of the process as it reads it itself (/proc/self/stat, field 22, shifted by
+ * its time namespace's boottime offset), which names it in a slot; 0 if it is gone. */
 static uint64_t start_ticks_of(pid_t pid) {
   char path[64], line[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -71,7 +94,11 @@ static uint64_t start_ticks_of(pid_t pid) {
   if (f == NULL) return 0;
   const bool read = fgets(line, sizeof line, f) != NULL;
   fclose(f);
-  return read ? hd_stat_start_ticks(line) : 0;
+  const uint64_t start = read ? hd_stat_start_ticks(line) : 0;
+  if (start == 0) return 0;
+  char who[16];
+  snprintf(who, sizeof who, "%d", (int)pid);
+  return start + (uint64_t)(boottime_offset_ticks(who) - boottime_offset_ticks("self"));
 }
 
 /* Whether every uid of a process (real, effective, saved, filesystem) is uid, as ptrace would

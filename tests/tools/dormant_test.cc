@@ -247,6 +247,29 @@ TEST_F(Dormant, ALeakCheckOfAnArmedProcessScansTheBlocksFromBeforeArming) {
   EXPECT_EQ(child->Finish(), 0);
 }
 
+// A process in a time namespace (a container's, or one restored by CRIU) reads its own start
+// time shifted by the namespace's boottime offset: the collector names it so in its slot, and
+// the process takes the request as its own.
+TEST_F(Dormant, AProcessInATimeNamespaceIsArmed) {
+  if (geteuid() != 0) GTEST_SKIP() << "a time namespace needs CAP_SYS_ADMIN";
+  if (!Installed("/usr/bin/unshare")) GTEST_SKIP() << "unshare is not installed";
+  std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
+  env.push_back("HEAPDUMP_DORMANT=1");
+  hdtest::Program child({"/usr/bin/unshare", "--time", "--boottime", "100000", HD_DORMANT_CHILD},
+                        env);
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  EXPECT_NE(hdtest::ReadFile("/proc/" + p + "/timens_offsets").find("100000"), std::string::npos);
+  hdtest::ShellOutput armed = Shell("heapdump arm --timeout 5 --pid " + p);
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
+  Command(&child, "keep 10 1234");
+  EXPECT_EQ(SiteOf(Report(std::stoi(p)), "keep_after").blocks, 10);
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
 // What users meet when the process cannot be armed: one recording since it started, one without
 // the library, one that does not exist.
 TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {

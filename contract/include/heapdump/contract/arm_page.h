@@ -11,10 +11,11 @@
  * reading its slot, reads it again later.
  *
  * A slot names a process by its own pid (the pid in its innermost namespace, what getpid()
- * answers inside it), its start time (field 22 of /proc/PID/stat, clock ticks after boot) and
- * the address at which it mapped the page (from /proc/PID/maps), so that neither a reused pid, nor
- * a process of another pid namespace, nor the program a process exec'd (same pid and start
- * time, its own mapping) takes a request meant for another. A slot stays the process's until it
+ * answers inside it), its start time (field 22 of /proc/PID/stat, clock ticks after boot, as the
+ * process reads it in its own time namespace) and the address at which it mapped the page (from
+ * /proc/PID/maps), so that neither a reused pid, nor a process of another pid namespace, nor the
+ * program a process exec'd (same pid and start time, its own mapping) takes a request meant for
+ * another. A slot stays the process's until it
  * exits; the collector reuses slots of exited processes.
  *
  * The file is kept across collector restarts (opened, never truncated nor replaced: processes
