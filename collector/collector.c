@@ -126,7 +126,9 @@ static HD_MUST_CHECK int prepare_socket_dir(hd_collector *c, const char *socket_
   char *slash = strrchr(dir, '/');
   if (slash == NULL || slash == dir) return 0;
   *slash = '\0';
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+  if (mkdir(dir, 0700) == 0) {
+    (void)chmod(dir, 0700); /* private whatever the umask (0277 would leave it 0500) */
+  } else if (errno != EEXIST) {
     hd_log(c, HD_LOG_ERROR, "cannot create %s: %s", dir, strerror(errno));
     return -errno;
   }

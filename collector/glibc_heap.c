@@ -1,25 +1,28 @@
-/* The blocks glibc holds that the process did not record, as reachability roots
- * (roots_internal.h).
+/* glibc's memory among the process's mappings, and the blocks glibc holds that the process did
+ * not record, as reachability roots (roots_internal.h).
  *
  * A process that records on glibc but not every block (sampled, or armed after it started) holds
  * live blocks the collector has no record of, and a recorded block only they point to would look
  * lost: at one block in 4 KiB sampled, nearly every recorded node of a tree. glibc's own chunk
  * headers say where its blocks are: a chunk starts with the previous chunk's size (a word the
  * previous chunk may use while in use) and its own size, whose low three bits are flags; the
- * next chunk's PREV_INUSE bit says whether a chunk is in use. In each heap that holds recorded
- * blocks — the program break's (the main arena), and a thread arena's heaps (64 MiB aligned, a
- * heap_info header first, the arena's malloc_state after it in an arena's first heap) — the
- * walk starts at the heap's first chunk, the first address whose chain of sizes lands on the
- * chunk of the heap's first recorded block, and adds every run of in-use chunks holding no
- * recorded block as one root (kind UNRECORDED).
+ * next chunk's PREV_INUSE bit says whether a chunk is in use, and a free chunk's size is
+ * repeated in the next chunk's first word. In each heap that holds recorded blocks — the program
+ * break's (the main arena), and a thread arena's heaps (64 MiB aligned, a heap_info header
+ * first, the arena's malloc_state after it in an arena's first heap) — the walk starts at the
+ * heap's first chunk, where glibc puts it (checked: its chain of sizes must land on the chunk of
+ * the heap's first recorded block), and adds every run of in-use chunks holding no recorded
+ * block as one root (kind UNRECORDED).
  *
- * What this cannot tell apart: chunks that glibc's thread caches and fast bins hold are free but
- * marked in use, so their stale bytes are scanned as well. That can make a leaked block look
- * reachable, never a reachable one look lost.
+ * Wherever it cannot tell, it errs toward scanning: chunks glibc's thread caches and fast bins
+ * hold are free but marked in use, so their stale bytes are scanned; a chunk marked free whose
+ * size the next chunk does not repeat (read while the process changed it) is scanned; a heap's
+ * start where the first chunk is not where glibc puts it, and the rest of a heap where a size
+ * makes no sense, are scanned whole. That can make a lost block look reachable; a reachable one
+ * looks lost only where the process changed its heap while it was read.
  *
- * The heap is the process's, so hostile: every size is checked against the heap's bounds, each
- * step moves forward, and where no chunk header makes sense (past the top chunk, or a size no
- * chunk can have) the rest of the heap is added whole, which errs the same safe way. */
+ * The heap is the process's, so hostile: every size is checked against the heap's bounds and
+ * each step moves forward. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -33,15 +36,13 @@
 #define IS_MMAPPED 2u
 #define SIZE_FLAGS 7u
 /* glibc's HEAP_MAX_SIZE on 64-bit (twice the largest mmap threshold): a thread arena's heap
- * starts at an address aligned to it, with its heap_info (48 bytes: arena, previous heap, size,
- * mprotected size, page size, padding). */
+ * starts at an address aligned to it, with its heap_info: arena, previous heap, size,
+ * mprotected size, then (glibc 2.35 on) the page size, padded to 48 bytes (32 before). */
 #define ARENA_HEAP_ALIGN ((uint64_t)64 << 20)
 #define HEAP_INFO_BYTES 48u
-/* sizeof(struct malloc_state) in glibc 2.26 to 2.39, after an arena's first heap_info. */
+#define HEAP_INFO_BYTES_OLD 32u
+/* sizeof(struct malloc_state), glibc 2.27 to 2.39, after an arena's first heap_info. */
 #define MALLOC_STATE_BYTES 2200u
-/* Where a heap's first chunk is looked for when neither of the above lands on a recorded block:
- * at most this far from the heap's start. */
-#define FIRST_CHUNK_SEARCH 8192u
 /* The window of the heap read at once. */
 #define WINDOW_BYTES ((uint64_t)1 << 20)
 /* Past this many roots the rest of a heap is one root (MAX_ROOTS in program_mappings.c keeps
@@ -84,55 +85,50 @@ static bool chain_lands_on(heap_reader *r, uint64_t c, uint64_t target) {
   return c == target;
 }
 
-/* The heap's first chunk; target is the chunk of its first recorded block, 0 if it holds none
- * (then where glibc puts it is taken as it is, and the walk's checks bound a wrong guess). */
-static uint64_t first_chunk(heap_reader *r, bool main_arena, uint64_t target) {
-  const uint64_t start = (r->lo + 15) & ~(uint64_t)15;
-  uint64_t guess = start, arena;
-  if (!main_arena) {
-    /* An arena's first heap has its malloc_state right after the heap_info (ar_ptr points
-     * there); its later heaps have their first chunk right after the heap_info. */
-    guess = word_at(r, r->lo, &arena) && arena == r->lo + HEAP_INFO_BYTES
-                ? (r->lo + HEAP_INFO_BYTES + MALLOC_STATE_BYTES + 15) & ~(uint64_t)15
-                : r->lo + HEAP_INFO_BYTES;
-  }
-  if (target == 0 || (guess <= target && chain_lands_on(r, guess, target))) return guess;
-  for (uint64_t c = start; c < target && c - start < FIRST_CHUNK_SEARCH; c += 16) {
-    if (chain_lands_on(r, c, target)) return c;
-  }
-  return target;
+/* Whether the chunk at c, of size bytes, is in use: the next chunk's PREV_INUSE bit, unless the
+ * chunk is the heap's last (the top chunk, free) or a free chunk's size is not repeated in the
+ * next chunk's first word as glibc writes it (then it was read mid-change: taken as in use). */
+static bool in_use(heap_reader *r, uint64_t c, uint64_t size) {
+  const uint64_t next = c + size;
+  uint64_t next_size, footer;
+  if (next > r->hi - CHUNK_HEADER || !word_at(r, next + 8, &next_size)) return false;
+  if (next_size & PREV_INUSE) return true;
+  return !word_at(r, next, &footer) || footer != size;
 }
 
 static void add_unrecorded(gather *g, uint64_t start, uint64_t end, const char *name) {
   hd_roots_add_root(g, start, end, heapdump_client_RootKind_ROOT_KIND_UNRECORDED, 0, name);
 }
 
-/* [lo, hi) of one heap; blocks: the recorded blocks' addresses in it, sorted. */
-static void walk_heap(gather *g, heap_reader *r, bool main_arena, const uint64_t *blocks,
+/* Walks the heap [r->lo, r->hi) from `first`, where glibc puts its first chunk; blocks: the
+ * recorded blocks' addresses in it, sorted. What lies before the first chunk (an arena's
+ * header: its bins) is scanned whole. */
+static void walk_heap(gather *g, heap_reader *r, uint64_t first, const uint64_t *blocks,
                       size_t count, const char *name) {
   r->at = r->len = 0;
   while (count > 0 && blocks[0] < r->lo + CHUNK_HEADER) { /* no chunk header below it */
     blocks++;
     count--;
   }
-  const uint64_t first = first_chunk(r, main_arena, count ? blocks[0] - CHUNK_HEADER : 0);
-  if (first > r->lo) add_unrecorded(g, r->lo, first, name); /* the arena's header: its bins */
+  /* The first recorded block's chunk must be on the chain from the first chunk; if it is not
+   * (another glibc's layout, or that block freed meanwhile), the walk starts at it. */
+  const bool guessed = count == 0 || (first <= blocks[0] - CHUNK_HEADER &&
+                                      chain_lands_on(r, first, blocks[0] - CHUNK_HEADER));
+  if (!guessed) first = blocks[0] - CHUNK_HEADER;
+  /* Up to that block's chunk's first word, which the chunk before it may use. */
+  if (first > r->lo) add_unrecorded(g, r->lo, guessed ? first : first + 8, name);
   uint64_t c = first, run = 0, size;
   size_t b = 0;
   while (g->root_count < MAX_HEAP_ROOTS && (size = chunk_size(r, c)) != 0) {
-    const uint64_t next = c + size;
-    uint64_t next_size;
-    const bool in_use = next <= r->hi - CHUNK_HEADER && word_at(r, next + 8, &next_size) &&
-                        (next_size & PREV_INUSE);
     while (b < count && blocks[b] < c + CHUNK_HEADER) b++;
     const bool recorded = b < count && blocks[b] == c + CHUNK_HEADER;
-    if (in_use && !recorded) {
+    if (in_use(r, c, size) && !recorded) {
       if (run == 0) run = c + CHUNK_HEADER;
     } else if (run != 0) {
       add_unrecorded(g, run, c + 8, name); /* c's first word is the run's last chunk's */
       run = 0;
     }
-    c = next;
+    c += size;
   }
   if (run != 0) add_unrecorded(g, run, c + 8 < r->hi ? c + 8 : r->hi, name);
   /* Past the top chunk (zeros up to the heap's end), or where the walk lost its way. */
@@ -156,6 +152,29 @@ static size_t first_at_or_after(const uint64_t *addresses, size_t count, uint64_
     }
   }
   return lo;
+}
+
+/* Whether a thread arena's heap starts at `heap` (its heap_info read in one go, checked
+ * against how glibc links them); its size, and where glibc put its first chunk. */
+static bool arena_heap_at(pid_t pid, uint64_t heap, uint64_t *size, uint64_t *first) {
+  uint64_t info[5]; /* ar_ptr, prev, size, mprotect_size, pagesize */
+  if (!hd_roots_read_remote(pid, heap, info, sizeof info)) return false;
+  const uint64_t header = info[0] % ARENA_HEAP_ALIGN;
+  if (header != HEAP_INFO_BYTES && header != HEAP_INFO_BYTES_OLD) return false;
+  if (header == HEAP_INFO_BYTES && info[4] != PAGE_SIZE_BYTES) return false;
+  const bool first_of_arena = info[0] == heap + header;
+  if (first_of_arena ? info[1] != 0
+                     : info[1] == 0 || info[1] % ARENA_HEAP_ALIGN != 0 || info[1] == heap) {
+    return false;
+  }
+  if (info[2] <= header || info[2] % PAGE_SIZE_BYTES != 0 || info[2] > ARENA_HEAP_ALIGN ||
+      info[3] < info[2]) {
+    return false;
+  }
+  *size = info[2];
+  *first =
+      first_of_arena ? (heap + header + MALLOC_STATE_BYTES + 15) & ~(uint64_t)15 : heap + header;
+  return true;
 }
 
 /* Whether [start, end) of a recorded block mmapped on its own is read from its chunk header
@@ -195,35 +214,34 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
     if (strcmp(m->path, "[heap]") == 0) {
       r.lo = m->start;
       r.hi = m->end;
-      if (g->brk_heap && unrecorded) walk_heap(g, &r, true, addresses + from, to - from, m->path);
+      if (g->brk_heap && unrecorded) {
+        walk_heap(g, &r, (m->start + 15) & ~(uint64_t)15, addresses + from, to - from, m->path);
+      }
       continue;
     }
     /* A mapping that holds no recorded block is the program's, whole, as it was. */
     if (!g->blocks_mapped || m->path[0] != '\0' || from == to) continue;
-    /* Each thread-arena heap in it (several when their mappings merged), then the recorded
-     * blocks mmapped on their own: what is left of the mapping is the program's (the kernel
-     * merges neighbouring anonymous mappings: an interpreter's arenas with glibc's chunks). */
+    /* The thread-arena heaps its recorded blocks lie in (several when the kernel merged their
+     * mappings), then its recorded blocks mmapped on their own: what is left of the mapping
+     * is the program's (an interpreter's arenas may share a mapping with glibc's chunks). */
     range_set heaps = {0};
-    for (uint64_t heap = (m->start + ARENA_HEAP_ALIGN - 1) & ~(ARENA_HEAP_ALIGN - 1);
-         heap >= m->start && heap < m->end && !g->out_of_memory; heap += ARENA_HEAP_ALIGN) {
+    uint64_t last_probed = 0;
+    for (size_t k = from; k < to && !g->out_of_memory; k++) {
+      const uint64_t heap = addresses[k] & ~(ARENA_HEAP_ALIGN - 1);
+      uint64_t size, first;
+      if (heap == last_probed || heap < m->start) continue;
+      last_probed = heap;
+      if (!arena_heap_at(pid, heap, &size, &first)) continue;
       r.lo = heap;
-      r.hi = m->end;
-      r.at = r.len = 0;
-      uint64_t heap_size;
-      if (!word_at(&r, heap + 16, &heap_size) || heap_size <= HEAP_INFO_BYTES ||
-          heap_size % PAGE_SIZE_BYTES != 0 || heap_size > ARENA_HEAP_ALIGN ||
-          heap_size > m->end - heap) {
-        continue;
-      }
-      r.hi = heap + heap_size;
+      r.hi = size < m->end - heap ? heap + size : m->end; /* it may have grown since */
       if (!hd_range_set_add(&heaps, r.lo, r.hi) || !hd_range_set_add(&g->glibc, r.lo, r.hi)) {
         g->out_of_memory = true;
         break;
       }
       if (!unrecorded) continue;
-      const size_t first = first_at_or_after(addresses, block_count, r.lo);
-      const size_t last = first_at_or_after(addresses, block_count, r.hi);
-      walk_heap(g, &r, false, addresses + first, last - first, m->path);
+      const size_t lo = first_at_or_after(addresses, block_count, r.lo);
+      const size_t hi = first_at_or_after(addresses, block_count, r.hi);
+      walk_heap(g, &r, first, addresses + lo, hi - lo, m->path);
     }
     size_t h = 0;
     for (size_t k = from; k < to && !g->out_of_memory; k++) {

@@ -124,9 +124,11 @@ void hd_roots_add_program_mappings(hd_process *p, gather *g, const range_set *ta
       }
     }
     for (size_t k = 0; k < pieces.count; k++) {
-      /* glibc's memory that glibc_heap.c could not place: the allocator's, as a whole. */
-      if (g->blocks_mapped && hd_roots_holds_block(addresses, address_count, pieces.items[k].start,
-                                                   pieces.items[k].end)) {
+      /* glibc's memory that glibc_heap.c could not place: the allocator's, as a whole; but where
+       * the process does not record every block, its unrecorded blocks may be in it. */
+      if (g->blocks_mapped && !g->unrecorded &&
+          hd_roots_holds_block(addresses, address_count, pieces.items[k].start,
+                               pieces.items[k].end)) {
         continue;
       }
       add_resident(g, entries, pieces.items[k].start, pieces.items[k].end, m->path);

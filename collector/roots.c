@@ -520,11 +520,10 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
   add_threads(p, g);
   /* On glibc: its memory among the program's mappings, and the blocks it holds that were not
    * recorded (a recorded block may hang from them). */
-  if (g->brk_heap || g->blocks_mapped) {
-    hd_roots_glibc_heaps(p->pid, g, blocks, block_count,
-                         hd_res_reader_sample_bytes(p->res) != 0 ||
-                             hd_res_reader_arm_state(p->res) != HD_ARM_FROM_START);
-  }
+  g->unrecorded = hd_res_reader_sample_bytes(p->res) != 0 ||
+                  hd_res_reader_arm_state(p->res) != HD_ARM_FROM_START;
+  if (g->brk_heap || g->blocks_mapped)
+    hd_roots_glibc_heaps(p->pid, g, blocks, block_count, g->unrecorded);
   remove_overlaps(g);
   range_set taken = {0};
   uint64_t *addresses = NULL;

@@ -74,6 +74,8 @@ typedef struct gather {
   range_set allocator, heapdump;
   /* glibc's memory found in the mappings that hold recorded blocks (glibc_heap.c). */
   range_set glibc;
+  /* The process does not record every block (sampled, or armed after it started). */
+  bool unrecorded;
   struct tls_span {
     uint64_t offset, size; /* from each thread pointer (offset in two's complement) */
   } heapdump_tls[4];

@@ -57,21 +57,31 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
       hd_arm_page_path(socket_path, path, sizeof path) != 0) {
     return;
   }
+  /* A relative socket path would make a directory in every process's working directory. */
+  if (path[0] != '/') return;
   /* Only a page this user's (or root's) collector wrote, in a directory nobody else may write
    * to: a page planted by another user (say in /tmp/heapdump-0/, made before root's collector
    * ran) could otherwise arm this process and make it hand its tables to that user's socket. */
   char dir[sizeof path];
   memcpy(dir, path, sizeof path);
   char *slash = strrchr(dir, '/');
-  if (slash == NULL) return;
+  const char *name = path + (slash - dir) + 1;
   slash[slash == dir ? 1 : 0] = '\0';
   /* No collector has run yet (a service started at boot before the collector's unit): the
-   * socket's directory is made as the collector makes it, private, and the page with it, so
-   * that the collector started later finds this very page and can arm this process. */
-  (void)mkdir(dir, 0700);
+   * socket's directory is made as the collector makes it, private whatever the umask, and the
+   * page in it, so that the collector started later finds this very page and can arm this
+   * process. The directory is opened without following a link (one another user put in
+   * /tmp/heapdump-UID would lead elsewhere), checked, and the page made relative to it. */
+  const bool made = mkdir(dir, 0700) == 0;
+  const int dir_fd =
+      (int)syscall(SYS_openat, AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir_fd < 0) return;
+  if (made) (void)fchmod(dir_fd, 0700);
   struct stat st;
-  if (stat(dir, &st) != 0 || !trusted(&st, uid)) return;
-  const int fd = hd_arm_page_file_open(path, O_RDONLY);
+  int fd = -1;
+  if (fstat(dir_fd, &st) == 0 && S_ISDIR(st.st_mode) && trusted(&st, uid))
+    fd = hd_arm_page_file_open(dir_fd, name, O_RDONLY);
+  close(dir_fd);
   if (fd < 0) return; /* not made nor opened (read-only /run, ...): this process cannot be armed */
   void *p = MAP_FAILED;
   /* Shorter than the page, a mapping of it would fault past the end. */

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -240,8 +241,13 @@ void hd_init_slow(void) {
     }
     return;
   }
+  /* A set-user-ID or set-group-ID program, or one with file capabilities (AT_SECURE; loaded
+   * from /etc/ld.so.preload, as ld.so ignores LD_PRELOAD then): its environment is its
+   * unprivileged caller's choice, so the library takes nothing from it and only forwards to
+   * glibc, never armable: recording would hand a privileged heap to that caller's collector. */
+  const bool secure = getauxval(AT_SECURE) != 0;
   /* A dormant process's blocks are glibc's, untagged: recording, once armed, stays on glibc. */
-  const bool dormant = dormant_wanted();
+  const bool dormant = secure || dormant_wanted();
   const char *a = early_getenv(HD_ENV_ALLOCATOR);
   const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
   hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
@@ -267,7 +273,7 @@ void hd_init_slow(void) {
   int state = HD_STATE_OFF;
   if (dormant) {
     /* Until armed: the tables are made then, with the rate the collector asks for. */
-    hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
+    if (!secure) hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
     state = HD_STATE_DORMANT;
   } else if (program_selected(getpid()) && create_tables()) {
     state = HD_STATE_READY;

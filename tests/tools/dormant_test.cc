@@ -364,6 +364,77 @@ TEST_F(Dormant, AProcessStartedBeforeAnyCollectorIsArmedByTheOneStartedLater) {
   EXPECT_EQ(child.Finish(), 0);
 }
 
+// Where a dormant process makes the page itself, and where it does not: a directory of its
+// own, private even under a umask of 0277 (as the collector then wants it); never through a
+// symbolic link another user could have put in its place; never relative to wherever it runs.
+TEST_F(Dormant, AProcessMakesThePageOnlyInAPrivateDirectoryOfItsOwn) {
+  const std::string run =
+      "env LD_PRELOAD=" + std::string(HD_PRELOAD_LIB) + " HEAPDUMP_DORMANT=1 HEAPDUMP_SOCKET=";
+  hdtest::ShellOutput o = Shell(
+      "mkdir target && ln -s target link && mkdir cwd\n"
+      "(umask 0277 && " +
+      run + dir + "/umask/collector.sock ls >/dev/null)\n" + run + dir +
+      "/link/collector.sock ls >/dev/null\n" + "cd cwd && " + run +
+      "relative/collector.sock ls >/dev/null\n");
+  ASSERT_EQ(o.status, 0) << o.out;
+  struct stat st = {};
+  ASSERT_EQ(stat((dir + "/umask").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir + "/umask/collector.sock.arm").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_FALSE(hdtest::Exists(dir + "/target/collector.sock.arm"));
+  EXPECT_FALSE(hdtest::Exists(dir + "/cwd/relative"));
+  // The collector takes such a directory as its own.
+  hdtest::Collector later{dir + "/umask-collector"};
+  later.socket = dir + "/umask/collector.sock";
+  later.Start();
+}
+
+// A set-user-ID program (here one root runs as nobody; in a fleet, su or passwd loaded by
+// /etc/ld.so.preload) takes nothing from the environment its caller chose: HEAPDUMP_DORMANT=0
+// does not make it record, and it makes no page, maps none, and cannot be armed.
+TEST_F(Dormant, ASetUserIdProgramOnlyForwards) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (chown, a mount namespace)";
+  const std::string probe =
+      Shell(
+          "mkdir -p probe/u probe/w && unshare -m --propagation private sh -c "
+          "'mount -t overlay overlay -o lowerdir=/etc,upperdir=probe/u,workdir=probe/w /etc' "
+          "&& echo can")
+          .out;
+  if (probe.find("can") == std::string::npos) {
+    GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << probe;
+  }
+  ASSERT_EQ(mkdir((dir + "/secure").c_str(), 0755), 0);
+  const std::string script = "mkdir -p " + dir + "/ovl/u " + dir +
+                             "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
+                             "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " +
+                             std::string(HD_PRELOAD_LIB) + " > /etc/ld.so.preload && cp " +
+                             HD_DORMANT_CHILD + " " + dir + "/suid_child && chown 65534 " + dir +
+                             "/suid_child && chmod 4755 " + dir + "/suid_child && exec " + dir +
+                             "/suid_child";
+  hdtest::Program child(
+      {"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c", script},
+      {"HEAPDUMP_SOCKET=" + dir + "/secure/run/collector.sock", "HEAPDUMP_DORMANT=0"});
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  const std::string status = hdtest::ReadFile("/proc/" + p + "/status");
+  if (status.find("\nUid:\t0\t65534\t") == std::string::npos) {
+    child.Send("exit");
+    child.Finish();
+    GTEST_SKIP() << "set-user-ID bits not honoured here (a nosuid mount?):\n" << status;
+  }
+  const std::string maps = hdtest::ReadFile("/proc/" + p + "/maps");
+  EXPECT_NE(maps.find("libheapdump.so"), std::string::npos);
+  EXPECT_EQ(maps.find(".arm"), std::string::npos) << maps;
+  EXPECT_FALSE(HasTables(std::stoi(p)));
+  EXPECT_FALSE(hdtest::Exists(dir + "/secure/run"));
+  Command(&child, "keep 10 1234");
+  EXPECT_FALSE(HasTables(std::stoi(p)));
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
 // docs/tools.md's service set-up as written, short of systemd itself (no service manager runs
 // in the tests): /run is this test's directory, my-user the test's user, the library this
 // build's; the drop-in's Environment= lines, split on blanks as systemd splits them, are the

@@ -488,8 +488,8 @@ int cli_arm_process(const cli_options *o, uint64_t pid, bool recording, bool has
     case heapdump_client_CollectorError_PROCESS_NOT_DORMANT:
       cli_error("%s: process %" PRIu64
                 " does not run the dormant library of this collector: start it with "
-                "HEAPDUMP_DORMANT=1 and LD_PRELOAD (or from /etc/ld.so.preload), after the "
-                "collector and with its socket",
+                "HEAPDUMP_DORMANT=1 and LD_PRELOAD (or from /etc/ld.so.preload), with this "
+                "collector's socket and as its user (set-user-ID programs never arm)",
                 verb, pid);
       return EXIT_NOT_FOUND;
     case heapdump_client_CollectorError_PERMISSION_DENIED:

@@ -7,35 +7,30 @@
  * racing the first finds the first one's file and uses it. A process that made the page maps the
  * same inode the collector opens later, which is all arming needs.
  *
- * Needs _GNU_SOURCE (O_TMPFILE) before the first system header. No allocation: the library
- * calls it from its constructor. */
+ * Everything is relative to the directory's descriptor, opened by the caller without following
+ * a symbolic link and checked: a directory swapped for a link after the check cannot redirect
+ * the file. Needs _GNU_SOURCE (O_TMPFILE) before the first system header. No allocation: the
+ * library calls it from its initialisation. */
 #ifndef HEAPDUMP_CONTRACT_ARM_PAGE_FILE_H
 #define HEAPDUMP_CONTRACT_ARM_PAGE_FILE_H
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "heapdump/contract/arm_page.h"
 #include "heapdump/contract/must_check.h"
 
-/* The arm page file at path, opened with access (O_RDONLY or O_RDWR; O_CLOEXEC, never through a
- * symbolic link), or created mode 0644, initialised, and opened read-write when it does not
- * exist. A descriptor, or -errno. */
-static HD_MUST_CHECK inline int hd_arm_page_file_open(const char *path, int access) {
-  int fd = open(path, access | O_CLOEXEC | O_NOFOLLOW);
+/* The arm page file `name` in directory dir_fd, opened with access (O_RDONLY or O_RDWR;
+ * O_CLOEXEC, never through a symbolic link), or created mode 0644, initialised, and opened
+ * read-write when it does not exist. A descriptor, or -errno. */
+static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *name, int access) {
+  int fd = openat(dir_fd, name, access | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
-  char dir[4096];
-  if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) return -ENAMETOOLONG;
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else
-    slash[slash == dir ? 1 : 0] = '\0';
-  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  fd = openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
   if (fd < 0) return -errno;
   /* Zeros but for the magic and version: every slot free, generation 0. */
   const uint32_t head[2] = {HD_ARM_PAGE_MAGIC, HD_ARM_PAGE_VERSION};
@@ -43,11 +38,11 @@ static HD_MUST_CHECK inline int hd_arm_page_file_open(const char *path, int acce
   snprintf(proc_path, sizeof proc_path, "/proc/self/fd/%d", fd);
   if (ftruncate(fd, HD_ARM_PAGE_BYTES) != 0 ||
       pwrite(fd, head, sizeof head, 0) != (ssize_t)sizeof head || fchmod(fd, 0644) != 0 ||
-      linkat(AT_FDCWD, proc_path, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) {
+      linkat(AT_FDCWD, proc_path, dir_fd, name, AT_SYMLINK_FOLLOW) != 0) {
     const int err = errno;
     close(fd);
     /* Another creator linked its page first: use that one. */
-    return err == EEXIST ? hd_arm_page_file_open(path, access) : -err;
+    return err == EEXIST ? hd_arm_page_file_open(dir_fd, name, access) : -err;
   }
   return fd;
 }
