@@ -45,6 +45,8 @@
 #define MALLOC_STATE_BYTES 2200u
 /* The window of the heap read at once. */
 #define WINDOW_BYTES ((uint64_t)1 << 20)
+/* The aligned addresses of one mapping looked at for a thread arena's heap (4 GiB of them). */
+#define MAX_HEAP_PROBES 64u
 /* Past this many roots the rest of a heap is one root (MAX_ROOTS in program_mappings.c keeps
  * room for the program's mappings). */
 #define MAX_HEAP_ROOTS (1u << 19)
@@ -52,6 +54,7 @@
 typedef struct heap_reader {
   pid_t pid;
   uint64_t lo, hi;  /* the heap's bounds */
+  bool hi_is_end;   /* hi is where the heap ends (not a mapping's end that cut it short) */
   uint64_t at, len; /* the window's */
   uint8_t *window;
 } heap_reader;
@@ -86,13 +89,14 @@ static bool chain_lands_on(heap_reader *r, uint64_t c, uint64_t target) {
 }
 
 /* Whether the chunk at c, of size bytes, is in use: the next chunk's PREV_INUSE bit, unless the
- * chunk is the heap's last (the top chunk, free) or a free chunk's size is not repeated in the
- * next chunk's first word as glibc writes it (then it was read mid-change: taken as in use). */
+ * chunk is the heap's last (the top chunk, free, where the heap's end is known) or a free
+ * chunk's size is not repeated in the next chunk's first word as glibc writes it (then it was
+ * read mid-change). What cannot be read is taken as in use. */
 static bool in_use(heap_reader *r, uint64_t c, uint64_t size) {
   const uint64_t next = c + size;
   uint64_t next_size, footer;
-  if (next > r->hi - CHUNK_HEADER || !word_at(r, next + 8, &next_size)) return false;
-  if (next_size & PREV_INUSE) return true;
+  if (next > r->hi - CHUNK_HEADER) return !r->hi_is_end;
+  if (!word_at(r, next + 8, &next_size) || (next_size & PREV_INUSE)) return true;
   return !word_at(r, next, &footer) || footer != size;
 }
 
@@ -161,7 +165,11 @@ static bool arena_heap_at(pid_t pid, uint64_t heap, uint64_t *size, uint64_t *fi
   if (!hd_roots_read_remote(pid, heap, info, sizeof info)) return false;
   const uint64_t header = info[0] % ARENA_HEAP_ALIGN;
   if (header != HEAP_INFO_BYTES && header != HEAP_INFO_BYTES_OLD) return false;
-  if (header == HEAP_INFO_BYTES && info[4] != PAGE_SIZE_BYTES) return false;
+  /* The page size (huge pages with glibc.malloc.hugetlb): a power of two, 4 KiB to 1 GiB. */
+  if (header == HEAP_INFO_BYTES && (info[4] < PAGE_SIZE_BYTES || info[4] > ((uint64_t)1 << 30) ||
+                                    (info[4] & (info[4] - 1)) != 0)) {
+    return false;
+  }
   const bool first_of_arena = info[0] == heap + header;
   if (first_of_arena ? info[1] != 0
                      : info[1] == 0 || info[1] % ARENA_HEAP_ALIGN != 0 || info[1] == heap) {
@@ -209,31 +217,38 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
     if (m->perms[0] != 'r' || m->perms[1] != 'w' || m->perms[3] != 'p' || m->end <= m->start) {
       continue;
     }
-    const size_t from = first_at_or_after(addresses, block_count, m->start);
-    const size_t to = first_at_or_after(addresses, block_count, m->end);
     if (strcmp(m->path, "[heap]") == 0) {
+      /* One heap, however many pieces the kernel shows it in (mlock, mprotect split it). */
       r.lo = m->start;
       r.hi = m->end;
-      if (g->brk_heap && unrecorded) {
-        walk_heap(g, &r, (m->start + 15) & ~(uint64_t)15, addresses + from, to - from, m->path);
+      while (i + 1 < g->map_count && strcmp(g->maps[i + 1].path, "[heap]") == 0 &&
+             g->maps[i + 1].start == r.hi && g->maps[i + 1].perms[0] == 'r') {
+        r.hi = g->maps[++i].end;
       }
+      r.hi_is_end = true;
+      const size_t lo = first_at_or_after(addresses, block_count, r.lo);
+      const size_t hi = first_at_or_after(addresses, block_count, r.hi);
+      if (g->brk_heap && unrecorded)
+        walk_heap(g, &r, (r.lo + 15) & ~(uint64_t)15, addresses + lo, hi - lo, m->path);
       continue;
     }
+    const size_t from = first_at_or_after(addresses, block_count, m->start);
+    const size_t to = first_at_or_after(addresses, block_count, m->end);
     /* A mapping that holds no recorded block is the program's, whole, as it was. */
     if (!g->blocks_mapped || m->path[0] != '\0' || from == to) continue;
     /* The thread-arena heaps its recorded blocks lie in (several when the kernel merged their
      * mappings), then its recorded blocks mmapped on their own: what is left of the mapping
      * is the program's (an interpreter's arenas may share a mapping with glibc's chunks). */
     range_set heaps = {0};
-    uint64_t last_probed = 0;
-    for (size_t k = from; k < to && !g->out_of_memory; k++) {
-      const uint64_t heap = addresses[k] & ~(ARENA_HEAP_ALIGN - 1);
+    unsigned probed = 0;
+    for (uint64_t heap = (m->start + ARENA_HEAP_ALIGN - 1) & ~(ARENA_HEAP_ALIGN - 1);
+         heap >= m->start && heap < m->end && probed < MAX_HEAP_PROBES && !g->out_of_memory;
+         heap += ARENA_HEAP_ALIGN, probed++) {
       uint64_t size, first;
-      if (heap == last_probed || heap < m->start) continue;
-      last_probed = heap;
       if (!arena_heap_at(pid, heap, &size, &first)) continue;
       r.lo = heap;
-      r.hi = size < m->end - heap ? heap + size : m->end; /* it may have grown since */
+      r.hi_is_end = size <= m->end - heap;
+      r.hi = r.hi_is_end ? heap + size : m->end; /* it may have grown since the maps were read */
       if (!hd_range_set_add(&heaps, r.lo, r.hi) || !hd_range_set_add(&g->glibc, r.lo, r.hi)) {
         g->out_of_memory = true;
         break;

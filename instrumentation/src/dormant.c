@@ -72,11 +72,10 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
    * page in it, so that the collector started later finds this very page and can arm this
    * process. The directory is opened without following a link (one another user put in
    * /tmp/heapdump-UID would lead elsewhere), checked, and the page made relative to it. */
-  const bool made = mkdir(dir, 0700) == 0;
+  if (mkdir(dir, 0700) == 0) (void)chmod(dir, 0700); /* a umask of 0477 leaves it unreadable */
   const int dir_fd =
       (int)syscall(SYS_openat, AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir_fd < 0) return;
-  if (made) (void)fchmod(dir_fd, 0700);
   struct stat st;
   int fd = -1;
   if (fstat(dir_fd, &st) == 0 && S_ISDIR(st.st_mode) && trusted(&st, uid))

@@ -245,9 +245,14 @@ void hd_init_slow(void) {
    * from /etc/ld.so.preload, as ld.so ignores LD_PRELOAD then): its environment is its
    * unprivileged caller's choice, so the library takes nothing from it and only forwards to
    * glibc, never armable: recording would hand a privileged heap to that caller's collector. */
-  const bool secure = getauxval(AT_SECURE) != 0;
+  if (getauxval(AT_SECURE) != 0) {
+    hd_backend_init(true);
+    hd_tls.guard--;
+    __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
+    return;
+  }
   /* A dormant process's blocks are glibc's, untagged: recording, once armed, stays on glibc. */
-  const bool dormant = secure || dormant_wanted();
+  const bool dormant = dormant_wanted();
   const char *a = early_getenv(HD_ENV_ALLOCATOR);
   const uint64_t sample_bytes = parse_size(early_getenv(HD_ENV_SAMPLE_BYTES), 0);
   hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
@@ -273,7 +278,7 @@ void hd_init_slow(void) {
   int state = HD_STATE_OFF;
   if (dormant) {
     /* Until armed: the tables are made then, with the rate the collector asks for. */
-    if (!secure) hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
+    hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
     state = HD_STATE_DORMANT;
   } else if (program_selected(getpid()) && create_tables()) {
     state = HD_STATE_READY;

@@ -14,11 +14,17 @@ typedef struct hd_probe_range {
   uint64_t start, end;
 } hd_probe_range;
 
-/* Walks [heap, heap + size) as the program break's heap (main_arena) or a thread arena's
- * mapping, with the recorded blocks' addresses given; with unrecorded, the roots it adds (all,
+/* A mapping of the process: rw-p, the program break's heap ("[heap]") or anonymous. */
+typedef struct hd_probe_mapping {
+  uint64_t start, end;
+  bool brk;
+} hd_probe_mapping;
+
+/* Walks the mappings of process pid (sorted by address) as the collector walks a glibc heap's,
+ * with the recorded blocks' addresses given (sorted); with unrecorded, the roots it adds (all,
  * counted; the first max_roots copied); the glibc ranges it found (at most 16). SIZE_MAX if it
  * ran out of memory. */
-size_t hd_probe_glibc_heap(const void *heap, size_t size, bool main_arena, bool unrecorded,
+size_t hd_probe_glibc_heap(int pid, const hd_probe_mapping *maps, size_t map_count, bool unrecorded,
                            const uint64_t *blocks, size_t block_count, hd_probe_range *roots,
                            size_t max_roots, hd_probe_range *glibc, size_t *glibc_count);
 

@@ -6,7 +6,10 @@
 // inside the heap and ends), and on this process's own glibc heaps (the layout it assumes is
 // glibc's: every unrecorded live block is in a root, no recorded one is).
 #include <malloc.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -84,18 +87,28 @@ struct Walk {
   std::vector<hd_probe_range> roots, glibc;
 };
 
-Walk Probe(const void *heap, size_t size, bool main_arena, const std::vector<uint64_t> &blocks) {
+// The walk over the mappings of process pid, with the recorded blocks given.
+Walk ProbeMappings(pid_t pid, const std::vector<hd_probe_mapping> &maps,
+                   std::vector<uint64_t> blocks) {
+  std::sort(blocks.begin(), blocks.end());
   Walk w;
   w.roots.resize(1 << 20);
   hd_probe_range glibc[16];
   size_t glibc_count = 0;
-  const size_t n = hd_probe_glibc_heap(heap, size, main_arena, true, blocks.data(), blocks.size(),
-                                       w.roots.data(), w.roots.size(), glibc, &glibc_count);
+  const size_t n =
+      hd_probe_glibc_heap(pid, maps.data(), maps.size(), true, blocks.data(), blocks.size(),
+                          w.roots.data(), w.roots.size(), glibc, &glibc_count);
   EXPECT_NE(n, SIZE_MAX);
   EXPECT_LE(n, w.roots.size());
   w.roots.resize(std::min(n, w.roots.size()));
   w.glibc.assign(glibc, glibc + glibc_count);
   return w;
+}
+
+// The walk over one mapping of this process, [heap, heap + size).
+Walk Probe(const void *heap, size_t size, bool main_arena, const std::vector<uint64_t> &blocks) {
+  const uint64_t start = reinterpret_cast<uint64_t>(heap);
+  return ProbeMappings(getpid(), {{start, start + size, main_arena}}, blocks);
 }
 
 }  // namespace
@@ -195,6 +208,37 @@ TEST(GlibcHeap, AFirstChunkNotWhereGlibcPutsItIsScannedWhole) {
   EXPECT_EQ(w.roots, expected);
 }
 
+// Two thread-arena heaps the kernel shows as one mapping, only the first holding a recorded
+// block: both are glibc's memory, and both are walked (the second's blocks are unrecorded too).
+// The second heap grew past the mapping as it was read: its end is the mapping's, and its last
+// chunk, cut there, is scanned.
+TEST(GlibcHeap, HeapsMergedInOneMappingAreAllFoundAndOneCutShortIsScanned) {
+  Aligned memory;
+  uint8_t *first_heap = memory.base, *second_heap = memory.base + kArenaHeapAlign;
+  memset(first_heap, 0, 8192);
+  memset(second_heap, 0, 8192);
+  Layout one(first_heap, 8192, 2256);
+  HeapInfo(one, one.Address(48), 0, 8192);
+  const uint64_t x = one.Chunk(32, true);
+  one.Top();
+  Layout two(second_heap, 8192, 48);
+  HeapInfo(two, one.Address(48), one.Address(0), 8192);
+  const uint64_t y = two.Chunk(32, true);
+  two.Chunk(4096, true);  // past 4096 + 48 + 32: cut by the mapping's end below
+  const size_t mapping = kArenaHeapAlign + 4096;
+  const Walk w = Probe(first_heap, mapping, false, {x});
+  const std::vector<hd_probe_range> glibc = {{one.Address(0), one.Address(8192)},
+                                             {two.Address(0), two.Address(4096)}};
+  EXPECT_EQ(w.glibc, glibc);
+  // y's run ends at the cut chunk's first word; the cut chunk, from its header, is scanned to
+  // the mapping's end (the collector merges the two).
+  const std::vector<hd_probe_range> expected = {{one.Address(0), one.Address(2256)},
+                                                {two.Address(0), two.Address(48)},
+                                                {y, two.Address(48 + 32 + 8)},
+                                                {two.Address(48 + 32), two.Address(4096)}};
+  EXPECT_EQ(w.roots, expected);
+}
+
 // A block glibc mapped on its own (IS_MMAPPED): the chunk is glibc's memory, nothing beside it
 // is walked.
 TEST(GlibcHeap, ABlockMappedOnItsOwnIsGlibcsMemoryAlone) {
@@ -242,38 +286,53 @@ TEST(GlibcHeap, RandomHeapsYieldRootsInsideTheHeapOnly) {
   }
 }
 
-// This process's own glibc: blocks of many sizes in the main arena and in another thread's
-// arena, some freed, one in fifty taken as recorded. Every other live block lies in a root; no
-// recorded one does; and the thread arena's first heap is walked from where this file assumes
-// glibc puts its first chunk (its header scanned whole up to there, not further).
-TEST(GlibcHeap, ThisProcesssGlibcHeapsAreWalkedAsLaidOut) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the sanitizer's allocator stands in for glibc's";
-#else
-  std::vector<void *> blocks;
-  auto allocate = [&blocks](unsigned seed) {
-    std::mt19937 random(seed);
-    std::vector<void *> mine;
-    for (int i = 0; i < 20000; i++) mine.push_back(malloc(16 + random() % 2000));
-    for (size_t i = 0; i < mine.size(); i += 3) free(mine[i]), mine[i] = nullptr;
-    for (void *p : mine)
-      if (p != nullptr) blocks.push_back(p);
+// glibc itself: a child process allocates blocks of many sizes in its main arena and in another
+// thread's arena, frees some, and stops; one block in fifty is taken as recorded. In the
+// child's heaps, every other live block lies in a root and no recorded one does, and the thread
+// arena's first heap is walked from where glibc_heap.c assumes glibc puts its first chunk (its
+// header scanned whole up to there, not further).
+TEST(GlibcHeap, GlibcsOwnHeapsAreWalkedAsLaidOut) {
+  struct Shared {
+    size_t count;
+    uint64_t address[40000], usable[40000];
   };
-  allocate(1);
-  std::thread other(allocate, 2);  // blocks is written by one thread at a time: joined below
-  other.join();
-  std::vector<uint64_t> recorded;
-  for (size_t i = 0; i < blocks.size(); i += 50) {
-    recorded.push_back(reinterpret_cast<uint64_t>(blocks[i]));
+  auto *shared = static_cast<Shared *>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(shared, MAP_FAILED);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    auto allocate = [shared](unsigned seed) {
+      std::mt19937 random(seed);
+      std::vector<void *> mine(20000);
+      for (void *&p : mine) p = malloc(16 + random() % 2000);
+      for (size_t i = 0; i < mine.size(); i++) {
+        if (i % 3 == 0) {
+          free(mine[i]);
+        } else if (shared->count < 40000) {
+          shared->address[shared->count] = reinterpret_cast<uint64_t>(mine[i]);
+          shared->usable[shared->count++] = malloc_usable_size(mine[i]);
+        }
+      }
+    };
+    allocate(1);
+    std::thread other(allocate, 2);
+    other.join();
+    if (write(ready[1], "r", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
   }
+  ASSERT_GT(child, 0);
+  char byte;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  std::vector<uint64_t> recorded;
+  for (size_t i = 0; i < shared->count; i += 50) recorded.push_back(shared->address[i]);
   std::sort(recorded.begin(), recorded.end());
-  // The mappings that hold the blocks: the break's heap and the thread arena's.
-  struct Heap {
-    uint64_t start, end;
-    bool brk;
-  };
-  std::vector<Heap> heaps;
-  FILE *maps = fopen("/proc/self/maps", "r");
+  // Its writable mappings, as the collector reads them: the break's heap (the kernel may show
+  // it in several pieces) and the anonymous ones, the thread arena's among them.
+  std::vector<hd_probe_mapping> heaps;
+  FILE *maps = fopen(("/proc/" + std::to_string(child) + "/maps").c_str(), "r");
   ASSERT_NE(maps, nullptr);
   char line[512];
   while (fgets(line, sizeof line, maps) != nullptr) {
@@ -286,20 +345,16 @@ TEST(GlibcHeap, ThisProcesssGlibcHeapsAreWalkedAsLaidOut) {
     if (strcmp(perms, "rw-p") == 0 && (brk || anonymous)) heaps.push_back({start, end, brk});
   }
   fclose(maps);
-  ASSERT_TRUE(std::any_of(heaps.begin(), heaps.end(), [](const Heap &h) { return h.brk; }));
-  std::vector<hd_probe_range> roots;
+  ASSERT_TRUE(
+      std::any_of(heaps.begin(), heaps.end(), [](const hd_probe_mapping &h) { return h.brk; }));
+  Walk w = ProbeMappings(child, heaps, recorded);
+  std::vector<hd_probe_range> &roots = w.roots;
   bool thread_heap_header = false;
-  for (const Heap &h : heaps) {
-    std::vector<uint64_t> inside;
-    for (uint64_t a : recorded)
-      if (a >= h.start && a < h.end) inside.push_back(a);
-    if (!h.brk && inside.empty()) continue;
-    const Walk w = Probe(reinterpret_cast<void *>(h.start), h.end - h.start, h.brk, inside);
-    for (const hd_probe_range &r : w.roots) {
-      if (!h.brk && r.start == h.start && r.end == h.start + 2256) thread_heap_header = true;
-    }
-    roots.insert(roots.end(), w.roots.begin(), w.roots.end());
+  for (const hd_probe_range &r : roots) {
+    if (r.start % kArenaHeapAlign == 0 && r.end == r.start + 2256) thread_heap_header = true;
   }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
   std::sort(roots.begin(), roots.end(),
             [](const hd_probe_range &a, const hd_probe_range &b) { return a.start < b.start; });
   auto covering = [&roots](uint64_t a) {
@@ -308,16 +363,18 @@ TEST(GlibcHeap, ThisProcesssGlibcHeapsAreWalkedAsLaidOut) {
     return it != roots.begin() && a < std::prev(it)->end ? &*std::prev(it) : nullptr;
   };
   size_t uncovered = 0, recorded_in_roots = 0;
-  for (void *p : blocks) {
-    const uint64_t a = reinterpret_cast<uint64_t>(p);
+  for (size_t i = 0; i < shared->count; i++) {
+    const uint64_t a = shared->address[i];
     const bool is_recorded = std::binary_search(recorded.begin(), recorded.end(), a);
     const hd_probe_range *r = covering(a);
     if (is_recorded && r != nullptr) recorded_in_roots++;
-    if (!is_recorded && (r == nullptr || a + malloc_usable_size(p) > r->end)) uncovered++;
+    if (!is_recorded && (r == nullptr || a + shared->usable[i] > r->end)) uncovered++;
   }
-  EXPECT_EQ(uncovered, 0u) << "of " << blocks.size();
+  EXPECT_GT(shared->count, 20000u);
+  EXPECT_EQ(uncovered, 0u) << "of " << shared->count;
   EXPECT_EQ(recorded_in_roots, 0u) << "of " << recorded.size();
   EXPECT_TRUE(thread_heap_header);
-  for (void *p : blocks) free(p);
-#endif
+  munmap(shared, sizeof(Shared));
+  close(ready[0]);
+  close(ready[1]);
 }

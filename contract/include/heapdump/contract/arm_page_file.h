@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -30,16 +31,28 @@
 static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *name, int access) {
   int fd = openat(dir_fd, name, access | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
+  /* An unnamed file; where the file system has none (overlayfs before Linux 6.6, NFS), one
+   * named for this process, linked to the page's name once filled, then unnamed again. */
+  char temporary[64] = "";
   fd = openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    snprintf(temporary, sizeof temporary, ".arm-page.%ld", (long)getpid());
+    (void)unlinkat(dir_fd, temporary, 0); /* one a process of this pid left behind */
+    fd = openat(dir_fd, temporary, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
+  }
   if (fd < 0) return -errno;
   /* Zeros but for the magic and version: every slot free, generation 0. */
   const uint32_t head[2] = {HD_ARM_PAGE_MAGIC, HD_ARM_PAGE_VERSION};
   char proc_path[64];
   snprintf(proc_path, sizeof proc_path, "/proc/self/fd/%d", fd);
-  if (ftruncate(fd, HD_ARM_PAGE_BYTES) != 0 ||
-      pwrite(fd, head, sizeof head, 0) != (ssize_t)sizeof head || fchmod(fd, 0644) != 0 ||
-      linkat(AT_FDCWD, proc_path, dir_fd, name, AT_SYMLINK_FOLLOW) != 0) {
-    const int err = errno;
+  const bool linked =
+      ftruncate(fd, HD_ARM_PAGE_BYTES) == 0 &&
+      pwrite(fd, head, sizeof head, 0) == (ssize_t)sizeof head && fchmod(fd, 0644) == 0 &&
+      (temporary[0] != '\0' ? linkat(dir_fd, temporary, dir_fd, name, 0)
+                            : linkat(AT_FDCWD, proc_path, dir_fd, name, AT_SYMLINK_FOLLOW)) == 0;
+  const int err = errno;
+  if (temporary[0] != '\0') (void)unlinkat(dir_fd, temporary, 0);
+  if (!linked) {
     close(fd);
     /* Another creator linked its page first: use that one. */
     return err == EEXIST ? hd_arm_page_file_open(dir_fd, name, access) : -err;
