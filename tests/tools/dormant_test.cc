@@ -95,6 +95,24 @@ class Dormant : public ::testing::Test {
     EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
     return ready.rfind("ready ", 0) == 0 ? std::stoi(ready.substr(6)) : -1;
   }
+  // Empty if a mount namespace with an overlay on /etc can be made here, else why not.
+  std::string CannotOverlayEtc() {
+    const std::string probe =
+        Shell(
+            "mkdir -p probe/u probe/w && unshare -m --propagation private sh -c "
+            "'mount -t overlay overlay -o lowerdir=/etc,upperdir=probe/u,workdir=probe/w /etc' "
+            "&& echo can")
+            .out;
+    return probe.find("can") == std::string::npos ? probe + " " : "";
+  }
+  // The start of a command line, for `sh -c` in a mount namespace of its own: an overlay on
+  // /etc whose ld.so.preload names this build's library, then `exec ` of what follows.
+  std::string EtcLdSoPreloadThenExec() const {
+    return "mkdir -p " + dir + "/ovl/u " + dir +
+           "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
+           "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " + std::string(HD_PRELOAD_LIB) +
+           " > /etc/ld.so.preload && exec ";
+  }
   static void Command(hdtest::Program *child, const std::string &command) {
     child->Send(command);
     EXPECT_EQ(child->ReadLine(), "ok") << command;
@@ -428,15 +446,8 @@ TEST_F(Dormant, WithoutUnnamedFilesThePageIsStillMadeWhole) {
 // (Every other process here loads the library too, from /etc/ld.so.preload: as themselves.)
 TEST_F(Dormant, SetUserIdProgramsOnlyForward) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root (chown, runuser, a mount namespace)";
-  const std::string probe =
-      Shell(
-          "mkdir -p probe/u probe/w && unshare -m --propagation private sh -c "
-          "'mount -t overlay overlay -o lowerdir=/etc,upperdir=probe/u,workdir=probe/w /etc' "
-          "&& echo can")
-          .out;
-  if (probe.find("can") == std::string::npos) {
-    GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << probe;
-  }
+  const std::string why = CannotOverlayEtc();
+  if (!why.empty()) GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << why;
   ASSERT_EQ(chmod(dir.c_str(), 0711), 0);  // nobody reaches its collector and programs here
   ASSERT_EQ(Shell("mkdir nobody && chown 65534:65534 nobody\n"
                   "cp " +
@@ -451,11 +462,7 @@ TEST_F(Dormant, SetUserIdProgramsOnlyForward) {
   nobody.uid = 65534;
   nobody.gid = 65534;
   nobody.Start();
-  const std::string preload =
-      "mkdir -p " + dir + "/ovl/u " + dir +
-      "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
-      "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " + std::string(HD_PRELOAD_LIB) +
-      " > /etc/ld.so.preload && exec ";
+  const std::string preload = EtcLdSoPreloadThenExec();
   struct Case {
     std::string command, socket, uids;
   };
@@ -580,20 +587,9 @@ TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
 // Loaded by /etc/ld.so.preload (in a mount namespace of the test's own, where /etc is an overlay
 // holding that file), without LD_PRELOAD: the library is in the process, dormant, and armable.
 TEST_F(Dormant, LoadedFromEtcLdSoPreloadItIsDormantUntilArmed) {
-  const std::string probe =
-      Shell(
-          "mkdir -p probe/u probe/w && unshare -m --propagation private sh -c "
-          "'mount -t overlay overlay -o lowerdir=/etc,upperdir=probe/u,workdir=probe/w /etc' "
-          "&& echo can")
-          .out;
-  if (probe.find("can") == std::string::npos) {
-    GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << probe;
-  }
-  const std::string script = "mkdir -p " + dir + "/ovl/u " + dir +
-                             "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
-                             "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " +
-                             std::string(HD_PRELOAD_LIB) + " > /etc/ld.so.preload && exec " +
-                             HD_DORMANT_CHILD;
+  const std::string why = CannotOverlayEtc();
+  if (!why.empty()) GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << why;
+  const std::string script = EtcLdSoPreloadThenExec() + HD_DORMANT_CHILD;
   hdtest::Program child({"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c", script},
                         {"HEAPDUMP_SOCKET=" + daemon.socket});
   const std::string ready = child.ReadLine();
