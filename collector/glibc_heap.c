@@ -236,9 +236,9 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
     const size_t to = first_at_or_after(addresses, block_count, m->end);
     /* A mapping that holds no recorded block is the program's, whole, as it was. */
     if (!g->blocks_mapped || m->path[0] != '\0' || from == to) continue;
-    /* The thread-arena heaps its recorded blocks lie in (several when the kernel merged their
-     * mappings), then its recorded blocks mmapped on their own: what is left of the mapping
-     * is the program's (an interpreter's arenas may share a mapping with glibc's chunks). */
+    /* The thread-arena heaps in it (several when the kernel merged their mappings, some
+     * perhaps emptied), then its recorded blocks mmapped on their own: what is left of the
+     * mapping is the program's (an interpreter's arenas may share a mapping with glibc's). */
     range_set heaps = {0};
     unsigned probed = 0;
     for (uint64_t heap = (m->start + ARENA_HEAP_ALIGN - 1) & ~(ARENA_HEAP_ALIGN - 1);
