@@ -139,25 +139,6 @@ static void walk_heap(gather *g, heap_reader *r, uint64_t first, const uint64_t 
   if (c < r->hi && !g->out_of_memory) add_unrecorded(g, c, r->hi, name);
 }
 
-static int compare_u64(const void *a, const void *b) {
-  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* The index of the first address >= start. */
-static size_t first_at_or_after(const uint64_t *addresses, size_t count, uint64_t start) {
-  size_t lo = 0, hi = count;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (addresses[mid] < start) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 /* Whether a thread arena's heap starts at `heap` (its heap_info read in one go, checked
  * against how glibc links them); its size, and where glibc put its first chunk. */
 static bool arena_heap_at(pid_t pid, uint64_t heap, uint64_t *size, uint64_t *first) {
@@ -202,16 +183,13 @@ static bool mmapped_chunk(pid_t pid, const mapping *m, uint64_t block, uint64_t 
   return *start % PAGE_SIZE_BYTES == 0 && *end % PAGE_SIZE_BYTES == 0;
 }
 
-void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, size_t block_count,
+void hd_roots_glibc_heaps(pid_t pid, gather *g, const uint64_t *addresses, size_t block_count,
                           bool unrecorded) {
-  uint64_t *addresses = malloc((block_count ? block_count : 1) * sizeof *addresses);
   heap_reader r = {.pid = pid, .window = malloc(WINDOW_BYTES)};
-  if (addresses == NULL || r.window == NULL) {
+  if (r.window == NULL) {
     g->out_of_memory = true;
-    goto done;
+    return;
   }
-  for (size_t i = 0; i < block_count; i++) addresses[i] = blocks[i].address;
-  qsort(addresses, block_count, sizeof *addresses, compare_u64);
   for (size_t i = 0; i < g->map_count && !g->out_of_memory; i++) {
     const mapping *m = &g->maps[i];
     if (m->perms[0] != 'r' || m->perms[1] != 'w' || m->perms[3] != 'p' || m->end <= m->start) {
@@ -226,14 +204,14 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
         r.hi = g->maps[++i].end;
       }
       r.hi_is_end = true;
-      const size_t lo = first_at_or_after(addresses, block_count, r.lo);
-      const size_t hi = first_at_or_after(addresses, block_count, r.hi);
+      const size_t lo = hd_roots_first_at_or_after(addresses, block_count, r.lo);
+      const size_t hi = hd_roots_first_at_or_after(addresses, block_count, r.hi);
       if (g->brk_heap && unrecorded)
         walk_heap(g, &r, (r.lo + 15) & ~(uint64_t)15, addresses + lo, hi - lo, m->path);
       continue;
     }
-    const size_t from = first_at_or_after(addresses, block_count, m->start);
-    const size_t to = first_at_or_after(addresses, block_count, m->end);
+    const size_t from = hd_roots_first_at_or_after(addresses, block_count, m->start);
+    const size_t to = hd_roots_first_at_or_after(addresses, block_count, m->end);
     /* A mapping that holds no recorded block is the program's, whole, as it was. */
     if (!g->blocks_mapped || m->path[0] != '\0' || from == to) continue;
     /* The thread-arena heaps in it (several when the kernel merged their mappings, some
@@ -254,8 +232,8 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
         break;
       }
       if (!unrecorded) continue;
-      const size_t lo = first_at_or_after(addresses, block_count, r.lo);
-      const size_t hi = first_at_or_after(addresses, block_count, r.hi);
+      const size_t lo = hd_roots_first_at_or_after(addresses, block_count, r.lo);
+      const size_t hi = hd_roots_first_at_or_after(addresses, block_count, r.hi);
       walk_heap(g, &r, first, addresses + lo, hi - lo, m->path);
     }
     size_t h = 0;
@@ -270,7 +248,5 @@ void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, siz
     }
     free(heaps.items);
   }
-done:
-  free(addresses);
   free(r.window);
 }

@@ -30,17 +30,22 @@ static bool thread_stack(const gather *g, const mapping *m) {
   return false;
 }
 
-bool hd_roots_holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
+size_t hd_roots_first_at_or_after(const uint64_t *addresses, size_t count, uint64_t start) {
   size_t lo = 0, hi = count;
   while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
+    const size_t mid = lo + (hi - lo) / 2;
     if (addresses[mid] < start) {
       lo = mid + 1;
     } else {
       hi = mid;
     }
   }
-  return lo < count && addresses[lo] < end;
+  return lo;
+}
+
+bool hd_roots_holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end) {
+  const size_t at = hd_roots_first_at_or_after(addresses, count, start);
+  return at < count && addresses[at] < end;
 }
 
 /* [start, end) of a program mapping, as roots: whole if small, else the runs of its resident

@@ -450,6 +450,14 @@ static int compare_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+uint64_t *hd_roots_sorted_addresses(const hd_live_block *blocks, size_t count) {
+  uint64_t *addresses = malloc((count ? count : 1) * sizeof *addresses);
+  if (addresses == NULL) return NULL;
+  for (size_t i = 0; i < count; i++) addresses[i] = blocks[i].address;
+  qsort(addresses, count, sizeof *addresses, compare_u64);
+  return addresses;
+}
+
 static int compare_roots(const void *a, const void *b) {
   const root *x = a, *y = b;
   return x->start < y->start ? -1 : x->start > y->start;
@@ -522,15 +530,22 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
    * recorded (a recorded block may hang from them). */
   g->unrecorded = hd_res_reader_sample_bytes(p->res) != 0 ||
                   hd_res_reader_arm_state(p->res) != HD_ARM_FROM_START;
-  if (g->brk_heap || g->blocks_mapped)
-    hd_roots_glibc_heaps(p->pid, g, blocks, block_count, g->unrecorded);
+  uint64_t *addresses = NULL;
+  if (g->brk_heap || g->blocks_mapped) {
+    addresses = hd_roots_sorted_addresses(blocks, block_count);
+    if (addresses == NULL) {
+      g->out_of_memory = true;
+      return;
+    }
+    hd_roots_glibc_heaps(p->pid, g, addresses, block_count, g->unrecorded);
+  }
   remove_overlaps(g);
   range_set taken = {0};
-  uint64_t *addresses = NULL;
   if (g->root_count > 0) {
     taken.items = malloc(g->root_count * sizeof *taken.items);
     if (taken.items == NULL) {
       g->out_of_memory = true;
+      free(addresses);
       return;
     }
     for (size_t i = 0; i < g->root_count; i++) {
@@ -538,17 +553,10 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
     }
     taken.count = taken.capacity = g->root_count;
   }
-  if (g->blocks_mapped && block_count > 0) {
-    addresses = malloc(block_count * sizeof *addresses);
-    if (addresses == NULL) {
-      g->out_of_memory = true;
-    } else {
-      for (size_t i = 0; i < block_count; i++) addresses[i] = blocks[i].address;
-      qsort(addresses, block_count, sizeof *addresses, compare_u64);
-    }
+  if (!g->out_of_memory) {
+    hd_roots_add_program_mappings(p, g, &taken, addresses,
+                                  g->blocks_mapped && addresses ? block_count : 0);
   }
-  if (!g->out_of_memory)
-    hd_roots_add_program_mappings(p, g, &taken, addresses, addresses ? block_count : 0);
   free(addresses);
   free(taken.items);
   remove_overlaps(g);

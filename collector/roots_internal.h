@@ -103,6 +103,9 @@ void hd_roots_read_records(hd_process *p, gather *g);
 bool hd_range_set_add(range_set *s, uint64_t start, uint64_t end);
 bool hd_range_set_remove(range_set *s, uint64_t start, uint64_t end);
 
+/* The blocks' addresses, sorted (malloc'd; NULL when out of memory). */
+uint64_t *hd_roots_sorted_addresses(const hd_live_block *blocks, size_t count);
+
 /* Reads size bytes of the process at address; false unless all were read. */
 bool hd_roots_read_remote(pid_t pid, uint64_t address, void *out, size_t size);
 
@@ -110,12 +113,14 @@ bool hd_roots_read_remote(pid_t pid, uint64_t address, void *out, size_t size);
 /* For a process recording on glibc: where glibc's memory is among the mappings that hold
  * recorded blocks (g->glibc: its thread-arena heaps, its blocks mmapped on their own), and with
  * unrecorded (a process that does not record every block) the in-use chunks of its heaps that
- * hold no recorded block, as roots of kind UNRECORDED. */
-void hd_roots_glibc_heaps(pid_t pid, gather *g, const hd_live_block *blocks, size_t block_count,
+ * hold no recorded block, as roots of kind UNRECORDED. addresses: the live blocks' (sorted). */
+void hd_roots_glibc_heaps(pid_t pid, gather *g, const uint64_t *addresses, size_t block_count,
                           bool unrecorded);
 
 /* ---- program_mappings.c ---- */
 
+/* The index of the first of the (sorted) addresses >= start. */
+size_t hd_roots_first_at_or_after(const uint64_t *addresses, size_t count, uint64_t start);
 /* Whether a live block lies in [start, end) (addresses sorted). */
 bool hd_roots_holds_block(const uint64_t *addresses, size_t count, uint64_t start, uint64_t end);
 

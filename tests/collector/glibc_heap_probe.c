@@ -29,8 +29,14 @@ size_t hd_probe_glibc_heap(int pid, const hd_probe_mapping *maps, size_t map_cou
     return SIZE_MAX;
   }
   for (size_t i = 0; i < block_count; i++) live[i].address = blocks[i];
-  hd_roots_glibc_heaps((pid_t)pid, &g, live, block_count, unrecorded);
+  uint64_t *addresses = hd_roots_sorted_addresses(live, block_count);
   free(live);
+  if (addresses == NULL) {
+    free(m);
+    return SIZE_MAX;
+  }
+  hd_roots_glibc_heaps((pid_t)pid, &g, addresses, block_count, unrecorded);
+  free(addresses);
   size_t n = 0;
   for (size_t i = 0; i < g.root_count; i++) {
     if (g.roots[i].kind != heapdump_client_RootKind_ROOT_KIND_UNRECORDED) continue;
