@@ -26,16 +26,9 @@ int hd_arming_open(hd_collector *c) {
   char path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
   if (hd_arm_page_path(c->socket_path, path, sizeof path) != 0) return -ENAMETOOLONG;
   /* Relative to the socket's directory, which prepare_socket_dir checked, not through a link. */
-  char dir[sizeof path];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  const char *name = slash != NULL ? path + (slash - dir) + 1 : path;
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else
-    slash[slash == dir ? 1 : 0] = '\0';
-  const int dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  const int fd = dir_fd >= 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : -errno;
+  const char *name;
+  const int dir_fd = hd_arm_page_dir_open(path, false, &name);
+  const int fd = dir_fd >= 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : dir_fd;
   if (dir_fd >= 0) close(dir_fd);
   if (fd < 0) {
     hd_log(c, HD_LOG_ERROR, "cannot open the arm page %s: %s", path, strerror(-fd));

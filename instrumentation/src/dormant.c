@@ -61,20 +61,14 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   if (path[0] != '/') return;
   /* Only a page this user's (or root's) collector wrote, in a directory nobody else may write
    * to: a page planted by another user (say in /tmp/heapdump-0/, made before root's collector
-   * ran) could otherwise arm this process and make it hand its tables to that user's socket. */
-  char dir[sizeof path];
-  memcpy(dir, path, sizeof path);
-  char *slash = strrchr(dir, '/');
-  const char *name = path + (slash - dir) + 1;
-  slash[slash == dir ? 1 : 0] = '\0';
-  /* No collector has run yet (a service started at boot before the collector's unit): the
-   * socket's directory is made as the collector makes it, private whatever the umask, and the
-   * page in it, so that the collector started later finds this very page and can arm this
-   * process. The directory is opened without following a link (one another user put in
-   * /tmp/heapdump-UID would lead elsewhere), checked, and the page made relative to it. */
-  if (mkdir(dir, 0700) == 0) (void)chmod(dir, 0700); /* a umask of 0477 leaves it unreadable */
-  const int dir_fd =
-      (int)syscall(SYS_openat, AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+   * ran) could otherwise arm this process and make it hand its tables to that user's socket.
+   * No collector has run yet (a service started at boot before the collector's unit): the
+   * socket's directory is made as the collector makes it, and the page in it, so that the
+   * collector started later finds this very page and can arm this process. The directory is
+   * opened without following a link (one another user put in /tmp/heapdump-UID would lead
+   * elsewhere), checked, and the page made relative to it. */
+  const char *name;
+  const int dir_fd = hd_arm_page_dir_open(path, true, &name);
   if (dir_fd < 0) return;
   struct stat st;
   int fd = -1;

@@ -19,11 +19,34 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "heapdump/contract/arm_page.h"
 #include "heapdump/contract/must_check.h"
+
+/* The directory of the arm page at `path` opened (O_DIRECTORY, never through a symbolic link;
+ * with make, first made private whatever the umask, as the collector makes its socket's), and
+ * in *name the page's name in it. A descriptor, or -errno. */
+static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make,
+                                                     const char **name) {
+  char dir[4200];
+  const char *slash = strrchr(path, '/');
+  *name = slash != NULL ? slash + 1 : path;
+  const size_t length = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  if (length >= sizeof dir) return -ENAMETOOLONG;
+  if (length == 0) {
+    dir[0] = '.';
+    dir[1] = '\0';
+  } else {
+    memcpy(dir, path, length);
+    dir[length] = '\0';
+  }
+  if (make && mkdir(dir, 0700) == 0) (void)chmod(dir, 0700); /* a umask of 0477: unreadable */
+  const int fd = openat(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  return fd >= 0 ? fd : -errno;
+}
 
 /* The arm page file `name` in directory dir_fd, opened with access (O_RDONLY or O_RDWR;
  * O_CLOEXEC, never through a symbolic link), or created mode 0644, initialised, and opened
