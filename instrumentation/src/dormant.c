@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "heapdump/contract/arm_page.h"
@@ -50,6 +51,32 @@ static bool trusted(const struct stat *st, unsigned uid) {
   return (st->st_uid == uid || st->st_uid == 0) && (st->st_mode & 022) == 0;
 }
 
+/* The page mapped read-only. Where it is mapped tells this program from the one this process
+ * ran before an exec (same pid and start time, contract/arm_page.h). Without address space
+ * randomisation (under gdb, `setarch -R`, randomize_va_space=0) both would map it at the same
+ * address, and the program exec'd would take its predecessor's request; so the page goes at one
+ * of PLACES pages of a reservation, drawn from the clock (no syscall, and nothing of AT_RANDOM's
+ * secrets shown in /proc/PID/maps). Two programs in a row share a place once in PLACES. */
+#define PLACES 16384u
+static void *map_at_a_drawn_place(int fd) {
+  const size_t page = 4096, span = PLACES * page + HD_ARM_PAGE_BYTES;
+  char *reserved = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reserved == MAP_FAILED) return mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const uint64_t draw =
+      ((uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec) * UINT64_C(0x9E3779B97F4A7C15);
+  const size_t before = (size_t)(draw >> 52) % PLACES * page;
+  void *p = mmap(reserved + before, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    munmap(reserved, span);
+    return MAP_FAILED;
+  }
+  if (before > 0) munmap(reserved, before);
+  munmap(reserved + before + HD_ARM_PAGE_BYTES, span - before - HD_ARM_PAGE_BYTES);
+  return p;
+}
+
 void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   const unsigned uid = (unsigned)syscall(SYS_getuid);
   char socket_path[4096], path[4096 + sizeof HD_ARM_PAGE_SUFFIX];
@@ -80,7 +107,7 @@ void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   /* Shorter than the page, a mapping of it would fault past the end. */
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && trusted(&st, uid) &&
       st.st_size >= (off_t)HD_ARM_PAGE_BYTES)
-    p = mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    p = map_at_a_drawn_place(fd);
   close(fd);
   if (p == MAP_FAILED) return;
   const hd_arm_page *page = p;

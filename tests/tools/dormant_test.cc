@@ -87,10 +87,13 @@ class Dormant : public ::testing::Test {
     return o.out;
   }
   // The dormant child, started and ready; its pid.
-  pid_t StartChild(std::unique_ptr<hdtest::Program> *child, const std::string &dormant = "1") {
+  // launcher: a command that execs the child (its argv before the child's).
+  pid_t StartChild(std::unique_ptr<hdtest::Program> *child, const std::string &dormant = "1",
+                   std::vector<std::string> launcher = {}) {
     std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
     env.push_back("HEAPDUMP_DORMANT=" + dormant);
-    child->reset(new hdtest::Program({HD_DORMANT_CHILD}, env));
+    launcher.push_back(HD_DORMANT_CHILD);
+    child->reset(new hdtest::Program(launcher, env));
     const std::string ready = (*child)->ReadLine();
     EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
     return ready.rfind("ready ", 0) == 0 ? std::stoi(ready.substr(6)) : -1;
@@ -322,29 +325,34 @@ TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
 
 // A process that execs after it was armed (sampled): the program it execs starts dormant (the
 // request was the earlier program's), is not taken for armed (a disarm is refused) nor held to its
-// predecessor's rate, and is armed on its own.
+// predecessor's rate, and is armed on its own. Also without address space randomisation (as under
+// gdb, or `setarch -R`), where the program it execs would map the page where its predecessor did.
 TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
-  std::unique_ptr<hdtest::Program> child;
-  const pid_t pid = StartChild(&child);
-  ASSERT_GT(pid, 0);
-  const std::string p = std::to_string(pid);
-  ASSERT_EQ(Shell("heapdump arm --pid " + p + " --sample-bytes 64K").status, 0);
-  EXPECT_TRUE(HasTables(pid));
-  child->Send("exec");
-  EXPECT_EQ(child->ReadLine(), "ready " + p);
-  // Its threads allocate all the time: armed by the old request, it would have tables at once.
-  usleep(500 * 1000);
-  EXPECT_FALSE(HasTables(pid));
-  hdtest::ShellOutput disarm = Shell("heapdump disarm --pid " + p);
-  EXPECT_EQ(disarm.status, 4) << disarm.out;
-  EXPECT_NE(disarm.out.find("was never armed"), std::string::npos) << disarm.out;
-  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
-  ASSERT_EQ(armed.status, 0) << armed.out;
-  EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
-  Command(child.get(), "keep 10 1234");
-  EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
-  child->Send("exit");
-  EXPECT_EQ(child->Finish(), 0);
+  for (const std::vector<std::string> &launcher :
+       {std::vector<std::string>{}, std::vector<std::string>{"/usr/bin/setarch", "-R"}}) {
+    SCOPED_TRACE(launcher.empty() ? "randomised" : "setarch -R");
+    std::unique_ptr<hdtest::Program> child;
+    const pid_t pid = StartChild(&child, "1", launcher);
+    ASSERT_GT(pid, 0);
+    const std::string p = std::to_string(pid);
+    ASSERT_EQ(Shell("heapdump arm --pid " + p + " --sample-bytes 64K").status, 0);
+    EXPECT_TRUE(HasTables(pid));
+    child->Send("exec");
+    EXPECT_EQ(child->ReadLine(), "ready " + p);
+    // Its threads allocate all the time: armed by the old request, it would have tables at once.
+    usleep(500 * 1000);
+    EXPECT_FALSE(HasTables(pid));
+    hdtest::ShellOutput disarm = Shell("heapdump disarm --pid " + p);
+    EXPECT_EQ(disarm.status, 4) << disarm.out;
+    EXPECT_NE(disarm.out.find("was never armed"), std::string::npos) << disarm.out;
+    hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
+    ASSERT_EQ(armed.status, 0) << armed.out;
+    EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
+    Command(child.get(), "keep 10 1234");
+    EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
+    child->Send("exit");
+    EXPECT_EQ(child->Finish(), 0);
+  }
 }
 
 // A process started before any collector ran on its socket (a service started at boot ahead of

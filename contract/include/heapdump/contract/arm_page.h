@@ -14,9 +14,9 @@
  * answers inside it), its start time (field 22 of /proc/PID/stat, clock ticks after boot, as the
  * process reads it in its own time namespace) and the address at which it mapped the page (from
  * /proc/PID/maps), so that neither a reused pid, nor a process of another pid namespace, nor the
- * program a process exec'd (same pid and start time, its own mapping) takes a request meant for
- * another. A slot stays the process's until it
- * exits; the collector reuses slots of exited processes.
+ * program a process exec'd (same pid and start time, its own mapping, placed by a draw where
+ * addresses are not randomised) takes a request meant for another. A slot stays the process's until
+ * it exits; the collector reuses slots of exited processes.
  *
  * The file is kept across collector restarts (opened, never truncated nor replaced: processes
  * that mapped it keep the same inode), and a collector starting on a file with another magic or
