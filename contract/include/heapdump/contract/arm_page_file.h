@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "heapdump/contract/arm_page.h"
@@ -54,13 +55,17 @@ static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make
 static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *name, int access) {
   int fd = openat(dir_fd, name, access | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
-  /* An unnamed file; where the file system has none (overlayfs before Linux 6.6, NFS), one
-   * named for this process, linked to the page's name once filled, then unnamed again. */
+  /* An unnamed file; where the file system has none (overlayfs before Linux 6.6, NFS), a named
+   * one, linked to the page's name once filled, then unnamed again. Its name is this process's
+   * pid and the clock's nanoseconds: processes of other pid namespaces may share the pid. */
   char temporary[64] = "";
   fd = openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-    snprintf(temporary, sizeof temporary, ".arm-page.%ld", (long)getpid());
-    (void)unlinkat(dir_fd, temporary, 0); /* one a process of this pid left behind */
+  for (int tries = 0; fd < 0 && tries < 4; tries++) {
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL && errno != EEXIST) break;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    snprintf(temporary, sizeof temporary, ".arm-page.%ld.%lld.%ld", (long)getpid(),
+             (long long)now.tv_sec, now.tv_nsec);
     fd = openat(dir_fd, temporary, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
   }
   if (fd < 0) return -errno;
