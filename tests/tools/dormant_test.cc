@@ -694,9 +694,14 @@ TEST_F(Dormant, RedisUnderLoadIsArmedAndDisarmedSafely) {
             "bench=$!\n"
             "for round in 1 2 3; do\n"
             "  sleep 0.3\n"
-            "  heapdump arm --pid $redis\n"
-            "  heapdump snapshot --pid $redis -o armed$round.heapdump\n"
-            "  heapdump disarm --pid $redis\n"
+            "  kill -0 $bench && echo load$round=running\n"
+            "  heapdump arm --pid $redis; echo arm$round=$?\n"
+            "  heapdump snapshot --pid $redis -o armed$round.heapdump; echo snapshot$round=$?\n"
+            "  heapdump disarm --pid $redis; echo disarm$round=$?\n"
+            "  heapdump report armed$round.heapdump --top 3 > report$round.txt; "
+            "echo report$round=$?\n"
+            "  grep -Eq 'zmalloc|createObject|dictAdd|sdsnewlen' report$round.txt && "
+            "echo sites$round=redis\n"
             "  " +
             cli +
             " ping\n"
@@ -718,6 +723,19 @@ TEST_F(Dormant, RedisUnderLoadIsArmedAndDisarmedSafely) {
   for (size_t at = o.out.find("PONG"); at != std::string::npos; at = o.out.find("PONG", at + 1))
     pongs++;
   EXPECT_EQ(pongs, 3u) << o.out;
+  // Each round: armed and disarmed while the benchmark ran, its snapshot read, redis's sites in it.
+  for (const std::string &round : std::vector<std::string>{"1", "2", "3"}) {
+    for (const std::string &step : std::vector<std::string>{
+             "load" + round + "=running", "arm" + round + "=0", "snapshot" + round + "=0",
+             "disarm" + round + "=0", "report" + round + "=0", "sites" + round + "=redis"}) {
+      EXPECT_NE(o.out.find(step), std::string::npos) << step << "\n" << o.out;
+    }
+  }
+  size_t disarmed = 0;
+  for (size_t at = o.out.find("disarmed: process"); at != std::string::npos;
+       at = o.out.find("disarmed: process", at + 1))
+    disarmed++;
+  EXPECT_EQ(disarmed, 3u) << o.out;
   // The keys redis holds were stored while it recorded: its own sites show.
   EXPECT_TRUE(std::regex_search(o.out, std::regex("zmalloc|createObject|dictAdd|sdsnewlen")))
       << o.out;
