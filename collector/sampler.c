@@ -30,21 +30,24 @@ static uint64_t trigger_threshold(hd_collector *c, hd_process *p) {
 }
 
 /* Stores a snapshot of p when its live bytes reach the trigger's threshold, so that a picture of
- * the heap before an out-of-memory kill survives it; once per crossing. */
+ * the heap before an out-of-memory kill survives it; once per crossing. An armed process's live
+ * bytes include those it held before arming, which no site is credited with but the memory
+ * limit counts all the same. */
 static void check_trigger(hd_collector *c, hd_process *p, const hd_table_stats *st) {
   const uint64_t threshold = trigger_threshold(c, p);
   if (threshold == 0) return;
+  const uint64_t live = st->live_bytes + st->unattributed_bytes;
   if (p->trigger_fired) {
-    if (st->live_bytes < threshold / 10 * 9) p->trigger_fired = false;
+    if (live < threshold / 10 * 9) p->trigger_fired = false;
     return;
   }
-  if (st->live_bytes < threshold) return;
+  if (live < threshold) return;
   /* Still storing the previous one, or out of memory: tried again at the next sample. */
   if (hd_queue_trigger_snapshot(c, p) != 0) return;
   p->trigger_fired = true;
   hd_log(c, HD_LOG_INFO,
          "%s[%u]: %" PRIu64 " live bytes, over the trigger's %" PRIu64 ": storing a snapshot",
-         p->name, (unsigned)p->pid, st->live_bytes, threshold);
+         p->name, (unsigned)p->pid, live, threshold);
 }
 
 static void sample_live_processes(hd_collector *c) {

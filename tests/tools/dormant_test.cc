@@ -447,6 +447,53 @@ TEST_F(Dormant, WithoutUnnamedFilesThePageIsStillMadeWhole) {
   EXPECT_EQ(child.Finish(), 0);
 }
 
+// --trigger-live-bytes on an armed process: what it held before arming, which no site is credited
+// with, counts toward the threshold as it counts toward a memory limit. The snapshot the trigger
+// stored outlives the process, killed at once (as by the out-of-memory killer).
+TEST_F(Dormant, ATriggerCountsWhatAnArmedProcessHeldBeforeArming) {
+  hdtest::Collector watched{dir + "/watched"};
+  watched.args = {"--sample-interval", "20", "--trigger-live-bytes", "8000000"};
+  watched.Start();
+  std::vector<std::string> env = hdtest::InstrumentedEnv(watched.socket);
+  env.push_back("HEAPDUMP_DORMANT=1");
+  hdtest::Program child({HD_DORMANT_CHILD}, env);
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  const std::string socket = " --socket " + watched.socket;
+  // Paused first, so that what the threads hold stays from before arming; the arming happens at
+  // the next allocation, the main thread's.
+  Command(&child, "pause");
+  ASSERT_EQ(Shell("heapdump arm" + socket + " --pid " + p + " > arm.out 2>&1 &").status, 0);
+  ASSERT_TRUE(hdtest::WaitUntil([&] {
+    Command(&child, "keep 1 16");  // an allocation, at which the request, once made, is taken
+    return hdtest::ReadFile(dir + "/arm.out").find("armed: process") != std::string::npos;
+  })) << hdtest::ReadFile(dir + "/arm.out");
+  // Held before arming: hold_before's 1,000,000 bytes and what the threads hold, under 8 MB
+  // (at most 1 MB and 4 x 512 blocks of 3,000 bytes).
+  usleep(300 * 1000);
+  EXPECT_EQ(Shell("heapdump list" + socket).out.find("over-threshold"), std::string::npos);
+  // 7.5 MB recorded, under the threshold on its own; with what came before, over it.
+  Command(&child, "keep 7500 1000");
+  const hdtest::ShellOutput listed =
+      Shell("for i in $(seq 100); do heapdump list" + socket +
+            " > list.txt; grep -q over-threshold list.txt && break; sleep 0.1; done\n"
+            "kill -9 " +
+            p + "\ngrep over-threshold list.txt | cut -d' ' -f1");
+  child.Finish();
+  ASSERT_NE(listed.out, "") << watched.Log();
+  const std::string id = listed.out.substr(0, listed.out.find('\n'));
+  const hdtest::ShellOutput report =
+      Shell("heapdump download" + socket + " " + id + " -o trigger.heapdump >/dev/null\n" +
+            "heapdump report trigger.heapdump --json --top 0\n");
+  ASSERT_EQ(report.status, 0) << report.out;
+  EXPECT_GT(SiteOf(report.out, "keep_after").blocks, 0) << report.out.substr(0, 800);
+  const double recorded = Field(report.out, "live_bytes");
+  EXPECT_LT(recorded, 8000000.0) << report.out.substr(0, 800);
+  EXPECT_GE(recorded + Field(report.out, "unattributed_bytes"), 8000000.0)
+      << report.out.substr(0, 800);
+}
+
 // Set-user-ID programs (in a fleet, su or passwd loaded by /etc/ld.so.preload) take nothing
 // from the environment their caller chose. One root runs as nobody: HEAPDUMP_DORMANT=0 does not
 // make it record. One nobody runs as root: dormant, it maps no page of its caller's collector
