@@ -207,12 +207,14 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
   const bool armed = has_tables && st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
                      st.has_recording &&
                      st.recording != heapdump_client_RecordingState_RECORDING_FROM_START;
-  const bool rate_known = armed || (existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0);
+  const bool rate_known = armed || (existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0 &&
+                                    slot->sample_bytes != HD_ARM_OWN_RATE);
   const uint64_t rate = armed ? st.sample_bytes : slot->sample_bytes;
   if (sample_bytes > HD_MAX_SAMPLE_BYTES) sample_bytes = HD_MAX_SAMPLE_BYTES;
   if (recording && has_sample_bytes && rate_known && sample_bytes != rate)
     return heapdump_client_CollectorError_SAMPLE_RATE_FIXED;
-  if (recording && !has_sample_bytes) sample_bytes = rate_known ? rate : 0;
+  /* None asked for: the rate it has, else its own (its environment's, else every block). */
+  if (recording && !has_sample_bytes) sample_bytes = rate_known ? rate : HD_ARM_OWN_RATE;
   if (!recording && !existing && !armed) return heapdump_client_CollectorError_PROCESS_NOT_ARMED;
   hd_arm_page *page = c->arm_page;
   const uint64_t gen = page->generation;
@@ -234,6 +236,8 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
     hd_log(c, HD_LOG_INFO, "process %d disarmed", (int)pid);
   else if (sample_bytes == 0)
     hd_log(c, HD_LOG_INFO, "process %d armed: every block", (int)pid);
+  else if (sample_bytes == HD_ARM_OWN_RATE)
+    hd_log(c, HD_LOG_INFO, "process %d armed: at its own rate", (int)pid);
   else
     hd_log(c, HD_LOG_INFO, "process %d armed: sampled, one block per %" PRIu64 " bytes", (int)pid,
            sample_bytes);

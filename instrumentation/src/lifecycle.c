@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "heapdump/contract/arm_page.h"
 #include "heapdump/contract/names.h"
 #include "regions.h"
 #include "registration.h"
@@ -553,7 +554,9 @@ bool hd_arm(uint64_t sample_bytes) {
     return false;
   }
   hd_tls.guard++;
-  hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
+  /* HD_ARM_OWN_RATE keeps what the environment said at start (read then, as for any process). */
+  if (sample_bytes != HD_ARM_OWN_RATE)
+    hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
   const bool made = create_tables();
   hd_tls.guard--;
   if (!made) {

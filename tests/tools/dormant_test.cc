@@ -355,6 +355,48 @@ TEST_F(Dormant, AnExecdProgramStartsDormantAgain) {
   }
 }
 
+// Armed without --sample-bytes, a process records at the rate HEAPDUMP_SAMPLE_BYTES set in its
+// environment (a service's drop-in may set it), else every block; --sample-bytes 0 asks for
+// every block whatever the environment says.
+TEST_F(Dormant, ArmedWithoutARateAProcessTakesItsEnvironmentsRate) {
+  std::vector<std::unique_ptr<hdtest::Program>> children;
+  struct Case {
+    std::string env, arm, says;
+  };
+  for (const Case &c :
+       {Case{"HEAPDUMP_SAMPLE_BYTES=64K", "", "records one block per 65536 bytes"},
+        Case{"HEAPDUMP_SAMPLE_BYTES=64K", " --sample-bytes 0", "records every block"},
+        Case{"HEAPDUMP_SAMPLE_BYTES=", "", "records every block"}}) {
+    SCOPED_TRACE(c.env + c.arm);
+    std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
+    env.push_back("HEAPDUMP_DORMANT=1");
+    env.push_back(c.env);
+    children.emplace_back(new hdtest::Program({HD_DORMANT_CHILD}, env));
+    const std::string ready = children.back()->ReadLine();
+    ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    const std::string p = ready.substr(6);
+    hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p + c.arm);
+    ASSERT_EQ(armed.status, 0) << armed.out;
+    EXPECT_NE(armed.out.find(c.says), std::string::npos) << armed.out;
+    // JSON says the rate only when sampled.
+    const double rate = Field(Report(std::stoi(p)), "sample_bytes");
+    if (c.says.find("65536") != std::string::npos) {
+      EXPECT_EQ(rate, 65536.0);
+    } else {
+      EXPECT_LT(rate, 1.0);
+    }
+    // Its rate stays: another arming without one resumes at it, one with another is refused.
+    if (c.arm.empty()) {
+      EXPECT_EQ(Shell("heapdump arm --pid " + p).status, 0);
+      EXPECT_NE(Shell("heapdump arm --pid " + p + " --sample-bytes 4K").status, 0);
+    }
+  }
+  for (auto &child : children) {
+    child->Send("exit");
+    EXPECT_EQ(child->Finish(), 0);
+  }
+}
+
 // A process started before any collector ran on its socket (a service started at boot ahead of
 // the collector's own unit, /run being empty after every boot): it makes the socket's directory,
 // private, and the arm page, and the collector started later arms it through that very page.
@@ -616,10 +658,10 @@ TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
       lines++;
     }
   }
-  ASSERT_EQ(lines, 7) << script;
+  ASSERT_EQ(lines, 8) << script;
   const std::string sock = dir + "/run/my-server/heapdump/collector.sock";
   script +=
-      "echo keep 10 1234 >&4\n"
+      "echo keep 20000 1234 >&4\n"
       "for i in $(seq 100); do grep -q '^ok' server.out && break; sleep 0.1; done\n"
       "heapdump snapshot --socket " +
       sock +
@@ -629,9 +671,14 @@ TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
   hdtest::ShellOutput o = Shell(script);
   ASSERT_EQ(o.status, 0) << script << o.out;
   EXPECT_TRUE(std::regex_search(
-      o.out, std::regex("armed: process [0-9]+ \\(dormant_child\\) records every block")))
+      o.out,
+      std::regex("armed: process [0-9]+ \\(dormant_child\\) records one block per 524288 bytes")))
       << o.out;
-  EXPECT_EQ(SiteOf(o.out.substr(o.out.find('{')), "keep_after").blocks, 10) << o.out;
+  // Sampled at 512 KiB, the 24.7 MB kept are about 47 recorded blocks, each standing for about
+  // 425: an estimate of 20,000 whose standard deviation is about 15%.
+  const double kept = SiteOf(o.out.substr(o.out.find('{')), "keep_after").blocks;
+  EXPECT_GT(kept, 10000) << o.out;
+  EXPECT_LT(kept, 40000) << o.out;
   // The doc's collector served all of it, stored where the doc says, and was stopped at the end
   // (its pid file gone).
   EXPECT_NE(access((dir + "/run/my-server/heapdump/collector.sock.arm").c_str(), F_OK), -1);

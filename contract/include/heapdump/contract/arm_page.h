@@ -31,7 +31,7 @@
 #include "heapdump/contract/must_check.h"
 
 #define HD_ARM_PAGE_MAGIC UINT32_C(0x6d726168) /* "harm" */
-#define HD_ARM_PAGE_VERSION 2u
+#define HD_ARM_PAGE_VERSION 3u
 #define HD_ARM_SLOTS 818u
 #define HD_ARM_PAGE_SUFFIX ".arm" /* appended to the socket path */
 
@@ -47,10 +47,15 @@ typedef struct hd_arm_slot {
   uint32_t request;       /* HD_ARM_SLOT_* */
   uint64_t start_ticks;   /* /proc/PID/stat starttime */
   uint64_t page_address;  /* where the process mapped this page */
-  uint64_t sample_bytes;  /* with HD_ARM_SLOT_RECORD: 0 = every block, else the mean interval */
+  uint64_t sample_bytes;  /* with HD_ARM_SLOT_RECORD: 0 = every block, HD_ARM_OWN_RATE, else
+                           * the mean interval */
   uint32_t collector_pid; /* the collector's own: the pid as it sees the process */
   uint32_t flags;         /* the collector's own: HD_ARM_SLOT_RATE_FIXED */
 } hd_arm_slot;
+
+/* A slot's sample_bytes when no rate was asked for: the process's own, HEAPDUMP_SAMPLE_BYTES
+ * from its environment (a service's drop-in may set it), else every block. */
+#define HD_ARM_OWN_RATE UINT64_MAX
 
 /* The process was asked to record: its rate stays sample_bytes until it exits. */
 #define HD_ARM_SLOT_RATE_FIXED 1u
