@@ -264,6 +264,28 @@ TEST_F(Dormant, ALeakCheckOfAnArmedProcessScansTheBlocksFromBeforeArming) {
   EXPECT_NE(leaks.out.find("note: armed process: the blocks not recorded were scanned as roots"),
             std::string::npos)
       << leaks.out;
+  // JSON and the HTML page say it too, beside their leak summaries.
+  hdtest::ShellOutput json = Shell("heapdump snapshot --pid " + p +
+                                   " --contents -o leaks.heapdump >/dev/null\n"
+                                   "heapdump report leaks.heapdump --json --top 0\n"
+                                   "heapdump report leaks.heapdump --format html -o leaks.html\n");
+  ASSERT_EQ(json.status, 0) << json.out;
+  EXPECT_NE(json.out.find("\"scope_note\":\"armed process: the blocks not recorded were scanned"),
+            std::string::npos)
+      << json.out.substr(0, 2000);
+  std::string why;
+  auto browser = hdtest::Browser::Launch(&why);
+  ASSERT_NE(browser, nullptr) << why;
+  ASSERT_TRUE(browser->Open(dir + "/leaks.html")) << browser->error();
+  ASSERT_TRUE(browser->WaitFor("document.body.dataset.ready === '1'")) << browser->error();
+  const auto note = browser->EvalString(
+      "(function(){const e=document.getElementById('leaks-scope-note');"
+      "return e && !e.hidden && !document.getElementById('leaks').hidden ? e.textContent : "
+      "'';})()");
+  ASSERT_TRUE(note.has_value()) << browser->error();
+  EXPECT_NE(note->find("Note: armed process: the blocks not recorded were scanned as roots"),
+            std::string::npos)
+      << *note;
   child->Send("exit");
   EXPECT_EQ(child->Finish(), 0);
 }

@@ -683,7 +683,13 @@ static HD_MUST_CHECK int write_leaks(const hd_snapshot *s, hd_symbolizer *sym,
   }
   fprintf(out, ",\"unconfirmed\":{\"bytes\":%" PRIu64 ",\"blocks\":%" PRIu64 "}", unconfirmed_bytes,
           unconfirmed_blocks);
-  fputs("},\"groups\":[", out);
+  fputs("}", out);
+  const char *scope = hd_report_leak_scope_note(s);
+  if (scope != NULL) {
+    fputs(",\"scope_note\":", out);
+    hd_json_string_in_html(out, scope);
+  }
+  fputs(",\"groups\":[", out);
   for (size_t i = 0; i < count; i++) {
     const hd_report_group *g = &groups[i];
     fprintf(out, "%s{\"category\":\"%s\",\"site\":", i ? "," : "",

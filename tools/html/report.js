@@ -762,6 +762,10 @@
     const anyLost = LEAK_CATS.slice(0, 3).some((c) => num((summ[c] || {}).bytes) > 0 || num((summ[c] || {}).blocks) > 0) ||
       groups.some((g) => g && g.category !== 'still_reachable');
     $('leaks-none').hidden = anyLost;
+    // What this leak check could not see (a sampled or armed process): the report's note.
+    const scope = typeof L.scope_note === 'string' ? L.scope_note : '';
+    $('leaks-scope-note').hidden = !scope;
+    $('leaks-scope-note').textContent = scope ? 'Note: ' + scope + '.' : '';
     const reach = $('leaks-show-reachable').checked;
     const rows = [];
     groups.forEach((g, i) => {

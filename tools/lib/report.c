@@ -313,6 +313,30 @@ static bool scanned_unrecorded_blocks(const hd_snapshot *s) {
   return false;
 }
 
+const char *hd_report_leak_scope_note(const hd_snapshot *s) {
+  const bool sampled = s->has_stats && s->stats.has_sample_bytes,
+             armed = s->has_stats && s->stats.has_unattributed_bytes;
+  if ((sampled || armed) && scanned_unrecorded_blocks(s)) {
+    return sampled ? "sampled recording: the blocks not recorded were scanned as roots, found by "
+                     "glibc's own headers (with the free ones it keeps cached), so a lost block "
+                     "that only they point to may be counted as reachable; confirm a leak with a "
+                     "run that records every block"
+                   : "armed process: the blocks not recorded were scanned as roots, found by "
+                     "glibc's own headers (with the free ones it keeps cached), so a lost block "
+                     "that only they point to may be counted as reachable";
+  }
+  if (sampled) {
+    return "sampled recording: only the recorded blocks were scanned, so a recorded block that "
+           "only unrecorded blocks point to is counted as lost; confirm a leak with a run that "
+           "records every block";
+  }
+  if (armed) {
+    return "armed process: the blocks allocated before it was armed were not scanned, so a "
+           "recorded block that only they point to is counted as lost";
+  }
+  return NULL;
+}
+
 static void summarize(const group_list *l, leak_summary *sum) {
   for (size_t i = 0; i < l->count; i++) {
     const group *g = &l->items[i];
@@ -344,27 +368,8 @@ static void write_leaks_text(const hd_snapshot *s, const hd_report_options *o, c
             sum->blocks[c], hd_reach_category_name((hd_reach_category)c));
   }
   fputc('\n', out);
-  const bool sampled = s->has_stats && s->stats.has_sample_bytes,
-             armed = s->has_stats && s->stats.has_unattributed_bytes;
-  if ((sampled || armed) && scanned_unrecorded_blocks(s)) {
-    fprintf(out,
-            "note: %s: the blocks not recorded were scanned as roots, found by glibc's own "
-            "headers (with the free ones it keeps cached), so a lost block that only they point "
-            "to may be counted as reachable%s\n",
-            sampled ? "sampled recording" : "armed process",
-            sampled ? "; confirm a leak with a run that records every block" : "");
-  } else if (sampled) {
-    fputs(
-        "note: sampled recording: only the recorded blocks were scanned, so a recorded block "
-        "that only unrecorded blocks point to is counted as lost; confirm a leak with a run "
-        "that records every block\n",
-        out);
-  } else if (armed) {
-    fputs(
-        "note: armed process: the blocks allocated before it was armed were not scanned, so a "
-        "recorded block that only they point to is counted as lost\n",
-        out);
-  }
+  const char *scope = hd_report_leak_scope_note(s);
+  if (scope != NULL) fprintf(out, "note: %s\n", scope);
   if (sum->blocks_without_contents > 0) {
     fprintf(out,
             "note: %zu blocks had no contents in the snapshot (over its size limit, or freed "
@@ -843,8 +848,11 @@ static void write_json(const hd_snapshot *s, const hd_report_options *o, const g
     size_t unread_regions;
     roots_not_read(s, &unread_bytes, &unread_regions);
     fprintf(out, ",\"blocks_without_contents\":%zu", leaks->blocks_without_contents);
-    fprintf(out, ",\"roots_not_read\":{\"bytes\":%" PRIu64 ",\"regions\":%zu}}", unread_bytes,
+    fprintf(out, ",\"roots_not_read\":{\"bytes\":%" PRIu64 ",\"regions\":%zu}", unread_bytes,
             unread_regions);
+    const char *scope = hd_report_leak_scope_note(s);
+    if (scope != NULL) fprintf(out, ",\"scope_note\":\"%s\"", scope); /* nothing to escape */
+    fputc('}', out);
   }
   write_alloc_fns_json(o, out);
   fprintf(out, ",\"by\":\"%s\",\"sort\":\"%s\",\"groups\":[",

@@ -88,6 +88,12 @@ HD_MUST_CHECK int hd_report_groups(const hd_snapshot *s, const hd_report_options
                                    const uint8_t *categories, hd_report_group **groups,
                                    size_t *count, size_t *trace_group);
 
+/* What a leak check of s could not see, for a process that does not record every block
+ * (sampled, or armed): one sentence, as the text report's note, the JSON's
+ * leak_summary.scope_note and the HTML page's leak section give it; NULL for one that records
+ * every block since start. */
+const char *hd_report_leak_scope_note(const hd_snapshot *s);
+
 /* ,"resident":{...} of s's ResidentMemory (nothing if it has none), as the JSON report and the
  * HTML page give it. */
 void hd_report_resident_json(const hd_snapshot *s, FILE *out);
