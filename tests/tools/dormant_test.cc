@@ -419,6 +419,33 @@ TEST_F(Dormant, ArmedWithoutARateAProcessTakesItsEnvironmentsRate) {
   }
 }
 
+// A process that names no socket (as under /etc/ld.so.preload, which sets no variable) belongs to
+// its user's default one, $XDG_RUNTIME_DIR/heapdump/collector.sock here: it makes that directory
+// and the page, and the collector started later with no --socket arms it, through `heapdump arm`
+// with none either.
+TEST_F(Dormant, ANamelessSocketIsTheUsersDefaultOne) {
+  const std::string xdg = dir + "/xdg";
+  ASSERT_EQ(mkdir(xdg.c_str(), 0700), 0);
+  hdtest::Program child(hdtest::Isolated{}, {HD_DORMANT_CHILD},
+                        {std::string("LD_PRELOAD=") + HD_PRELOAD_LIB, "HEAPDUMP_DORMANT=1",
+                         "XDG_RUNTIME_DIR=" + xdg});
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  struct stat st = {};
+  ASSERT_EQ(stat((xdg + "/heapdump/collector.sock.arm").c_str(), &st), 0);
+  hdtest::ShellOutput o = Shell("unset HEAPDUMP_SOCKET; export XDG_RUNTIME_DIR=" + xdg +
+                                "\nheapdump-collector\n"
+                                "heapdump arm --pid " +
+                                p + "; echo arm=$?\nheapdump-collector --stop\n");
+  EXPECT_NE(o.out.find("arm=0"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("armed: process " + p + " (dormant_child) records every block"),
+            std::string::npos)
+      << o.out;
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
 // A process started before any collector ran on its socket (a service started at boot ahead of
 // the collector's own unit, /run being empty after every boot): it makes the socket's directory,
 // private, and the arm page, and the collector started later arms it through that very page.
