@@ -834,6 +834,16 @@ TEST_F(Dormant, DocsArmingRunsAsWritten) {
   EXPECT_NE(o.out.find("armed: the blocks allocated since the process was armed are recorded"),
             std::string::npos)
       << o.out;
+  // The recorded live bytes and those from before arming make the process's whole.
+  std::smatch totals, armed;
+  ASSERT_TRUE(std::regex_search(o.out, totals,
+                                std::regex("my-server\\[[0-9]+\\]: [0-9]+ live "
+                                           "blocks, ([0-9]+) live bytes")))
+      << o.out;
+  ASSERT_TRUE(std::regex_search(
+      o.out, armed, std::regex("; ([0-9]+) more live bytes, .*: ([0-9]+) live bytes in all")))
+      << o.out;
+  EXPECT_EQ(std::stoull(totals[1]) + std::stoull(armed[1]), std::stoull(armed[2])) << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("disarmed: process [0-9]+ \\(my-server\\)")))
       << o.out;
   EXPECT_TRUE(std::regex_search(o.out, std::regex("done, [0-9]+ signals handled"))) << o.out;

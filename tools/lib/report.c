@@ -551,8 +551,9 @@ static void write_text_summary(const hd_snapshot *s, const hd_report_options *o,
     fprintf(out,
             "armed: the blocks allocated since the process was armed are recorded%s; %" PRIu64
             " more live bytes, allocated before (or while disarmed), are attributed to no site "
-            "(glibc's count, headers included)\n",
-            disarmed ? " (it is disarmed now: none since)" : "", s->stats.unattributed_bytes);
+            "(glibc's count, headers included): %" PRIu64 " live bytes in all\n",
+            disarmed ? " (it is disarmed now: none since)" : "", s->stats.unattributed_bytes,
+            live_bytes + s->stats.unattributed_bytes);
   }
   write_resident_text(s, live_bytes, out);
   if (s->has_stats && (s->stats.dropped_allocations || s->stats.dropped_stack_traces ||
