@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -58,23 +59,23 @@ static bool trusted(const struct stat *st, unsigned uid) {
  * of PLACES pages of a reservation, drawn from the clock (no syscall, and nothing of AT_RANDOM's
  * secrets shown in /proc/PID/maps). Two programs in a row share a place once in PLACES. */
 #define PLACES 16384u
+_Static_assert(PLACES == 1u << 14, "a place is the draw's 14 high bits");
 static void *map_at_a_drawn_place(int fd) {
-  const size_t page = 4096, span = PLACES * page + HD_ARM_PAGE_BYTES;
+  const size_t page = getauxval(AT_PAGESZ) ? getauxval(AT_PAGESZ) : 4096;
+  const size_t bytes = (HD_ARM_PAGE_BYTES + page - 1) / page * page, span = PLACES * page + bytes;
   char *reserved = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) return mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   const uint64_t draw =
       ((uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec) * UINT64_C(0x9E3779B97F4A7C15);
-  const size_t before = (size_t)(draw >> 52) % PLACES * page;
+  const size_t before = (size_t)(draw >> 50) % PLACES * page; /* its 14 high bits */
   void *p = mmap(reserved + before, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-  if (p == MAP_FAILED) {
-    munmap(reserved, span);
-    return MAP_FAILED;
-  }
+  /* The reservation around the page goes; where the page should be, a failed mapping may have
+   * left a hole another thread's mapping could fill since, so that part is left alone. */
   if (before > 0) munmap(reserved, before);
-  munmap(reserved + before + HD_ARM_PAGE_BYTES, span - before - HD_ARM_PAGE_BYTES);
-  return p;
+  munmap(reserved + before + bytes, span - before - bytes);
+  return p != MAP_FAILED ? p : mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
 }
 
 void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
