@@ -28,7 +28,15 @@ int hd_arming_open(hd_collector *c) {
   /* Relative to the socket's directory, which prepare_socket_dir checked, not through a link. */
   const char *name;
   const int dir_fd = hd_arm_page_dir_open(path, false, &name);
-  const int fd = dir_fd >= 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : dir_fd;
+  int fd = dir_fd >= 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : dir_fd;
+  /* A page of another layout (an older collector's) is replaced, not rewritten: the processes
+   * that mapped it read it by its own layout, and keep it, unarmable by this collector. */
+  uint32_t head[2] = {0, 0};
+  if (fd >= 0 && (pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head ||
+                  head[0] != HD_ARM_PAGE_MAGIC || head[1] != HD_ARM_PAGE_VERSION)) {
+    close(fd);
+    fd = unlinkat(dir_fd, name, 0) == 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : -errno;
+  }
   if (dir_fd >= 0) close(dir_fd);
   if (fd < 0) {
     hd_log(c, HD_LOG_ERROR, "cannot open the arm page %s: %s", path, strerror(-fd));
@@ -47,12 +55,6 @@ int hd_arming_open(hd_collector *c) {
     return -err;
   }
   hd_arm_page *page = p;
-  if (page->magic != HD_ARM_PAGE_MAGIC || page->version != HD_ARM_PAGE_VERSION) {
-    /* Not a page this collector knows: no process can have taken it for one. */
-    memset(page, 0, HD_ARM_PAGE_BYTES);
-    page->version = HD_ARM_PAGE_VERSION;
-    __atomic_store_n(&page->magic, HD_ARM_PAGE_MAGIC, __ATOMIC_RELEASE);
-  }
   /* A collector that died between a slot's two stores left it odd: readers would wait forever. */
   if (page->generation & 1)
     __atomic_store_n(&page->generation, page->generation + 1, __ATOMIC_RELEASE);
@@ -207,8 +209,11 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
   const bool armed = has_tables && st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
                      st.has_recording &&
                      st.recording != heapdump_client_RecordingState_RECORDING_FROM_START;
+  /* A slot asking for the process's own rate says which only once the process took it: then
+   * (its tables made) the rate is fixed, though this collector may not know it yet (restarted,
+   * the process not registered again), and only a request without one is sure to agree. */
   const bool rate_known = armed || (existing && (slot->flags & HD_ARM_SLOT_RATE_FIXED) != 0 &&
-                                    slot->sample_bytes != HD_ARM_OWN_RATE);
+                                    (slot->sample_bytes != HD_ARM_OWN_RATE || has_tables));
   const uint64_t rate = armed ? st.sample_bytes : slot->sample_bytes;
   if (sample_bytes > HD_MAX_SAMPLE_BYTES) sample_bytes = HD_MAX_SAMPLE_BYTES;
   if (recording && has_sample_bytes && rate_known && sample_bytes != rate)

@@ -18,9 +18,10 @@
  * addresses are not randomised) takes a request meant for another. A slot stays the process's until
  * it exits; the collector reuses slots of exited processes.
  *
- * The file is kept across collector restarts (opened, never truncated nor replaced: processes
- * that mapped it keep the same inode), and a collector starting on a file with another magic or
- * version initialises it. Layout fixed-width little-endian, pinned below. */
+ * The file is kept across collector restarts (opened, never truncated: processes that mapped it
+ * keep the same inode). A collector starting on a file with another magic or version replaces
+ * it with a new file: processes that mapped the old one read it by its own layout, and keep it,
+ * never armed by this collector. Layout fixed-width little-endian, pinned below. */
 #ifndef HEAPDUMP_CONTRACT_ARM_PAGE_H
 #define HEAPDUMP_CONTRACT_ARM_PAGE_H
 
