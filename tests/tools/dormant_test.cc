@@ -88,10 +88,11 @@ class Dormant : public ::testing::Test {
     return o.out;
   }
   // The dormant child, started and ready; its pid.
-  // launcher: a command that execs the child (its argv before the child's).
+  // launcher: a command that execs the child (its argv before the child's); socket: its
+  // collector's, when not the fixture's.
   pid_t StartChild(std::unique_ptr<hdtest::Program> *child, const std::string &dormant = "1",
-                   std::vector<std::string> launcher = {}) {
-    std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
+                   std::vector<std::string> launcher = {}, const std::string &socket = "") {
+    std::vector<std::string> env = hdtest::InstrumentedEnv(socket.empty() ? daemon.socket : socket);
     env.push_back("HEAPDUMP_DORMANT=" + dormant);
     launcher.push_back(HD_DORMANT_CHILD);
     child->reset(new hdtest::Program(launcher, env));
@@ -530,20 +531,18 @@ TEST_F(Dormant, APageOfAnOlderLayoutIsReplacedNotRewritten) {
   ASSERT_EQ(stat(page.c_str(), &st), 0);
   EXPECT_NE(std::to_string(st.st_ino), old_inode);
   EXPECT_EQ(st.st_size, 32768);
-  std::vector<std::string> env = hdtest::InstrumentedEnv(later.socket);
-  env.push_back("HEAPDUMP_DORMANT=1");
-  hdtest::Program child({HD_DORMANT_CHILD}, env);
-  const std::string ready = child.ReadLine();
-  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child, "1", {}, later.socket);
+  ASSERT_GT(pid, 0);
   hdtest::ShellOutput armed =
-      Shell("heapdump arm --socket " + later.socket + " --pid " + ready.substr(6));
+      Shell("heapdump arm --socket " + later.socket + " --pid " + std::to_string(pid));
   EXPECT_EQ(armed.status, 0) << armed.out;
   // The old page as it was: its header, and nothing written after it.
   holder.Send("look");
   EXPECT_EQ(holder.ReadLine(), "6861726d02000000 " + std::to_string(32768 - 8));
   EXPECT_EQ(holder.Finish(), 0);
-  child.Send("exit");
-  EXPECT_EQ(child.Finish(), 0);
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
 }
 
 // A process started before any collector ran on its socket (a service started at boot ahead of
@@ -552,12 +551,10 @@ TEST_F(Dormant, APageOfAnOlderLayoutIsReplacedNotRewritten) {
 TEST_F(Dormant, AProcessStartedBeforeAnyCollectorIsArmedByTheOneStartedLater) {
   hdtest::Collector later{dir + "/later"};
   ASSERT_EQ(mkdir(later.dir.c_str(), 0755), 0);
-  std::vector<std::string> env = hdtest::InstrumentedEnv(later.socket);
-  env.push_back("HEAPDUMP_DORMANT=1");
-  hdtest::Program child({HD_DORMANT_CHILD}, env);
-  const std::string ready = child.ReadLine();
-  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-  const std::string p = ready.substr(6);
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child, "1", {}, later.socket);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
   struct stat st = {};
   const std::string run = later.socket.substr(0, later.socket.rfind('/'));
   ASSERT_EQ(stat(run.c_str(), &st), 0) << run;
@@ -565,20 +562,20 @@ TEST_F(Dormant, AProcessStartedBeforeAnyCollectorIsArmedByTheOneStartedLater) {
   ASSERT_EQ(stat((later.socket + ".arm").c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 32768);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
-  EXPECT_FALSE(HasTables(std::stoi(p)));
+  EXPECT_FALSE(HasTables(pid));
   later.Start();
   const std::string socket = " --socket " + later.socket;
   hdtest::ShellOutput armed = Shell("heapdump arm" + socket + " --pid " + p);
   ASSERT_EQ(armed.status, 0) << armed.out << later.Log();
   EXPECT_NE(armed.out.find("records every block"), std::string::npos) << armed.out;
-  Command(&child, "keep 10 1234");
+  Command(child.get(), "keep 10 1234");
   hdtest::ShellOutput report =
       Shell("heapdump snapshot" + socket + " --pid " + p + " -o later.heapdump >/dev/null\n" +
             "heapdump report later.heapdump --json --top 0\n");
   ASSERT_EQ(report.status, 0) << report.out;
   EXPECT_EQ(SiteOf(report.out, "keep_after").blocks, 10) << report.out.substr(0, 800);
-  child.Send("exit");
-  EXPECT_EQ(child.Finish(), 0);
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
 }
 
 // Where a dormant process makes the page itself, and where it does not: a directory of its
@@ -645,19 +642,17 @@ TEST_F(Dormant, ATriggerCountsWhatAnArmedProcessHeldBeforeArming) {
   hdtest::Collector watched{dir + "/watched"};
   watched.args = {"--sample-interval", "20", "--trigger-live-bytes", "8000000"};
   watched.Start();
-  std::vector<std::string> env = hdtest::InstrumentedEnv(watched.socket);
-  env.push_back("HEAPDUMP_DORMANT=1");
-  hdtest::Program child({HD_DORMANT_CHILD}, env);
-  const std::string ready = child.ReadLine();
-  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-  const std::string p = ready.substr(6);
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child, "1", {}, watched.socket);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
   const std::string socket = " --socket " + watched.socket;
   // Paused first, so that what the threads hold stays from before arming; the arming happens at
   // the next allocation, the main thread's.
-  Command(&child, "pause");
+  Command(child.get(), "pause");
   ASSERT_EQ(Shell("heapdump arm" + socket + " --pid " + p + " > arm.out 2>&1 &").status, 0);
   ASSERT_TRUE(hdtest::WaitUntil([&] {
-    Command(&child, "keep 1 16");  // an allocation, at which the request, once made, is taken
+    Command(child.get(), "keep 1 16");  // an allocation, at which the request, once made, is taken
     return hdtest::ReadFile(dir + "/arm.out").find("armed: process") != std::string::npos;
   })) << hdtest::ReadFile(dir + "/arm.out");
   // Held before arming: hold_before's 1,000,000 bytes and what the threads hold, under 8 MB
@@ -665,13 +660,13 @@ TEST_F(Dormant, ATriggerCountsWhatAnArmedProcessHeldBeforeArming) {
   usleep(300 * 1000);
   EXPECT_EQ(Shell("heapdump list" + socket).out.find("over-threshold"), std::string::npos);
   // 7.5 MB recorded, under the threshold on its own; with what came before, over it.
-  Command(&child, "keep 7500 1000");
+  Command(child.get(), "keep 7500 1000");
   const hdtest::ShellOutput listed =
       Shell("for i in $(seq 100); do heapdump list" + socket +
             " > list.txt; grep -q over-threshold list.txt && break; sleep 0.1; done\n"
             "kill -9 " +
             p + "\ngrep over-threshold list.txt | cut -d' ' -f1");
-  child.Finish();
+  child->Finish();
   ASSERT_NE(listed.out, "") << watched.Log();
   const std::string id = listed.out.substr(0, listed.out.find('\n'));
   const hdtest::ShellOutput report =
