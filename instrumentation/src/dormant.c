@@ -9,6 +9,7 @@
  * (tables, registration with the collector, the unwinder) inside the program's allocation. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
@@ -152,9 +153,111 @@ void hd_dormant_after_fork_child(void) {
   __atomic_store_n(&g_acting, 0, __ATOMIC_RELAXED);
 }
 
+/* The end of the mapping that holds addr, from /proc/self/maps read with raw syscalls and
+ * parsed as it streams (no line is kept whole); 0 if it cannot be read or names none. */
+static uintptr_t mapping_end(uintptr_t addr) {
+  static char buf[4096]; /* one thread at a time: g_acting */
+  const int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  enum { START, END, REST } field = START;
+  uintptr_t start = 0, end = 0, found = 0;
+  long n;
+  while (found == 0 && (n = syscall(SYS_read, fd, buf, sizeof buf)) > 0) {
+    for (long i = 0; i < n && found == 0; i++) {
+      const char c = buf[i];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (field == START && digit >= 0) {
+        start = start << 4 | (uintptr_t)digit;
+      } else if (field == START) {
+        field = END;
+      } else if (field == END && digit >= 0) {
+        end = end << 4 | (uintptr_t)digit;
+      } else if (field == END) {
+        if (start <= addr && addr < end) found = end;
+        field = REST;
+      } else if (c == '\n') {
+        field = START;
+        start = end = 0;
+      }
+    }
+  }
+  syscall(SYS_close, fd);
+  return found;
+}
+
+/* Where the kernel's signal frame on x86-64 (struct rt_sigframe) holds the signal mask to
+ * restore: after the restorer's address (8 bytes), uc_flags, uc_link, uc_stack (40) and
+ * uc_mcontext (256). (The siginfo after it is written for SA_SIGINFO actions only.) */
+#define FRAME_SAVED_MASK_OFFSET 304u
+_Static_assert(sizeof(void *) == 8, "the signal frame's layout is x86-64's");
+
+/* Whether this thread is running a signal handler, which may have interrupted anything
+ * (glibc's malloc amid its lists, the loader amid a dlopen) that arming would then call into.
+ * On an alternate stack the kernel says so. Elsewhere, the kernel starts a handler with a
+ * signal frame on the stack, which stays there until the handler returns: the action's restorer
+ * as the return address, then the context interrupted, with its signal mask. While the handler
+ * runs, its signal is blocked (and the action's mask), which the interrupted context's mask did
+ * not block. So a handler runs if such a frame lies between the stack pointer and the end of
+ * the stack, and a signal is blocked now that the frame's mask does not block; for an
+ * SA_NODEFER action, which may block nothing more, the frame alone is taken. A frame left behind
+ * by a handler that returned, where the thread has blocked more signals since or an action is
+ * SA_NODEFER, says yes where no handler runs, which only delays arming. The search ends 1 MiB
+ * up: a handler deeper than that in its own calls is not looked for. Not inlined: the search
+ * starts at this call's frame, above the restorers it holds itself. */
+__attribute__((noinline)) static bool in_signal_handler(void) {
+  struct {
+    uintptr_t handler;
+    unsigned long flags;
+    uintptr_t restorer;
+    uint64_t mask;
+  } action;
+  uintptr_t restorers[8];
+  unsigned count = 0;
+  bool nodefer = false;
+  for (int sig = 1; sig <= 64; sig++) {
+    if (syscall(SYS_rt_sigaction, sig, NULL, &action, sizeof action.mask) != 0) continue;
+    if (action.handler == (uintptr_t)SIG_DFL || action.handler == (uintptr_t)SIG_IGN) continue;
+    nodefer |= (action.flags & SA_NODEFER) != 0;
+    bool known = false;
+    for (unsigned i = 0; i < count; i++) known |= restorers[i] == action.restorer;
+    if (known) continue;
+    if (count == sizeof restorers / sizeof restorers[0]) return true; /* cannot tell: say yes */
+    restorers[count++] = action.restorer;
+  }
+  if (count == 0) return false;
+  stack_t alternate;
+  if (syscall(SYS_sigaltstack, NULL, &alternate) == 0 && (alternate.ss_flags & SS_ONSTACK))
+    return true;
+  uint64_t blocked = 0;
+  if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &blocked, sizeof blocked) != 0) return true;
+  const uintptr_t sp = (uintptr_t)__builtin_frame_address(0) & ~(uintptr_t)7;
+  const uintptr_t end = mapping_end(sp);
+  if (end == 0) return true;
+  const uintptr_t last = end - sp > ((uintptr_t)1 << 20) ? sp + ((uintptr_t)1 << 20) : end;
+  for (uintptr_t at = sp; at + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t) <= last; at += 8) {
+    const uintptr_t word = *(const uintptr_t *)at;
+    bool restorer = false;
+    for (unsigned i = 0; i < count; i++) restorer |= word == restorers[i];
+    if (!restorer) continue;
+    const uint64_t saved_mask = *(const uint64_t *)(at + FRAME_SAVED_MASK_OFFSET);
+    if (nodefer || (blocked & ~saved_mask) != 0) return true;
+  }
+  return false;
+}
+
+/* A thread that found itself in a signal handler skips this many of its allocations before it
+ * looks again (doubling each time, so that a restorer's stale copy costs the thread a search
+ * per this many allocations, not one each); another thread may arm the process meanwhile. */
+#define FIRST_SKIP 16u
+#define LAST_SKIP (1u << 20)
+
 void hd_arm_poll_slow(void) {
-  /* Not from the library's own code, nor from a signal handler that interrupted glibc. */
+  /* Not from the library's own code, nor from a call of the allocator's it interrupted. */
   if (hd_tls.guard || hd_tls.in_backend || g_page == NULL) return;
+  if (hd_tls.arm_skip > 0) {
+    hd_tls.arm_skip--;
+    return;
+  }
   if (__atomic_exchange_n(&g_acting, 1, __ATOMIC_ACQUIRE)) return;
   const uint64_t gen = __atomic_load_n(&g_page->generation, __ATOMIC_ACQUIRE);
   if (gen != __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED) && (gen & 1) == 0) {
@@ -163,7 +266,14 @@ void hd_arm_poll_slow(void) {
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     /* A slot read while the collector rewrote it is read again at a later allocation. */
     const bool dormant = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT;
-    if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen) {
+    /* Arming waits for an allocation outside any signal handler; the others are two atomic
+     * operations on the library's own words, safe anywhere. */
+    const bool arm_later = request == HD_ARM_SLOT_RECORD && dormant && in_signal_handler();
+    if (arm_later) {
+      const uint32_t last = hd_tls.arm_last_skip;
+      hd_tls.arm_last_skip = last == 0 ? FIRST_SKIP : last < LAST_SKIP ? last * 2 : LAST_SKIP;
+      hd_tls.arm_skip = hd_tls.arm_last_skip;
+    } else if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen) {
       __atomic_store_n(&hd_arm_seen, gen, __ATOMIC_RELAXED);
       if (request == HD_ARM_SLOT_RECORD && dormant) {
         (void)hd_arm(sample_bytes);

@@ -79,9 +79,10 @@ static void *aligned_hook(size_t align, size_t size) {
 EXPORT void *malloc(size_t size) {
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_UNLIKELY(state < HD_STATE_READY)) {
-    /* The dormant library's whole work: one compare more than glibc's own malloc. */
+    /* The dormant library's whole work: two compares, then glibc's own malloc, called last and
+     * unmarked (a signal handler interrupting it never arms: dormant.c). */
     if (state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting()))
-      return hd_glibc_malloc(size);
+      return __libc_malloc(size);
     return alloc_not_ready(size, 0, false);
   }
   void *p;
@@ -98,14 +99,11 @@ EXPORT void *calloc(size_t n, size_t size) {
   return alloc_hook(total, 0, true);
 }
 
-EXPORT void free(void *p) {
-  if (!p) return;
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (HD_UNLIKELY(state < HD_STATE_READY)) {
-    if (hd_forwards(state) || hd_forwards(hd_hook_state(false))) {
-      hd_glibc_free(p);
-      return;
-    }
+/* A free of a library that records, or is initialising. */
+__attribute__((noinline)) static void free_hook(void *p) {
+  if (HD_UNLIKELY(hd_forwards(hd_hook_state(false)))) {
+    hd_glibc_free(p);
+    return;
   }
   if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_free(p))) return;
   if (nested()) {
@@ -115,6 +113,16 @@ EXPORT void free(void *p) {
   hd_hook_enter();
   if (!HD_UNLIKELY(hd_sampled_out_untagged) || !hd_free_if_untagged(p)) hd_free_recorded(p);
   hd_hook_leave();
+}
+
+EXPORT void free(void *p) {
+  if (!p) return;
+  /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. */
+  if (HD_UNLIKELY(hd_forwards(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE)))) {
+    __libc_free(p);
+    return;
+  }
+  free_hook(p);
 }
 
 /* C23: the size/alignment hints are not trusted; the recorded size is used instead. */

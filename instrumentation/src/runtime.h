@@ -84,6 +84,9 @@ typedef struct hd_thread_state {
    * drawn yet), and the generator its intervals are drawn from (0 = not seeded yet). */
   int64_t sample_countdown;
   uint64_t sample_random;
+  /* Dormant: allocations to pass before this thread looks for a request again, after it found
+   * itself in a signal handler (dormant.c); and the last such pause. */
+  uint32_t arm_skip, arm_last_skip;
 } hd_thread_state;
 
 /* ---- lifecycle.c: configuration, lazy init, the live tables, fork, thread exit ---- */
@@ -308,12 +311,12 @@ static inline int hd_hook_state(bool arm_allocation) {
 }
 
 /* glibc's own malloc and free, for blocks without a tag, inlined in the hooks: the dormant
- * library's (the thread marked as inside the allocator, so that a signal handler interrupting
- * glibc never arms from there), and those of blocks sampling leaves out. Everything else of a
- * dormant process (calloc, realloc, alignment, a request to act on) takes hd_hook_state and
- * backend.c's untagged calls. */
-void *__libc_malloc(size_t size);
-void __libc_free(void *p);
+ * library's (called unmarked: a signal handler never arms, dormant.c), and, marked as inside the
+ * allocator, those of blocks sampling leaves out. Everything else of a dormant process (calloc,
+ * realloc, alignment, a request to act on) takes hd_hook_state and backend.c's untagged calls. */
+/* Called through their GOT entries, not a PLT stub: one jump fewer in the dormant path. */
+__attribute__((noplt)) void *__libc_malloc(size_t size);
+__attribute__((noplt)) void __libc_free(void *p);
 static inline void *hd_glibc_malloc(size_t size) {
   hd_backend_enter();
   void *p = __libc_malloc(size);

@@ -14,8 +14,14 @@
  *   pause, resume  stop and restart the four threads' churn (they keep what they hold)
  *   exec           exec this program again (same pid; it answers "ready PID", not "ok")
  *   exit (or end of input)  stop the threads, free everything, exit 0
- * "ready PID" once the threads run. */
+ *   in-handler     (quiet only, with an arm request waiting) allocate in a handler of a signal
+ *                  raised on the thread's stack, then in one on an alternate stack, saying
+ *                  whether either armed the process; then allocate outside any handler until it
+ *                  is armed (at most 100000 times), saying how many allocations that took
+ * "ready PID" once the threads run. With the argument `quiet`, no thread runs but the main one,
+ * which allocates nothing between commands. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -94,6 +100,63 @@ static void on_signal(int sig) {
   handled++;
 }
 
+/* Whether this process is armed: it maps the library's tables. Read with open and read, which
+ * allocate nothing (the answer must not be changed by asking). */
+static bool armed(void) {
+  static char maps[1 << 16];
+  const int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t len = 0;
+  ssize_t n;
+  while (len < sizeof maps - 1 && (n = read(fd, maps + len, sizeof maps - 1 - len)) > 0)
+    len += (size_t)n;
+  close(fd);
+  maps[len] = '\0';
+  return strstr(maps, "heapdump-allocations") != NULL;
+}
+
+/* An allocation the compiler cannot leave out. */
+static void allocate_once(void) {
+  void *volatile p = malloc(100);
+  free(p);
+}
+
+static atomic_bool armed_in_handler;
+static void allocate_in_handler(int sig) {
+  (void)sig;
+  allocate_once();
+  if (armed()) atomic_store(&armed_in_handler, true);
+}
+
+/* Allocates until the process is armed; how many allocations that took (0: not armed after
+ * 100000). They run below a buffer left unwritten, which holds what the first handler's signal
+ * frame left on the stack: a frame that no handler runs in any more. */
+__attribute__((noinline)) static unsigned allocate_until_armed(void) {
+  char below_the_handlers_frame[16384];
+  __asm__ volatile("" : : "r"(below_the_handlers_frame) : "memory"); /* kept, unwritten */
+  unsigned allocations = 0;
+  while (!armed() && allocations < 100000) {
+    allocate_once();
+    allocations++;
+  }
+  return armed() ? allocations : 0;
+}
+
+static void in_handler(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = allocate_in_handler;
+  sigaction(SIGUSR2, &sa, NULL);
+  raise(SIGUSR2);
+  const bool on_stack = atomic_load(&armed_in_handler);
+  sa.sa_flags = SA_ONSTACK;
+  sigaction(SIGUSR2, &sa, NULL);
+  raise(SIGUSR2);
+  const bool on_alternate_stack = atomic_load(&armed_in_handler) && !on_stack;
+  printf("armed in a handler: %d, on an alternate stack: %d; armed after %u allocations\n",
+         on_stack, on_alternate_stack, allocate_until_armed());
+}
+
 static void *churn(void *arg) {
   const unsigned me = (unsigned)(size_t)arg, next = (me + 1) % THREADS;
   unsigned seed = me * 7919u + 1;
@@ -147,7 +210,8 @@ static void *storm(void *arg) {
   return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const bool quiet = argc > 1 && strcmp(argv[1], "quiet") == 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
   hold_before();
   chain_before();
@@ -156,9 +220,16 @@ int main(void) {
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, NULL);
-  for (size_t t = 0; t < THREADS; t++) pthread_create(&workers[t], NULL, churn, (void *)t);
   pthread_t stormer;
-  pthread_create(&stormer, NULL, storm, NULL);
+  if (quiet) {
+    /* An alternate signal stack inside the heap, as programs that allocate theirs have. */
+    static stack_t alternate = {.ss_size = 1 << 16};
+    alternate.ss_sp = malloc(alternate.ss_size);
+    sigaltstack(&alternate, NULL);
+  } else {
+    for (size_t t = 0; t < THREADS; t++) pthread_create(&workers[t], NULL, churn, (void *)t);
+    pthread_create(&stormer, NULL, storm, NULL);
+  }
   printf("ready %d\n", (int)getpid());
   char line[256];
   while (fgets(line, sizeof line, stdin) != NULL) {
@@ -218,6 +289,8 @@ int main(void) {
       execl("/proc/self/exe", "dormant_child", (char *)NULL);
       printf("exec failed\n");
       return 1;
+    } else if (quiet && strncmp(line, "in-handler", 10) == 0) {
+      in_handler();
     } else if (strncmp(line, "exit", 4) == 0) {
       break;
     } else {
@@ -227,8 +300,10 @@ int main(void) {
     printf("ok\n");
   }
   atomic_store(&stopping, true);
-  pthread_join(stormer, NULL);
-  for (size_t t = 0; t < THREADS; t++) pthread_join(workers[t], NULL);
+  if (!quiet) {
+    pthread_join(stormer, NULL);
+    for (size_t t = 0; t < THREADS; t++) pthread_join(workers[t], NULL);
+  }
   for (size_t i = 0; i < kept_count; i++) free(kept[i]);
   for (int i = 0; i < BEFORE; i++) free(before[i]);
   while (chain_head != NULL) {

@@ -207,6 +207,42 @@ TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
   EXPECT_GT(std::stoul(m[1]), 1000u) << rest;
 }
 
+// A signal handler may have interrupted anything (glibc amid its lists, the loader amid a
+// dlopen), so an allocation in one never arms the process, on the thread's stack or on an
+// alternate stack in the heap; the first allocations outside a handler do, even below the
+// signal frame a handler that returned left on the stack.
+TEST_F(Dormant, AnAllocationInASignalHandlerNeverArms) {
+  std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
+  env.push_back("HEAPDUMP_DORMANT=1");
+  hdtest::Program child({HD_DORMANT_CHILD, "quiet"}, env);
+  const std::string ready = child.ReadLine();
+  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+  const std::string p = ready.substr(6);
+  // The quiet child allocates nothing between commands: the request waits (exit status 7).
+  hdtest::ShellOutput asked = Shell("heapdump arm --timeout 1 --pid " + p);
+  EXPECT_EQ(asked.status, 7) << asked.out;
+  EXPECT_NE(asked.out.find("has not acted on it yet"), std::string::npos) << asked.out;
+  EXPECT_FALSE(HasTables(std::stoi(p)));
+  child.Send("in-handler");
+  const std::string said = child.ReadLine();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      said, m,
+      std::regex("armed in a handler: 0, on an alternate stack: 0; armed after ([0-9]+) "
+                 "allocations")))
+      << said;
+  // Found in a handler, the thread looks again 16 allocations later.
+  EXPECT_GE(std::stoi(m[1]), 1) << said;
+  EXPECT_LE(std::stoi(m[1]), 100) << said;
+  EXPECT_EQ(child.ReadLine(), "ok");
+  Command(&child, "keep 10 1234");
+  const std::string json = Report(std::stoi(p));
+  EXPECT_NE(json.find("\"recording\":\"armed\""), std::string::npos) << json.substr(0, 800);
+  EXPECT_EQ(SiteOf(json, "keep_after").blocks, 10);
+  child.Send("exit");
+  EXPECT_EQ(child.Finish(), 0);
+}
+
 // Armed at a sampling rate: the estimate of a site of known size falls within 5 standard
 // deviations of it (docs/tools.md's estimator); the rate stays the process's own, so arming
 // again at another is refused with a reason, and at the same one resumes it.
