@@ -7,6 +7,7 @@
  * collector, or before any, keep seeing the same file. Only the poll thread writes it (requests
  * are served there), as a seqlock writer. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -16,11 +17,36 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collector_internal.h"
 #include "heapdump/contract/arm_page.h"
 #include "heapdump/contract/arm_page_file.h"
+
+/* Removes the temporary pages in dir_fd that creators killed midway left behind
+ * (contract/arm_page_file.h): named so, and not written to for a minute. */
+static void remove_abandoned_temporaries(hd_collector *c, int dir_fd) {
+  const int list_fd = dup(dir_fd);
+  DIR *dir = list_fd >= 0 ? fdopendir(list_fd) : NULL;
+  if (dir == NULL) {
+    if (list_fd >= 0) close(list_fd);
+    return;
+  }
+  const time_t abandoned = time(NULL) - HD_ARM_PAGE_TEMPORARY_ABANDONED;
+  const size_t prefix = strlen(HD_ARM_PAGE_TEMPORARY ".");
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    struct stat st;
+    if (strncmp(e->d_name, HD_ARM_PAGE_TEMPORARY ".", prefix) != 0 ||
+        fstatat(dir_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_mtime > abandoned) {
+      continue;
+    }
+    if (unlinkat(dir_fd, e->d_name, 0) == 0)
+      hd_log(c, HD_LOG_INFO, "removed %s, an arm page its creator left half made", e->d_name);
+  }
+  closedir(dir);
+}
 
 int hd_arming_open(hd_collector *c) {
   char path[sizeof c->socket_path + sizeof HD_ARM_PAGE_SUFFIX];
@@ -28,6 +54,7 @@ int hd_arming_open(hd_collector *c) {
   /* Relative to the socket's directory, which prepare_socket_dir checked, not through a link. */
   const char *name;
   const int dir_fd = hd_arm_page_dir_open(path, false, &name);
+  if (dir_fd >= 0) remove_abandoned_temporaries(c, dir_fd);
   int fd = dir_fd >= 0 ? hd_arm_page_file_open(dir_fd, name, O_RDWR) : dir_fd;
   /* A page of another layout (an older collector's) is replaced, not rewritten: the processes
    * that mapped it read it by its own layout, and keep it, unarmable by this collector. */

@@ -581,6 +581,31 @@ TEST_F(Dormant, APageOfAnOlderLayoutIsReplacedNotRewritten) {
   EXPECT_EQ(child->Finish(), 0);
 }
 
+// Where the file system has no unnamed files, a creator of the arm page killed between making
+// its named temporary and linking it leaves that file behind: the collector removes one that
+// has not been written to for a minute when it starts, and leaves a younger one (its creator may
+// be at work) and any other file alone.
+TEST_F(Dormant, AHalfMadePageLeftByAKilledCreatorIsRemoved) {
+  hdtest::Collector later{dir + "/leftover"};
+  ASSERT_EQ(mkdir(later.dir.c_str(), 0755), 0);
+  const std::string run = later.socket.substr(0, later.socket.rfind('/'));
+  ASSERT_EQ(mkdir(run.c_str(), 0700), 0);
+  const std::string old_one = run + "/.arm-page.4242.1000.5", young = run + "/.arm-page.4243.1.2",
+                    other = run + "/.arm-page-notes";
+  for (const std::string &f : {old_one, young, other}) hdtest::WriteFile(f, std::string(100, 'x'));
+  hdtest::ShellOutput aged = Shell("touch -d '-2 minutes' " + old_one + " " + other);
+  ASSERT_EQ(aged.status, 0) << aged.out;
+  later.Start();
+  EXPECT_NE(access(old_one.c_str(), F_OK), 0);
+  EXPECT_EQ(access(young.c_str(), F_OK), 0);
+  EXPECT_EQ(access(other.c_str(), F_OK), 0);
+  EXPECT_EQ(access((later.socket + ".arm").c_str(), F_OK), 0);
+  EXPECT_NE(later.Log().find("removed .arm-page.4242.1000.5, an arm page its creator left half "
+                             "made"),
+            std::string::npos)
+      << later.Log();
+}
+
 // A process started before any collector ran on its socket (a service started at boot ahead of
 // the collector's own unit, /run being empty after every boot): it makes the socket's directory,
 // private, and the arm page, and the collector started later arms it through that very page.

@@ -49,6 +49,12 @@ static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make
   return fd >= 0 ? fd : -errno;
 }
 
+/* The start of a temporary page's name. A creator links it to the page's name, then unlinks it,
+ * within its one call; one found older than HD_ARM_PAGE_TEMPORARY_ABANDONED seconds was left by a
+ * creator killed midway, and the collector removes it. */
+#define HD_ARM_PAGE_TEMPORARY ".arm-page"
+#define HD_ARM_PAGE_TEMPORARY_ABANDONED 60
+
 /* The arm page file `name` in directory dir_fd, opened with access (O_RDONLY or O_RDWR;
  * O_CLOEXEC, never through a symbolic link), or created mode 0644, initialised, and opened
  * read-write when it does not exist. A descriptor, or -errno. */
@@ -64,7 +70,7 @@ static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *na
     if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL && errno != EEXIST) break;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    snprintf(temporary, sizeof temporary, ".arm-page.%ld.%lld.%ld", (long)getpid(),
+    snprintf(temporary, sizeof temporary, HD_ARM_PAGE_TEMPORARY ".%ld.%lld.%ld", (long)getpid(),
              (long long)now.tv_sec, now.tv_nsec);
     fd = openat(dir_fd, temporary, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
   }
