@@ -554,8 +554,7 @@ static void gather_roots(hd_process *p, const hd_live_block *blocks, size_t bloc
     taken.count = taken.capacity = g->root_count;
   }
   if (!g->out_of_memory) {
-    hd_roots_add_program_mappings(p, g, &taken, addresses,
-                                  g->blocks_mapped && addresses ? block_count : 0);
+    hd_roots_add_program_mappings(p, g, &taken, addresses, g->blocks_mapped ? block_count : 0);
   }
   free(addresses);
   free(taken.items);

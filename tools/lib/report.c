@@ -316,20 +316,20 @@ static bool scanned_unrecorded_blocks(const hd_snapshot *s) {
 const char *hd_report_leak_scope_note(const hd_snapshot *s) {
   const bool sampled = s->has_stats && s->stats.has_sample_bytes,
              armed = s->has_stats && s->stats.has_unattributed_bytes;
+#define UNRECORDED_SCANNED                                                                        \
+  ": the blocks not recorded were scanned as roots, found by glibc's own headers (with the free " \
+  "ones it keeps cached), so a lost block that only they point to may be counted as reachable"
+#define CONFIRM "; confirm a leak with a run that records every block"
   if ((sampled || armed) && scanned_unrecorded_blocks(s)) {
-    return sampled ? "sampled recording: the blocks not recorded were scanned as roots, found by "
-                     "glibc's own headers (with the free ones it keeps cached), so a lost block "
-                     "that only they point to may be counted as reachable; confirm a leak with a "
-                     "run that records every block"
-                   : "armed process: the blocks not recorded were scanned as roots, found by "
-                     "glibc's own headers (with the free ones it keeps cached), so a lost block "
-                     "that only they point to may be counted as reachable";
+    return sampled ? "sampled recording" UNRECORDED_SCANNED CONFIRM
+                   : "armed process" UNRECORDED_SCANNED;
   }
   if (sampled) {
     return "sampled recording: only the recorded blocks were scanned, so a recorded block that "
-           "only unrecorded blocks point to is counted as lost; confirm a leak with a run that "
-           "records every block";
+           "only unrecorded blocks point to is counted as lost" CONFIRM;
   }
+#undef UNRECORDED_SCANNED
+#undef CONFIRM
   if (armed) {
     return "armed process: the blocks allocated before it was armed were not scanned, so a "
            "recorded block that only they point to is counted as lost";
