@@ -99,13 +99,12 @@ EXPORT void *calloc(size_t n, size_t size) {
   return alloc_hook(total, 0, true);
 }
 
-/* A free of a library that records, or is initialising. */
+/* A free of a library that records (but of a block sampling left out), or is initialising. */
 __attribute__((noinline)) static void free_hook(void *p) {
   if (HD_UNLIKELY(hd_forwards(hd_hook_state(false)))) {
     hd_glibc_free(p);
     return;
   }
-  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_free(p))) return;
   if (nested()) {
     hd_nested_free(p);
     return;
@@ -117,11 +116,15 @@ __attribute__((noinline)) static void free_hook(void *p) {
 
 EXPORT void free(void *p) {
   if (!p) return;
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. */
-  if (HD_UNLIKELY(hd_forwards(__atomic_load_n(&hd_state, __ATOMIC_ACQUIRE)))) {
+  if (HD_UNLIKELY(hd_forwards(state))) {
     __libc_free(p);
     return;
   }
+  if (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
+      HD_LIKELY(hd_sampled_out_free(p)))
+    return;
   free_hook(p);
 }
 
