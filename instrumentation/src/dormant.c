@@ -8,6 +8,7 @@
  * another one acting on a request goes on as it was. The thread that arms does the setting up
  * (tables, registration with the collector, the unwinder) inside the program's allocation. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -149,8 +151,10 @@ static uint32_t find_request(const hd_arm_page *page, uint64_t *sample_bytes) {
 }
 
 void hd_dormant_after_fork_child(void) {
-  /* Only the forking thread exists here: a request another thread was acting on is not. */
+  /* Only the forking thread exists here: a request another thread was acting on is not, and the
+   * child's handlers are not its parent's, so this thread looks at its next allocation. */
   __atomic_store_n(&g_acting, 0, __ATOMIC_RELAXED);
+  hd_tls.arm_skip = hd_tls.arm_last_skip = 0;
 }
 
 /* The end of the mapping that holds addr, from /proc/self/maps read with raw syscalls and
@@ -190,6 +194,45 @@ static uintptr_t mapping_end(uintptr_t addr) {
  * uc_mcontext (256). (The siginfo after it is written for SA_SIGINFO actions only.) */
 #define FRAME_SAVED_MASK_OFFSET 304u
 _Static_assert(sizeof(void *) == 8, "the signal frame's layout is x86-64's");
+#define SCAN_BYTES ((uintptr_t)1 << 20)
+#define SCAN_STEP 4096u
+
+/* Every restorer an action of this process has named when a thread looked (kept, so that the
+ * handler of an action reset since, as SA_RESETHAND resets it, is still known by its frame).
+ * One per signal at most at any time; glibc gives all of its actions one. */
+static uintptr_t g_restorers[64];
+static unsigned g_restorer_count;
+
+static bool is_restorer(uintptr_t word) {
+  for (unsigned i = 0; i < g_restorer_count; i++) {
+    if (g_restorers[i] == word) return true;
+  }
+  return false;
+}
+
+/* Reads this thread's stack without faulting, where another thread may unmap memory meanwhile
+ * (a coroutine's stack inside a heap that is trimmed): process_vm_readv on this very process,
+ * which stops at the first page it cannot read. Where that call is refused (a seccomp filter),
+ * the stack is read directly, up to the end of its mapping in /proc/self/maps. */
+typedef struct stack_reader {
+  bool direct;
+  uintptr_t end; /* direct only: where the mapping ends (0: not known) */
+} stack_reader;
+
+static long read_stack(stack_reader *r, uintptr_t at, void *buf, size_t len) {
+  if (!r->direct) {
+    struct iovec local = {buf, len}, remote = {(void *)at, len};
+    const long got =
+        syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1UL, &remote, 1UL, 0UL);
+    if (got >= 0 || errno == EFAULT) return got < 0 ? 0 : got;
+    r->direct = true;
+    r->end = mapping_end(at);
+  }
+  if (at >= r->end) return 0;
+  const size_t n = r->end - at < len ? r->end - at : len;
+  memcpy(buf, (const void *)at, n);
+  return (long)n;
+}
 
 /* Whether this thread is running a signal handler, which may have interrupted anything
  * (glibc's malloc amid its lists, the loader amid a dlopen) that arming would then call into.
@@ -201,9 +244,9 @@ _Static_assert(sizeof(void *) == 8, "the signal frame's layout is x86-64's");
  * the stack, and a signal is blocked now that the frame's mask does not block; for an
  * SA_NODEFER action, which may block nothing more, the frame alone is taken. A frame left behind
  * by a handler that returned, where the thread has blocked more signals since or an action is
- * SA_NODEFER, says yes where no handler runs, which only delays arming. The search ends 1 MiB
- * up: a handler deeper than that in its own calls is not looked for. Not inlined: the search
- * starts at this call's frame, above the restorers it holds itself. */
+ * SA_NODEFER, says yes where no handler runs, which delays arming. The search ends 1 MiB up: a
+ * handler deeper than that in its own calls is not looked for. Not inlined: the search starts
+ * at this call's frame, above what it holds itself. */
 __attribute__((noinline)) static bool in_signal_handler(void) {
   struct {
     uintptr_t handler;
@@ -211,36 +254,39 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
     uintptr_t restorer;
     uint64_t mask;
   } action;
-  uintptr_t restorers[8];
-  unsigned count = 0;
   bool nodefer = false;
   for (int sig = 1; sig <= 64; sig++) {
     if (syscall(SYS_rt_sigaction, sig, NULL, &action, sizeof action.mask) != 0) continue;
     if (action.handler == (uintptr_t)SIG_DFL || action.handler == (uintptr_t)SIG_IGN) continue;
     nodefer |= (action.flags & SA_NODEFER) != 0;
-    bool known = false;
-    for (unsigned i = 0; i < count; i++) known |= restorers[i] == action.restorer;
-    if (known) continue;
-    if (count == sizeof restorers / sizeof restorers[0]) return true; /* cannot tell: say yes */
-    restorers[count++] = action.restorer;
+    if (!is_restorer(action.restorer) &&
+        g_restorer_count < sizeof g_restorers / sizeof g_restorers[0])
+      g_restorers[g_restorer_count++] = action.restorer;
   }
-  if (count == 0) return false;
+  if (g_restorer_count == 0) return false;
   stack_t alternate;
   if (syscall(SYS_sigaltstack, NULL, &alternate) == 0 && (alternate.ss_flags & SS_ONSTACK))
     return true;
   uint64_t blocked = 0;
   if (syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &blocked, sizeof blocked) != 0) return true;
+  /* Static: one thread at a time (g_acting), and not on a handler's small stack. Each step
+   * reads a frame's length past itself, so that a frame starting in it is read whole. */
+  static unsigned char window[SCAN_STEP + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t)];
+  stack_reader reader = {0};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0) & ~(uintptr_t)7;
-  const uintptr_t end = mapping_end(sp);
-  if (end == 0) return true;
-  const uintptr_t last = end - sp > ((uintptr_t)1 << 20) ? sp + ((uintptr_t)1 << 20) : end;
-  for (uintptr_t at = sp; at + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t) <= last; at += 8) {
-    const uintptr_t word = *(const uintptr_t *)at;
-    bool restorer = false;
-    for (unsigned i = 0; i < count; i++) restorer |= word == restorers[i];
-    if (!restorer) continue;
-    const uint64_t saved_mask = *(const uint64_t *)(at + FRAME_SAVED_MASK_OFFSET);
-    if (nodefer || (blocked & ~saved_mask) != 0) return true;
+  for (uintptr_t at = sp; at - sp < SCAN_BYTES; at += SCAN_STEP) {
+    const long got = read_stack(&reader, at, window, sizeof window);
+    for (long off = 0; off < (long)SCAN_STEP && off + (long)sizeof(uintptr_t) <= got; off += 8) {
+      uintptr_t word;
+      memcpy(&word, window + off, sizeof word);
+      /* A frame would run past the stack's end: not one. */
+      if (!is_restorer(word) || off + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t) > (size_t)got)
+        continue;
+      uint64_t saved_mask;
+      memcpy(&saved_mask, window + off + FRAME_SAVED_MASK_OFFSET, sizeof saved_mask);
+      if (nodefer || (blocked & ~saved_mask) != 0) return true;
+    }
+    if (got < (long)sizeof window) break;
   }
   return false;
 }
@@ -254,26 +300,27 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
 void hd_arm_poll_slow(void) {
   /* Not from the library's own code, nor from a call of the allocator's it interrupted. */
   if (hd_tls.guard || hd_tls.in_backend || g_page == NULL) return;
-  if (hd_tls.arm_skip > 0) {
+  if (hd_tls.arm_skip > 0 && __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT) {
     hd_tls.arm_skip--;
     return;
   }
   if (__atomic_exchange_n(&g_acting, 1, __ATOMIC_ACQUIRE)) return;
+  const int saved_errno = errno; /* the program's, through its allocation */
   const uint64_t gen = __atomic_load_n(&g_page->generation, __ATOMIC_ACQUIRE);
   if (gen != __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED) && (gen & 1) == 0) {
     uint64_t sample_bytes = 0;
     const uint32_t request = find_request(g_page, &sample_bytes);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    /* A slot read while the collector rewrote it is read again at a later allocation. */
     const bool dormant = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT;
     /* Arming waits for an allocation outside any signal handler; the others are two atomic
      * operations on the library's own words, safe anywhere. */
-    const bool arm_later = request == HD_ARM_SLOT_RECORD && dormant && in_signal_handler();
-    if (arm_later) {
+    if (request == HD_ARM_SLOT_RECORD && dormant && in_signal_handler()) {
       const uint32_t last = hd_tls.arm_last_skip;
       hd_tls.arm_last_skip = last == 0 ? FIRST_SKIP : last < LAST_SKIP ? last * 2 : LAST_SKIP;
       hd_tls.arm_skip = hd_tls.arm_last_skip;
     } else if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen) {
+      /* A slot read while the collector rewrote it is read again at a later allocation. */
+      hd_tls.arm_last_skip = 0;
       __atomic_store_n(&hd_arm_seen, gen, __ATOMIC_RELAXED);
       if (request == HD_ARM_SLOT_RECORD && dormant) {
         (void)hd_arm(sample_bytes);
@@ -287,5 +334,6 @@ void hd_arm_poll_slow(void) {
         __atomic_store_n(&hd_live_res.hdr->arm_generation, (uint32_t)gen, __ATOMIC_RELEASE);
     }
   }
+  errno = saved_errno;
   __atomic_store_n(&g_acting, 0, __ATOMIC_RELEASE);
 }

@@ -80,7 +80,8 @@ EXPORT void *malloc(size_t size) {
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_UNLIKELY(state < HD_STATE_READY)) {
     /* The dormant library's whole work: two compares, then glibc's own malloc, called last and
-     * unmarked (a signal handler interrupting it never arms: dormant.c). */
+     * unmarked (a signal handler interrupting it never arms: dormant.c). Being armed, the
+     * untagged call is marked (alloc_not_ready), as free's. */
     if (state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting()))
       return __libc_malloc(size);
     return alloc_not_ready(size, 0, false);
@@ -99,9 +100,11 @@ EXPORT void *calloc(size_t n, size_t size) {
   return alloc_hook(total, 0, true);
 }
 
-/* A free of a library that records (but of a block sampling left out), or is initialising. */
-__attribute__((noinline)) static void free_hook(void *p) {
-  if (HD_UNLIKELY(hd_forwards(hd_hook_state(false)))) {
+/* A free of a library that records (but of a block sampling left out), is being armed, or is
+ * initialising; state: as the caller read it. */
+__attribute__((noinline)) static void free_hook(void *p, int state) {
+  if (HD_UNLIKELY(state < HD_STATE_READY) &&
+      (hd_forwards(state) || hd_forwards(hd_hook_state(false)))) {
     hd_glibc_free(p);
     return;
   }
@@ -117,15 +120,17 @@ __attribute__((noinline)) static void free_hook(void *p) {
 EXPORT void free(void *p) {
   if (!p) return;
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. */
-  if (HD_UNLIKELY(hd_forwards(state))) {
+  /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. (Being
+   * armed, marked: a handler that interrupts it once the process records must not enter glibc
+   * again.) */
+  if (HD_UNLIKELY(state == HD_STATE_DORMANT)) {
     __libc_free(p);
     return;
   }
   if (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
       HD_LIKELY(hd_sampled_out_free(p)))
     return;
-  free_hook(p);
+  free_hook(p, state);
 }
 
 /* C23: the size/alignment hints are not trusted; the recorded size is used instead. */

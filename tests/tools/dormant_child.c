@@ -15,21 +15,33 @@
  *   exec           exec this program again (same pid; it answers "ready PID", not "ok")
  *   exit (or end of input)  stop the threads, free everything, exit 0
  *   in-handler     (quiet only, with an arm request waiting) allocate in a handler of a signal
- *                  raised on the thread's stack, then in one on an alternate stack, saying
- *                  whether either armed the process; then allocate outside any handler until it
- *                  is armed (at most 100000 times), saying how many allocations that took
- * "ready PID" once the threads run. With the argument `quiet`, no thread runs but the main one,
- * which allocates nothing between commands. */
+ *                  raised on an alternate stack (on the second thread), then in one on the main
+ *                  thread's stack, saying whether either armed the process; then allocate
+ *                  outside any handler until it is armed (at most 100000 times), saying how many
+ *                  allocations that took
+ * "ready PID" once the threads run. With the argument `quiet`, the main thread runs alone but for
+ * one that waits to raise a signal on its alternate stack (each thread looks at a waiting request
+ * afresh), and neither allocates between commands. A second argument `no-process-vm-readv` has a
+ * seccomp filter refuse that call (EPERM), as some containers' do; "ready PID" says "refused"
+ * after the pid then, if a call of it on the process itself is. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,17 +154,56 @@ __attribute__((noinline)) static unsigned allocate_until_armed(void) {
   return armed() ? allocations : 0;
 }
 
+/* Installs a seccomp filter under which process_vm_readv fails with EPERM. */
+static bool refuse_process_vm_readv(void) {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  const struct sock_fprog program = {.len = sizeof filter / sizeof filter[0], .filter = filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+static bool process_vm_readv_refused(void) {
+  char from = 'x', to = 0;
+  struct iovec local = {&to, 1}, remote = {&from, 1};
+  return syscall(SYS_process_vm_readv, getpid(), &local, 1UL, &remote, 1UL, 0UL) < 0 &&
+         errno == EPERM;
+}
+
+/* The second thread of a quiet run: at each byte on go_pipe, raises SIGUSR2 on its alternate
+ * stack (a block of the heap, as programs that allocate theirs have), then answers on done_pipe. */
+static int go_pipe[2], done_pipe[2];
+static void *raise_on_alternate_stack(void *arg) {
+  const stack_t alternate = {.ss_sp = arg, .ss_size = 1 << 16};
+  sigaltstack(&alternate, NULL);
+  char c;
+  while (read(go_pipe[0], &c, 1) == 1) {
+    raise(SIGUSR2);
+    if (write(done_pipe[1], &c, 1) != 1) break;
+  }
+  return NULL;
+}
+
 static void in_handler(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = allocate_in_handler;
-  sigaction(SIGUSR2, &sa, NULL);
-  raise(SIGUSR2);
-  const bool on_stack = atomic_load(&armed_in_handler);
   sa.sa_flags = SA_ONSTACK;
   sigaction(SIGUSR2, &sa, NULL);
+  char c = 'g';
+  if (write(go_pipe[1], &c, 1) != 1 || read(done_pipe[0], &c, 1) != 1) return;
+  const bool on_alternate_stack = atomic_load(&armed_in_handler);
+  sa.sa_flags = 0;
+  sigaction(SIGUSR2, &sa, NULL);
   raise(SIGUSR2);
-  const bool on_alternate_stack = atomic_load(&armed_in_handler) && !on_stack;
+  const bool on_stack = atomic_load(&armed_in_handler) && !on_alternate_stack;
   printf("armed in a handler: %d, on an alternate stack: %d; armed after %u allocations\n",
          on_stack, on_alternate_stack, allocate_until_armed());
 }
@@ -212,6 +263,8 @@ static void *storm(void *arg) {
 
 int main(int argc, char **argv) {
   const bool quiet = argc > 1 && strcmp(argv[1], "quiet") == 0;
+  const bool refuse = quiet && argc > 2 && strcmp(argv[2], "no-process-vm-readv") == 0;
+  if (refuse && !refuse_process_vm_readv()) return 1;
   setvbuf(stdout, NULL, _IOLBF, 0);
   hold_before();
   chain_before();
@@ -220,17 +273,16 @@ int main(int argc, char **argv) {
   sa.sa_handler = on_signal;
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, NULL);
-  pthread_t stormer;
+  pthread_t stormer, raiser;
   if (quiet) {
-    /* An alternate signal stack inside the heap, as programs that allocate theirs have. */
-    static stack_t alternate = {.ss_size = 1 << 16};
-    alternate.ss_sp = malloc(alternate.ss_size);
-    sigaltstack(&alternate, NULL);
+    if (pipe(go_pipe) != 0 || pipe(done_pipe) != 0 ||
+        pthread_create(&raiser, NULL, raise_on_alternate_stack, malloc(1 << 16)) != 0)
+      return 1;
   } else {
     for (size_t t = 0; t < THREADS; t++) pthread_create(&workers[t], NULL, churn, (void *)t);
     pthread_create(&stormer, NULL, storm, NULL);
   }
-  printf("ready %d\n", (int)getpid());
+  printf("ready %d%s\n", (int)getpid(), refuse && process_vm_readv_refused() ? " refused" : "");
   char line[256];
   while (fgets(line, sizeof line, stdin) != NULL) {
     size_t n, size;
@@ -300,7 +352,10 @@ int main(int argc, char **argv) {
     printf("ok\n");
   }
   atomic_store(&stopping, true);
-  if (!quiet) {
+  if (quiet) {
+    close(go_pipe[1]);
+    pthread_join(raiser, NULL);
+  } else {
     pthread_join(stormer, NULL);
     for (size_t t = 0; t < THREADS; t++) pthread_join(workers[t], NULL);
   }

@@ -100,6 +100,9 @@ class Dormant : public ::testing::Test {
     EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
     return ready.rfind("ready ", 0) == 0 ? std::stoi(ready.substr(6)) : -1;
   }
+  // Dormant.AnAllocationInASignalHandlerNeverArms, in a quiet child that refuses
+  // process_vm_readv or not.
+  void AllocateInASignalHandlerThenOutside(bool refuse_process_vm_readv);
   // Empty if a mount namespace with an overlay on /etc can be made here, else why not.
   std::string CannotOverlayEtc() {
     const std::string probe =
@@ -211,13 +214,24 @@ TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
 // dlopen), so an allocation in one never arms the process, on the thread's stack or on an
 // alternate stack in the heap; the first allocations outside a handler do, even below the
 // signal frame a handler that returned left on the stack.
+// The second pass reads the stack where a seccomp filter refuses process_vm_readv.
 TEST_F(Dormant, AnAllocationInASignalHandlerNeverArms) {
+  for (const bool refused : {false, true}) {
+    SCOPED_TRACE(refused ? "process_vm_readv refused" : "process_vm_readv");
+    AllocateInASignalHandlerThenOutside(refused);
+  }
+}
+
+void Dormant::AllocateInASignalHandlerThenOutside(bool refuse_process_vm_readv) {
   std::vector<std::string> env = hdtest::InstrumentedEnv(daemon.socket);
   env.push_back("HEAPDUMP_DORMANT=1");
-  hdtest::Program child({HD_DORMANT_CHILD, "quiet"}, env);
+  std::vector<std::string> argv = {HD_DORMANT_CHILD, "quiet"};
+  if (refuse_process_vm_readv) argv.push_back("no-process-vm-readv");
+  hdtest::Program child(argv, env);
   const std::string ready = child.ReadLine();
   ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-  const std::string p = ready.substr(6);
+  ASSERT_EQ(ready.find(" refused") != std::string::npos, refuse_process_vm_readv) << ready;
+  const std::string p = ready.substr(6, ready.find(' ', 6) - 6);
   // The quiet child allocates nothing between commands: the request waits (exit status 7).
   hdtest::ShellOutput asked = Shell("heapdump arm --timeout 1 --pid " + p);
   EXPECT_EQ(asked.status, 7) << asked.out;
