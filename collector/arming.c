@@ -25,8 +25,12 @@
 #include "heapdump/contract/arm_page_file.h"
 
 /* Removes the temporary pages in dir_fd that creators killed midway left behind
- * (contract/arm_page_file.h): named so, and not written to for a minute. */
+ * (contract/arm_page_file.h): named so, and not written to for a minute. Only in a directory of
+ * this user's that nobody else may enter, as the socket's is made (not one a socket path named
+ * in `/` or the working directory leads to, where other users' files may be). */
 static void remove_abandoned_temporaries(hd_collector *c, int dir_fd) {
+  struct stat st;
+  if (fstat(dir_fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0) return;
   const int list_fd = dup(dir_fd);
   DIR *dir = list_fd >= 0 ? fdopendir(list_fd) : NULL;
   if (dir == NULL) {

@@ -55,10 +55,10 @@ static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make
 #define HD_ARM_PAGE_TEMPORARY ".arm-page"
 #define HD_ARM_PAGE_TEMPORARY_ABANDONED 60
 
-/* The arm page file `name` in directory dir_fd, opened with access (O_RDONLY or O_RDWR;
- * O_CLOEXEC, never through a symbolic link), or created mode 0644, initialised, and opened
- * read-write when it does not exist. A descriptor, or -errno. */
-static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *name, int access) {
+/* hd_arm_page_file_open, which tries again at most tries_left times when another creator's page
+ * or the loss of its own temporary gets in the way. */
+static HD_MUST_CHECK inline int hd_arm_page_file_open_try(int dir_fd, const char *name, int access,
+                                                          int tries_left) {
   int fd = openat(dir_fd, name, access | O_CLOEXEC | O_NOFOLLOW);
   if (fd >= 0 || errno != ENOENT) return fd >= 0 ? fd : -errno;
   /* An unnamed file; where the file system has none (overlayfs before Linux 6.6, NFS), a named
@@ -88,10 +88,20 @@ static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *na
   if (temporary[0] != '\0') (void)unlinkat(dir_fd, temporary, 0);
   if (!linked) {
     close(fd);
-    /* Another creator linked its page first: use that one. */
-    return err == EEXIST ? hd_arm_page_file_open(dir_fd, name, access) : -err;
+    /* Another creator linked its page first: use that one. Or this creator, stopped for a
+     * minute before linking, had its temporary taken for abandoned: make another. */
+    const bool again = err == EEXIST || (err == ENOENT && temporary[0] != '\0');
+    return again && tries_left > 0 ? hd_arm_page_file_open_try(dir_fd, name, access, tries_left - 1)
+                                   : -err;
   }
   return fd;
+}
+
+/* The arm page file `name` in directory dir_fd, opened with access (O_RDONLY or O_RDWR;
+ * O_CLOEXEC, never through a symbolic link), or created mode 0644, initialised, and opened
+ * read-write when it does not exist. A descriptor, or -errno. */
+static HD_MUST_CHECK inline int hd_arm_page_file_open(int dir_fd, const char *name, int access) {
+  return hd_arm_page_file_open_try(dir_fd, name, access, 4);
 }
 
 #endif /* HEAPDUMP_CONTRACT_ARM_PAGE_FILE_H */
