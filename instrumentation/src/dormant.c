@@ -210,28 +210,42 @@ static bool is_restorer(uintptr_t word) {
   return false;
 }
 
-/* Reads this thread's stack without faulting, where another thread may unmap memory meanwhile
- * (a coroutine's stack inside a heap that is trimmed): process_vm_readv on this very process,
- * which stops at the first page it cannot read. Where that call is refused (a seccomp filter),
- * the stack is read directly, up to the end of its mapping in /proc/self/maps. */
+/* Whether a seccomp filter watches this process (/proc/self/status, "Seccomp: 2"): a call the
+ * program never makes itself may then kill it (systemd's SystemCallFilter= without
+ * SystemCallErrorNumber=), so none is made. */
+static bool seccomp_filtered(void) {
+  static char status[4096]; /* one thread at a time: g_acting */
+  if (read_small_file("/proc/self/status", status, sizeof status) <= 0) return true;
+  const char *line = strstr(status, "\nSeccomp:");
+  if (line == NULL) return false; /* a kernel without seccomp */
+  line += strlen("\nSeccomp:");
+  while (*line == ' ' || *line == '\t') line++;
+  return *line != '0';
+}
+
+/* Reads [at, at + len) of this thread's stack, which lies within its mapping (the caller bounds
+ * it by /proc/self/maps): with process_vm_readv on this very process where that call is safe to
+ * make (no seccomp filter), so that memory another thread unmaps meanwhile (a coroutine's stack
+ * inside a heap that is trimmed) ends the read instead of faulting the program; else directly.
+ * The bytes read (fewer at memory gone meanwhile), or -1 if the stack cannot be read at all. */
 typedef struct stack_reader {
-  bool direct;
-  uintptr_t end; /* direct only: where the mapping ends (0: not known) */
+  bool started, direct;
 } stack_reader;
 
 static long read_stack(stack_reader *r, uintptr_t at, void *buf, size_t len) {
-  if (!r->direct) {
-    struct iovec local = {buf, len}, remote = {(void *)at, len};
-    const long got =
-        syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1UL, &remote, 1UL, 0UL);
-    if (got >= 0 || errno == EFAULT) return got < 0 ? 0 : got;
-    r->direct = true;
-    r->end = mapping_end(at);
+  if (!r->started) {
+    r->started = true;
+    r->direct = seccomp_filtered();
   }
-  if (at >= r->end) return 0;
-  const size_t n = r->end - at < len ? r->end - at : len;
-  memcpy(buf, (const void *)at, n);
-  return (long)n;
+  if (r->direct) {
+    memcpy(buf, (const void *)at, len);
+    return (long)len;
+  }
+  struct iovec local = {buf, len}, remote = {(void *)at, len};
+  const long got =
+      syscall(SYS_process_vm_readv, syscall(SYS_getpid), &local, 1UL, &remote, 1UL, 0UL);
+  if (got >= 0) return got;
+  return errno == EFAULT ? 0 : -1;
 }
 
 /* Whether this thread is running a signal handler, which may have interrupted anything
@@ -259,7 +273,8 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
     if (syscall(SYS_rt_sigaction, sig, NULL, &action, sizeof action.mask) != 0) continue;
     if (action.handler == (uintptr_t)SIG_DFL || action.handler == (uintptr_t)SIG_IGN) continue;
     nodefer |= (action.flags & SA_NODEFER) != 0;
-    if (!is_restorer(action.restorer) &&
+    /* 0: an action without a restorer, which the kernel cannot deliver on x86-64. */
+    if (action.restorer != 0 && !is_restorer(action.restorer) &&
         g_restorer_count < sizeof g_restorers / sizeof g_restorers[0])
       g_restorers[g_restorer_count++] = action.restorer;
   }
@@ -274,8 +289,13 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
   static unsigned char window[SCAN_STEP + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t)];
   stack_reader reader = {0};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0) & ~(uintptr_t)7;
-  for (uintptr_t at = sp; at - sp < SCAN_BYTES; at += SCAN_STEP) {
-    const long got = read_stack(&reader, at, window, sizeof window);
+  const uintptr_t end = mapping_end(sp);
+  if (end == 0) return true; /* cannot tell: say yes */
+  const uintptr_t last = end - sp > SCAN_BYTES ? sp + SCAN_BYTES : end;
+  for (uintptr_t at = sp; at < last; at += SCAN_STEP) {
+    const size_t want = last - at < sizeof window ? last - at : sizeof window;
+    const long got = read_stack(&reader, at, window, want);
+    if (got < 0 || (got == 0 && at == sp)) return true; /* cannot tell: say yes */
     for (long off = 0; off < (long)SCAN_STEP && off + (long)sizeof(uintptr_t) <= got; off += 8) {
       uintptr_t word;
       memcpy(&word, window + off, sizeof word);
@@ -286,7 +306,7 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
       memcpy(&saved_mask, window + off + FRAME_SAVED_MASK_OFFSET, sizeof saved_mask);
       if (nodefer || (blocked & ~saved_mask) != 0) return true;
     }
-    if (got < (long)sizeof window) break;
+    if (got < (long)want) break; /* the rest was unmapped meanwhile */
   }
   return false;
 }
@@ -300,7 +320,10 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
 void hd_arm_poll_slow(void) {
   /* Not from the library's own code, nor from a call of the allocator's it interrupted. */
   if (hd_tls.guard || hd_tls.in_backend || g_page == NULL) return;
-  if (hd_tls.arm_skip > 0 && __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT) {
+  /* A pause for the request this thread found itself in a handler for, not for a later one. */
+  if (hd_tls.arm_skip > 0 &&
+      __atomic_load_n(hd_arm_generation, __ATOMIC_RELAXED) == hd_tls.arm_skip_generation &&
+      __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE) == HD_STATE_DORMANT) {
     hd_tls.arm_skip--;
     return;
   }
@@ -315,12 +338,13 @@ void hd_arm_poll_slow(void) {
     /* Arming waits for an allocation outside any signal handler; the others are two atomic
      * operations on the library's own words, safe anywhere. */
     if (request == HD_ARM_SLOT_RECORD && dormant && in_signal_handler()) {
-      const uint32_t last = hd_tls.arm_last_skip;
+      const uint32_t last = hd_tls.arm_skip_generation == gen ? hd_tls.arm_last_skip : 0;
       hd_tls.arm_last_skip = last == 0 ? FIRST_SKIP : last < LAST_SKIP ? last * 2 : LAST_SKIP;
       hd_tls.arm_skip = hd_tls.arm_last_skip;
+      hd_tls.arm_skip_generation = gen;
     } else if (__atomic_load_n(&g_page->generation, __ATOMIC_RELAXED) == gen) {
       /* A slot read while the collector rewrote it is read again at a later allocation. */
-      hd_tls.arm_last_skip = 0;
+      hd_tls.arm_skip = hd_tls.arm_last_skip = 0;
       __atomic_store_n(&hd_arm_seen, gen, __ATOMIC_RELAXED);
       if (request == HD_ARM_SLOT_RECORD && dormant) {
         (void)hd_arm(sample_bytes);

@@ -84,9 +84,10 @@ typedef struct hd_thread_state {
    * drawn yet), and the generator its intervals are drawn from (0 = not seeded yet). */
   int64_t sample_countdown;
   uint64_t sample_random;
-  /* Dormant: allocations to pass before this thread looks for a request again, after it found
-   * itself in a signal handler (dormant.c); and the last such pause. */
+  /* Dormant: allocations to pass before this thread looks at a request again, after it found
+   * itself in a signal handler (dormant.c); the last such pause; the request's generation. */
   uint32_t arm_skip, arm_last_skip;
+  uint64_t arm_skip_generation;
 } hd_thread_state;
 
 /* ---- lifecycle.c: configuration, lazy init, the live tables, fork, thread exit ---- */

