@@ -315,9 +315,15 @@ static inline int hd_hook_state(bool arm_allocation) {
  * library's (called unmarked: a signal handler never arms, dormant.c), and, marked as inside the
  * allocator, those of blocks sampling leaves out. Everything else of a dormant process (calloc,
  * realloc, alignment, a request to act on) takes hd_hook_state and backend.c's untagged calls. */
-/* Called through their GOT entries, not a PLT stub: one jump fewer in the dormant path. */
-__attribute__((noplt)) void *__libc_malloc(size_t size);
-__attribute__((noplt)) void __libc_free(void *p);
+/* Called through their GOT entries, not a PLT stub: one jump fewer in the dormant path (GCC;
+ * clang, which the TSan build uses, has no such attribute). */
+#if defined(__has_attribute) && __has_attribute(noplt)
+#define HD_NOPLT __attribute__((noplt))
+#else
+#define HD_NOPLT
+#endif
+HD_NOPLT void *__libc_malloc(size_t size);
+HD_NOPLT void __libc_free(void *p);
 static inline void *hd_glibc_malloc(size_t size) {
   hd_backend_enter();
   void *p = __libc_malloc(size);
