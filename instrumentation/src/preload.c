@@ -14,20 +14,17 @@
 
 static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
 
-/* Inside the library's code, a hook, or the real allocator (whose call the fast paths of sampling
- * on glibc make without a hook: a signal handler's allocation there must fail, its free wait). */
-static inline bool nested(void) {
-  return HD_UNLIKELY((hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0);
-}
+/* Inside the library's code, a hook, or the real allocator (a signal handler's allocation there
+ * must fail, its free wait). */
+static inline bool nested(void) { return HD_UNLIKELY(hd_thread_busy()); }
 
 /* Sampling on glibc: the block is chosen first; one left out is glibc's own, without a tag. */
 static inline void *sampled_alloc(size_t size, unsigned lg_align, bool zero) {
   const hd_record_choice choice = hd_choose(size);
   if (HD_LIKELY(choice == HD_SAMPLED_OUT)) {
-    void *p = lg_align == 0 && !zero ? hd_glibc_malloc(size)
-                                     : hd_backend_alloc_untagged(size, lg_align, zero);
-    hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)p; /* record.c: count_if_temporary */
-    return p;
+    hd_sampled_out_forget_last();
+    return lg_align == 0 && !zero ? hd_glibc_malloc(size)
+                                  : hd_backend_alloc_untagged(size, lg_align, zero);
   }
   size_t usable;
   void *p = hd_backend_alloc(size, lg_align, zero, &usable);
@@ -86,8 +83,11 @@ EXPORT void *malloc(size_t size) {
       return __libc_malloc(size);
     return alloc_not_ready(size, 0, false);
   }
-  void *p;
-  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_malloc(size, &p))) return p;
+  /* A block sampling leaves out: the countdown, then glibc's own malloc, called last. */
+  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_malloc(size))) {
+    hd_sampled_out_forget_last();
+    return __libc_malloc(size);
+  }
   return record_hook(size, 0, false);
 }
 
@@ -96,6 +96,14 @@ EXPORT void *calloc(size_t n, size_t size) {
   if (__builtin_mul_overflow(n, size, &total)) {
     errno = ENOMEM;
     return NULL;
+  }
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  /* Dormant, or a block sampling leaves out: glibc's own calloc, called last (as malloc). */
+  if ((state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting())) ||
+      (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
+       HD_LIKELY(hd_sampled_out_malloc(total)))) {
+    if (state != HD_STATE_DORMANT) hd_sampled_out_forget_last();
+    return __libc_calloc(n, size);
   }
   return alloc_hook(total, 0, true);
 }
@@ -127,9 +135,13 @@ EXPORT void free(void *p) {
     __libc_free(p);
     return;
   }
+  /* A block sampling left out (its bucket holds no tag): glibc's own free, called last. */
   if (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
-      HD_LIKELY(hd_sampled_out_free(p)))
+      HD_LIKELY(hd_sampled_out_free(p))) {
+    hd_sampled_out_forget_last();
+    __libc_free(p);
     return;
+  }
   free_hook(p, state);
 }
 
@@ -145,12 +157,8 @@ EXPORT void free_aligned_sized(void *p, size_t align, size_t size) {
   free(p);
 }
 
-EXPORT void *realloc(void *p, size_t size) {
-  if (!p) return malloc(size);
-  if (size == 0) { /* glibc: frees and returns NULL */
-    free(p);
-    return NULL;
-  }
+/* realloc of a block (p not NULL, size not 0) that is not glibc's alone. */
+__attribute__((noinline)) static void *realloc_hook(void *p, size_t size) {
   /* A dormant realloc may arm, as an allocation. */
   if (HD_UNLIKELY(hd_forwards(hd_hook_state(true)))) return hd_backend_realloc_untagged(p, size);
   if (nested()) return hd_nested_realloc(p, size);
@@ -158,6 +166,24 @@ EXPORT void *realloc(void *p, size_t size) {
   void *q = hd_realloc_recorded(p, size);
   hd_hook_leave(); /* keeps errno */
   return q;
+}
+
+EXPORT void *realloc(void *p, size_t size) {
+  if (!p) return malloc(size);
+  if (size == 0) { /* glibc: frees and returns NULL */
+    free(p);
+    return NULL;
+  }
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  /* Dormant, or a block without a tag to a size sampling leaves out: glibc's own realloc,
+   * called last (as malloc). */
+  if ((state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting())) ||
+      (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
+       HD_LIKELY(hd_sampled_out_realloc(p, size)))) {
+    if (state != HD_STATE_DORMANT) hd_sampled_out_forget_last();
+    return __libc_realloc(p, size);
+  }
+  return realloc_hook(p, size);
 }
 
 EXPORT void *reallocarray(void *p, size_t n, size_t size) {

@@ -477,8 +477,8 @@ static bool untagged_unrecorded(void *p, size_t usable) {
 
 bool hd_free_if_untagged(void *p) {
   if (!untagged_unrecorded(p, hd_backend_usable(p))) return false;
-  hd_tls.writer.last_alloc_address = 0; /* see count_if_temporary */
-  hd_glibc_free(p);                     /* glibc's free, as the backend's */
+  hd_sampled_out_forget_last();
+  hd_glibc_free(p); /* glibc's free, as the backend's */
   return true;
 }
 
@@ -491,9 +491,9 @@ void hd_free_recorded(void *p) {
 static void *realloc_untagged(void *p, size_t size) {
   const hd_record_choice choice = hd_choose(size);
   if (HD_LIKELY(choice == HD_SAMPLED_OUT)) {
+    hd_sampled_out_forget_last();
     void *q = hd_backend_realloc_untagged(p, size);
     if (q == NULL) errno = ENOMEM;
-    hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)q; /* see count_if_temporary */
     return q;
   }
   size_t usable;

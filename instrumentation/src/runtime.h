@@ -66,10 +66,13 @@ typedef struct hd_trace_cache_entry {
  * stays valid through thread teardown. Fields read by signal handlers on the same thread are
  * ordered with signal fences. */
 typedef struct hd_thread_state {
-  int guard;               /* >0 while the library's own code runs: nested calls only forward */
-  int in_hook;             /* >0 while a hook records: nested calls queue their table operation */
-  int in_backend;          /* >0 inside the real allocator, which is not reentrant */
-  int in_unwind;           /* >0 while capturing a stack: a nested call records no trace */
+  int guard;      /* >0 while the library's own code runs: nested calls only forward */
+  int in_hook;    /* >0 while a hook records: nested calls queue their table operation */
+  int in_backend; /* >0 inside the real allocator, which is not reentrant */
+  int in_unwind;  /* >0 while capturing a stack: a nested call records no trace */
+  /* Sampled recording: bytes this thread allocates before its next recorded block (0 = not
+   * drawn yet); beside the words above, which a sampled-out malloc reads too. */
+  int64_t sample_countdown;
   uint32_t thread_key;     /* resources key of this thread's current name, 0 = not recorded */
   uint32_t name_gen;       /* value of hd_name_generation when the name was last read */
   uint32_t name_countdown; /* allocations left before the name is read again; 0 = read now */
@@ -80,10 +83,7 @@ typedef struct hd_thread_state {
   hd_trace_cache_entry traces[HD_TRACE_CACHE_ENTRIES]; /* used by hooks only, not by handlers */
   uint32_t pending_count; /* entries of `pending` in use; may exceed HD_PENDING_MAX */
   hd_pending_op pending[HD_PENDING_MAX];
-  /* Sampled recording: bytes this thread allocates before its next recorded block (0 = not
-   * drawn yet), and the generator its intervals are drawn from (0 = not seeded yet). */
-  int64_t sample_countdown;
-  uint64_t sample_random;
+  uint64_t sample_random; /* sampled recording: the generator of the intervals (0 = not seeded) */
   /* Dormant: allocations to pass before this thread looks at a request again, after it found
    * itself in a signal handler (dormant.c); the last such pause; the request's generation. */
   uint32_t arm_skip, arm_last_skip;
@@ -311,19 +311,23 @@ static inline int hd_hook_state(bool arm_allocation) {
   return state;
 }
 
-/* glibc's own malloc and free, for blocks without a tag, inlined in the hooks: the dormant
- * library's (called unmarked: a signal handler never arms, dormant.c), and, marked as inside the
- * allocator, those of blocks sampling leaves out. Everything else of a dormant process (calloc,
- * realloc, alignment, a request to act on) takes hd_hook_state and backend.c's untagged calls. */
-/* Called through their GOT entries, not a PLT stub: one jump fewer in the dormant path (GCC;
- * clang, which the TSan build uses, has no such attribute). */
+/* glibc's own calls, made last and unmarked by the dormant library (a signal handler that
+ * interrupts them never arms: dormant.c) and by the exported malloc, calloc, realloc and free
+ * for a block sampling leaves out (a handler that interrupts glibc there enters it again, as it
+ * would without the library: those calls are glibc's and touch nothing of the library's). */
+/* Called through their GOT entries, not a PLT stub: one jump fewer (GCC; clang, which the TSan
+ * build uses, has no such attribute). */
 #if defined(__has_attribute) && __has_attribute(noplt)
 #define HD_NOPLT __attribute__((noplt))
 #else
 #define HD_NOPLT
 #endif
 HD_NOPLT void *__libc_malloc(size_t size);
+HD_NOPLT void *__libc_calloc(size_t n, size_t size);
+HD_NOPLT void *__libc_realloc(void *p, size_t size);
 HD_NOPLT void __libc_free(void *p);
+/* glibc's calls for blocks without a tag made inside a hook, marked as inside the allocator: a
+ * signal handler that interrupts them finds the thread inside the library (nested.c). */
 static inline void *hd_glibc_malloc(size_t size) {
   hd_backend_enter();
   void *p = __libc_malloc(size);
@@ -335,29 +339,32 @@ static inline void hd_glibc_free(void *p) {
   __libc_free(p);
   hd_backend_leave();
 }
-/* The exported malloc's and free's whole work for a block sampling leaves out, on glibc, when
- * the thread is in none of the library's code: the countdown, or one load of the bucket. */
+/* Whether this thread is in none of the library's code: only then may the exported malloc and
+ * free take a block sampling leaves out straight to glibc. */
 static inline bool hd_thread_busy(void) {
   return (hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0;
 }
-/* True and *out set (glibc's answer, NULL included) if the block is left out by sampling. */
-static inline bool hd_sampled_out_malloc(size_t size, void **out) {
-  if (hd_thread_busy() ||
-      __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) != HD_FILTER_SAMPLED) {
-    return false;
-  }
-  if (!hd_countdown_leaves_out(size)) return false;
-  *out = hd_glibc_malloc(size);
-  hd_tls.writer.last_alloc_address = (uint64_t)(uintptr_t)*out; /* record.c: count_if_temporary */
-  return true;
+/* Sampling, and nothing else: whether a new block of size bytes is left out, the countdown
+ * moved. */
+static inline bool hd_only_sampling_leaves_out(size_t size) {
+  return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == HD_FILTER_SAMPLED &&
+         hd_countdown_leaves_out(size);
 }
-/* True if block p had no tag and went back to glibc. */
-static inline bool hd_sampled_out_free(void *p) {
-  if (hd_thread_busy() || hd_tagged_maybe(p)) return false;
-  hd_tls.writer.last_alloc_address = 0; /* record.c: count_if_temporary */
-  hd_glibc_free(p);
-  return true;
+/* Sampling on glibc, the exported calls' whole decision (the caller then calls glibc last):
+ * malloc's and calloc's, whether the block is left out; free's, whether block p can have no tag
+ * (its bucket holds none); realloc's, both. */
+static inline bool hd_sampled_out_malloc(size_t size) {
+  return !hd_thread_busy() && hd_only_sampling_leaves_out(size);
 }
+static inline bool hd_sampled_out_free(const void *p) {
+  return !hd_thread_busy() && !hd_tagged_maybe(p);
+}
+static inline bool hd_sampled_out_realloc(const void *p, size_t size) {
+  return !hd_thread_busy() && !hd_tagged_maybe(p) && hd_only_sampling_leaves_out(size);
+}
+/* Either way the thread's latest allocation is no longer a recorded block's (record.c,
+ * count_if_temporary): a sampled-out block is never recorded, so 0 stands for its address. */
+static inline void hd_sampled_out_forget_last(void) { hd_tls.writer.last_alloc_address = 0; }
 
 /* At init, for a dormant process: maps the arm page beside the collector's socket (the
  * variables' values, NULL when unset), read-only. */
