@@ -225,19 +225,12 @@ static bool seccomp_filtered(void) {
 
 /* Reads [at, at + len) of this thread's stack, which lies within its mapping (the caller bounds
  * it by /proc/self/maps): with process_vm_readv on this very process where that call is safe to
- * make (no seccomp filter), so that memory another thread unmaps meanwhile (a coroutine's stack
- * inside a heap that is trimmed) ends the read instead of faulting the program; else directly.
- * The bytes read (fewer at memory gone meanwhile), or -1 if the stack cannot be read at all. */
-typedef struct stack_reader {
-  bool started, direct;
-} stack_reader;
-
-static long read_stack(stack_reader *r, uintptr_t at, void *buf, size_t len) {
-  if (!r->started) {
-    r->started = true;
-    r->direct = seccomp_filtered();
-  }
-  if (r->direct) {
+ * make (not direct: no seccomp filter), so that memory another thread unmaps meanwhile (a
+ * coroutine's stack inside a heap that is trimmed) ends the read instead of faulting the program;
+ * else directly. The bytes read (fewer at memory gone meanwhile), or -1 if the stack cannot be read
+ * at all. */
+static long read_stack(bool direct, uintptr_t at, void *buf, size_t len) {
+  if (direct) {
     memcpy(buf, (const void *)at, len);
     return (long)len;
   }
@@ -287,14 +280,14 @@ __attribute__((noinline)) static bool in_signal_handler(void) {
   /* Static: one thread at a time (g_acting), and not on a handler's small stack. Each step
    * reads a frame's length past itself, so that a frame starting in it is read whole. */
   static unsigned char window[SCAN_STEP + FRAME_SAVED_MASK_OFFSET + sizeof(uint64_t)];
-  stack_reader reader = {0};
   const uintptr_t sp = (uintptr_t)__builtin_frame_address(0) & ~(uintptr_t)7;
   const uintptr_t end = mapping_end(sp);
   if (end == 0) return true; /* cannot tell: say yes */
+  const bool direct = seccomp_filtered();
   const uintptr_t last = end - sp > SCAN_BYTES ? sp + SCAN_BYTES : end;
   for (uintptr_t at = sp; at < last; at += SCAN_STEP) {
     const size_t want = last - at < sizeof window ? last - at : sizeof window;
-    const long got = read_stack(&reader, at, window, want);
+    const long got = read_stack(direct, at, window, want);
     if (got < 0 || (got == 0 && at == sp)) return true; /* cannot tell: say yes */
     for (long off = 0; off < (long)SCAN_STEP && off + (long)sizeof(uintptr_t) <= got; off += 8) {
       uintptr_t word;
