@@ -239,6 +239,8 @@ void Dormant::AllocateInASignalHandlerThenOutside(bool refuse_process_vm_readv) 
   hdtest::ShellOutput asked = Shell("heapdump arm --timeout 1 --pid " + p);
   EXPECT_EQ(asked.status, 7) << asked.out;
   EXPECT_NE(asked.out.find("has not acted on it yet"), std::string::npos) << asked.out;
+  EXPECT_NE(asked.out.find("`heapdump disarm --pid " + p + "` withdraws it"), std::string::npos)
+      << asked.out;
   EXPECT_FALSE(HasTables(std::stoi(p)));
   child.Send("in-handler");
   const std::string said = child.ReadLine();

@@ -508,9 +508,16 @@ static int arm_or_disarm(const cli_options *o, bool recording) {
     const double waited =
         (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
     if (o->timeout > 0 && waited >= o->timeout) {
-      cli_error("%s: asked; process %" PRIu64
-                " has not acted on it yet (it does at its next allocation)",
-                recording ? "arm" : "disarm", o->pid);
+      if (recording) {
+        cli_error("arm: asked; process %" PRIu64
+                  " has not acted on it yet (it does at its next allocation; the request stands"
+                  " until then, or until `heapdump disarm --pid %" PRIu64 "` withdraws it)",
+                  o->pid, o->pid);
+      } else {
+        cli_error("disarm: asked; process %" PRIu64
+                  " has not acted on it yet (it does at its next allocation)",
+                  o->pid);
+      }
       return EXIT_TIMEOUT;
     }
     const struct timespec pause = {0, 20 * 1000 * 1000};
