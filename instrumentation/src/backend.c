@@ -25,11 +25,7 @@ size_t hd_je_sallocx(const void *ptr, int flags);
 size_t hd_je_nallocx(size_t size, int flags);
 void *hd_je_rallocx(void *ptr, size_t size, int flags);
 
-void *__libc_malloc(size_t size);
-void *__libc_calloc(size_t n, size_t size);
-void *__libc_memalign(size_t align, size_t size);
-void *__libc_realloc(void *p, size_t size);
-void __libc_free(void *p);
+void *__libc_memalign(size_t align, size_t size); /* the others: runtime.h */
 
 /* glibc's own malloc_usable_size, not ours nor jemalloc's (both come before it in the lookup
  * order): asked for by glibc's base symbol version on x86-64. Looked up at init so that no later
@@ -340,9 +336,10 @@ bool hd_backend_grants(size_t size) {
   return ok;
 }
 
-/* ---- the dormant library's calls (dormant.c): glibc's, with no tag, as if the library were
- * not there. The thread is marked as inside the allocator, so that a signal handler that
- * interrupts one does not arm the library from there. */
+/* ---- glibc's calls for blocks without a tag, as if the library were not there: a dormant
+ * library's aligned calls and those made while it is being armed or has a request to act on,
+ * and sampling's on glibc from inside a hook. The thread is marked as inside the allocator, so
+ * that a signal handler that interrupts one neither arms the library nor enters glibc again. */
 
 void *hd_backend_alloc_untagged(size_t size, unsigned lg_align, bool zero) {
   hd_backend_enter();

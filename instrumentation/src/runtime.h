@@ -339,8 +339,8 @@ static inline void hd_glibc_free(void *p) {
   __libc_free(p);
   hd_backend_leave();
 }
-/* Whether this thread is in none of the library's code: only then may the exported malloc and
- * free take a block sampling leaves out straight to glibc. */
+/* Whether this thread is in none of the library's code: only then may the exported calls take a
+ * block sampling leaves out straight to glibc. */
 static inline bool hd_thread_busy(void) {
   return (hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0;
 }

@@ -788,10 +788,12 @@ static void scenario_spawn(const char *self, bool expect_instrumented, const cha
 static const int kRing = 32;
 static void *volatile g_ring[kRing];
 static volatile unsigned g_handled, g_handler_failures;
-// Sampled on glibc, a block sampling leaves out is glibc's alone, and a handler that interrupts
-// glibc itself would enter it again, as without the library (where that breaks the heap). So
-// a sampled run's handler leaves out the signals that land in libc's code, and counts those that
-// land in the library's, which it must survive.
+// Sampled on glibc, the program's call for a block sampling leaves out is glibc's alone, and a
+// handler that interrupts glibc there would enter it again, as without the library (where that
+// breaks the heap). So a sampled run's handler leaves out the signals that land in libc's code
+// on the program's behalf: where the first frame outside libc is not the library's. It counts
+// those that land in the library's code, and in libc's on the library's behalf (a call the
+// library marks: the handler's allocation there must fail, its free wait), which it must survive.
 struct CodeRanges {
   uintptr_t lo[8], hi[8];
   int n = 0;
@@ -803,7 +805,22 @@ struct CodeRanges {
 };
 static CodeRanges g_libc_code, g_library_code;
 static bool g_skip_in_libc;
-static volatile unsigned g_skipped_in_libc, g_in_library;
+static volatile unsigned g_skipped_in_libc, g_in_library, g_in_libc_for_library;
+
+// Whether the first frame outside libc of the interrupted context is the library's (false where
+// the stack cannot be followed that far).
+static bool libc_called_by_library(void *context) {
+  unw_cursor_t cursor;
+  if (unw_init_local2(&cursor, static_cast<unw_context_t *>(context), UNW_INIT_SIGNAL_FRAME) != 0)
+    return false;
+  for (int i = 0; i < 64; i++) {
+    unw_word_t ip;
+    if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0) return false;
+    if (!g_libc_code.Holds(ip)) return g_library_code.Holds(ip);
+    if (unw_step(&cursor) <= 0) return false;
+  }
+  return false;
+}
 
 static CodeRanges executable_ranges_of(const char *name_part) {
   CodeRanges ranges;
@@ -832,8 +849,11 @@ static void on_alarm(int, siginfo_t *, void *context) {
   int saved = errno;
   const uintptr_t pc = (uintptr_t) static_cast<ucontext_t *>(context)->uc_mcontext.gregs[REG_RIP];
   if (g_skip_in_libc && g_libc_code.Holds(pc)) {
-    g_skipped_in_libc = g_skipped_in_libc + 1;
-    return;
+    if (!libc_called_by_library(context)) {
+      g_skipped_in_libc = g_skipped_in_libc + 1;
+      return;
+    }
+    g_in_libc_for_library = g_in_libc_for_library + 1;
   }
   if (g_library_code.Holds(pc)) g_in_library = g_in_library + 1;
   unsigned n = g_handled;
@@ -854,7 +874,7 @@ static void on_alarm(int, siginfo_t *, void *context) {
 // on_alt_stack: the handler runs on an alternate signal stack (sigaltstack, SA_ONSTACK), which an
 // unwinder must follow back to the thread's own stack. sampled: only some blocks are recorded,
 // so the kept ones are at most, not exactly, recorded (the freed ones never); the handler skips
-// the signals that interrupt libc (above).
+// the signals that interrupt libc on the program's behalf (above).
 static void scenario_signals(bool on_alt_stack, bool sampled = false) {
   g_libc_code = executable_ranges_of("libc.so.6");
   g_library_code = executable_ranges_of("libheapdump");
@@ -923,8 +943,9 @@ static void scenario_signals(bool on_alt_stack, bool sampled = false) {
   for (uint64_t size = 3003; size < 3056; size++) CHECK(count_size(r, size) == 0);
   CHECK(count_size(r, 30050) == 0);
   hd_alloc_reader_close(r);
-  printf("handled %u failed %u ring %d in-library %u skipped-in-libc %u\n", g_handled,
-         g_handler_failures, ring_live, g_in_library, g_skipped_in_libc);
+  printf("handled %u failed %u ring %d in-library %u in-libc-for-library %u skipped-in-libc %u\n",
+         g_handled, g_handler_failures, ring_live, g_in_library, g_in_libc_for_library,
+         g_skipped_in_libc);
 }
 
 // Threads created and exiting all the time while others allocate. Each short-lived thread keeps
