@@ -791,7 +791,9 @@ static volatile unsigned g_handled, g_handler_failures;
 // Sampled on glibc, the program's call for a block sampling leaves out is glibc's alone, and a
 // handler that interrupts glibc there would enter it again, as without the library (where that
 // breaks the heap). So a sampled run's handler leaves out the signals that land in libc's code
-// on the program's behalf: where the first frame outside libc is not the library's. It counts
+// on the program's behalf: where the first frame outside libc is not the library's, or is one of
+// its exported malloc, calloc, realloc and free, whose calls of glibc are unmarked (ends in a
+// jump when optimised; a call, which returns there, in a build without optimisation). It counts
 // those that land in the library's code, and in libc's on the library's behalf (a call the
 // library marks: the handler's allocation there must fail, its free wait), which it must survive.
 struct CodeRanges {
@@ -803,12 +805,13 @@ struct CodeRanges {
     return false;
   }
 };
-static CodeRanges g_libc_code, g_library_code;
+static CodeRanges g_libc_code, g_library_code, g_unmarked_callers;
 static bool g_skip_in_libc;
 static volatile unsigned g_skipped_in_libc, g_in_library, g_in_libc_for_library;
 
-// Whether the first frame outside libc of the interrupted context is the library's (false where
-// the stack cannot be followed that far).
+// Whether the first frame outside libc of the interrupted context is the library's, and not one
+// of its exported calls that call glibc unmarked (false where the stack cannot be followed that
+// far). A caller's address is its return address: the call is the byte before it.
 static bool libc_called_by_library(void *context) {
   unw_cursor_t cursor;
   if (unw_init_local2(&cursor, static_cast<unw_context_t *>(context), UNW_INIT_SIGNAL_FRAME) != 0)
@@ -816,10 +819,27 @@ static bool libc_called_by_library(void *context) {
   for (int i = 0; i < 64; i++) {
     unw_word_t ip;
     if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0) return false;
-    if (!g_libc_code.Holds(ip)) return g_library_code.Holds(ip);
+    if (i > 0) ip--;
+    if (!g_libc_code.Holds(ip)) return g_library_code.Holds(ip) && !g_unmarked_callers.Holds(ip);
     if (unw_step(&cursor) <= 0) return false;
   }
   return false;
+}
+
+// The library's exported malloc, calloc, realloc and free, by their symbols' sizes.
+static CodeRanges unmarked_callers() {
+  CodeRanges ranges;
+  for (const char *name : {"malloc", "calloc", "realloc", "free"}) {
+    void *at = dlsym(RTLD_DEFAULT, name);
+    Dl_info info;
+    ElfW(Sym) *symbol = nullptr;
+    CHECK(at != nullptr && g_library_code.Holds((uintptr_t)at));
+    CHECK(dladdr1(at, &info, reinterpret_cast<void **>(&symbol), RTLD_DL_SYMENT) != 0 &&
+          symbol != nullptr && symbol->st_size > 0);
+    ranges.lo[ranges.n] = (uintptr_t)at;
+    ranges.hi[ranges.n++] = (uintptr_t)at + symbol->st_size;
+  }
+  return ranges;
 }
 
 static CodeRanges executable_ranges_of(const char *name_part) {
@@ -879,6 +899,7 @@ static void scenario_signals(bool on_alt_stack, bool sampled = false) {
   g_libc_code = executable_ranges_of("libc.so.6");
   g_library_code = executable_ranges_of("libheapdump");
   CHECK(g_libc_code.n > 0 && g_library_code.n > 0);
+  g_unmarked_callers = unmarked_callers();
   g_skip_in_libc = sampled;
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
