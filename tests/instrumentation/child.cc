@@ -807,7 +807,8 @@ struct CodeRanges {
 };
 static CodeRanges g_libc_code, g_library_code, g_unmarked_callers;
 static bool g_skip_in_libc;
-static volatile unsigned g_skipped_in_libc, g_in_library, g_in_libc_for_library;
+static volatile unsigned g_skipped_in_libc, g_in_library, g_in_libc_for_library,
+    g_failed_in_libc_for_library;
 
 // Whether the first frame outside libc of the interrupted context is the library's, and not one
 // of its exported calls that call glibc unmarked (false where the stack cannot be followed that
@@ -816,11 +817,13 @@ static bool libc_called_by_library(void *context) {
   unw_cursor_t cursor;
   if (unw_init_local2(&cursor, static_cast<unw_context_t *>(context), UNW_INIT_SIGNAL_FRAME) != 0)
     return false;
+  bool exact = true; /* the interrupted instruction, or one a signal frame resumes */
   for (int i = 0; i < 64; i++) {
     unw_word_t ip;
     if (unw_get_reg(&cursor, UNW_REG_IP, &ip) != 0) return false;
-    if (i > 0) ip--;
+    if (!exact) ip--;
     if (!g_libc_code.Holds(ip)) return g_library_code.Holds(ip) && !g_unmarked_callers.Holds(ip);
+    exact = unw_is_signal_frame(&cursor) > 0;
     if (unw_step(&cursor) <= 0) return false;
   }
   return false;
@@ -853,9 +856,10 @@ static CodeRanges executable_ranges_of(const char *name_part) {
         auto *s = static_cast<Search *>(data);
         if (info->dlpi_name == nullptr || strstr(info->dlpi_name, s->name_part) == nullptr)
           return 0;
-        for (int i = 0; i < info->dlpi_phnum && s->ranges->n < 8; i++) {
+        for (int i = 0; i < info->dlpi_phnum; i++) {
           const ElfW(Phdr) &ph = info->dlpi_phdr[i];
           if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          CHECK(s->ranges->n < 8);
           s->ranges->lo[s->ranges->n] = info->dlpi_addr + ph.p_vaddr;
           s->ranges->hi[s->ranges->n++] = info->dlpi_addr + ph.p_vaddr + ph.p_memsz;
         }
@@ -868,18 +872,21 @@ static CodeRanges executable_ranges_of(const char *name_part) {
 static void on_alarm(int, siginfo_t *, void *context) {
   int saved = errno;
   const uintptr_t pc = (uintptr_t) static_cast<ucontext_t *>(context)->uc_mcontext.gregs[REG_RIP];
+  bool for_library = false;
   if (g_skip_in_libc && g_libc_code.Holds(pc)) {
     if (!libc_called_by_library(context)) {
       g_skipped_in_libc = g_skipped_in_libc + 1;
       return;
     }
+    for_library = true;
     g_in_libc_for_library = g_in_libc_for_library + 1;
   }
-  if (g_library_code.Holds(pc)) g_in_library = g_in_library + 1;
+  if (g_library_code.Holds(pc) && !g_unmarked_callers.Holds(pc)) g_in_library = g_in_library + 1;
   unsigned n = g_handled;
   free(g_ring[n % kRing]);
   void *p = malloc(3001);
   if (!p) g_handler_failures = g_handler_failures + 1;
+  if (!p && for_library) g_failed_in_libc_for_library = g_failed_in_libc_for_library + 1;
   g_ring[n % kRing] = p;
   if (n % 4 == 1) free(calloc(1, 3003));
   if (n % 4 == 3) {
@@ -900,6 +907,12 @@ static void scenario_signals(bool on_alt_stack, bool sampled = false) {
   g_library_code = executable_ranges_of("libheapdump");
   CHECK(g_libc_code.n > 0 && g_library_code.n > 0);
   g_unmarked_callers = unmarked_callers();
+  if (sampled) { /* libunwind's own set-up, done before the first signal needs it */
+    unw_context_t context;
+    unw_cursor_t cursor;
+    CHECK(unw_getcontext(&context) == 0 && unw_init_local(&cursor, &context) == 0);
+    CHECK(unw_step(&cursor) >= 0);
+  }
   g_skip_in_libc = sampled;
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
@@ -964,9 +977,11 @@ static void scenario_signals(bool on_alt_stack, bool sampled = false) {
   for (uint64_t size = 3003; size < 3056; size++) CHECK(count_size(r, size) == 0);
   CHECK(count_size(r, 30050) == 0);
   hd_alloc_reader_close(r);
-  printf("handled %u failed %u ring %d in-library %u in-libc-for-library %u skipped-in-libc %u\n",
-         g_handled, g_handler_failures, ring_live, g_in_library, g_in_libc_for_library,
-         g_skipped_in_libc);
+  printf(
+      "handled %u failed %u ring %d in-library %u in-libc-for-library %u (failed %u) "
+      "skipped-in-libc %u\n",
+      g_handled, g_handler_failures, ring_live, g_in_library, g_in_libc_for_library,
+      g_failed_in_libc_for_library, g_skipped_in_libc);
 }
 
 // Threads created and exiting all the time while others allocate. Each short-lived thread keeps
