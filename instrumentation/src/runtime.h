@@ -339,8 +339,8 @@ static inline void hd_glibc_free(void *p) {
   __libc_free(p);
   hd_backend_leave();
 }
-/* Whether this thread is in none of the library's code: only then may the exported calls take a
- * block sampling leaves out straight to glibc. */
+/* Whether this thread is inside the library's code, a hook or the real allocator: then the
+ * exported calls take no block straight to glibc. */
 static inline bool hd_thread_busy(void) {
   return (hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0;
 }
@@ -351,8 +351,8 @@ static inline bool hd_only_sampling_leaves_out(size_t size) {
          hd_countdown_leaves_out(size);
 }
 /* Sampling on glibc, the exported calls' whole decision (the caller then calls glibc last):
- * malloc's and calloc's, whether the block is left out; free's, whether block p can have no tag
- * (its bucket holds none); realloc's, both. */
+ * malloc's and calloc's, whether the block is left out; free's, whether block p surely has no
+ * tag (its bucket holds none); realloc's, both. */
 static inline bool hd_sampled_out_malloc(size_t size) {
   return !hd_thread_busy() && hd_only_sampling_leaves_out(size);
 }
