@@ -42,7 +42,11 @@ typedef struct hd_dedup_index {
   hd_dedup_slot slots[];
 } hd_dedup_index;
 
-#define DEDUP_INITIAL_SLOTS (32u << 10)
+/* Small at first: each new trace lands on a random page of the index, so a large first index
+ * costs a page fault per trace until its pages are all touched (a sampled process records few
+ * traces); doubling copies the index (a few microseconds at these sizes), and the older ones
+ * stay for probes already reading them. */
+#define DEDUP_INITIAL_SLOTS 1024u
 
 static hd_dedup_index *dedup_new(uint64_t slots) {
   uint64_t bytes = ALIGN_UP(sizeof(hd_dedup_index) + slots * sizeof(hd_dedup_slot), PAGE);
