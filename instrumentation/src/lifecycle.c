@@ -207,7 +207,9 @@ static bool create_tables(void) {
   hd_live_res.hdr->sample_bytes = hd_sample_bytes;
   if (hd_sampled_out_untagged) hd_live_alloc.hdr->flags |= HD_ALLOC_FLAG_UNRECORDED_UNTAGGED;
   if (hd_sample_bytes != 0)
-    __atomic_fetch_or(&hd_record_filter, HD_FILTER_SAMPLED, __ATOMIC_RELAXED);
+    __atomic_fetch_or(&hd_record_filter,
+                      hd_sampled_out_untagged ? HD_FILTER_SAMPLING_ON_GLIBC : HD_FILTER_SAMPLED,
+                      __ATOMIC_RELAXED);
   hd_stack_configure(g_unwind_method, g_max_frames, g_own_text_lo, g_own_text_hi);
   return true;
 }

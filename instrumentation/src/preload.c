@@ -73,23 +73,28 @@ static void *aligned_hook(size_t align, size_t size) {
   return alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
 }
 
-EXPORT void *malloc(size_t size) {
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (HD_UNLIKELY(state < HD_STATE_READY)) {
-    /* The dormant library's whole work: two compares, then glibc's own malloc, called last and
-     * unmarked (a signal handler interrupting it never arms: dormant.c). Being armed, the
-     * untagged call is marked (alloc_not_ready), as free's. */
-    if (state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting()))
-      return __libc_malloc(size);
-    return alloc_not_ready(size, 0, false);
-  }
-  /* A block sampling leaves out: the countdown, then glibc's own malloc, called last. */
-  if (HD_UNLIKELY(hd_sampled_out_untagged) && HD_LIKELY(hd_sampled_out_malloc(size))) {
+/* malloc's and free's whole body, which realloc shares without a call through the PLT. Always
+ * inlined, even unoptimised: a glibc call they make unmarked is the exported function's own
+ * (the signal storm test tells such calls from the library's marked ones by the caller). */
+__attribute__((always_inline)) static inline void *malloc_inline(size_t size) {
+  /* A block sampling leaves out: the filter, the countdown, then glibc's own malloc, called
+   * last. */
+  if (HD_LIKELY(hd_sampled_out_malloc(size))) {
     hd_sampled_out_forget_last();
     return __libc_malloc(size);
   }
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  /* The dormant library's whole work: the filter, the state, the request, then glibc's own
+   * malloc, called last and unmarked (a signal handler interrupting it never arms: dormant.c).
+   * Being armed, the untagged call is marked (alloc_not_ready), as free's. Laid out straight
+   * through: a hook that records costs far more than the jump around it. */
+  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
+    return __libc_malloc(size);
+  if (HD_UNLIKELY(state < HD_STATE_READY)) return alloc_not_ready(size, 0, false);
   return record_hook(size, 0, false);
 }
+
+EXPORT void *malloc(size_t size) { return malloc_inline(size); }
 
 EXPORT void *calloc(size_t n, size_t size) {
   size_t total;
@@ -97,14 +102,15 @@ EXPORT void *calloc(size_t n, size_t size) {
     errno = ENOMEM;
     return NULL;
   }
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  /* Dormant, or a block sampling leaves out: glibc's own calloc, called last (as malloc). */
-  if ((state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting())) ||
-      (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
-       HD_LIKELY(hd_sampled_out_malloc(total)))) {
-    if (state != HD_STATE_DORMANT) hd_sampled_out_forget_last();
+  /* A block sampling leaves out, or a dormant library: glibc's own calloc, called last (as
+   * malloc). */
+  if (HD_LIKELY(hd_sampled_out_malloc(total))) {
+    hd_sampled_out_forget_last();
     return __libc_calloc(n, size);
   }
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
+    return __libc_calloc(n, size);
   return alloc_hook(total, 0, true);
 }
 
@@ -125,7 +131,7 @@ __attribute__((noinline)) static void free_hook(void *p, int state) {
   hd_hook_leave();
 }
 
-EXPORT void free(void *p) {
+__attribute__((always_inline)) static inline void free_inline(void *p) {
   if (!p) return;
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. (Being
@@ -136,14 +142,15 @@ EXPORT void free(void *p) {
     return;
   }
   /* A block sampling left out (its bucket holds no tag): glibc's own free, called last. */
-  if (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
-      HD_LIKELY(hd_sampled_out_free(p))) {
+  if (HD_LIKELY(hd_sampled_out_free(p))) {
     hd_sampled_out_forget_last();
     __libc_free(p);
     return;
   }
   free_hook(p, state);
 }
+
+EXPORT void free(void *p) { free_inline(p); }
 
 /* C23: the size/alignment hints are not trusted; the recorded size is used instead. */
 EXPORT void free_sized(void *p, size_t size) {
@@ -169,20 +176,20 @@ __attribute__((noinline)) static void *realloc_hook(void *p, size_t size) {
 }
 
 EXPORT void *realloc(void *p, size_t size) {
-  if (!p) return malloc(size);
+  if (!p) return malloc_inline(size);
   if (size == 0) { /* glibc: frees and returns NULL */
-    free(p);
+    free_inline(p);
     return NULL;
   }
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  /* Dormant, or a block without a tag to a size sampling leaves out: glibc's own realloc,
-   * called last (as malloc). */
-  if ((state == HD_STATE_DORMANT && HD_LIKELY(!hd_arm_request_waiting())) ||
-      (HD_LIKELY(state >= HD_STATE_READY) && HD_UNLIKELY(hd_sampled_out_untagged) &&
-       HD_LIKELY(hd_sampled_out_realloc(p, size)))) {
-    if (state != HD_STATE_DORMANT) hd_sampled_out_forget_last();
+  /* A block without a tag to a size sampling leaves out, or a dormant library: glibc's own
+   * realloc, called last (as malloc). */
+  if (HD_LIKELY(hd_sampled_out_realloc(p, size))) {
+    hd_sampled_out_forget_last();
     return __libc_realloc(p, size);
   }
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
+    return __libc_realloc(p, size);
   return realloc_hook(p, size);
 }
 

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "heapdump/contract/must_check.h"
@@ -206,7 +207,17 @@ void hd_free_recorded(void *p) HD_HIDDEN;
  * recorded (one load decides); its bits say sampling is on, recording is paused, or the process
  * was armed (its allocations then take the slow path, where they see the collector's next
  * request: a process recording since start never polls). */
-enum { HD_FILTER_SAMPLED = 1, HD_FILTER_PAUSED = 2, HD_FILTER_ARMED = 4 };
+enum {
+  HD_FILTER_SAMPLED = 1,
+  HD_FILTER_PAUSED = 2,
+  HD_FILTER_ARMED = 4,
+  HD_FILTER_GLIBC_UNTAGGED = 8
+};
+/* HD_FILTER_GLIBC_UNTAGGED, set with HD_FILTER_SAMPLED once the tables of a process sampling on
+ * glibc exist (hd_sampled_out_untagged): a block sampling leaves out is glibc's own, untagged.
+ * The exported calls' first load: the whole filter equal to both bits says a new block goes to
+ * glibc at the end of the countdown, and that bit alone that a block without a tag does. */
+#define HD_FILTER_SAMPLING_ON_GLIBC (HD_FILTER_SAMPLED | HD_FILTER_GLIBC_UNTAGGED)
 extern uint32_t hd_record_filter HD_HIDDEN;
 typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_record_choice;
 hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
@@ -226,7 +237,8 @@ static inline bool hd_countdown_leaves_out(size_t size) {
 static inline hd_record_choice hd_choose(size_t size) {
   const uint32_t filter = __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
   if (HD_LIKELY(filter == 0)) return HD_RECORD;
-  if (HD_LIKELY(filter == HD_FILTER_SAMPLED) && HD_LIKELY(hd_countdown_leaves_out(size)))
+  if (HD_LIKELY((filter & ~(uint32_t)HD_FILTER_GLIBC_UNTAGGED) == HD_FILTER_SAMPLED) &&
+      HD_LIKELY(hd_countdown_leaves_out(size)))
     return HD_SAMPLED_OUT;
   return hd_choose_slow(size);
 }
@@ -340,27 +352,37 @@ static inline void hd_glibc_free(void *p) {
   hd_backend_leave();
 }
 /* Whether this thread is inside the library's code, a hook or the real allocator: then the
- * exported calls take no block straight to glibc. */
+ * exported calls take no block straight to glibc. guard and in_hook are read as one word. */
+_Static_assert(offsetof(hd_thread_state, in_hook) == offsetof(hd_thread_state, guard) + 4 &&
+                   offsetof(hd_thread_state, guard) % 8 == 0,
+               "guard and in_hook share a word");
 static inline bool hd_thread_busy(void) {
-  return (hd_tls.guard | hd_tls.in_hook | hd_tls.in_backend) != 0;
+  uint64_t guard_and_hook;
+  memcpy(&guard_and_hook, (const char *)&hd_tls + offsetof(hd_thread_state, guard),
+         sizeof guard_and_hook);
+  return (guard_and_hook | (uint32_t)hd_tls.in_backend) != 0;
 }
-/* Sampling, and nothing else: whether a new block of size bytes is left out, the countdown
- * moved. */
-static inline bool hd_only_sampling_leaves_out(size_t size) {
-  return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == HD_FILTER_SAMPLED &&
-         hd_countdown_leaves_out(size);
+/* Sampling on glibc, the exported calls' whole decision (the caller then calls glibc last).
+ * malloc's and calloc's: sampling is all the library does with new blocks (one load), and the
+ * block is left out. free's: blocks without a tag are glibc's (one load), and block p surely
+ * has none (its bucket holds no tag). realloc's: all of these. */
+static inline bool hd_new_blocks_only_sampled_on_glibc(void) {
+  return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == HD_FILTER_SAMPLING_ON_GLIBC;
 }
-/* Sampling on glibc, the exported calls' whole decision (the caller then calls glibc last):
- * malloc's and calloc's, whether the block is left out; free's, whether block p surely has no
- * tag (its bucket holds none); realloc's, both. */
+static inline bool hd_untagged_blocks_glibcs(void) {
+  return (__atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) & HD_FILTER_GLIBC_UNTAGGED) != 0;
+}
 static inline bool hd_sampled_out_malloc(size_t size) {
-  return !hd_thread_busy() && hd_only_sampling_leaves_out(size);
+  return HD_LIKELY(hd_new_blocks_only_sampled_on_glibc()) && HD_LIKELY(!hd_thread_busy()) &&
+         HD_LIKELY(hd_countdown_leaves_out(size));
 }
 static inline bool hd_sampled_out_free(const void *p) {
-  return !hd_thread_busy() && !hd_tagged_maybe(p);
+  return HD_LIKELY(hd_untagged_blocks_glibcs()) && HD_LIKELY(!hd_thread_busy()) &&
+         HD_LIKELY(!hd_tagged_maybe(p));
 }
 static inline bool hd_sampled_out_realloc(const void *p, size_t size) {
-  return !hd_thread_busy() && !hd_tagged_maybe(p) && hd_only_sampling_leaves_out(size);
+  return HD_LIKELY(hd_new_blocks_only_sampled_on_glibc()) && HD_LIKELY(!hd_thread_busy()) &&
+         HD_LIKELY(!hd_tagged_maybe(p)) && HD_LIKELY(hd_countdown_leaves_out(size));
 }
 /* Either way the thread's latest allocation is no longer a recorded block's (record.c,
  * count_if_temporary): a sampled-out block is never recorded, so 0 stands for its address. */
