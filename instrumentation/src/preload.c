@@ -73,6 +73,15 @@ static void *aligned_hook(size_t align, size_t size) {
   return alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
 }
 
+/* Whether an allocation in this state is glibc's alone, called last and unmarked (a signal
+ * handler interrupting it never arms: dormant.c): the library is dormant and no request of the
+ * collector's waits (one that waits arms first: alloc_not_ready, whose untagged calls are
+ * marked). Laid out straight through: a hook that records costs far more than the jump around
+ * it. */
+static inline bool dormant_passes(int state) {
+  return HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting());
+}
+
 /* malloc's and free's whole body, which realloc shares without a call through the PLT. Always
  * inlined, even unoptimised: a glibc call they make unmarked is the exported function's own
  * (the signal storm test tells such calls from the library's marked ones by the caller). */
@@ -83,13 +92,10 @@ __attribute__((always_inline)) static inline void *malloc_inline(size_t size) {
     hd_sampled_out_forget_last();
     return __libc_malloc(size);
   }
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   /* The dormant library's whole work: the filter, the state, the request, then glibc's own
-   * malloc, called last and unmarked (a signal handler interrupting it never arms: dormant.c).
-   * Being armed, the untagged call is marked (alloc_not_ready), as free's. Laid out straight
-   * through: a hook that records costs far more than the jump around it. */
-  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
-    return __libc_malloc(size);
+   * malloc. */
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  if (dormant_passes(state)) return __libc_malloc(size);
   if (HD_UNLIKELY(state < HD_STATE_READY)) return alloc_not_ready(size, 0, false);
   return record_hook(size, 0, false);
 }
@@ -109,8 +115,7 @@ EXPORT void *calloc(size_t n, size_t size) {
     return __libc_calloc(n, size);
   }
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
-    return __libc_calloc(n, size);
+  if (dormant_passes(state)) return __libc_calloc(n, size);
   return alloc_hook(total, 0, true);
 }
 
@@ -188,8 +193,7 @@ EXPORT void *realloc(void *p, size_t size) {
     return __libc_realloc(p, size);
   }
   const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting()))
-    return __libc_realloc(p, size);
+  if (dormant_passes(state)) return __libc_realloc(p, size);
   return realloc_hook(p, size);
 }
 
