@@ -434,6 +434,23 @@ static uint64_t compile_rule(const frame_state *s, bool signal_frame) {
   return rule;
 }
 
+static uint32_t load32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4); /* little-endian */
+  return v;
+}
+
+/* Whether cie_at holds a CIE: its length field, a length that fits the range, and id 0. */
+static bool cie_frame_ok(const hd_cfi_tables *t, const uint8_t *cie_at) {
+  if (!in_range(t, cie_at, 8)) return false;
+  const uint32_t cie_length = load32(cie_at);
+  return cie_length >= 4 && cie_length != 0xffffffffu && in_range(t, cie_at + 4, cie_length) &&
+         load32(cie_at + 4) == 0;
+}
+
+/* Runs at every module's first reading, over every FDE of it (64,000 for cc1plus and its
+ * libraries), so what holds for a run of FDEs is checked once per run: a CIE shared by the run's
+ * FDEs once, and the pointer encoding linkers write (pc-relative, 4 bytes) read directly. */
 bool hd_cfi_check_tables(const hd_cfi_tables *t) {
   if (t->hdr == NULL) return true; /* no tables: nothing to be wrong */
   const uint8_t *cie_read = NULL;  /* the CIE in `cie` */
@@ -445,31 +462,31 @@ bool hd_cfi_check_tables(const hd_cfi_tables *t) {
     const uint8_t *fde = t->hdr + (intptr_t)t->table[2 * i + 1];
     if ((i > 0 && location < previous) || !in_range(t, fde, 8)) return false;
     previous = location;
-    dw_reader r = {fde, fde + 8, true};
-    const uint32_t length = (uint32_t)read_fixed(&r, 4);
+    const uint32_t length = load32(fde);
     if (length < 8 || length == 0xffffffffu || !in_range(t, fde + 4, length)) return false;
-    const uint8_t *const cie_pointer_at = r.p;
-    const uint32_t cie_pointer = (uint32_t)read_fixed(&r, 4);
+    const uint8_t *const cie_pointer_at = fde + 4;
+    const uint32_t cie_pointer = load32(cie_pointer_at);
     if (cie_pointer == 0 || cie_pointer > (uintptr_t)cie_pointer_at - t->lo) return false;
     const uint8_t *cie_at = cie_pointer_at - cie_pointer;
-    if (!in_range(t, cie_at, 8)) return false;
-    dw_reader c = {cie_at, cie_at + 8, true};
-    const uint32_t cie_length = (uint32_t)read_fixed(&c, 4);
-    if (cie_length < 4 || cie_length == 0xffffffffu || !in_range(t, cie_at + 4, cie_length) ||
-        read_fixed(&c, 4) != 0) {
-      return false;
-    }
-    /* FDEs share a few CIEs, one after another: each is read once per run of its FDEs. A CIE
-     * our rules do not support (another return-address column, an unknown augmentation) is
-     * well formed all the same; its FDEs' first addresses are not compared. */
+    /* FDEs share a few CIEs, one after another: each is checked and read once per run of its
+     * FDEs. A CIE our rules do not support (another return-address column, an unknown
+     * augmentation) is well formed all the same; its FDEs' first addresses are not compared. */
     if (cie_at != cie_read) {
+      if (!cie_frame_ok(t, cie_at)) return false;
       cie_ok = read_cie(t, cie_at, &cie);
       cie_read = cie_at;
     }
     if (!cie_ok) continue;
-    r.end = fde + 4 + length;
-    const uintptr_t begin = read_encoded(&r, cie.fde_encoding, 0, false);
-    if (!r.ok || begin != location) return false; /* the table and the FDE disagree */
+    uintptr_t begin;
+    if (cie.fde_encoding == (DW_EH_PE_pcrel | DW_EH_PE_sdata4)) {
+      /* length >= 8: the 4 bytes after the CIE pointer are inside the FDE. */
+      begin = (uintptr_t)(fde + 8) + (uintptr_t)(intptr_t)(int32_t)load32(fde + 8);
+    } else {
+      dw_reader r = {fde + 8, fde + 4 + length, true};
+      begin = read_encoded(&r, cie.fde_encoding, 0, false);
+      if (!r.ok) return false;
+    }
+    if (begin != location) return false; /* the table and the FDE disagree */
   }
   return true;
 }

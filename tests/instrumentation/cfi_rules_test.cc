@@ -614,6 +614,15 @@ TEST(CfiRulesTest, TheWholeTableCheckFindsEachInconsistency) {
     (*image.bytes())[12] ^= 0x10;  // the entry's first address 16 bytes off the FDE's
     EXPECT_EQ(checked(image), "refused") << "an entry that disagrees with its FDE";
   }
+  {  // FDE addresses in another encoding than linkers' pc-relative 4 bytes: read in full
+    Cie absolute;
+    absolute.augmentation_data = {0x00};  // R: absptr
+    Image two(absolute, {Code(Cfa()), Code(Cfa())}, 0x00);
+    EXPECT_EQ(checked(two), "consistent") << "absolute addresses";
+    Image image(absolute, {Code(Cfa())}, 0x00);
+    (*image.bytes())[12] ^= 0x10;
+    EXPECT_EQ(checked(image), "refused") << "absolute addresses: an entry that disagrees";
+  }
   {
     Fde second = Code(Cfa());
     second.start = 256;
