@@ -224,6 +224,15 @@ static bool dormant_wanted(void) {
   return (preload == NULL || strstr(preload, "libheapdump") == NULL) && hd_preload_file_names_us();
 }
 
+/* The filter's dormant bit first, then the state: the bit is only ever set while the calls
+ * that see it would forward to glibc anyway (here, the state initialising or being armed by
+ * this thread), and cleared by the thread that arms, once the state says so (hd_arm). Set after
+ * the state, it could outlive another thread's arming begun in between. */
+static void become_dormant(void) {
+  __atomic_fetch_or(&hd_record_filter, HD_FILTER_DORMANT, __ATOMIC_RELAXED);
+  __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
+}
+
 void hd_init_slow(void) {
   if (hd_tls.guard) return; /* nested inside init: the backend is already chosen */
   const int now = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
@@ -251,7 +260,7 @@ void hd_init_slow(void) {
   if (getauxval(AT_SECURE) != 0) {
     hd_backend_init(true);
     hd_tls.guard--;
-    __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
+    become_dormant();
     return;
   }
   /* A dormant process's blocks are glibc's, untagged: recording, once armed, stays on glibc. */
@@ -287,7 +296,10 @@ void hd_init_slow(void) {
     state = HD_STATE_READY;
   }
   hd_tls.guard--;
-  __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
+  if (state == HD_STATE_DORMANT)
+    become_dormant();
+  else
+    __atomic_store_n(&hd_state, state, __ATOMIC_RELEASE);
   if (state == HD_STATE_READY) note_memory_not_the_programs();
 }
 
@@ -555,6 +567,7 @@ bool hd_arm(uint64_t sample_bytes) {
                                    __ATOMIC_ACQUIRE)) {
     return false;
   }
+  __atomic_fetch_and(&hd_record_filter, ~(uint32_t)HD_FILTER_DORMANT, __ATOMIC_RELAXED);
   hd_tls.guard++;
   /* HD_ARM_OWN_RATE keeps what the environment said at start (read then, as for any process). */
   if (sample_bytes != HD_ARM_OWN_RATE)
@@ -562,7 +575,7 @@ bool hd_arm(uint64_t sample_bytes) {
   const bool made = create_tables();
   hd_tls.guard--;
   if (!made) {
-    __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
+    become_dormant();
     return false;
   }
   hd_tls.guard++;

@@ -73,31 +73,22 @@ static void *aligned_hook(size_t align, size_t size) {
   return alloc_hook(size, (unsigned)__builtin_ctzl(align), false);
 }
 
-/* Whether an allocation in this state is glibc's alone, called last and unmarked (a signal
- * handler interrupting it never arms: dormant.c): the library is dormant and no request of the
- * collector's waits (one that waits arms first: alloc_not_ready, whose untagged calls are
- * marked). Laid out straight through: a hook that records costs far more than the jump around
- * it. */
-static inline bool dormant_passes(int state) {
-  return HD_LIKELY(state == HD_STATE_DORMANT) && HD_LIKELY(!hd_arm_request_waiting());
-}
-
 /* malloc's and free's whole body, which realloc shares without a call through the PLT. Always
  * inlined, even unoptimised: a glibc call they make unmarked is the exported function's own
  * (the signal storm test tells such calls from the library's marked ones by the caller). */
 __attribute__((always_inline)) static inline void *malloc_inline(size_t size) {
   /* A block sampling leaves out: the filter, the countdown, then glibc's own malloc, called
    * last. */
-  if (HD_LIKELY(hd_sampled_out_malloc(size))) {
+  const uint32_t filter = hd_filter_now();
+  if (HD_LIKELY(hd_sampled_out_malloc(filter, size))) {
     hd_sampled_out_forget_last();
     return __libc_malloc(size);
   }
-  /* The dormant library's whole work: the filter, the state, the request, then glibc's own
-   * malloc. */
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (dormant_passes(state)) return __libc_malloc(size);
-  if (HD_UNLIKELY(state < HD_STATE_READY)) return alloc_not_ready(size, 0, false);
-  return record_hook(size, 0, false);
+  /* The dormant library's whole work: the filter, the request, then glibc's own malloc. Laid
+   * out straight through: a hook that records costs far more than the jump around it. A
+   * signal handler interrupting that call never arms (dormant.c). */
+  if (hd_dormant_passes(filter)) return __libc_malloc(size);
+  return alloc_hook(size, 0, false);
 }
 
 EXPORT void *malloc(size_t size) { return malloc_inline(size); }
@@ -110,18 +101,19 @@ EXPORT void *calloc(size_t n, size_t size) {
   }
   /* A block sampling leaves out, or a dormant library: glibc's own calloc, called last (as
    * malloc). */
-  if (HD_LIKELY(hd_sampled_out_malloc(total))) {
+  const uint32_t filter = hd_filter_now();
+  if (HD_LIKELY(hd_sampled_out_malloc(filter, total))) {
     hd_sampled_out_forget_last();
     return __libc_calloc(n, size);
   }
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (dormant_passes(state)) return __libc_calloc(n, size);
+  if (hd_dormant_passes(filter)) return __libc_calloc(n, size);
   return alloc_hook(total, 0, true);
 }
 
 /* A free of a library that records (but of a block sampling left out), is being armed, or is
- * initialising; state: as the caller read it. */
-__attribute__((noinline)) static void free_hook(void *p, int state) {
+ * initialising. */
+__attribute__((noinline)) static void free_hook(void *p) {
+  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
   if (HD_UNLIKELY(state < HD_STATE_READY) &&
       (hd_forwards(state) || hd_forwards(hd_hook_state(false)))) {
     hd_glibc_free(p);
@@ -138,21 +130,21 @@ __attribute__((noinline)) static void free_hook(void *p, int state) {
 
 __attribute__((always_inline)) static inline void free_inline(void *p) {
   if (!p) return;
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
+  const uint32_t filter = hd_filter_now();
   /* Dormant, as the dormant malloc: one compare, then glibc's own free, called last. (Being
    * armed, marked: a handler that interrupts it once the process records must not enter glibc
    * again.) */
-  if (HD_UNLIKELY(state == HD_STATE_DORMANT)) {
+  if (HD_UNLIKELY(filter == HD_FILTER_DORMANT)) {
     __libc_free(p);
     return;
   }
   /* A block sampling left out (its bucket holds no tag): glibc's own free, called last. */
-  if (HD_LIKELY(hd_sampled_out_free(p))) {
+  if (HD_LIKELY(hd_sampled_out_free(filter, p))) {
     hd_sampled_out_forget_last();
     __libc_free(p);
     return;
   }
-  free_hook(p, state);
+  free_hook(p);
 }
 
 EXPORT void free(void *p) { free_inline(p); }
@@ -188,12 +180,12 @@ EXPORT void *realloc(void *p, size_t size) {
   }
   /* A block without a tag to a size sampling leaves out, or a dormant library: glibc's own
    * realloc, called last (as malloc). */
-  if (HD_LIKELY(hd_sampled_out_realloc(p, size))) {
+  const uint32_t filter = hd_filter_now();
+  if (HD_LIKELY(hd_sampled_out_realloc(filter, p, size))) {
     hd_sampled_out_forget_last();
     return __libc_realloc(p, size);
   }
-  const int state = __atomic_load_n(&hd_state, __ATOMIC_ACQUIRE);
-  if (dormant_passes(state)) return __libc_realloc(p, size);
+  if (hd_dormant_passes(filter)) return __libc_realloc(p, size);
   return realloc_hook(p, size);
 }
 

@@ -67,10 +67,12 @@ typedef struct hd_trace_cache_entry {
  * stays valid through thread teardown. Fields read by signal handlers on the same thread are
  * ordered with signal fences. */
 typedef struct hd_thread_state {
-  int guard;      /* >0 while the library's own code runs: nested calls only forward */
-  int in_hook;    /* >0 while a hook records: nested calls queue their table operation */
-  int in_backend; /* >0 inside the real allocator, which is not reentrant */
-  int in_unwind;  /* >0 while capturing a stack: a nested call records no trace */
+  /* The busy word: these three share 4 bytes, so that the exported calls learn whether the
+   * thread is inside the library with one compare (hd_thread_busy). */
+  int16_t guard;      /* >0 while the library's own code runs: nested calls only forward */
+  uint8_t in_hook;    /* 1 while a hook records: nested calls queue their table operation */
+  uint8_t in_backend; /* >0 inside the real allocator, which is not reentrant */
+  int in_unwind;      /* >0 while capturing a stack: a nested call records no trace */
   /* Sampled recording: bytes this thread allocates before its next recorded block (0 = not
    * drawn yet); beside the words above, which a sampled-out malloc reads too. */
   int64_t sample_countdown;
@@ -211,8 +213,13 @@ enum {
   HD_FILTER_SAMPLED = 1,
   HD_FILTER_PAUSED = 2,
   HD_FILTER_ARMED = 4,
-  HD_FILTER_GLIBC_UNTAGGED = 8
+  HD_FILTER_GLIBC_UNTAGGED = 8,
+  HD_FILTER_DORMANT = 16
 };
+/* HD_FILTER_DORMANT, the whole filter while the library is dormant: set just after the state
+ * becomes HD_STATE_DORMANT, cleared just before it leaves it, so that the exported calls learn
+ * "dormant" from the load that tells them "sampling" too (one that sees the state before the bit
+ * takes a hook, which forwards as well). */
 /* HD_FILTER_GLIBC_UNTAGGED, set with HD_FILTER_SAMPLED once the tables of a process sampling on
  * glibc exist (hd_sampled_out_untagged): a block sampling leaves out is glibc's own, untagged.
  * The exported calls' first load: the whole filter equal to both bits says a new block goes to
@@ -352,37 +359,39 @@ static inline void hd_glibc_free(void *p) {
   hd_backend_leave();
 }
 /* Whether this thread is inside the library's code, a hook or the real allocator: then the
- * exported calls take no block straight to glibc. guard and in_hook are read as one word. */
-_Static_assert(offsetof(hd_thread_state, in_hook) == offsetof(hd_thread_state, guard) + 4 &&
-                   offsetof(hd_thread_state, guard) % 8 == 0,
-               "guard and in_hook share a word");
+ * exported calls take no block straight to glibc. */
+_Static_assert(offsetof(hd_thread_state, in_hook) == offsetof(hd_thread_state, guard) + 2 &&
+                   offsetof(hd_thread_state, in_backend) == offsetof(hd_thread_state, guard) + 3 &&
+                   offsetof(hd_thread_state, guard) % 4 == 0,
+               "guard, in_hook and in_backend share a word");
 static inline bool hd_thread_busy(void) {
-  uint64_t guard_and_hook;
-  memcpy(&guard_and_hook, (const char *)&hd_tls + offsetof(hd_thread_state, guard),
-         sizeof guard_and_hook);
-  return (guard_and_hook | (uint32_t)hd_tls.in_backend) != 0;
+  uint32_t busy;
+  memcpy(&busy, (const char *)&hd_tls + offsetof(hd_thread_state, guard), sizeof busy);
+  return busy != 0;
 }
-/* Sampling on glibc, the exported calls' whole decision (the caller then calls glibc last).
- * malloc's and calloc's: sampling is all the library does with new blocks (one load), and the
- * block is left out. free's: blocks without a tag are glibc's (one load), and block p surely
- * has none (its bucket holds no tag). realloc's: all of these. */
-static inline bool hd_new_blocks_only_sampled_on_glibc(void) {
-  return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) == HD_FILTER_SAMPLING_ON_GLIBC;
+/* The exported calls' whole decision, from one load of the filter (hd_filter_now), for a block
+ * glibc serves alone: the caller then calls glibc last. Sampling on glibc: malloc's and
+ * calloc's, sampling is all the library does with new blocks, and the block is left out;
+ * free's, blocks without a tag are glibc's, and block p surely has none (its bucket holds no
+ * tag); realloc's, all of these. Dormant: no request of the collector's waits (one that waits
+ * arms first: the hooks). */
+static inline uint32_t hd_filter_now(void) {
+  return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
 }
-static inline bool hd_untagged_blocks_glibcs(void) {
-  return (__atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED) & HD_FILTER_GLIBC_UNTAGGED) != 0;
-}
-static inline bool hd_sampled_out_malloc(size_t size) {
-  return HD_LIKELY(hd_new_blocks_only_sampled_on_glibc()) && HD_LIKELY(!hd_thread_busy()) &&
+static inline bool hd_sampled_out_malloc(uint32_t filter, size_t size) {
+  return HD_LIKELY(filter == HD_FILTER_SAMPLING_ON_GLIBC) && HD_LIKELY(!hd_thread_busy()) &&
          HD_LIKELY(hd_countdown_leaves_out(size));
 }
-static inline bool hd_sampled_out_free(const void *p) {
-  return HD_LIKELY(hd_untagged_blocks_glibcs()) && HD_LIKELY(!hd_thread_busy()) &&
+static inline bool hd_sampled_out_free(uint32_t filter, const void *p) {
+  return HD_LIKELY((filter & HD_FILTER_GLIBC_UNTAGGED) != 0) && HD_LIKELY(!hd_thread_busy()) &&
          HD_LIKELY(!hd_tagged_maybe(p));
 }
-static inline bool hd_sampled_out_realloc(const void *p, size_t size) {
-  return HD_LIKELY(hd_new_blocks_only_sampled_on_glibc()) && HD_LIKELY(!hd_thread_busy()) &&
+static inline bool hd_sampled_out_realloc(uint32_t filter, const void *p, size_t size) {
+  return HD_LIKELY(filter == HD_FILTER_SAMPLING_ON_GLIBC) && HD_LIKELY(!hd_thread_busy()) &&
          HD_LIKELY(!hd_tagged_maybe(p)) && HD_LIKELY(hd_countdown_leaves_out(size));
+}
+static inline bool hd_dormant_passes(uint32_t filter) {
+  return HD_LIKELY(filter == HD_FILTER_DORMANT) && HD_LIKELY(!hd_arm_request_waiting());
 }
 /* Either way the thread's latest allocation is no longer a recorded block's (record.c,
  * count_if_temporary): a sampled-out block is never recorded, so 0 stands for its address. */
