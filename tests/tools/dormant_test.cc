@@ -402,6 +402,42 @@ TEST_F(Dormant, ProcessesThatCannotBeArmedAreRefusedWithAReason) {
   EXPECT_EQ(recording->Finish(), 0);
 }
 
+// Arming that cannot make the tables (here the address space is capped below their mapping):
+// the process stays dormant, its threads and their signal storm go on, and once the cap is
+// lifted the next request arms it and it records exactly.
+TEST_F(Dormant, AProcessThatCannotMakeItsTablesStaysDormantAndIsArmedLater) {
+  if (!Installed("/usr/bin/prlimit")) GTEST_SKIP() << "prlimit is not installed";
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartChild(&child);
+  ASSERT_GT(pid, 0);
+  const std::string p = std::to_string(pid);
+  // The tables map 768 MiB and 256 MiB (HEAPDUMP_MAX_MEMORY's 1 GiB); 400 MiB more than the
+  // process has mapped leaves its threads' allocations room but not the tables.
+  hdtest::ShellOutput capped =
+      Shell("kib=$(awk '/^VmSize:/ {print $2}' /proc/" + p + "/status) && prlimit --pid " + p +
+            " --as=$(( (kib + 400 * 1024) * 1024 )): && echo capped");
+  ASSERT_NE(capped.out.find("capped"), std::string::npos) << capped.out;
+  hdtest::ShellOutput refused = Shell("heapdump arm --pid " + p + " --timeout 3");
+  EXPECT_EQ(refused.status, 7) << refused.out;
+  EXPECT_NE(refused.out.find("has not acted on it yet"), std::string::npos) << refused.out;
+  EXPECT_FALSE(HasTables(pid));
+  Command(child.get(), "keep 100 4096");
+  Command(child.get(), "free-kept");
+  hdtest::ShellOutput lifted = Shell("prlimit --pid " + p + " --as=unlimited:");
+  ASSERT_EQ(lifted.status, 0) << lifted.out;
+  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + p);
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  EXPECT_NE(armed.out.find("records every block it allocates"), std::string::npos) << armed.out;
+  EXPECT_TRUE(HasTables(pid));
+  Command(child.get(), "keep 1000 4096");
+  const Live kept = SiteOf(Report(pid), "keep_after");
+  EXPECT_EQ(kept.blocks, 1000);
+  EXPECT_EQ(kept.bytes, 1000 * 4096);
+  child->Send("exit");
+  const int status = child->Finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
 // A process that execs after it was armed (sampled): the program it execs starts dormant (the
 // request was the earlier program's), is not taken for armed (a disarm is refused) nor held to its
 // predecessor's rate, and is armed on its own. Also without address space randomisation (as under
