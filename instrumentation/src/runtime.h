@@ -216,10 +216,11 @@ enum {
   HD_FILTER_GLIBC_UNTAGGED = 8,
   HD_FILTER_DORMANT = 16
 };
-/* HD_FILTER_DORMANT, the whole filter while the library is dormant: set just after the state
- * becomes HD_STATE_DORMANT, cleared just before it leaves it, so that the exported calls learn
- * "dormant" from the load that tells them "sampling" too (one that sees the state before the bit
- * takes a hook, which forwards as well). */
+/* HD_FILTER_DORMANT, the whole filter while the library is dormant: set just before the state
+ * becomes HD_STATE_DORMANT and cleared by the arming thread just after the state has left it
+ * (lifecycle.c, become_dormant), so that the exported calls learn "dormant" from the load that
+ * tells them "sampling" too (one that sees the state without the bit takes a hook, which
+ * forwards as well). */
 /* HD_FILTER_GLIBC_UNTAGGED, set with HD_FILTER_SAMPLED once the tables of a process sampling on
  * glibc exist (hd_sampled_out_untagged): a block sampling leaves out is glibc's own, untagged.
  * The exported calls' first load: the whole filter equal to both bits says a new block goes to
