@@ -279,3 +279,42 @@ heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid
            sample_bytes);
   return heapdump_client_CollectorError_COLLECTOR_ERROR_UNSPECIFIED;
 }
+
+void hd_arming_note_failure(hd_collector *c, pid_t pid, uid_t uid, uint64_t generation,
+                            const char *what, int error) {
+  hd_arm_failure_record r = {.pid = pid, .uid = uid, .generation = generation};
+  r.start_ticks = start_ticks_of(pid);
+  if (r.start_ticks == 0) return; /* gone already: nobody can ask about it */
+  char reason[64];
+  if (error > 0 && error < 4096)
+    snprintf(reason, sizeof reason, "%s", strerror(error));
+  else
+    snprintf(reason, sizeof reason, "error %d", error);
+  snprintf(r.text, sizeof r.text, "making %s: %s", what, reason);
+  /* The process's words reach a terminal: nothing of them may drive it. */
+  for (char *p = r.text; *p != '\0'; p++) {
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+  }
+  hd_log(c, HD_LOG_WARN, "process %d could not arm (it stays dormant): %s", (int)pid, r.text);
+  pthread_mutex_lock(&c->lock);
+  c->arm_failures[c->arm_failures_next++ % HD_ARM_FAILURES] = r;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void hd_arming_failure_of(hd_collector *c, pid_t pid, uid_t uid,
+                          heapdump_client_CollectorGetProcessStateResponse *out) {
+  hd_arm_failure_record last = {0};
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < HD_ARM_FAILURES; i++) {
+    const hd_arm_failure_record *r = &c->arm_failures[i];
+    if (r->pid == pid && r->pid != 0 && (uid == 0 || r->uid == uid) &&
+        (last.pid == 0 || r->generation > last.generation)) {
+      last = *r;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (last.pid == 0 || start_ticks_of(pid) != last.start_ticks) return;
+  out->has_arm_failure = out->has_arm_failure_generation = true;
+  out->arm_failure_generation = last.generation;
+  snprintf(out->arm_failure, sizeof out->arm_failure, "%s", last.text);
+}

@@ -68,6 +68,17 @@ typedef struct hd_process {
   char *command_line;
 } hd_process;
 
+/* Why a dormant process could not arm (Registry.ReportArmFailure), for GetProcessState: the
+ * client waiting for the arming says so rather than time out. The last HD_ARM_FAILURES, a ring. */
+#define HD_ARM_FAILURES 64
+typedef struct hd_arm_failure_record {
+  pid_t pid; /* 0: an empty slot */
+  uid_t uid;
+  uint64_t start_ticks; /* tells the process from a later one of its pid */
+  uint64_t generation;  /* the arm page's, of the request it failed on */
+  char text[160];       /* "making its allocations table (576 MiB): Cannot allocate memory" */
+} hd_arm_failure_record;
+
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
  * client that waits for an exit snapshot learns at once that none will come. */
 #define HD_EXIT_RECORDS 4096
@@ -163,6 +174,8 @@ struct hd_collector {
   struct hd_arm_page *arm_page;
   dev_t arm_page_dev;
   ino_t arm_page_ino;
+  hd_arm_failure_record arm_failures[HD_ARM_FAILURES]; /* Sync: lock */
+  size_t arm_failures_next;                            /* Sync: lock */
   /* What the collector did, for its metrics (http.c). Sync: atomic */
   atomic_uint_fast64_t live_streams_served, stored_streams_served, warnings_logged;
 };
@@ -364,6 +377,14 @@ void hd_arming_close(hd_collector *c);
 heapdump_client_CollectorError hd_arming_request(hd_collector *c, pid_t pid, uid_t peer_uid,
                                                  bool recording, bool has_sample_bytes,
                                                  uint64_t sample_bytes, uint64_t *generation);
+/* Keeps why process pid (of uid) could not act on the request of that generation (what it
+ * could not make, and the errno), and logs it. */
+void hd_arming_note_failure(hd_collector *c, pid_t pid, uid_t uid, uint64_t generation,
+                            const char *what, int error);
+/* Fills out's arm_failure with the last failure process pid reported, if it is still that
+ * process and uid may see it (0: anyone's). */
+void hd_arming_failure_of(hd_collector *c, pid_t pid, uid_t uid,
+                          heapdump_client_CollectorGetProcessStateResponse *out);
 void hd_storage_close(hd_collector *c);
 /* Stores a snapshot of p named `name`: from the frozen allocations copy `memfd` (borrowed), or,
  * if memfd < 0, from p's tables as they are now; with_contents: with the blocks' contents and

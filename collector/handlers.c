@@ -247,6 +247,34 @@ static HD_MUST_CHECK hd_status on_reattach(void *ctx, hd_message *msg,
   return reply_reattach(h, msg, heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED);
 }
 
+/* A dormant process says why it could not arm; kept for the client that waits for the arming. */
+static HD_MUST_CHECK hd_status on_report_arm_failure(
+    void *ctx, hd_message *msg, heapdump_process_RegistryReportArmFailureRequest *req) {
+  handler_ctx *h = ctx;
+  pid_t own_pid;
+  heapdump_process_RegistryError error =
+      h->k->kind != CONN_NEW ? heapdump_process_RegistryError_NOT_ALLOWED
+                             : check_claims(h->c, h->k->peer.pid, CLAIMS_OF(req), &own_pid);
+  if (error == heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED &&
+      (!req->has_arm_generation || !req->has_what || !req->has_error_number)) {
+    error = heapdump_process_RegistryError_MISSING_FIELD;
+  }
+  if (error == heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED) {
+    hd_arming_note_failure(h->c, h->k->peer.pid, h->k->peer.uid, req->arm_generation, req->what,
+                           req->error_number);
+  }
+  hd_message_close_fds(msg);
+  heapdump_process_RegistryReportArmFailureResponse resp =
+      heapdump_process_RegistryReportArmFailureResponse_init_zero;
+  resp.has_protocol_version = true;
+  resp.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  resp.has_error = error != heapdump_process_RegistryError_REGISTRY_ERROR_UNSPECIFIED;
+  resp.error = error;
+  h->close_after = true; /* the only message of its connection */
+  uint32_t txid = msg->txid;
+  return hd_fidl_registry_report_arm_failure_reply(h->k->fd, msg, txid, &resp);
+}
+
 static HD_MUST_CHECK hd_status reply_store(handler_ctx *h, hd_message *msg,
                                            heapdump_process_StoreError error) {
   hd_message_close_fds(msg);
@@ -451,8 +479,8 @@ on_get_next(void *ctx, hd_message *msg, heapdump_client_StoredSnapshotIteratorGe
   return hd_fidl_stored_snapshot_iterator_get_next_reply(h->k->fd, msg, txid, &result);
 }
 
-static const hd_fidl_registry_server registry_server = {.register_ = on_register,
-                                                        .reattach = on_reattach};
+static const hd_fidl_registry_server registry_server = {
+    .register_ = on_register, .reattach = on_reattach, .report_arm_failure = on_report_arm_failure};
 static const hd_fidl_snapshot_sink_server sink_server = {.store_named_snapshot =
                                                              on_store_named_snapshot};
 static const hd_fidl_collector_server collector_server = {

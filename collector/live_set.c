@@ -191,6 +191,7 @@ heapdump_client_CollectorGetProcessStateResponse hd_process_state(hd_collector *
     }
   }
   pthread_mutex_unlock(&c->lock);
+  hd_arming_failure_of(c, pid, uid, &out);
   return out;
 }
 

@@ -195,13 +195,21 @@ bool hd_tables_made(void) {
          (state == HD_STATE_ARMING && __atomic_load_n(&g_armed_tables_made, __ATOMIC_ACQUIRE));
 }
 
-static bool create_tables(void) {
-  if (hd_alloc_table_create(&hd_live_alloc, g_max_memory / 4 * 3, HD_MEMFD_ALLOCATIONS) != 0)
+/* Makes both tables; on failure says which one, its size and the errno of the call that failed
+ * (an arming reports them to the collector). */
+static bool create_tables(hd_arm_failure *failed) {
+  const uint64_t alloc_bytes = g_max_memory / 4 * 3, res_bytes = g_max_memory / 4;
+  int rc = hd_alloc_table_create(&hd_live_alloc, alloc_bytes, HD_MEMFD_ALLOCATIONS);
+  if (rc != 0) {
+    *failed = (hd_arm_failure){"allocations table", alloc_bytes, -rc};
     return false;
+  }
   /* Nodes keep their time as an offset from this: no allocation is timed before it. */
   hd_live_alloc.hdr->time_base = hd_now_ns();
-  if (hd_res_table_create(&hd_live_res, g_max_memory / 4, HD_MEMFD_RESOURCES) != 0) {
+  rc = hd_res_table_create(&hd_live_res, res_bytes, HD_MEMFD_RESOURCES);
+  if (rc != 0) {
     hd_alloc_table_destroy(&hd_live_alloc);
+    *failed = (hd_arm_failure){"resources table", res_bytes, -rc};
     return false;
   }
   hd_live_res.hdr->sample_bytes = hd_sample_bytes;
@@ -292,7 +300,7 @@ void hd_init_slow(void) {
     /* Until armed: the tables are made then, with the rate the collector asks for. */
     hd_dormant_map_page(early_getenv(HD_ENV_SOCKET), early_getenv(HD_ENV_RUNTIME_DIR));
     state = HD_STATE_DORMANT;
-  } else if (program_selected(getpid()) && create_tables()) {
+  } else if (program_selected(getpid()) && create_tables(&(hd_arm_failure){0})) {
     state = HD_STATE_READY;
   }
   hd_tls.guard--;
@@ -561,7 +569,7 @@ __attribute__((constructor)) static void hd_constructor(void) {
  * bytes, which glibc's statistics count last, just before the state becomes READY; the tables
  * say "armed" only then, so a client that saw it (`heapdump arm` waits for it) knows every later
  * allocation is recorded. */
-bool hd_arm(uint64_t sample_bytes) {
+bool hd_arm(uint64_t sample_bytes, hd_arm_failure *failed) {
   int dormant = HD_STATE_DORMANT;
   if (!__atomic_compare_exchange_n(&hd_state, &dormant, HD_STATE_ARMING, false, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE)) {
@@ -572,7 +580,7 @@ bool hd_arm(uint64_t sample_bytes) {
   /* HD_ARM_OWN_RATE keeps what the environment said at start (read then, as for any process). */
   if (sample_bytes != HD_ARM_OWN_RATE)
     hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
-  const bool made = create_tables();
+  const bool made = create_tables(failed);
   hd_tls.guard--;
   if (!made) {
     become_dormant();

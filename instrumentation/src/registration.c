@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,19 +112,27 @@ static bool read_command_line(char *out, size_t size) {
   return n > 0;
 }
 
-/* Connects to the collector and makes the channel of a snapshot sink: the connection and our end
- * of the sink into *registry and *sink_end, the end to send into *sink_peer. Called with g_lock
- * held. */
-static bool connect_with_sink(hd_owned_fd *registry, hd_owned_fd *sink_end, int *sink_peer) {
+/* Connects to the collector's socket, into *registry (its replies timed). */
+static bool connect_to_collector(hd_owned_fd *registry) {
   char path[108]; /* sun_path: a longer path would name another socket */
   const unsigned uid = (unsigned)getuid();
   if (hd_socket_path(getenv(HD_ENV_SOCKET), getenv(HD_ENV_RUNTIME_DIR), &uid, path, sizeof path) !=
       0)
     return false;
-  int connected, sink[2];
+  int connected;
   if (hd_channel_connect_timeout(path, REPLY_TIMEOUT_MS / 1000.0, &connected) != HD_OK)
     return false;
   if (!hd_owned_fd_take(connected, registry)) return false;
+  set_timeout(registry->fd);
+  return true;
+}
+
+/* Connects to the collector and makes the channel of a snapshot sink: the connection and our end
+ * of the sink into *registry and *sink_end, the end to send into *sink_peer. Called with g_lock
+ * held. */
+static bool connect_with_sink(hd_owned_fd *registry, hd_owned_fd *sink_end, int *sink_peer) {
+  int sink[2];
+  if (!connect_to_collector(registry)) return false;
   if (hd_channel_pair(sink) != HD_OK) {
     hd_owned_fd_close(registry);
     return false;
@@ -134,7 +143,6 @@ static bool connect_with_sink(hd_owned_fd *registry, hd_owned_fd *sink_end, int 
     return false;
   }
   *sink_peer = sink[1];
-  set_timeout(registry->fd);
   set_timeout(sink_end->fd);
   return true;
 }
@@ -231,6 +239,35 @@ void hd_register_with_collector(void) {
   hd_tls.guard++;
   pthread_mutex_lock(&g_lock);
   (void)register_locked();
+  pthread_mutex_unlock(&g_lock);
+  hd_tls.guard--;
+}
+
+void hd_report_arm_failure(uint64_t generation, const hd_arm_failure *failed) {
+  hd_tls.guard++;
+  pthread_mutex_lock(&g_lock);
+  hd_owned_fd registry;
+  /* Out of descriptors (EMFILE), the report cannot leave either: the client then times out. */
+  if (connect_to_collector(&registry)) {
+    heapdump_process_RegistryReportArmFailureRequest req =
+        heapdump_process_RegistryReportArmFailureRequest_init_zero;
+    req.has_protocol_version = req.has_layout_version = req.has_pid = true;
+    req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+    req.layout_version = HD_LAYOUT_VERSION;
+    req.pid = (uint64_t)getpid();
+    req.has_arm_generation = req.has_what = req.has_error_number = true;
+    req.arm_generation = generation;
+    snprintf(req.what, sizeof req.what, "its %s (%" PRIu64 " MiB)", failed->table,
+             failed->bytes >> 20);
+    req.error_number = failed->error;
+    heapdump_process_RegistryReportArmFailureResponse resp =
+        heapdump_process_RegistryReportArmFailureResponse_init_zero;
+    /* Nothing to do about a report that did not arrive: the client then times out. */
+    const hd_status ignored =
+        hd_fidl_registry_report_arm_failure(registry.fd, &g_msg, &req, NULL, 0, &resp);
+    (void)ignored;
+    hd_owned_fd_close(&registry);
+  }
   pthread_mutex_unlock(&g_lock);
   hd_tls.guard--;
 }

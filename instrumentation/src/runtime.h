@@ -406,11 +406,18 @@ void hd_dormant_after_fork_child(void) HD_HIDDEN;
 /* Whether /etc/ld.so.preload names libheapdump (read with raw syscalls: no allocation). */
 bool hd_preload_file_names_us(void) HD_HIDDEN;
 
+/* What an arming could not make: a table, the bytes asked for, the errno of the failed call. */
+typedef struct hd_arm_failure {
+  const char *table;
+  uint64_t bytes;
+  int error;
+} hd_arm_failure;
+
 /* lifecycle.c: what the requests do. Arming (from HD_STATE_DORMANT) creates the tables,
- * registers and starts recording (false if the tables cannot be made: the process stays
- * dormant); pausing and resuming switch recording of new blocks off and on (frees always take
- * records out). */
-bool hd_arm(uint64_t sample_bytes) HD_HIDDEN;
+ * registers and starts recording (false if the tables cannot be made, said in *failed: the
+ * process stays dormant); pausing and resuming switch recording of new blocks off and on (frees
+ * always take records out). */
+bool hd_arm(uint64_t sample_bytes, hd_arm_failure *failed) HD_HIDDEN;
 void hd_set_paused(bool paused) HD_HIDDEN;
 
 /* ---- nested.c: nested calls and the signal queue ---- */

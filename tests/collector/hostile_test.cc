@@ -1,6 +1,7 @@
 // Processes that hold their locks, die inside the library or forge what they send, and clients
 // that stop answering: each test is one way such a peer could stall the collector, or make it
 // serve what is not so, shown against a real collector and real processes under LD_PRELOAD.
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -323,6 +324,54 @@ TEST_F(HostileTest, OnlyTheRegisteredProcessReattaches) {
   EXPECT_EQ(collector.Log().find("reattached"), std::string::npos) << collector.Log();
   EXPECT_EQ(GetProcessState(collector.socket, child.pid).state,
             heapdump_client_ProcessState_PROCESS_STATE_RUNNING);
+  child.Finish();
+}
+
+// What the collector answers a ReportArmFailure this process sends for `pid`: 0, or the
+// RegistryError. Without `what`, the request lacks a required field.
+int ReportArmFailure(const std::string &socket, uint64_t pid, uint64_t generation,
+                     const char *what) {
+  int fd = -1;
+  EXPECT_EQ(hd_channel_connect(socket.c_str(), &fd), HD_OK);
+  heapdump_process_RegistryReportArmFailureRequest req =
+      heapdump_process_RegistryReportArmFailureRequest_init_zero;
+  req.has_protocol_version = req.has_layout_version = req.has_pid = true;
+  req.protocol_version = heapdump_process_Version_PROTOCOL_VERSION;
+  req.layout_version = HD_LAYOUT_VERSION;
+  req.pid = pid;
+  req.has_arm_generation = req.has_error_number = true;
+  req.arm_generation = generation;
+  req.error_number = ENOMEM;
+  req.has_what = what != nullptr;
+  if (what != nullptr) snprintf(req.what, sizeof req.what, "%s", what);
+  heapdump_process_RegistryReportArmFailureResponse resp =
+      heapdump_process_RegistryReportArmFailureResponse_init_zero;
+  auto msg = std::make_unique<hd_message>();
+  EXPECT_EQ(hd_fidl_registry_report_arm_failure(fd, msg.get(), &req, nullptr, 0, &resp), HD_OK);
+  close(fd);
+  return resp.has_error ? static_cast<int>(resp.error) : 0;
+}
+
+// A process reports only its own failure to arm, whole; what it says reaches a client's
+// terminal with its control characters (an escape sequence here) replaced.
+TEST_F(HostileTest, OnlyAProcessItselfReportsThatItCouldNotArm) {
+  collector.Start();
+  Child child(collector.socket, ChildOptions{});
+  EXPECT_EQ(ReportArmFailure(collector.socket, static_cast<uint64_t>(child.pid), 4, "its table"),
+            heapdump_process_RegistryError_NOT_ALLOWED);
+  EXPECT_FALSE(GetProcessState(collector.socket, child.pid).has_arm_failure);
+  EXPECT_EQ(ReportArmFailure(collector.socket, static_cast<uint64_t>(getpid()), 4, nullptr),
+            heapdump_process_RegistryError_MISSING_FIELD);
+  EXPECT_FALSE(GetProcessState(collector.socket, getpid()).has_arm_failure);
+  EXPECT_EQ(ReportArmFailure(collector.socket, static_cast<uint64_t>(getpid()), 6,
+                             "its \x1b]0;owned\x07table"),
+            0);
+  const ProcessStatus st = GetProcessState(collector.socket, getpid());
+  EXPECT_TRUE(st.has_arm_failure);
+  EXPECT_EQ(st.arm_failure_generation, 6u);
+  EXPECT_EQ(st.arm_failure, "making its ?]0;owned?table: " + std::string(strerror(ENOMEM)));
+  EXPECT_NE(collector.Log().find("could not arm (it stays dormant)"), std::string::npos)
+      << collector.Log();
   child.Finish();
 }
 

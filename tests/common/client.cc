@@ -213,6 +213,9 @@ ProcessStatus GetProcessState(const std::string &socket, pid_t pid) {
     out.state = result.result.response.state;
     out.exit_snapshot_id = result.result.response.exit_snapshot_id;
     out.process_name = result.result.response.process_name;
+    out.has_arm_failure = result.result.response.has_arm_failure;
+    out.arm_failure = result.result.response.arm_failure;
+    out.arm_failure_generation = result.result.response.arm_failure_generation;
   }
   return out;
 }

@@ -76,6 +76,9 @@ struct ProcessStatus {
   heapdump_client_ProcessState state = heapdump_client_ProcessState_PROCESS_STATE_UNSPECIFIED;
   uint32_t exit_snapshot_id = 0;
   std::string process_name;
+  bool has_arm_failure = false;
+  std::string arm_failure;
+  uint64_t arm_failure_generation = 0;
 };
 ProcessStatus GetProcessState(const std::string &socket, pid_t pid);
 
