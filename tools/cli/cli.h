@@ -20,7 +20,7 @@
 /* Exit codes, documented in docs/tools.md. `heapdump run` exits with its command's status. */
 enum {
   EXIT_OK = 0,
-  EXIT_FAILURE_ = 1,     /* I/O errors, corrupt input, a collector failure */
+  EXIT_FAILURE_ = 1,     /* I/O errors, corrupt input, a collector failure, an arming that failed */
   EXIT_USAGE = 2,        /* bad command line */
   EXIT_NO_COLLECTOR = 3, /* nothing listens at the socket */
   EXIT_NOT_FOUND = 4,    /* no matching process, unknown snapshot id */

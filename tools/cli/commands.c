@@ -487,9 +487,18 @@ static int arm_or_disarm(const cli_options *o, bool recording) {
   clock_gettime(CLOCK_MONOTONIC, &start);
   for (;;) {
     heapdump_client_CollectorGetProcessStateResponse st;
-    if (cli_process_state(o, o->pid, &st) == 0 &&
-        st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING && st.has_recording &&
-        st.recording == want &&
+    const bool answered = cli_process_state(o, o->pid, &st) == 0;
+    /* It acted on this request (or a later one) and could not make its tables. */
+    if (answered && recording && st.has_arm_failure_generation &&
+        st.arm_failure_generation >= generation) {
+      cli_error("arm: process %" PRIu64
+                " could not arm, and stays dormant (forwarding every call to the allocator): %s"
+                " (a later `heapdump arm` makes it try again)",
+                o->pid, st.arm_failure);
+      return EXIT_FAILURE_;
+    }
+    if (answered && st.state == heapdump_client_ProcessState_PROCESS_STATE_RUNNING &&
+        st.has_recording && st.recording == want &&
         (!st.has_arm_generation || (int32_t)(st.arm_generation - (uint32_t)generation) >= 0)) {
       if (!recording) {
         printf("disarmed: process %" PRIu64 " (%s) records no new block\n", o->pid,
