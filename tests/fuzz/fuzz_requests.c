@@ -73,6 +73,13 @@ static hd_status reattach(void *ctx, hd_message *m, heapdump_process_RegistryRea
   (void)r;
   return HD_OK;
 }
+static hd_status report_arm_failure(void *ctx, hd_message *m,
+                                    heapdump_process_RegistryReportArmFailureRequest *r) {
+  (void)ctx;
+  (void)m;
+  (void)r;
+  return HD_OK;
+}
 static hd_status store(void *ctx, hd_message *m,
                        heapdump_process_SnapshotSinkStoreNamedSnapshotRequest *r) {
   (void)ctx;
@@ -94,7 +101,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const hd_fidl_snapshot_receiver_server receiver = {
       .batch_prepare = prepare_batch, .batch = batch, .report_error = report_error};
   const hd_fidl_stored_snapshot_iterator_server iterator = {.get_next = get_next};
-  const hd_fidl_registry_server registry = {.register_ = register_process, .reattach = reattach};
+  const hd_fidl_registry_server registry = {.register_ = register_process,
+                                            .reattach = reattach,
+                                            .report_arm_failure = report_arm_failure};
   const hd_fidl_snapshot_sink_server sink = {.store_named_snapshot = store};
   hd_status status = hd_fidl_collector_dispatch(&collector, NULL, &msg);
   if (status == HD_ERR_UNKNOWN_ORDINAL)
