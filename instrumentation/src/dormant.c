@@ -23,7 +23,6 @@
 #include "heapdump/contract/arm_page.h"
 #include "heapdump/contract/arm_page_file.h"
 #include "heapdump/contract/names.h"
-#include "registration.h"
 #include "runtime.h"
 
 static const uint64_t g_never_moves;
@@ -341,10 +340,7 @@ void hd_arm_poll_slow(void) {
       hd_tls.arm_skip = hd_tls.arm_last_skip = 0;
       __atomic_store_n(&hd_arm_seen, gen, __ATOMIC_RELAXED);
       if (request == HD_ARM_SLOT_RECORD && dormant) {
-        hd_arm_failure failed = {0};
-        /* Said, or the client would wait for an arming that is not coming. */
-        if (!hd_arm(sample_bytes, &failed) && failed.table != NULL)
-          hd_report_arm_failure(gen, &failed);
+        hd_arm(sample_bytes, gen);
       } else if (request == HD_ARM_SLOT_RECORD) {
         hd_set_paused(false);
       } else if (request == HD_ARM_SLOT_PAUSE && !dormant) {

@@ -569,22 +569,27 @@ __attribute__((constructor)) static void hd_constructor(void) {
  * bytes, which glibc's statistics count last, just before the state becomes READY; the tables
  * say "armed" only then, so a client that saw it (`heapdump arm` waits for it) knows every later
  * allocation is recorded. */
-bool hd_arm(uint64_t sample_bytes, hd_arm_failure *failed) {
+void hd_arm(uint64_t sample_bytes, uint64_t generation) {
   int dormant = HD_STATE_DORMANT;
   if (!__atomic_compare_exchange_n(&hd_state, &dormant, HD_STATE_ARMING, false, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE)) {
-    return false;
+    return;
   }
   __atomic_fetch_and(&hd_record_filter, ~(uint32_t)HD_FILTER_DORMANT, __ATOMIC_RELAXED);
   hd_tls.guard++;
   /* HD_ARM_OWN_RATE keeps what the environment said at start (read then, as for any process). */
   if (sample_bytes != HD_ARM_OWN_RATE)
     hd_sample_bytes = sample_bytes > HD_MAX_SAMPLE_BYTES ? HD_MAX_SAMPLE_BYTES : sample_bytes;
-  const bool made = create_tables(failed);
+  hd_arm_failure failed;
+  const bool made = create_tables(&failed);
   hd_tls.guard--;
   if (!made) {
+    /* Said (else the client would wait for an arming that is not coming) while still ARMING:
+     * a fork child made meanwhile records nothing, ever, so it never waits for the registration
+     * lock this thread holds. */
+    hd_report_arm_failure(generation, &failed);
     become_dormant();
-    return false;
+    return;
   }
   hd_tls.guard++;
   read_exe_name(); /* before another thread's dlopen may scan the modules into the tables */
@@ -601,7 +606,6 @@ bool hd_arm(uint64_t sample_bytes, hd_arm_failure *failed) {
   __atomic_fetch_or(&hd_record_filter, HD_FILTER_ARMED, __ATOMIC_RELAXED);
   __atomic_store_n(&hd_state, HD_STATE_READY, __ATOMIC_RELEASE);
   __atomic_store_n(&hd_live_res.hdr->arm_state, HD_ARM_ARMED, __ATOMIC_RELEASE);
-  return true;
 }
 
 void hd_set_paused(bool paused) {

@@ -8,8 +8,9 @@
 
 /* Registers if a collector answers; otherwise does nothing (the program runs on). */
 void hd_register_with_collector(void) HD_HIDDEN;
-/* A dormant process that could not arm for the arm page's request of that generation tells the
- * collector why (when it can reach it), so that the client waiting for the arming can say. */
+/* A process that could not arm for the arm page's request of that generation tells the
+ * collector why (when it can reach it), so that the client waiting for the arming can say.
+ * Called while the state is still ARMING. */
 void hd_report_arm_failure(uint64_t generation, const hd_arm_failure *failed) HD_HIDDEN;
 /* In a forked child: drops the parent's connection and registers the child. */
 void hd_registration_after_fork_child(void) HD_HIDDEN;

@@ -413,11 +413,11 @@ typedef struct hd_arm_failure {
   int error;
 } hd_arm_failure;
 
-/* lifecycle.c: what the requests do. Arming (from HD_STATE_DORMANT) creates the tables,
- * registers and starts recording (false if the tables cannot be made, said in *failed: the
- * process stays dormant); pausing and resuming switch recording of new blocks off and on (frees
- * always take records out). */
-bool hd_arm(uint64_t sample_bytes, hd_arm_failure *failed) HD_HIDDEN;
+/* lifecycle.c: what the requests do. Arming (from HD_STATE_DORMANT, for the arm page's request
+ * of that generation) creates the tables, registers and starts recording (if the tables cannot
+ * be made, the process tells the collector why, and stays dormant); pausing and resuming switch
+ * recording of new blocks off and on (frees always take records out). */
+void hd_arm(uint64_t sample_bytes, uint64_t generation) HD_HIDDEN;
 void hd_set_paused(bool paused) HD_HIDDEN;
 
 /* ---- nested.c: nested calls and the signal queue ---- */
