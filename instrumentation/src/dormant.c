@@ -45,9 +45,24 @@ static long read_small_file(const char *path, char *buf, size_t size) {
 }
 
 bool hd_preload_file_names_us(void) {
-  static char buf[4096];
-  return read_small_file("/etc/ld.so.preload", buf, sizeof buf) > 0 &&
-         strstr(buf, "libheapdump") != NULL;
+  /* Read through a small buffer on the stack, at every start of every process of a host that
+   * preloads the library: a static one would be a page of its own to fault in. */
+  static const char name[] = "libheapdump";
+  enum { CUT = sizeof name - 2 }; /* the most of the name a read's end may cut off */
+  const int fd = (int)syscall(SYS_openat, AT_FDCWD, "/etc/ld.so.preload", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[512];
+  size_t kept = 0;
+  bool found = false;
+  long n;
+  while (!found && (n = syscall(SYS_read, fd, buf + kept, sizeof buf - kept)) > 0) {
+    const size_t length = kept + (size_t)n;
+    found = memmem(buf, length, name, sizeof name - 1) != NULL;
+    kept = length < CUT ? length : CUT;
+    memmove(buf, buf + length - kept, kept);
+  }
+  syscall(SYS_close, fd);
+  return found;
 }
 
 /* Owned by this user or root, and writable by nobody else. */
@@ -59,8 +74,8 @@ static bool trusted(const struct stat *st, unsigned uid) {
  * ran before an exec (same pid and start time, contract/arm_page.h). Without address space
  * randomisation (under gdb, `setarch -R`, randomize_va_space=0) both would map it at the same
  * address, and the program exec'd would take its predecessor's request; so the page goes at one
- * of PLACES pages of a reservation, drawn from the clock (no syscall, and nothing of AT_RANDOM's
- * secrets shown in /proc/PID/maps). Two programs in a row share a place once in PLACES. */
+ * of PLACES pages of a reservation, drawn from the clock (nothing of AT_RANDOM's secrets shown
+ * in /proc/PID/maps). Two programs in a row share a place once in PLACES. */
 #define PLACES 16384u
 _Static_assert(PLACES == 1u << 14, "a place is the draw's 14 high bits");
 static void *map_at_a_drawn_place(int fd) {
@@ -68,8 +83,10 @@ static void *map_at_a_drawn_place(int fd) {
   const size_t bytes = (HD_ARM_PAGE_BYTES + page - 1) / page * page, span = PLACES * page + bytes;
   char *reserved = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) return mmap(NULL, HD_ARM_PAGE_BYTES, PROT_READ, MAP_SHARED, fd, 0);
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
+  /* The system call, not the vDSO: its code and data would be three pages this process
+   * otherwise never touches at start, each a page fault, which cost more than the call. */
+  struct timespec now = {0, 0};
+  syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &now);
   const uint64_t draw =
       ((uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec) * UINT64_C(0x9E3779B97F4A7C15);
   const size_t before = (size_t)(draw >> 50) % PLACES * page; /* its 14 high bits */
@@ -83,7 +100,9 @@ static void *map_at_a_drawn_place(int fd) {
 
 void hd_dormant_map_page(const char *socket, const char *runtime_dir) {
   const unsigned uid = (unsigned)syscall(SYS_getuid);
-  char socket_path[4096], path[4096 + sizeof HD_ARM_PAGE_SUFFIX];
+  /* sun_path's size: a longer socket path names no socket a collector could listen on. Small
+   * buffers keep this start-up call on the stack pages the process touched already. */
+  char socket_path[108], path[108 + sizeof HD_ARM_PAGE_SUFFIX];
   if (hd_socket_path(socket, runtime_dir, &uid, socket_path, sizeof socket_path) != 0 ||
       hd_arm_page_path(socket_path, path, sizeof path) != 0) {
     return;

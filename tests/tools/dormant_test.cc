@@ -114,12 +114,28 @@ class Dormant : public ::testing::Test {
     return probe.find("can") == std::string::npos ? probe + " " : "";
   }
   // The start of a command line, for `sh -c` in a mount namespace of its own: an overlay on
-  // /etc whose ld.so.preload names this build's library, then `exec ` of what follows.
-  std::string EtcLdSoPreloadThenExec() const {
+  // /etc whose ld.so.preload names this build's library (after `spaces` blanks), then `exec ` of
+  // what follows.
+  std::string EtcLdSoPreloadThenExec(size_t spaces = 0) const {
     return "mkdir -p " + dir + "/ovl/u " + dir +
            "/ovl/w && mount -t overlay overlay -o lowerdir=/etc,upperdir=" + dir +
-           "/ovl/u,workdir=" + dir + "/ovl/w /etc && echo " + std::string(HD_PRELOAD_LIB) +
-           " > /etc/ld.so.preload && exec ";
+           "/ovl/u,workdir=" + dir + "/ovl/w /etc && printf '%" + std::to_string(spaces) +
+           "s%s\\n' '' " + std::string(HD_PRELOAD_LIB) + " > /etc/ld.so.preload && exec ";
+  }
+  // The dormant child loaded by /etc/ld.so.preload alone (EtcLdSoPreloadThenExec(spaces)), its
+  // library seen in its mappings; its pid, or -1.
+  pid_t StartFromEtcLdSoPreload(std::unique_ptr<hdtest::Program> *child, size_t spaces = 0) {
+    const std::string script = EtcLdSoPreloadThenExec(spaces) + HD_DORMANT_CHILD;
+    child->reset(new hdtest::Program(
+        {"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c", script},
+        {"HEAPDUMP_SOCKET=" + daemon.socket}));
+    const std::string ready = (*child)->ReadLine();
+    EXPECT_EQ(ready.rfind("ready ", 0), 0u) << ready;
+    if (ready.rfind("ready ", 0) != 0) return -1;
+    const pid_t pid = std::stoi(ready.substr(6));
+    EXPECT_NE(hdtest::ReadFile("/proc/" + std::to_string(pid) + "/maps").find("libheapdump.so"),
+              std::string::npos);
+    return pid;
   }
   static void Command(hdtest::Program *child, const std::string &command) {
     child->Send(command);
@@ -959,21 +975,34 @@ TEST_F(Dormant, DocsServiceSetUpRunsAsWritten) {
 TEST_F(Dormant, LoadedFromEtcLdSoPreloadItIsDormantUntilArmed) {
   const std::string why = CannotOverlayEtc();
   if (!why.empty()) GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << why;
-  const std::string script = EtcLdSoPreloadThenExec() + HD_DORMANT_CHILD;
-  hdtest::Program child({"/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c", script},
-                        {"HEAPDUMP_SOCKET=" + daemon.socket});
-  const std::string ready = child.ReadLine();
-  ASSERT_EQ(ready.rfind("ready ", 0), 0u) << ready;
-  const pid_t pid = std::stoi(ready.substr(6));
-  EXPECT_NE(hdtest::ReadFile("/proc/" + std::to_string(pid) + "/maps").find("libheapdump.so"),
-            std::string::npos);
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartFromEtcLdSoPreload(&child);
+  ASSERT_GT(pid, 0);
   EXPECT_FALSE(HasTables(pid));
   hdtest::ShellOutput armed = Shell("heapdump arm --pid " + std::to_string(pid));
   ASSERT_EQ(armed.status, 0) << armed.out;
-  Command(&child, "keep 10 1234");
+  Command(child.get(), "keep 10 1234");
   EXPECT_EQ(SiteOf(Report(pid), "keep_after").blocks, 10);
-  child.Send("exit");
-  EXPECT_EQ(child.Finish(), 0);
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
+}
+
+// The library reads /etc/ld.so.preload 512 bytes at a time: its name cut by the end of a read
+// is still found (else the process would record from the start, with tables).
+TEST_F(Dormant, LoadedFromEtcLdSoPreloadNamedAcrossAReadItIsDormant) {
+  const std::string why = CannotOverlayEtc();
+  if (!why.empty()) GTEST_SKIP() << "no mount namespace with an overlay on /etc here: " << why;
+  const size_t at = std::string(HD_PRELOAD_LIB).find("libheapdump");
+  ASSERT_LT(at, 500u) << HD_PRELOAD_LIB;
+  std::unique_ptr<hdtest::Program> child;
+  const pid_t pid = StartFromEtcLdSoPreload(&child, 512 - 5 - at);
+  ASSERT_GT(pid, 0);
+  Command(child.get(), "keep 10 1234");
+  EXPECT_FALSE(HasTables(pid));
+  hdtest::ShellOutput armed = Shell("heapdump arm --pid " + std::to_string(pid));
+  ASSERT_EQ(armed.status, 0) << armed.out;
+  child->Send("exit");
+  EXPECT_EQ(child->Finish(), 0);
 }
 
 // docs/tools.md's "Arming a running process" lines as written: the busy program as my-server,

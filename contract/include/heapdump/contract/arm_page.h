@@ -27,9 +27,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "heapdump/contract/must_check.h"
+#include "heapdump/contract/names.h"
 
 #define HD_ARM_PAGE_MAGIC UINT32_C(0x6d726168) /* "harm" */
 #define HD_ARM_PAGE_VERSION 3u
@@ -79,8 +79,11 @@ _Static_assert(sizeof(hd_arm_page) == HD_ARM_PAGE_BYTES, "hd_arm_page size");
 
 /* The arm page's path for the collector socket at socket_path. 0, or -2 if it does not fit. */
 static HD_MUST_CHECK inline int hd_arm_page_path(const char *socket_path, char *out, size_t size) {
-  const int n = snprintf(out, size, "%s%s", socket_path, HD_ARM_PAGE_SUFFIX);
-  return n < 0 || (size_t)n >= size ? -2 : 0;
+  size_t length = 0;
+  return hd_path_append(out, size, &length, socket_path) &&
+                 hd_path_append(out, size, &length, HD_ARM_PAGE_SUFFIX)
+             ? 0
+             : -2;
 }
 
 /* Field 22 (starttime) of a /proc/PID/stat line; 0 if it cannot be parsed. The command name

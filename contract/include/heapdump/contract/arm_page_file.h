@@ -32,7 +32,7 @@
  * in *name the page's name in it. A descriptor, or -errno. */
 static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make,
                                                      const char **name) {
-  char dir[4200];
+  char dir[128]; /* a socket's path fits in sun_path's 108 bytes */
   const char *slash = strrchr(path, '/');
   *name = slash != NULL ? slash + 1 : path;
   const size_t length = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
@@ -44,8 +44,13 @@ static HD_MUST_CHECK inline int hd_arm_page_dir_open(const char *path, bool make
     memcpy(dir, path, length);
     dir[length] = '\0';
   }
-  if (make && mkdir(dir, 0700) == 0) (void)chmod(dir, 0700); /* a umask of 0477: unreadable */
-  const int fd = openat(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  /* Opened first: it is there at nearly every start of a dormant process, and a mkdir that
+   * fails costs a syscall there. */
+  int fd = openat(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT && make) {
+    if (mkdir(dir, 0700) == 0) (void)chmod(dir, 0700); /* a umask of 0477: unreadable */
+    fd = openat(AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  }
   return fd >= 0 ? fd : -errno;
 }
 

@@ -76,6 +76,20 @@ static inline bool hd_comm_listed(const char *list, const char *name) {
   return false;
 }
 
+/* Appends s to the string of *length bytes in out (size bytes); false, out cut, if it does not
+ * fit. Paths are built without printf: a dormant process builds them at every start, and
+ * printf's code would be pages of libc it otherwise never touches, each a page fault. */
+static inline bool hd_path_append(char *out, size_t size, size_t *length, const char *s) {
+  const size_t n = strlen(s);
+  if (size == 0 || *length + n >= size) {
+    if (size > 0) out[*length < size ? *length : size - 1] = '\0';
+    return false;
+  }
+  memcpy(out + *length, s, n + 1);
+  *length += n;
+  return true;
+}
+
 /* The collector's socket path, the same in every process: $HEAPDUMP_SOCKET when set and not
  * empty, else $XDG_RUNTIME_DIR/heapdump/collector.sock when that is an absolute path, else
  * /tmp/heapdump-UID/collector.sock. The caller passes the variables' values (NULL when unset:
@@ -84,17 +98,28 @@ static inline bool hd_comm_listed(const char *list, const char *name) {
  * when the path does not fit in size bytes. */
 static HD_MUST_CHECK inline int hd_socket_path(const char *socket, const char *runtime_dir,
                                                const unsigned *uid, char *out, size_t size) {
-  int n;
+  size_t length = 0;
+  bool fits;
   if (socket != NULL && socket[0] != '\0') {
-    n = snprintf(out, size, "%s", socket);
+    fits = hd_path_append(out, size, &length, socket);
   } else if (runtime_dir != NULL && runtime_dir[0] == '/') {
-    n = snprintf(out, size, "%s/heapdump/collector.sock", runtime_dir);
+    fits = hd_path_append(out, size, &length, runtime_dir) &&
+           hd_path_append(out, size, &length, "/heapdump/collector.sock");
   } else if (uid != NULL) {
-    n = snprintf(out, size, "/tmp/heapdump-%u/collector.sock", *uid);
+    char digits[16], *d = digits + sizeof digits;
+    *--d = '\0';
+    unsigned v = *uid;
+    do {
+      *--d = (char)('0' + v % 10);
+      v /= 10;
+    } while (v != 0);
+    fits = hd_path_append(out, size, &length, "/tmp/heapdump-") &&
+           hd_path_append(out, size, &length, d) &&
+           hd_path_append(out, size, &length, "/collector.sock");
   } else {
     return -1;
   }
-  return n < 0 || (size_t)n >= size ? -2 : 0;
+  return fits ? 0 : -2;
 }
 
 #endif /* HEAPDUMP_CONTRACT_NAMES_H */
