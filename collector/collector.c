@@ -204,6 +204,10 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
       rc = -EADDRINUSE;
     }
   }
+  /* Before listening: whoever can connect finds the page ready (an older layout's replaced).
+   * Without it the collector still serves everything else: dormant processes then cannot be
+   * armed (ArmProcess says so). */
+  if (rc == 0) (void)hd_arming_open(c);
   if (rc == 0 && hd_channel_listen(c->socket_path, 128, &c->listen_fd) != HD_OK) {
     rc = -errno;
     hd_log(c, HD_LOG_ERROR, "cannot listen on %s: %s", c->socket_path, strerror(errno));
@@ -211,9 +215,6 @@ int hd_collector_create(const hd_collector_options *options, hd_collector **out)
   if (rc == 0 && fcntl(c->listen_fd, F_SETFL, fcntl(c->listen_fd, F_GETFL) | O_NONBLOCK) != 0) {
     rc = -errno;
   }
-  /* Without its arm page the collector still serves everything else: dormant processes then
-   * cannot be armed (ArmProcess says so). */
-  if (rc == 0) (void)hd_arming_open(c);
   if (rc == 0) rc = hd_worker_start(c);
   if (rc == 0) rc = hd_sampler_start(c);
   if (rc != 0) {
