@@ -76,7 +76,7 @@ typedef struct hd_arm_failure_record {
   uid_t uid;
   uint64_t start_ticks; /* tells the process from a later one of its pid */
   uint64_t generation;  /* the arm page's, of the request it failed on */
-  char text[160];       /* "making its allocations table (576 MiB): Cannot allocate memory" */
+  char text[160];       /* "making its allocations table (768 MiB): Cannot allocate memory" */
 } hd_arm_failure_record;
 
 /* What the collector remembers of a process that left the live set, for GetProcessState: a
