@@ -28,6 +28,15 @@
 static const uint64_t g_never_moves;
 const uint64_t *hd_arm_generation = &g_never_moves;
 uint64_t hd_arm_seen;
+/* Odd and not UINT64_MAX: never a generation seen (a settled one is even, and a page just mapped
+ * is seen as UINT64_MAX). */
+static const uint64_t g_not_dormant = 1;
+const uint64_t *hd_dormant_word = &g_not_dormant;
+
+void hd_dormant_word_follow(bool dormant) {
+  __atomic_store_n(&hd_dormant_word, dormant ? hd_arm_generation : &g_not_dormant,
+                   __ATOMIC_RELAXED);
+}
 static const hd_arm_page *g_page;
 static int g_acting; /* atomic: a thread is acting on a request */
 

@@ -232,12 +232,13 @@ static bool dormant_wanted(void) {
   return (preload == NULL || strstr(preload, "libheapdump") == NULL) && hd_preload_file_names_us();
 }
 
-/* The filter's dormant bit first, then the state: the bit is only ever set while the calls
- * that see it would forward to glibc anyway (here, the state initialising or being armed by
- * this thread), and cleared by the thread that arms, once the state says so (hd_arm). Set after
- * the state, it could outlive another thread's arming begun in between. */
+/* The filter's dormant bit (and the dormant word) first, then the state: the bit is only ever
+ * set while the calls that see it would forward to glibc anyway (here, the state initialising or
+ * being armed by this thread), and cleared by the thread that arms, once the state says so
+ * (hd_arm). Set after the state, it could outlive another thread's arming begun in between. */
 static void become_dormant(void) {
   __atomic_fetch_or(&hd_record_filter, HD_FILTER_DORMANT, __ATOMIC_RELAXED);
+  hd_dormant_word_follow(true);
   __atomic_store_n(&hd_state, HD_STATE_DORMANT, __ATOMIC_RELEASE);
 }
 
@@ -576,6 +577,7 @@ void hd_arm(uint64_t sample_bytes, uint64_t generation) {
     return;
   }
   __atomic_fetch_and(&hd_record_filter, ~(uint32_t)HD_FILTER_DORMANT, __ATOMIC_RELAXED);
+  hd_dormant_word_follow(false);
   hd_tls.guard++;
   /* HD_ARM_OWN_RATE keeps what the environment said at start (read then, as for any process). */
   if (sample_bytes != HD_ARM_OWN_RATE)

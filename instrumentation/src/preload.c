@@ -77,17 +77,17 @@ static void *aligned_hook(size_t align, size_t size) {
  * inlined, even unoptimised: a glibc call they make unmarked is the exported function's own
  * (the signal storm test tells such calls from the library's marked ones by the caller). */
 __attribute__((always_inline)) static inline void *malloc_inline(size_t size) {
+  /* The dormant library's whole work: one compare, then glibc's own malloc, called last. First,
+   * as it is the whole work of every process of a host that preloads the library, and a
+   * sampled malloc's work is many times that compare. A signal handler interrupting that call
+   * never arms (dormant.c). */
+  if (hd_dormant_passes()) return __libc_malloc(size);
   /* A block sampling leaves out: the filter, the countdown, then glibc's own malloc, called
    * last. */
-  const uint32_t filter = hd_filter_now();
-  if (HD_LIKELY(hd_sampled_out_malloc(filter, size))) {
+  if (HD_LIKELY(hd_sampled_out_malloc(hd_filter_now(), size))) {
     hd_sampled_out_forget_last();
     return __libc_malloc(size);
   }
-  /* The dormant library's whole work: the filter, the request, then glibc's own malloc. Laid
-   * out straight through: a hook that records costs far more than the jump around it. A
-   * signal handler interrupting that call never arms (dormant.c). */
-  if (hd_dormant_passes(filter)) return __libc_malloc(size);
   return alloc_hook(size, 0, false);
 }
 
@@ -106,7 +106,7 @@ EXPORT void *calloc(size_t n, size_t size) {
     hd_sampled_out_forget_last();
     return __libc_calloc(n, size);
   }
-  if (hd_dormant_passes(filter)) return __libc_calloc(n, size);
+  if (hd_dormant_passes()) return __libc_calloc(n, size);
   return alloc_hook(total, 0, true);
 }
 
@@ -186,7 +186,7 @@ EXPORT void *realloc(void *p, size_t size) {
     hd_sampled_out_forget_last();
     return __libc_realloc(p, size);
   }
-  if (hd_dormant_passes(filter)) return __libc_realloc(p, size);
+  if (hd_dormant_passes()) return __libc_realloc(p, size);
   return realloc_hook(p, size);
 }
 

@@ -231,12 +231,20 @@ typedef enum { HD_RECORD = 0, HD_SAMPLED_OUT = 1, HD_UNATTRIBUTED = 2 } hd_recor
 hd_record_choice hd_choose_slow(size_t size) HD_HIDDEN;
 /* Takes a block of size bytes off this thread's countdown to its next sample point, if the
  * block ends before it: false, the countdown untouched, if the block reaches the point (or the
- * thread has drawn no interval yet: a countdown of 0). */
-static inline bool hd_countdown_leaves_out(size_t size) {
-  const int64_t left = hd_tls.sample_countdown - (int64_t)size;
-  if (left <= 0) return false;
-  hd_tls.sample_countdown = left;
+ * thread has drawn no interval yet: a countdown of 0). One subtraction in memory and the jump
+ * on its flags, which GCC does not make of the C (it loads, subtracts, stores and tests: three
+ * more instructions in every sampled-out malloc); the rare block that reaches the point puts
+ * its size back. */
+__attribute__((always_inline)) static inline bool hd_countdown_leaves_out(size_t size) {
+  __asm__ goto("subq %1, %0\n\tjle %l[reached]"
+               :
+               : "m"(hd_tls.sample_countdown), "r"(size)
+               : "cc", "memory"
+               : reached);
   return true;
+reached:
+  hd_tls.sample_countdown = (int64_t)((uint64_t)hd_tls.sample_countdown + size);
+  return false;
 }
 /* Moves this thread's sampling countdown when sampling is on. An allocation that sampling
  * leaves out, in a process that samples and nothing else, costs the load of the filter and the
@@ -297,6 +305,11 @@ void hd_tag_set(void *p, uint32_t index) HD_HIDDEN;
  * page is mapped; and the generation this process last acted on. */
 extern const uint64_t *hd_arm_generation HD_HIDDEN;
 extern uint64_t hd_arm_seen HD_HIDDEN;
+/* What a dormant malloc compares with hd_arm_seen, so that one compare says both "dormant" and
+ * "no request waits": hd_arm_generation while the library is dormant (set with the filter's
+ * dormant bit, cleared with it: lifecycle.c), else a word no generation seen ever equals. */
+extern const uint64_t *hd_dormant_word HD_HIDDEN;
+void hd_dormant_word_follow(bool dormant) HD_HIDDEN;
 void hd_arm_poll_slow(void) HD_HIDDEN;
 /* Acts on the collector's request for this process, if the page moved: one load when not. */
 static inline bool hd_arm_request_waiting(void) {
@@ -374,8 +387,7 @@ static inline bool hd_thread_busy(void) {
  * glibc serves alone: the caller then calls glibc last. Sampling on glibc: malloc's and
  * calloc's, sampling is all the library does with new blocks, and the block is left out;
  * free's, blocks without a tag are glibc's, and block p surely has none (its bucket holds no
- * tag); realloc's, all of these. Dormant: no request of the collector's waits (one that waits
- * arms first: the hooks). */
+ * tag); realloc's, all of these. */
 static inline uint32_t hd_filter_now(void) {
   return __atomic_load_n(&hd_record_filter, __ATOMIC_RELAXED);
 }
@@ -391,8 +403,12 @@ static inline bool hd_sampled_out_realloc(uint32_t filter, const void *p, size_t
   return HD_LIKELY(filter == HD_FILTER_SAMPLING_ON_GLIBC) && HD_LIKELY(!hd_thread_busy()) &&
          HD_LIKELY(!hd_tagged_maybe(p)) && HD_LIKELY(hd_countdown_leaves_out(size));
 }
-static inline bool hd_dormant_passes(uint32_t filter) {
-  return HD_LIKELY(filter == HD_FILTER_DORMANT) && HD_LIKELY(!hd_arm_request_waiting());
+/* A dormant library with no request of the collector's waiting (one that waits arms first: the
+ * hooks): one compare, the dormant word with the generation last seen. */
+static inline bool hd_dormant_passes(void) {
+  return HD_LIKELY(
+      __atomic_load_n(__atomic_load_n(&hd_dormant_word, __ATOMIC_RELAXED), __ATOMIC_RELAXED) ==
+      __atomic_load_n(&hd_arm_seen, __ATOMIC_RELAXED));
 }
 /* Either way the thread's latest allocation is no longer a recorded block's (record.c,
  * count_if_temporary): a sampled-out block is never recorded, so 0 stands for its address. */
